@@ -1,0 +1,30 @@
+"""memviz: every GPU allocation in the process, tied to the Python line that made it.
+
+Quick start::
+
+    import memviz
+    with memviz.track() as t:
+        ...                                   # your GPU code
+    for stat in t.peak_snapshot().statistics("lineno")[:10]:
+        print(stat)
+
+See README.md for the command line (``python -m memviz run script.py``).
+"""
+
+from ._errors import AlreadyTracking, CaptureConflict, CaptureUnavailable, MemvizError, NotTracking
+from ._frames import FrameFilter, frames
+from ._snapshot import (Allocation, Frame, Snapshot, Statistic, StatisticDiff, ThreadInfo,
+                        Traceback)
+from ._tracker import (CaptureWarning, FailedAllocation, Tracker, active_tracker, available,
+                       capture_info, label, start, stop, track)
+from ._units import format_size, parse_size
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "track", "start", "stop", "label", "available", "capture_info", "active_tracker",
+    "Tracker", "Snapshot", "Statistic", "StatisticDiff", "Allocation", "Frame", "Traceback",
+    "ThreadInfo", "FailedAllocation", "FrameFilter", "frames",
+    "MemvizError", "CaptureUnavailable", "CaptureConflict", "AlreadyTracking", "NotTracking",
+    "CaptureWarning", "format_size", "parse_size",
+]

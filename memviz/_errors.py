@@ -1,0 +1,127 @@
+"""Exceptions raised by memviz.
+
+Every message says what happened and what to do about it. All exceptions
+derive from :class:`MemvizError`, so ``except memviz.MemvizError`` catches
+everything memviz raises on purpose.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+__all__ = [
+    "MemvizError",
+    "CaptureUnavailable",
+    "CaptureConflict",
+    "AlreadyTracking",
+    "NotTracking",
+]
+
+
+class MemvizError(Exception):
+    """Base class of all errors memviz raises deliberately."""
+
+
+class CaptureUnavailable(MemvizError):
+    """A GPU is present but memviz cannot capture allocations through CUPTI.
+
+    Raised when libcupti cannot be found or loaded, is too old for the driver,
+    or the process is not allowed to use the profiling interface.
+
+    Attributes:
+        reason: one line saying what went wrong.
+        tried: what memviz tried, in order (library paths, calls and their
+            results), as human-readable strings.
+        hint: what to do about it.
+    """
+
+    DEFAULT_HINT = (
+        "Install the CUPTI library that matches your CUDA driver (it ships with "
+        "the CUDA toolkit and with the nvidia-cuda-cupti pip packages) and make "
+        "sure it can be found, e.g. by adding its directory to LD_LIBRARY_PATH. "
+        "If CUPTI loads but reports insufficient privileges, the driver restricts "
+        "profiling to administrators: run as root or with CAP_SYS_ADMIN, or set "
+        "the nvidia module option NVreg_RestrictProfilingToAdminUsers=0."
+    )
+
+    def __init__(
+        self,
+        reason: str = "CUPTI could not be initialised",
+        tried: Optional[Iterable[str]] = None,
+        hint: Optional[str] = None,
+    ) -> None:
+        self.reason = reason
+        self.tried = list(tried) if tried is not None else []
+        self.hint = hint if hint is not None else self.DEFAULT_HINT
+        lines = [f"memviz cannot capture GPU allocations: {reason.rstrip('.')}."]
+        if self.tried:
+            lines.append("Tried:")
+            lines.extend(f"  - {item}" for item in self.tried)
+        lines.append(f"What to do: {self.hint}")
+        super().__init__("\n".join(lines))
+
+    def __reduce__(self):
+        return (type(self), (self.reason, self.tried, self.hint))
+
+
+class CaptureConflict(MemvizError):
+    """Another CUPTI subscriber already holds this process.
+
+    CUPTI allows a single callback subscriber per process; when a profiler such
+    as Nsight Systems, Nsight Compute, ``torch.profiler`` (Kineto) or DCGM
+    profiling got there first, memviz cannot subscribe.
+
+    Attributes:
+        holder: who holds the subscription, when memviz could tell (e.g.
+            ``"torch.profiler (Kineto)"``), else ``None``.
+    """
+
+    def __init__(self, holder: Optional[str] = None, detail: Optional[str] = None) -> None:
+        self.holder = holder
+        self.detail = detail
+        who = holder if holder else "another tool (unknown)"
+        message = (
+            f"memviz cannot capture GPU allocations: CUPTI is already in use in this "
+            f"process by {who}, and CUPTI allows only one subscriber per process."
+        )
+        if detail:
+            message += f" ({detail})"
+        message += (
+            " What to do: stop the other profiler before starting memviz (leave the "
+            "torch.profiler context, or do not run under nsys/ncu), or run memviz "
+            "in a separate process."
+        )
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (self.holder, self.detail))
+
+
+class AlreadyTracking(MemvizError):
+    """``track()``/``start()`` was called while memviz is already tracking.
+
+    Tracking sessions cannot be nested or started twice in one process.
+    """
+
+    def __init__(self, message: Optional[str] = None) -> None:
+        if message is None:
+            message = (
+                "memviz is already tracking GPU allocations in this process; tracking "
+                "cannot be nested or started twice. What to do: use a single "
+                "memviz.track() block (or start()/stop() pair), and stop the running "
+                "session before starting a new one."
+            )
+        super().__init__(message)
+
+
+class NotTracking(MemvizError):
+    """``stop()`` (or a call that needs a session) ran while nothing is tracking."""
+
+    def __init__(self, message: Optional[str] = None) -> None:
+        if message is None:
+            message = (
+                "memviz is not tracking GPU allocations, so there is nothing to stop. "
+                "What to do: call start() (or enter a memviz.track() block) first, "
+                "and call stop() once per start()."
+            )
+        super().__init__(message)

@@ -1,0 +1,315 @@
+"""Deciding which Python frame is "the user's line".
+
+A captured stack runs from the line that asked for memory (innermost) out to
+the program's entry point. Most of the innermost frames belong to libraries
+(``torch/nn/modules/module.py``, ``contextlib.py``, ...); what a person wants
+to see is the innermost frame of *their* code. :class:`FrameFilter` decides,
+per file name, whether a frame is library code:
+
+* files under the Python standard library (``sysconfig`` ``stdlib`` and
+  ``platstdlib``);
+* files under any site-packages / dist-packages directory (``sysconfig``
+  ``purelib``/``platlib``, ``site.getsitepackages()``, the user site, and any
+  path with a ``site-packages`` or ``dist-packages`` component, so stacks
+  recorded in another environment still classify correctly);
+* files of the memviz package itself;
+* frozen and built-in pseudo-files (``<frozen importlib._bootstrap>``,
+  ``<built-in>``). Other pseudo-files such as ``<string>``, ``<stdin>`` or
+  ``<ipython-input-3-...>`` are user code.
+
+Users can adjust it with :meth:`FrameFilter.add_library_path` (hide your own
+wrapper module) and :meth:`FrameFilter.add_user_path` (treat an installed
+package as your own code). Among configured paths the longest matching prefix
+wins (a user path wins a tie); configured paths always beat the defaults.
+
+``frames`` is the process-wide default filter that memviz uses when no other
+filter is given.
+"""
+
+from __future__ import annotations
+
+import os
+import site
+import sys
+import sysconfig
+import threading
+from types import ModuleType
+from typing import Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
+
+__all__ = ["FrameFilter", "frames"]
+
+PathLike = Union[str, "os.PathLike[str]", ModuleType]
+_F = TypeVar("_F")
+
+_PSEUDO_LIBRARY_PREFIXES = ("<frozen ", "<frozen>", "<built-in")
+_PACKAGE_DIR_NAMES = ("site-packages", "dist-packages")
+_MEMVIZ_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _variants(path: str) -> Tuple[str, ...]:
+    """Normalised spellings of a real path: as written, and with symlinks resolved."""
+    norm = os.path.normcase(os.path.abspath(os.path.expanduser(path)))
+    try:
+        real = os.path.normcase(os.path.realpath(norm))
+    except (OSError, ValueError):  # pragma: no cover - odd paths on odd systems
+        real = norm
+    return (norm,) if real == norm else (norm, real)
+
+
+def _to_path_string(path: PathLike) -> str:
+    """Accept a str, a path-like object or a module (its package dir or file)."""
+    if isinstance(path, ModuleType):
+        pkg_path = getattr(path, "__path__", None)
+        if pkg_path:
+            return list(pkg_path)[0]
+        file = getattr(path, "__file__", None)
+        if not file:
+            raise ValueError(
+                f"module {path.__name__!r} has no file on disk (built-in or namespace "
+                f"module); pass its directory or file path instead"
+            )
+        return file
+    path = os.fspath(path)
+    if not isinstance(path, str):
+        raise TypeError("paths must be str (not bytes)")
+    if not path:
+        raise ValueError("path must not be empty")
+    return path
+
+
+def _prefix_matches(candidate: str, prefix: str) -> bool:
+    """True when ``candidate`` is ``prefix`` or lies under the directory ``prefix``."""
+    if not candidate.startswith(prefix):
+        return False
+    if len(candidate) == len(prefix) or prefix.endswith(os.sep):
+        return True
+    nxt = candidate[len(prefix)]
+    return nxt == os.sep or (os.altsep is not None and nxt == os.altsep)
+
+
+def _default_library_dirs() -> List[str]:
+    """Directories holding the standard library, installed packages and memviz."""
+    dirs: List[str] = []
+    names = ("stdlib", "platstdlib", "purelib", "platlib")
+    schemes = [sysconfig.get_paths()]
+    try:  # the base interpreter's paths, for venvs with system site-packages
+        schemes.append(
+            sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})
+        )
+    except Exception:  # pragma: no cover - exotic sysconfig setups
+        pass
+    for paths in schemes:
+        dirs.extend(paths[name] for name in names if paths.get(name))
+    try:
+        dirs.extend(site.getsitepackages())
+    except Exception:  # pragma: no cover - old virtualenv's site.py lacks it
+        pass
+    try:
+        user_site = site.getusersitepackages()
+        if user_site:
+            dirs.append(user_site)
+    except Exception:  # pragma: no cover
+        pass
+    dirs.append(_MEMVIZ_DIR)
+    out: List[str] = []
+    for d in dirs:
+        for v in _variants(d):
+            # Never treat a filesystem root as a library directory.
+            if v not in out and os.path.dirname(v) != v:
+                out.append(v)
+    return out
+
+
+class FrameFilter:
+    """Classifies frames as library or user code and picks the user's frame.
+
+    Args:
+        library_paths: extra files or directories to treat as library code.
+        user_paths: files or directories to always treat as user code.
+        use_defaults: when False, only the configured paths and the frozen /
+            built-in pseudo-files count as library code (mainly for tests).
+
+    Classification is cached per file name; changing the configuration clears
+    the cache. The object is safe to use from several threads.
+    """
+
+    def __init__(
+        self,
+        library_paths: Iterable[PathLike] = (),
+        user_paths: Iterable[PathLike] = (),
+        *,
+        use_defaults: bool = True,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._use_defaults = use_defaults
+        self._defaults: Optional[List[str]] = None
+        # (prefix-or-pseudo-name, is_library) pairs, in the order added.
+        self._rules: List[Tuple[str, bool]] = []
+        self._cache: dict = {}
+        self._generation = 0
+        for p in library_paths:
+            self.add_library_path(p)
+        for p in user_paths:
+            self.add_user_path(p)
+
+    # -- configuration -----------------------------------------------------
+
+    def add_library_path(self, path: PathLike) -> None:
+        """Treat ``path`` (a file, a directory or a module) as library code.
+
+        Use it to hide your own wrapper or helper modules so that the reported
+        line is the caller of the wrapper. A pseudo-file name such as
+        ``"<my-generated-code>"`` is matched exactly.
+        """
+        self._add_rule(path, True)
+
+    def add_user_path(self, path: PathLike) -> None:
+        """Always treat ``path`` (a file, a directory or a module) as user code.
+
+        Use it for a package of your own that is installed into site-packages,
+        e.g. ``frames.add_user_path(mypackage)``.
+        """
+        self._add_rule(path, False)
+
+    def reset(self) -> None:
+        """Forget every configured path and the cache; back to the defaults."""
+        with self._lock:
+            self._rules = []
+            self._defaults = None
+            self._invalidate()
+
+    @property
+    def library_paths(self) -> Tuple[str, ...]:
+        """The configured (not default) library paths, normalised."""
+        return tuple(p for p, lib in self._rules if lib)
+
+    @property
+    def user_paths(self) -> Tuple[str, ...]:
+        """The configured user paths, normalised."""
+        return tuple(p for p, lib in self._rules if not lib)
+
+    @property
+    def default_library_paths(self) -> Tuple[str, ...]:
+        """The library directories found from sysconfig/site (empty if disabled)."""
+        return tuple(self._get_defaults())
+
+    @property
+    def generation(self) -> int:
+        """A counter bumped on every configuration change (for callers' caches)."""
+        return self._generation
+
+    def _add_rule(self, path: PathLike, is_library: bool) -> None:
+        text = _to_path_string(path)
+        keys = (text,) if text.startswith("<") else _variants(text)
+        with self._lock:
+            for key in keys:
+                self._rules.append((key, is_library))
+            self._invalidate()
+
+    def _invalidate(self) -> None:
+        self._cache = {}
+        self._generation += 1
+
+    def _get_defaults(self) -> List[str]:
+        if not self._use_defaults:
+            return []
+        defaults = self._defaults
+        if defaults is None:
+            defaults = self._defaults = _default_library_dirs()
+        return defaults
+
+    # -- classification ----------------------------------------------------
+
+    def is_library(self, filename: str) -> bool:
+        """True when frames from ``filename`` are library code (cached)."""
+        cache = self._cache
+        result = cache.get(filename)
+        if result is None:
+            result = cache[filename] = self._classify(filename)
+        return result
+
+    def is_user(self, filename: str) -> bool:
+        """True when frames from ``filename`` are user code."""
+        return not self.is_library(filename)
+
+    def _classify(self, filename: str) -> bool:
+        if not filename:
+            return False
+        rules = self._rules
+        if filename.startswith("<"):
+            for key, lib in reversed(rules):
+                if key == filename:
+                    return lib
+            return filename.startswith(_PSEUDO_LIBRARY_PREFIXES)
+        candidates = _variants(filename)
+        if rules:
+            best_len = -1
+            best_lib = False
+            for key, lib in rules:
+                if key.startswith("<"):
+                    continue
+                for cand in candidates:
+                    if _prefix_matches(cand, key):
+                        n = len(key)
+                        # Longest prefix wins; a user path wins a tie.
+                        if n > best_len or (n == best_len and not lib):
+                            best_len, best_lib = n, lib
+            if best_len >= 0:
+                return best_lib
+        for prefix in self._get_defaults():
+            for cand in candidates:
+                if _prefix_matches(cand, prefix):
+                    return True
+        if self._use_defaults:
+            for cand in candidates:
+                for name in _PACKAGE_DIR_NAMES:
+                    if f"{os.sep}{name}{os.sep}" in cand:
+                        return True
+        return False
+
+    # -- choosing the user's frame -----------------------------------------
+
+    def user_index(self, filenames: Sequence[str]) -> Optional[int]:
+        """Index of the user's frame in ``filenames`` (innermost first).
+
+        The innermost non-library frame; if every frame is library code, the
+        innermost frame (index 0); ``None`` for an empty sequence.
+        """
+        if not filenames:
+            return None
+        cache = self._cache
+        for i, fn in enumerate(filenames):
+            lib = cache.get(fn)
+            if lib is None:
+                lib = self.is_library(fn)
+            if not lib:
+                return i
+        return 0
+
+    def pick(self, frames: Sequence[_F]) -> Optional[_F]:
+        """The user's frame among ``frames`` (innermost first, each with ``.filename``).
+
+        The innermost non-library frame; if all are library frames, the
+        innermost frame; ``None`` when ``frames`` is empty.
+        """
+        if not frames:
+            return None
+        cache = self._cache
+        for frame in frames:
+            fn = frame.filename  # type: ignore[attr-defined]
+            lib = cache.get(fn)
+            if lib is None:
+                lib = self.is_library(fn)
+            if not lib:
+                return frame
+        return frames[0]
+
+    def __repr__(self) -> str:
+        return (
+            f"<FrameFilter {len(self.library_paths)} library path(s), "
+            f"{len(self.user_paths)} user path(s), defaults={'on' if self._use_defaults else 'off'}>"
+        )
+
+
+#: The process-wide default filter, e.g. ``memviz.frames.add_user_path(mypkg)``.
+frames = FrameFilter()

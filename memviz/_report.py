@@ -1,0 +1,245 @@
+"""The plain-text report ``python -m memviz run`` prints when the script ends.
+
+:func:`text_report` reads a (running or stopped) :class:`~memviz.Tracker` and
+returns lines that fit a 100-column terminal: the capture source, per-device
+totals, the lines that held the most memory at each device's peak, failed
+allocations, memory the process holds outside the tracked allocations, and
+memviz's own cost.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import textwrap
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from ._device import SOURCE_CUMEMGETINFO, process_device_memory
+from ._units import format_size
+
+__all__ = ["text_report", "GPU_OFF_SENTENCE", "NO_GPU_SENTENCE"]
+
+WIDTH = 99  # a 100-column terminal, minus the cursor column
+SOURCE_WIDTH = 60
+
+#: printed (wrapped) when GPU capture is off because the machine has no usable GPU
+NO_GPU_SENTENCE = (
+    "GPU capture needs an NVIDIA GPU with its driver and CUPTI; on this machine memviz could "
+    "only run the script: no GPU allocation was recorded, so the sections below are empty."
+)
+#: printed when GPU capture was turned off on purpose (--no-gpu, gpu=False)
+GPU_OFF_SENTENCE = (
+    "GPU capture was turned off (--no-gpu or gpu=False): no GPU allocation was recorded."
+)
+
+_CUDA_ERRORS = {1: "invalid value", 2: "out of memory", 3: "not initialized", 201: "invalid context"}
+
+
+def _wrap(text: str, indent: str = "  ", first: Optional[str] = None) -> List[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=indent if first is None else first,
+                         subsequent_indent=indent, break_on_hyphens=False) or [indent.rstrip()]
+
+
+def _device_name(dev: int) -> str:
+    return "pinned host" if dev < 0 else f"cuda:{dev}"
+
+
+def _short_path(filename: str, limit: int = 40) -> str:
+    """A path relative to the working directory when inside it, else shortened."""
+    if filename.startswith("<"):
+        return filename
+    try:
+        rel = os.path.relpath(filename)
+        if not rel.startswith(".." + os.sep) and rel != "..":
+            filename = rel
+    except ValueError:  # pragma: no cover - other drive on Windows
+        pass
+    if len(filename) > limit:
+        parts = filename.split(os.sep)
+        filename = os.sep.join(["..."] + parts[-2:]) if len(parts) > 2 else filename
+    return filename
+
+
+def _source(filename: str, lineno: int, width: int) -> str:
+    if lineno <= 0 or filename.startswith("<"):
+        return ""
+    try:
+        text = linecache.getline(filename, lineno).strip()
+    except Exception:  # noqa: BLE001 - an odd loader must not break the report
+        return ""
+    width = max(width, 12)
+    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
+
+
+def _location(frame: Any) -> Tuple[str, str, int]:
+    """(shown location, file name, line number) of a statistic's key frame."""
+    filename = getattr(frame, "filename", str(frame))
+    lineno = getattr(frame, "lineno", 0) or 0
+    if filename.startswith("<thread "):
+        return filename, filename, 0
+    shown = _short_path(filename)
+    return (f"{shown}:{lineno}" if lineno > 0 else f"{shown}:?"), filename, lineno
+
+
+def _count(n: int, word: str = "alloc") -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def _header(tracker: Any, info: Dict[str, Any], command: Optional[str]) -> List[str]:
+    lines = ["memviz report" + (f": {command}" if command else ""), "=" * min(WIDTH, 60)]
+    if tracker.started_ns is not None:
+        end = tracker.stopped_ns if tracker.stopped_ns is not None else time.monotonic_ns()
+        seconds = (end - tracker.started_ns) / 1e9
+        state = "" if tracker.stopped_ns is not None else " (still running)"
+        lines.append(f"  tracked for {seconds:.2f} s{state}; Python frames ABI "
+                     f"{info.get('python_frames_abi', '?')}; up to {tracker.depth} frames kept "
+                     "per allocation")
+    if tracker.gpu_enabled:
+        version = info.get("version")
+        cuda = f", CUDA {info['cuda_major']}" if info.get("cuda_major") else ""
+        found = f"; found by: {info['found_by']}" if info.get("found_by") else ""
+        lines += _wrap(f"capture: CUPTI {info.get('library')} (version {version}{cuda}{found})",
+                       indent="    ", first="  ")
+        if tracker.activity_error:
+            lines += _wrap(f"activity records off (static module memory not seen): "
+                           f"{tracker.activity_error}", indent="    ", first="  ")
+    else:
+        reason = tracker.gpu_off_reason or info.get("reason") or "unknown reason"
+        lines += _wrap(f"GPU capture off: {reason.rstrip('.')}.", indent="    ", first="  ")
+        sentence = NO_GPU_SENTENCE if tracker.gpu_requested else GPU_OFF_SENTENCE
+        lines += _wrap(sentence, indent="    ", first="  ")
+    return lines
+
+
+def _devices(totals: Dict[int, Dict[str, int]]) -> List[str]:
+    lines = ["", "Devices" + " " * 13 + f"{'current':>12}{'peak':>12}{'allocs':>12}"
+             f"{'frees':>12}{'failed':>9}"]
+    if not totals:
+        lines.append("  no GPU allocation was recorded")
+        return lines
+    for dev in sorted(totals, key=lambda d: (d < 0, d)):
+        t = totals[dev]
+        lines.append(f"  {_device_name(dev):<18}{format_size(t['current']):>12}"
+                     f"{format_size(t['peak']):>12}{t['allocs']:>12,}{t['frees']:>12,}"
+                     f"{t['failed']:>9,}")
+    return lines
+
+
+def _top_lines(tracker: Any, totals: Dict[int, Dict[str, int]], top: int) -> List[str]:
+    lines: List[str] = []
+    for dev in sorted(totals, key=lambda d: (d < 0, d)):
+        if totals[dev]["peak"] <= 0:
+            continue
+        stats = tracker.peak_snapshot(dev).statistics("lineno")
+        lines += ["", f"Top lines at the peak of {_device_name(dev)} "
+                      f"({format_size(totals[dev]['peak'])}):"]
+        if not stats:
+            lines.append("  (no allocation was live at the peak)")
+            continue
+        shown = stats[:top]
+        rows = [(format_size(s.size), _count(s.count), *_location(s.key)) for s in shown]
+        loc_width = min(max(len(r[2]) for r in rows), 44)
+        for size, count, loc, filename, lineno in rows:
+            left = f"  {size:>10}  {count:<11} {loc:<{loc_width}}"
+            src = _source(filename, lineno, min(SOURCE_WIDTH, WIDTH - len(left) - 2))
+            lines.append(f"{left}  {src}".rstrip())
+        rest = stats[len(shown):]
+        if rest:
+            lines.append(f"  ... {len(rest):,} more line(s) holding "
+                         f"{format_size(sum(s.size for s in rest))}")
+    return lines
+
+
+def _failures(tracker: Any, top: int) -> List[str]:
+    failures = tracker.failures
+    if not failures:
+        return []
+    lines = ["", f"Failed allocations ({len(failures):,}"
+                 + (f", the last {top} shown" if len(failures) > top else "") + "):"]
+    for f in failures[-top:]:
+        frame = f.traceback.user_frame if f.traceback else None
+        if frame is not None:
+            loc, filename, lineno = _location(frame)
+        else:
+            loc, filename, lineno = f"<thread {f.thread.name}>", "", 0
+        why = _CUDA_ERRORS.get(f.result)
+        err = f"CUDA error {f.result}" + (f": {why}" if why else "")
+        lines.append(f"  {format_size(f.size):>10} on {_device_name(f.device):<11} {loc}  ({err})")
+        src = _source(filename, lineno, WIDTH - 14)
+        if src:
+            lines.append(f"{'':13}{src}")
+    return lines
+
+
+def _outside(tracker: Any, totals: Dict[int, Dict[str, int]],
+             outside: Dict[int, Tuple[int, str]]) -> List[str]:
+    lines = ["", "Memory outside the tracked allocations (held by the process, not seen by memviz):"]
+    if not outside:
+        if tracker.gpu_enabled:
+            lines += _wrap("no source could tell: NVML did not list this process (inside a "
+                           "container NVML shows host PIDs) and no CUDA context was active.")
+        else:
+            lines += _wrap("needs an NVIDIA GPU and its driver (NVML); nothing to compare on "
+                           "this machine.")
+        return lines
+    for dev in sorted(outside):
+        held, source = outside[dev]
+        seen = totals.get(dev, {}).get("current", 0)
+        extra = max(held - seen, 0)
+        what = "device in use" if source == SOURCE_CUMEMGETINFO else "process holds"
+        lines.append(f"  {_device_name(dev):<8} {format_size(extra):>10} outside   ({what} "
+                     f"{format_size(held)}, memviz saw {format_size(seen)})")
+        lines += _wrap(f"source: {source}", indent="             ")
+    note = "This is usually the CUDA context and loaded kernel code"
+    if any(source == SOURCE_CUMEMGETINFO for _, source in outside.values()):
+        note += ", and with cuMemGetInfo also every other process on the device"
+    lines += _wrap(note + ".")
+    return lines
+
+
+def _own(info: Dict[str, Any]) -> List[str]:
+    store = info.get("store") or {}
+    calls = dict(store.get("calls") or {})
+    records = calls.pop("activity_records", 0)
+    seen = sum(calls.values())
+    dropped = store.get("dropped_allocs", 0) + store.get("dropped_stacks", 0)
+    text = (f"memviz itself: {format_size(store.get('bytes_used', 0))} of host memory; "
+            f"{seen:,} driver calls seen" + (f", {records:,} activity records" if records else "")
+            + f", {store.get('unmatched_frees', 0):,} unmatched frees, {dropped:,} dropped.")
+    lines = [""] + _wrap(text, first="", indent="  ")
+    if store.get("unmatched_frees"):
+        lines += _wrap("Unmatched frees release memory allocated before tracking started.")
+    if dropped:
+        lines += _wrap(f"memviz's store was full: {store.get('dropped_allocs', 0):,} allocations "
+                       f"and {store.get('dropped_stacks', 0):,} stacks were not recorded, so "
+                       "the numbers above are too low.")
+    return lines
+
+
+def text_report(tracker: Any, top: int = 10, outside: Optional[Dict[int, Tuple[int, str]]] = None,
+                *, command: Optional[str] = None) -> str:
+    """The plain-text report of a tracker, lines at most 99 characters wide.
+
+    Args:
+        tracker: a started :class:`~memviz.Tracker` (running or stopped).
+        top: how many lines to list per device at its peak (and failures).
+        outside: ``{device: (bytes, source)}`` of what the process holds per
+            device; ``None`` asks :func:`memviz._device.process_device_memory`.
+        command: what ran (shown in the title), e.g. ``"python train.py"``.
+
+    Raises :class:`~memviz.NotTracking` for a tracker that never started.
+    """
+    if not isinstance(top, int) or top < 1:
+        raise ValueError(f"top must be a positive int, got {top!r}")
+    totals = tracker.totals()
+    info = tracker.capture_info()
+    if outside is None:
+        outside = process_device_memory()
+    lines = _header(tracker, info, command)
+    lines += _devices(totals)
+    lines += _top_lines(tracker, totals, top)
+    lines += _failures(tracker, top)
+    lines += _outside(tracker, totals, outside)
+    lines += _own(info)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,576 @@
+"""Snapshots of live GPU allocations, shaped like :mod:`tracemalloc`'s API.
+
+A :class:`Snapshot` holds :class:`Allocation` objects, each tied to the Python
+:class:`Traceback` that made it. ``Snapshot.statistics()`` groups them the way
+``tracemalloc.Snapshot.statistics()`` does, and ``compare_to()`` diffs two
+snapshots.
+
+Differences from tracemalloc, on purpose:
+
+* A :class:`Traceback` is a tuple of :class:`Frame` with the **innermost frame
+  first** (``tb[0]`` is the line that allocated). ``format()`` still prints
+  oldest first, like tracemalloc and Python tracebacks.
+* ``str(traceback)`` and the ``"lineno"`` key use the *user's* frame (the
+  innermost non-library frame, see :mod:`memviz._frames`), not the innermost.
+* Allocations made by threads with no Python frames (e.g. PyTorch's autograd
+  threads) have an empty traceback. Frame-based statistics group them under a
+  pseudo-frame ``<thread NAME>``.
+* Every :class:`Statistic` carries ``.key``, the value it groups by: a
+  :class:`Frame` (``"lineno"``), a file name str (``"filename"``), a
+  :class:`Traceback` (``"traceback"``), a label str (``"label"``), a device
+  index int (``"device"``), a kind str (``"kind"``) or a thread name str
+  (``"thread"``). For the frame-based key types ``.traceback`` is the matching
+  traceback (1 frame for ``"lineno"``/``"filename"``); for the others it is an
+  empty Traceback and ``.key`` is what to look at.
+"""
+
+from __future__ import annotations
+
+import linecache
+import threading
+from dataclasses import dataclass
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple,
+                    Optional, Sequence, Tuple)
+
+from ._frames import FrameFilter, frames as _default_filter
+from ._units import format_size
+
+__all__ = [
+    "Frame", "Traceback", "ThreadInfo", "Allocation", "Statistic", "StatisticDiff",
+    "Snapshot", "snapshot_from_raw", "KIND_NAMES", "KEY_TYPES",
+]
+
+#: kind_code of a raw row -> Allocation.kind
+KIND_NAMES: Tuple[str, ...] = ("device", "host", "managed", "static", "physical")
+#: key types accepted by Snapshot.statistics() and compare_to()
+KEY_TYPES: Tuple[str, ...] = ("lineno", "filename", "traceback", "label", "device", "kind", "thread")
+_FRAME_KEYS = ("lineno", "filename", "traceback")
+_CUMULATIVE_KEYS = ("lineno", "filename")
+
+
+class Frame(NamedTuple):
+    """One Python frame: file name, line number and function name.
+
+    ``lineno`` is 0 when the line is unknown; ``str()`` then shows ``file:?``.
+    """
+
+    filename: str
+    lineno: int
+    name: str = ""
+
+    def __str__(self) -> str:
+        lineno = self.lineno
+        if lineno is None or lineno <= 0:
+            if self.filename.startswith("<thread "):
+                return self.filename
+            return f"{self.filename}:?"
+        return f"{self.filename}:{lineno}"
+
+    def __repr__(self) -> str:
+        return f"<Frame {self.filename}:{self.lineno} in {self.name or '?'}>"
+
+
+class Traceback(tuple):
+    """The Python stack of an allocation: a tuple of :class:`Frame`, innermost first.
+
+    Empty when the allocating thread had no Python frames. Equal tracebacks
+    compare and hash equal whatever filter they carry.
+    """
+
+    def __new__(cls, frames: Iterable[Frame] = (), frame_filter: Optional[FrameFilter] = None):
+        self = tuple.__new__(cls, frames)
+        self._filter = frame_filter
+        self._user = None  # (filter, generation, frame) cache
+        return self
+
+    @property
+    def frame_filter(self) -> FrameFilter:
+        """The filter used by :attr:`user_frame` (the default ``frames`` if none given)."""
+        return self._filter if self._filter is not None else _default_filter
+
+    @property
+    def user_frame(self) -> Optional[Frame]:
+        """The innermost non-library frame (the innermost frame if all are library
+        frames); ``None`` for an empty traceback."""
+        flt = self.frame_filter
+        cached = self._user
+        if cached is not None and cached[0] is flt and cached[1] == flt.generation:
+            return cached[2]
+        frame = flt.pick(self)
+        self._user = (flt, flt.generation, frame)
+        return frame
+
+    def format(self, limit: Optional[int] = None, most_recent_first: bool = False) -> List[str]:
+        """Format like :meth:`tracemalloc.Traceback.format`: a list of lines.
+
+        Frames are listed oldest first unless ``most_recent_first``. A positive
+        ``limit`` keeps the ``limit`` most recent frames, a negative one the
+        ``-limit`` oldest. Source lines come from :mod:`linecache` when the file
+        is readable.
+        """
+        oldest_first = list(reversed(self))
+        if limit is not None:
+            oldest_first = oldest_first[-limit:] if limit > 0 else oldest_first[:limit]
+        if most_recent_first:
+            oldest_first.reverse()
+        lines: List[str] = []
+        for frame in oldest_first:
+            lineno = frame.lineno if frame.lineno and frame.lineno > 0 else None
+            head = f'  File "{frame.filename}", line {lineno if lineno else "?"}'
+            if frame.name:
+                head += f", in {frame.name}"
+            lines.append(head)
+            if lineno:
+                source = linecache.getline(frame.filename, lineno).strip()
+                if source:
+                    lines.append(f"    {source}")
+        return lines
+
+    def __str__(self) -> str:
+        frame = self.user_frame
+        return str(frame) if frame is not None else "<no Python frames>"
+
+    def __repr__(self) -> str:
+        return f"<Traceback {len(self)} frame(s), user frame {self}>"
+
+    def __reduce__(self):
+        return (Traceback, (tuple(self),))
+
+
+EMPTY_TRACEBACK = Traceback()
+
+
+class ThreadInfo(NamedTuple):
+    """The thread that made an allocation.
+
+    ``native_id`` is the OS thread id, ``ident`` the ``threading.get_ident()``
+    value (pthread id), ``name`` the Python thread name when the thread has a
+    ``threading.Thread`` object, else the OS thread name.
+    """
+
+    native_id: Optional[int]
+    ident: Optional[int]
+    name: str
+
+
+class Allocation(NamedTuple):
+    """One live GPU allocation.
+
+    Attributes:
+        address: device (or host, for pinned memory) address.
+        size: bytes.
+        device: CUDA device index.
+        kind: ``"device"``, ``"host"`` (pinned), ``"managed"``, ``"static"``
+            (module globals) or ``"physical"`` (``cuMemCreate`` handle).
+        stream: the stream handle for stream-ordered allocations, else 0.
+        thread: :class:`ThreadInfo` of the allocating thread.
+        label: the label active when it was made (``memviz`` labels), or None.
+        timestamp_ns: when it was made.
+        traceback: the Python stack (empty when the thread had no Python frames).
+        seq: capture sequence number (orders allocations).
+    """
+
+    address: int
+    size: int
+    device: int
+    kind: str
+    stream: int
+    thread: ThreadInfo
+    label: Optional[str]
+    timestamp_ns: int
+    traceback: Traceback
+    seq: int = 0
+
+    @property
+    def user_frame(self) -> Optional[Frame]:
+        """Shortcut for ``self.traceback.user_frame``."""
+        return self.traceback.user_frame
+
+    def __repr__(self) -> str:
+        where = str(self.traceback) if self.traceback else f"<thread {self.thread.name}>"
+        return (
+            f"<Allocation {format_size(self.size)} {self.kind} on cuda:{self.device} "
+            f"at {self.address:#x} from {where}>"
+        )
+
+
+def _key_str(key: Any) -> str:
+    if isinstance(key, int) and not isinstance(key, bool):
+        return f"cuda:{key}" if key >= 0 else f"device {key}"
+    return str(key)
+
+
+@dataclass(frozen=True, slots=True)
+class Statistic:
+    """Total size and count of the allocations that share a key.
+
+    ``str()`` reads like tracemalloc:
+    ``train.py:3: size=256 MiB, count=1, average=256 MiB``.
+    """
+
+    size: int
+    count: int
+    traceback: Traceback
+    key: Any = None
+
+    def __str__(self) -> str:
+        text = f"{_key_str(self.key)}: size={format_size(self.size)}, count={self.count}"
+        if self.count:
+            text += f", average={format_size(self.size / self.count)}"
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class StatisticDiff:
+    """The difference of one key's :class:`Statistic` between two snapshots.
+
+    ``size``/``count`` are the new snapshot's values, ``*_diff`` new minus old.
+    """
+
+    size: int
+    size_diff: int
+    count: int
+    count_diff: int
+    traceback: Traceback
+    key: Any = None
+
+    def __str__(self) -> str:
+        text = (
+            f"{_key_str(self.key)}: size={format_size(self.size)} "
+            f"({format_size(self.size_diff, sign=True)}), "
+            f"count={self.count} ({self.count_diff:+d})"
+        )
+        if self.count:
+            text += f", average={format_size(self.size / self.count)}"
+        return text
+
+
+def _label_key(a: Allocation) -> str:
+    if a.label is not None:
+        return a.label
+    return "<no label>" if a.traceback else f"<thread {a.thread.name}>"
+
+
+_SIMPLE_KEYS: Dict[str, Callable[[Allocation], Any]] = {
+    "label": _label_key,
+    "device": lambda a: a.device,
+    "kind": lambda a: a.kind,
+    "thread": lambda a: a.thread.name,
+}
+
+
+class Snapshot:
+    """A set of live allocations at one moment.
+
+    Args:
+        allocations: :class:`Allocation` objects (kept in the given order).
+        timestamp_ns: when the snapshot was taken, if known.
+        devices: device metadata: a mapping ``{index: info}`` or an iterable
+            of indices. Defaults to the devices the allocations are on.
+        frame_filter: decides the user's frame for ``"lineno"``/``"filename"``
+            statistics; the default filter ``memviz.frames`` if None.
+    """
+
+    def __init__(
+        self,
+        allocations: Iterable[Allocation],
+        *,
+        timestamp_ns: Optional[int] = None,
+        devices: "Mapping[int, Any] | Iterable[int] | None" = None,
+        frame_filter: Optional[FrameFilter] = None,
+    ) -> None:
+        self.allocations: Tuple[Allocation, ...] = tuple(allocations)
+        self.timestamp_ns = timestamp_ns
+        if devices is None:
+            self.devices: Dict[int, Any] = {d: None for d in sorted({a.device for a in self.allocations})}
+        elif isinstance(devices, Mapping):
+            self.devices = dict(devices)
+        else:
+            self.devices = {d: None for d in devices}
+        self.frame_filter = frame_filter
+
+    # -- container protocol ------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.allocations)
+
+    def __iter__(self) -> Iterator[Allocation]:
+        return iter(self.allocations)
+
+    def __repr__(self) -> str:
+        devs = sorted({a.device for a in self.allocations})
+        where = ", ".join(f"cuda:{d}" for d in devs) if devs else "no device"
+        return f"<Snapshot {len(self.allocations)} allocation(s), {format_size(self.total_bytes())} on {where}>"
+
+    # -- simple queries ----------------------------------------------------
+
+    def total_bytes(self, device: Optional[int] = None) -> int:
+        """Sum of allocation sizes, on one device index or on all (None)."""
+        if device is None:
+            return sum(a.size for a in self.allocations)
+        return sum(a.size for a in self.allocations if a.device == device)
+
+    def by_device(self) -> Dict[int, "Snapshot"]:
+        """Split into one Snapshot per device index, in device order."""
+        groups: Dict[int, List[Allocation]] = {}
+        for a in self.allocations:
+            groups.setdefault(a.device, []).append(a)
+        return {
+            d: Snapshot(groups[d], timestamp_ns=self.timestamp_ns,
+                        devices={d: self.devices.get(d)}, frame_filter=self.frame_filter)
+            for d in sorted(groups)
+        }
+
+    def filter(self, predicate: Callable[[Allocation], bool]) -> "Snapshot":
+        """A new Snapshot with the allocations for which ``predicate(a)`` is true.
+
+        Example: ``snap.filter(lambda a: a.kind == "device" and a.size >= 1 << 20)``.
+        """
+        return Snapshot([a for a in self.allocations if predicate(a)], timestamp_ns=self.timestamp_ns,
+                        devices=self.devices, frame_filter=self.frame_filter)
+
+    # -- grouping ----------------------------------------------------------
+
+    def _filter(self) -> FrameFilter:
+        return self.frame_filter if self.frame_filter is not None else _default_filter
+
+    def _group(self, key_type: str, cumulative: bool) -> Dict[Any, list]:
+        """key -> [size, count, traceback] for the given key type."""
+        if key_type not in KEY_TYPES:
+            raise ValueError(f"unknown key_type {key_type!r}; use one of {', '.join(KEY_TYPES)}")
+        if cumulative and key_type not in _CUMULATIVE_KEYS:
+            raise ValueError(
+                f"cumulative mode cannot be used with key_type {key_type!r}; "
+                f"use it with 'lineno' or 'filename'"
+            )
+        groups: Dict[Any, list] = {}
+        if key_type not in _FRAME_KEYS:
+            key_of = _SIMPLE_KEYS[key_type]
+            for a in self.allocations:
+                key = key_of(a)
+                g = groups.get(key)
+                if g is None:
+                    groups[key] = [a.size, 1, EMPTY_TRACEBACK]
+                else:
+                    g[0] += a.size
+                    g[1] += 1
+            return groups
+
+        # Stage 1: bucket by traceback object (interned, so cheap) or, for
+        # frameless allocations, by thread name.
+        buckets: Dict[Any, list] = {}
+        for a in self.allocations:
+            tb = a.traceback
+            bkey = id(tb) if tb else a.thread.name
+            b = buckets.get(bkey)
+            if b is None:
+                buckets[bkey] = [a.size, 1, tb, a.thread.name]
+            else:
+                b[0] += a.size
+                b[1] += 1
+
+        # Stage 2: map each bucket to its key(s) and merge.
+        flt = self._filter()
+        one_frame: Dict[Frame, Traceback] = {}
+
+        def tb_of(frame: Frame) -> Traceback:
+            t = one_frame.get(frame)
+            if t is None:
+                t = one_frame[frame] = Traceback((frame,), flt)
+            return t
+
+        for size, count, tb, thread_name in buckets.values():
+            if not tb:
+                pseudo = Frame(f"<thread {thread_name}>", 0, "")
+                tb = Traceback((pseudo,), flt)
+            if key_type == "traceback":
+                items = [(tb, tb)]
+            elif key_type == "lineno":
+                if cumulative:
+                    items = [(f, tb_of(f)) for f in dict.fromkeys(tb)]
+                else:
+                    f = flt.pick(tb)
+                    items = [(f, tb_of(f))]
+            else:  # filename
+                if cumulative:
+                    names = dict.fromkeys(f.filename for f in tb)
+                else:
+                    names = (flt.pick(tb).filename,)
+                items = [(fn, tb_of(Frame(fn, 0, ""))) for fn in names]
+            for key, key_tb in items:
+                g = groups.get(key)
+                if g is None:
+                    groups[key] = [size, count, key_tb]
+                else:
+                    g[0] += size
+                    g[1] += count
+        return groups
+
+    def statistics(self, key_type: str = "lineno", cumulative: bool = False) -> List[Statistic]:
+        """Group allocations by ``key_type`` into :class:`Statistic` objects.
+
+        Key types: ``"lineno"`` (the user's frame), ``"filename"`` (the user
+        frame's file), ``"traceback"`` (the full stack), ``"label"`` (the label,
+        ``"<no label>"``, or ``"<thread NAME>"`` for unlabelled allocations from
+        threads without Python frames), ``"device"``, ``"kind"``, ``"thread"``.
+
+        With ``cumulative=True`` (``"lineno"`` and ``"filename"`` only) each
+        allocation counts under every distinct frame / file of its stack, as in
+        tracemalloc. Sorted by size, then count, largest first.
+        """
+        groups = self._group(key_type, cumulative)
+        stats = [Statistic(size, count, tb, key) for key, (size, count, tb) in groups.items()]
+        stats.sort(key=lambda s: (-s.size, -s.count, _key_str(s.key)))
+        return stats
+
+    def compare_to(
+        self, old_snapshot: "Snapshot", key_type: str = "lineno", cumulative: bool = False
+    ) -> List[StatisticDiff]:
+        """Differences from ``old_snapshot`` to this one, per key.
+
+        Keys present in only one snapshot appear with size/count 0 on the other
+        side. Sorted by the absolute size difference, then size, absolute count
+        difference and count, largest first.
+        """
+        new = self._group(key_type, cumulative)
+        old = old_snapshot._group(key_type, cumulative)
+        diffs: List[StatisticDiff] = []
+        for key, (size, count, tb) in new.items():
+            o = old.get(key)
+            osize, ocount = (o[0], o[1]) if o is not None else (0, 0)
+            diffs.append(StatisticDiff(size, size - osize, count, count - ocount, tb, key))
+        for key, (osize, ocount, tb) in old.items():
+            if key not in new:
+                diffs.append(StatisticDiff(0, -osize, 0, -ocount, tb, key))
+        diffs.sort(key=lambda d: (-abs(d.size_diff), -d.size, -abs(d.count_diff), -d.count, _key_str(d.key)))
+        return diffs
+
+
+# -- building from the C core's raw rows ---------------------------------------
+
+
+class _KindMap(dict):
+    def __missing__(self, code):
+        name = self[code] = f"unknown({code})"
+        return name
+
+
+#: ident -> (name, native_id, is_dummy) of threads seen while tracking, kept
+#: after they end (filled by the tracker), so their allocations keep a name.
+SEEN_THREADS: Dict[int, Tuple[str, Optional[int], bool]] = {}
+
+
+def _python_thread_names() -> Dict[int, Tuple[str, Optional[int], bool]]:
+    """ident -> (name, native_id, is_dummy) for Python-visible threads."""
+    out: Dict[int, Tuple[str, Optional[int], bool]] = {}
+    try:
+        active = dict(getattr(threading, "_active", {}))
+    except Exception:  # pragma: no cover
+        active = {}
+    threads = list(active.values())
+    try:
+        threads += threading.enumerate()
+    except Exception:  # pragma: no cover
+        pass
+    dummy_cls = getattr(threading, "_DummyThread", ())
+    for t in threads:
+        ident = getattr(t, "ident", None)
+        if ident is not None and ident not in out:
+            out[ident] = (t.name, getattr(t, "native_id", None), isinstance(t, dummy_cls))
+    for ident, entry in list(SEEN_THREADS.items()):
+        out.setdefault(ident, entry)
+    return out
+
+
+def _thread_info(idx: int, entry: Optional[Sequence], py_names: Mapping[int, tuple]) -> ThreadInfo:
+    if entry is None:
+        return ThreadInfo(None, None, f"thread#{idx}")
+    native_id, ident, native_name = entry[0], entry[1], entry[2]
+    fallback = native_name or (f"tid {native_id}" if native_id is not None else f"thread#{idx}")
+    name = fallback
+    py = py_names.get(ident) if ident is not None else None
+    if py is not None:
+        py_name, py_native, is_dummy = py
+        # A different native id means the ident was reused by another thread.
+        same = py_native is None or native_id is None or py_native == native_id
+        if same and not (is_dummy and native_name):
+            name = py_name
+    return ThreadInfo(native_id, ident, name)
+
+
+class _ThreadMap(dict):
+    def __init__(self, raw: Mapping[int, Sequence], py_names: Mapping[int, tuple]):
+        super().__init__()
+        self._raw = raw
+        self._py = py_names
+
+    def __missing__(self, idx):
+        info = self[idx] = _thread_info(idx, self._raw.get(idx), self._py)
+        return info
+
+
+_UNRESOLVED = Traceback((Frame("<unresolved stack>", 0, ""),))
+
+
+def snapshot_from_raw(
+    raw_allocs: Iterable[Sequence],
+    resolve_stacks: Callable[[set], Mapping[int, Sequence[Tuple[str, Optional[int], str]]]],
+    threads: Mapping[int, Sequence],
+    frame_filter: Optional[FrameFilter] = None,
+    timestamp_ns: Optional[int] = None,
+    *,
+    devices: "Mapping[int, Any] | Iterable[int] | None" = None,
+) -> Snapshot:
+    """Build a :class:`Snapshot` from the C core's raw data.
+
+    Args:
+        raw_allocs: rows ``(address, size, device, kind_code, stream,
+            thread_idx, label_or_None, timestamp_ns, stack_id, seq)``;
+            kind_code 0=device, 1=host, 2=managed, 3=static, 4=physical.
+        resolve_stacks: called once with the set of non-zero stack ids; returns
+            ``{stack_id: ((filename, lineno, name), ...)}`` innermost first.
+            Stack id 0 means "no Python frames". A missing id becomes the
+            pseudo-frame ``<unresolved stack>``. lineno None/-1 becomes 0.
+        threads: ``{thread_idx: (native_tid, pthread_ident, native_name)}``.
+            Names of live Python threads (``threading``) are preferred.
+        frame_filter: stored on the snapshot and its tracebacks.
+        timestamp_ns: when the snapshot was taken.
+        devices: device metadata passed on to :class:`Snapshot`.
+
+    Frames and tracebacks are interned: rows with the same stack id share one
+    :class:`Traceback` object.
+    """
+    rows = raw_allocs if isinstance(raw_allocs, (list, tuple)) else list(raw_allocs)
+    stack_ids = {r[8] for r in rows}
+    stack_ids.discard(0)
+    resolved = resolve_stacks(set(stack_ids)) if stack_ids else {}
+
+    frame_cache: Dict[tuple, Frame] = {}
+    tb_by_id: Dict[int, Traceback] = {0: EMPTY_TRACEBACK}
+    for sid in stack_ids:
+        raw_frames = resolved.get(sid)
+        if raw_frames is None:
+            tb_by_id[sid] = _UNRESOLVED
+            continue
+        out = []
+        for rf in raw_frames:
+            if type(rf) is not tuple:
+                rf = tuple(rf)
+            frame = frame_cache.get(rf)
+            if frame is None:
+                filename, lineno, name = rf
+                if lineno is None or lineno < 0:
+                    lineno = 0
+                frame = frame_cache[rf] = Frame(filename or "<unknown>", lineno, name or "")
+            out.append(frame)
+        tb_by_id[sid] = Traceback(out, frame_filter)
+
+    thread_map = _ThreadMap(threads, _python_thread_names())
+    kind_map = _KindMap(enumerate(KIND_NAMES))
+    new = tuple.__new__
+    A = Allocation
+    allocations = [
+        new(A, (addr, size, dev, kind_map[kc], stream, thread_map[tidx], label, ts, tb_by_id[sid], seq))
+        for addr, size, dev, kc, stream, tidx, label, ts, sid, seq in rows
+    ]
+    return Snapshot(allocations, timestamp_ns=timestamp_ns, devices=devices, frame_filter=frame_filter)

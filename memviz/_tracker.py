@@ -1,0 +1,485 @@
+"""track() / Tracker: start and stop capture, and read what was captured.
+
+The C store is one per process. A Tracker reads it while it is the latest
+tracker; when a newer tracker starts, the older one's data is first copied
+into Python (``_freeze``), so every Tracker stays readable after its block.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from . import _capture, _core
+from ._errors import AlreadyTracking, CaptureConflict, CaptureUnavailable, NotTracking
+from ._frames import FrameFilter
+from ._snapshot import KIND_NAMES, SEEN_THREADS, Snapshot, Traceback, snapshot_from_raw
+from ._units import format_size
+
+__all__ = ["Tracker", "track", "start", "stop", "label", "available", "capture_info",
+           "CaptureWarning", "FailedAllocation", "active_tracker"]
+
+_DEFAULT_DEPTH = 32
+_state_lock = threading.RLock()
+_active: Optional["Tracker"] = None
+_latest: Optional["weakref.ReferenceType[Tracker]"] = None  # owns the C store's data
+_warned_gpu_off = False
+_initialized = False
+
+
+class CaptureWarning(UserWarning):
+    """GPU capture is off for this tracker; the message says why."""
+
+
+@dataclass(frozen=True)
+class FailedAllocation:
+    """An allocation the driver refused (out of memory or another error)."""
+
+    size: int
+    device: int
+    kind: str
+    stream: int
+    thread: Any
+    label: Optional[str]
+    timestamp_ns: int
+    traceback: Traceback
+    result: int
+
+    def __str__(self) -> str:
+        where = str(self.traceback) if self.traceback else f"<thread {self.thread.name}>"
+        return (f"{where}: failed to allocate {format_size(self.size)} on "
+                f"{'host' if self.device < 0 else f'cuda:{self.device}'} (CUDA error {self.result})")
+
+
+def _note_thread(t: threading.Thread) -> None:
+    if t.ident is not None:
+        SEEN_THREADS[t.ident] = (t.name, getattr(t, "native_id", None),
+                                 isinstance(t, getattr(threading, "_DummyThread", ())))
+
+
+def _thread_start_hook(frame, event, arg):
+    """threading.setprofile hook while tracking: runs once in each new thread
+    to remember its name (threads often end before a snapshot is taken),
+    then removes itself, so the thread's calls cost nothing afterwards."""
+    sys.setprofile(None)
+    _note_thread(threading.current_thread())
+
+
+def _watch_threads(on: bool) -> None:
+    if on:
+        for t in threading.enumerate():
+            _note_thread(t)
+        if getattr(threading, "_profile_hook", None) is None:
+            threading.setprofile(_thread_start_hook)
+    elif getattr(threading, "_profile_hook", None) is _thread_start_hook:
+        threading.setprofile(None)
+
+
+def _ensure_core() -> None:
+    global _initialized
+    if not _initialized:
+        _core.init()
+        _initialized = True
+
+
+class _Frozen:
+    """A copy of the store's data, taken before the store is reused."""
+
+    def __init__(self) -> None:
+        _core.flush() if _core.active() else None
+        self.live = _core.live()
+        self.totals = _core.totals()
+        self.peaks = {dev: _core.peak_live(dev) for dev in self.totals}
+        self.failures = _core.failures()
+        self.timeline = _core.timeline()
+        self.threads = _core.threads()
+        self.stats = _core.stats()
+        ids = {r[8] for r in self.live} | {r[7] for r in self.failures}
+        for rows in self.peaks.values():
+            ids |= {r[8] for r in rows}
+        ids.discard(0)
+        self.stacks = _core.resolve(ids) if ids else {}
+
+    def resolve(self, ids):
+        return {i: self.stacks[i] for i in ids if i in self.stacks}
+
+
+class Tracker:
+    """Captures GPU allocations between :meth:`start` and :meth:`stop`.
+
+    Args:
+        gpu: capture GPU allocations through CUPTI. With ``gpu=False`` (or on
+            a machine without an NVIDIA driver) the tracker still works for
+            the features that need no GPU, and says so in its report.
+        depth: Python frames kept per allocation (1-256, default 32).
+        activity: also read CUPTI activity records (static module memory).
+        frame_filter: decides "the user's line" in statistics; defaults to
+            ``memviz.frames``.
+    """
+
+    def __init__(self, *, gpu: bool = True, depth: int = _DEFAULT_DEPTH, activity: bool = True,
+                 frame_filter: Optional[FrameFilter] = None) -> None:
+        if not isinstance(depth, int) or not 1 <= depth <= _core.MAX_DEPTH:
+            raise ValueError(f"depth must be an int between 1 and {_core.MAX_DEPTH}, got {depth!r}")
+        self.gpu_requested = bool(gpu)
+        self.depth = depth
+        self.activity = bool(activity)
+        self.frame_filter = frame_filter
+        self.gpu_enabled = False
+        self.gpu_off_reason: Optional[str] = None
+        self.activity_enabled = False
+        self.activity_error: Optional[str] = None
+        self.started_ns: Optional[int] = None
+        self.stopped_ns: Optional[int] = None
+        self._running = False
+        self._frozen: Optional[_Frozen] = None
+        self._forked = False
+
+    # -- lifecycle --------------------------------------------------------
+
+    def start(self) -> "Tracker":
+        """Start capturing; raises AlreadyTracking if any tracker is running."""
+        global _active, _latest
+        with _state_lock:
+            if self._running:
+                raise AlreadyTracking("this tracker is already running; stop() it before starting it again.")
+            if _active is not None:
+                raise AlreadyTracking(
+                    "another memviz tracker is already running in this process "
+                    f"(started at {_active._started_where}); stop it first, or use that tracker "
+                    "instead of nesting memviz.track() blocks.")
+            if self.started_ns is not None:
+                raise AlreadyTracking("a Tracker can run once; create a new one with memviz.track().")
+            _ensure_core()
+            # The store is about to be reused: keep the previous tracker readable.
+            prev = _latest() if _latest is not None else None
+            if prev is not None and prev is not self and prev._frozen is None:
+                prev._frozen = _Frozen()
+            _core.clear()
+            self._started_where = _caller_location()
+            SEEN_THREADS.clear()
+            self._start_gpu()
+            _watch_threads(True)
+            self.started_ns = time.monotonic_ns()
+            self._running = True
+            _active = self
+            _latest = weakref.ref(self)
+        return self
+
+    def _start_gpu(self) -> None:
+        global _warned_gpu_off
+        if not self.gpu_requested:
+            self.gpu_off_reason = "gpu=False was passed"
+            return
+        explicit = os.environ.get(_capture.ENV_LIBRARY)
+        present, why = _capture.gpu_present()
+        if not explicit and not present:
+            self.gpu_off_reason = why
+            if not _warned_gpu_off:
+                _warned_gpu_off = True
+                warnings.warn(
+                    f"memviz: GPU capture is off: {why}. Tracking still works for the "
+                    "features that need no GPU; pass gpu=False to silence this warning.",
+                    CaptureWarning, stacklevel=4)
+            return
+        lib = _capture.load()  # raises CaptureUnavailable with what it tried
+        result, step, error, holder, activity_on, activity_error = _core.start(
+            depth=self.depth, activity=self.activity)
+        if result == _core.ERROR_MULTIPLE_SUBSCRIBERS:
+            raise CaptureConflict(holder or None, detail=f"{step} returned {error} ({result})")
+        if result != 0:
+            raise CaptureUnavailable(
+                f"{step} failed with {error} ({result}) using {lib.path} (CUPTI version {lib.version})",
+                lib.tried + [f"{lib.path}: loaded ({lib.how})", f"{step}: {error} ({result})"],
+                hint=_hint_for(result),
+            )
+        self.gpu_enabled = True
+        self.activity_enabled = bool(activity_on)
+        self.activity_error = activity_error or None
+
+    def stop(self) -> "Tracker":
+        """Stop capturing and unsubscribe from CUPTI (so torch.profiler can run)."""
+        global _active
+        with _state_lock:
+            if not self._running:
+                if self._forked:
+                    return self
+                raise NotTracking("this tracker is not running: start() it first, or use `with memviz.track() as t:`.")
+            try:
+                _watch_threads(False)
+                for t in threading.enumerate():
+                    _note_thread(t)
+                if self.gpu_enabled and not self._forked:
+                    _core.stop()
+            finally:
+                self._running = False
+                self.stopped_ns = time.monotonic_ns()
+                if _active is self:
+                    _active = None
+        return self
+
+    def __enter__(self) -> "Tracker":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        if self._running:
+            self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    # -- reading ----------------------------------------------------------
+
+    def _source(self):
+        if self._frozen is not None:
+            return self._frozen
+        if self.started_ns is None:
+            raise NotTracking("this tracker never started: use `with memviz.track() as t:` or t.start().")
+        return None
+
+    def _live_rows(self):
+        src = self._source()
+        if src is not None:
+            return src.live, src.resolve, src.threads
+        if self._running and self.gpu_enabled:
+            _core.flush()
+        return _core.live(), _core.resolve, _core.threads()
+
+    def snapshot(self) -> Snapshot:
+        """The allocations live now (or when the tracker stopped)."""
+        rows, resolve, threads = self._live_rows()
+        return snapshot_from_raw(rows, resolve, threads, self.frame_filter,
+                                 timestamp_ns=time.monotonic_ns())
+
+    def peak_snapshot(self, device: Optional[int] = None) -> Snapshot:
+        """The allocations live at the moment of a device's peak.
+
+        With ``device=None``: every device, each at its own peak.
+        """
+        src = self._source()
+        totals = src.totals if src is not None else _core.totals()
+        devices = [device] if device is not None else sorted(totals)
+        rows: List[tuple] = []
+        for dev in devices:
+            rows.extend(src.peaks.get(dev, []) if src is not None else _core.peak_live(dev))
+        resolve = src.resolve if src is not None else _core.resolve
+        threads = src.threads if src is not None else _core.threads()
+        ts = max((totals[d]["peak_timestamp_ns"] for d in devices if d in totals), default=None)
+        return snapshot_from_raw(rows, resolve, threads, self.frame_filter, timestamp_ns=ts)
+
+    def totals(self) -> Dict[int, Dict[str, int]]:
+        """Per device (-1: pinned host memory): current, peak, allocs, frees, failed, ..."""
+        src = self._source()
+        return dict(src.totals) if src is not None else _core.totals()
+
+    def current_bytes(self, device: Optional[int] = None) -> int:
+        """Bytes live now; all devices (not host memory) when device is None."""
+        t = self.totals()
+        if device is not None:
+            return t.get(device, {}).get("current", 0)
+        return sum(v["current"] for d, v in t.items() if d >= 0)
+
+    def peak_bytes(self, device: Optional[int] = None) -> int:
+        """Highest live bytes of a device; with None, the largest device peak."""
+        t = self.totals()
+        if device is not None:
+            return t.get(device, {}).get("peak", 0)
+        return max((v["peak"] for d, v in t.items() if d >= 0), default=0)
+
+    @property
+    def failures(self) -> List[FailedAllocation]:
+        """Allocations the driver refused (the last 256), oldest first."""
+        src = self._source()
+        rows = src.failures if src is not None else _core.failures()
+        resolve = src.resolve if src is not None else _core.resolve
+        threads = src.threads if src is not None else _core.threads()
+        ids = {r[7] for r in rows} - {0}
+        stacks = resolve(ids) if ids else {}
+        # Build tracebacks through the snapshot machinery for the same interning.
+        fake = [(0, r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], 0) for r in rows]
+        snap = snapshot_from_raw(fake, lambda _ids: stacks, threads, self.frame_filter)
+        return [FailedAllocation(r[0], r[1], KIND_NAMES[r[2]], r[3], a.thread, r[5], r[6],
+                                 a.traceback, r[8]) for r, a in zip(rows, snap.allocations)]
+
+    def timeline(self) -> List[tuple]:
+        """(timestamp_ns, device, live bytes) points; bounded, peaks kept."""
+        src = self._source()
+        return list(src.timeline) if src is not None else _core.timeline()
+
+    def capture_info(self) -> Dict[str, Any]:
+        """What this tracker captured with, and memviz's own memory."""
+        info = capture_info()
+        src = self._source() if self.started_ns is not None else None
+        stats = src.stats if src is not None else (_core.stats() if _initialized else {})
+        info.update(
+            gpu_enabled=self.gpu_enabled,
+            gpu_off_reason=self.gpu_off_reason,
+            activity_enabled=self.activity_enabled,
+            activity_error=self.activity_error,
+            depth=self.depth,
+            store=stats,
+        )
+        return info
+
+    def _freeze(self) -> None:
+        if self._frozen is None:
+            self._frozen = _Frozen()
+
+    def __repr__(self) -> str:
+        state = "running" if self._running else ("stopped" if self.started_ns else "new")
+        gpu = "gpu" if self.gpu_enabled else f"gpu off: {self.gpu_off_reason}"
+        try:
+            cur = format_size(self.current_bytes()) if self.started_ns else "-"
+            peak = format_size(self.peak_bytes()) if self.started_ns else "-"
+        except Exception:  # noqa: BLE001 - repr must not raise
+            cur = peak = "?"
+        return f"<memviz.Tracker {state}, {gpu}, current={cur}, peak={peak}>"
+
+
+def _hint_for(result: int) -> str:
+    if result == 35:
+        return ("The driver restricts profiling to administrators: run as root or with "
+                "CAP_SYS_ADMIN, or set the nvidia module option NVreg_RestrictProfilingToAdminUsers=0.")
+    if result in (14, 15):
+        return ("This libcupti does not work with the installed driver (a CUPTI newer than the "
+                "driver is the usual cause): use the CUPTI of the CUDA version your framework was "
+                "built with (e.g. the nvidia-cuda-cupti wheel), or update the driver.")
+    return CaptureUnavailable.DEFAULT_HINT
+
+
+def _caller_location() -> str:
+    f = sys._getframe(1)
+    here = os.path.dirname(__file__)
+    while f is not None and f.f_code.co_filename.startswith(here):
+        f = f.f_back
+    return f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "?"
+
+
+def track(*, gpu: bool = True, depth: int = _DEFAULT_DEPTH, activity: bool = True,
+          frame_filter: Optional[FrameFilter] = None) -> Tracker:
+    """A tracker to use as ``with memviz.track() as t:``; see :class:`Tracker`."""
+    return Tracker(gpu=gpu, depth=depth, activity=activity, frame_filter=frame_filter)
+
+
+def start(**kwargs) -> Tracker:
+    """Start and return a tracker (stop it with :func:`stop` or ``t.stop()``)."""
+    return Tracker(**kwargs).start()
+
+
+def stop() -> Tracker:
+    """Stop the running tracker and return it."""
+    t = _active
+    if t is None:
+        raise NotTracking("no memviz tracker is running: call memviz.start() first.")
+    return t.stop()
+
+
+def active_tracker() -> Optional[Tracker]:
+    return _active
+
+
+class label:
+    """Attach a name to every allocation this thread makes inside the block.
+
+    ``with memviz.label("data loading"): ...`` or as a decorator. Labels nest;
+    the innermost wins. Thread-local: other threads are not affected.
+    """
+
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"memviz.label() needs a non-empty str, got {name!r}")
+        self.name = name
+        self._id = _core.label_intern(name)
+        self._saved = threading.local()
+
+    def __enter__(self) -> "label":
+        stack = getattr(self._saved, "stack", None)
+        if stack is None:
+            stack = self._saved.stack = []
+        stack.append(_core.label_get())
+        _core.label_set(self._id)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _core.label_set(self._saved.stack.pop())
+
+    def __call__(self, fn):
+        import functools
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with self:
+                return fn(*args, **kwargs)
+        return wrapper
+
+
+def available() -> bool:
+    """Whether GPU capture can run here (a GPU is present and CUPTI loads)."""
+    if not os.environ.get(_capture.ENV_LIBRARY) and not _capture.gpu_present()[0]:
+        return False
+    try:
+        _capture.load()
+    except CaptureUnavailable:
+        return False
+    return True
+
+
+def capture_info() -> Dict[str, Any]:
+    """Whether CUPTI loaded, which file, which version, and why not."""
+    present, why = _capture.gpu_present()
+    lib = _capture.loaded()
+    reason = None
+    if lib is None:
+        if os.environ.get(_capture.ENV_LIBRARY) or present:
+            try:
+                lib = _capture.load()
+            except CaptureUnavailable as e:
+                reason = e.reason
+        else:
+            reason = why
+    info: Dict[str, Any] = {
+        "available": lib is not None,
+        "reason": reason,
+        "gpu_present": present,
+        "gpu_detail": why,
+        "library": lib.path if lib else None,
+        "version": lib.version if lib else None,
+        "cuda_major": lib.cuda_major if lib else None,
+        "found_by": lib.how if lib else None,
+        "tried": (lib.tried if lib else _capture.last_tried()),
+        "python_frames_abi": _core.FRAMES_ABI,
+    }
+    core = _core.cupti_info()
+    if core:
+        info["subscribe_v2"] = core["subscribe_v2"]
+    return info
+
+
+def _at_exit() -> None:
+    t = _active
+    if t is not None and t._running:
+        try:
+            t.stop()
+        except Exception:  # noqa: BLE001 - never fail interpreter exit
+            pass
+
+
+def _after_fork_in_child() -> None:
+    global _active
+    t = _active
+    if t is not None:
+        t._forked = True
+        t._running = False
+        _active = None
+
+
+atexit.register(_at_exit)
+os.register_at_fork(after_in_child=_after_fork_in_child)

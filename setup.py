@@ -1,0 +1,33 @@
+"""Build of memviz._core: plain C11, no CUDA headers or libraries needed."""
+import sys
+
+from setuptools import Extension, setup
+
+extra = ["-std=c11", "-Wall", "-Wextra", "-O2", "-fvisibility=hidden"]
+if "--memviz-sanitize" in sys.argv:  # developer builds: ASan + UBSan
+    sys.argv.remove("--memviz-sanitize")
+    extra += ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"]
+
+core = Extension(
+    "memviz._core",
+    sources=[
+        "src/module.c",
+        "src/capture.c",
+        "src/cupti.c",
+        "src/frames.c",
+        "src/store.c",
+        "src/region.c",
+    ],
+    depends=[
+        "src/capture.h",
+        "src/cupti.h",
+        "src/cupti_abi.h",
+        "src/frames.h",
+        "src/region.h",
+        "src/store.h",
+    ],
+    extra_compile_args=extra,
+    libraries=["dl", "pthread"],
+)
+
+setup(ext_modules=[core])

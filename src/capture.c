@@ -1,0 +1,483 @@
+/* The CUPTI driver callback: the only code that runs inside other
+ * libraries' cudaMalloc. Everything it calls is listed in DESIGN.md's rule 1
+ * budget: field reads of this thread's frames, thread-local reads, atomics and
+ * the store's leaf lock. No GIL, no Python API, no malloc, no CUDA call.
+ */
+#define _GNU_SOURCE
+#include "capture.h"
+#include "cupti.h"
+#include "frames.h"
+#include "store.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const mvz_op_names[MVZ_OP_COUNT] = {
+    "alloc",  "alloc_async", "alloc_managed", "alloc_host",   "create",
+    "free",   "free_async",  "free_host",     "release",      "map",
+    "unmap",  "reserve",     "address_free",  "pool_trim",    "failed",
+    "static_alloc", "static_free", "activity_records",
+};
+
+static const uint32_t memory_cbids[] = {
+    MVZ_CBID_cuMemAlloc_v2,          MVZ_CBID_cuMemAllocPitch_v2,
+    MVZ_CBID_cuMemFree_v2,           MVZ_CBID_cuMemAllocAsync,
+    MVZ_CBID_cuMemAllocAsync_ptsz,   MVZ_CBID_cuMemFreeAsync,
+    MVZ_CBID_cuMemFreeAsync_ptsz,    MVZ_CBID_cuMemAllocFromPoolAsync,
+    MVZ_CBID_cuMemAllocFromPoolAsync_ptsz, MVZ_CBID_cuMemCreate,
+    MVZ_CBID_cuMemRelease,           MVZ_CBID_cuMemMap,
+    MVZ_CBID_cuMemUnmap,             MVZ_CBID_cuMemAllocManaged,
+    MVZ_CBID_cuMemHostAlloc,         MVZ_CBID_cuMemAllocHost_v2,
+    MVZ_CBID_cuMemFreeHost,          MVZ_CBID_cuMemPoolTrimTo,
+    MVZ_CBID_cuMemAddressReserve,    MVZ_CBID_cuMemAddressFree,
+};
+#define N_CBIDS (sizeof memory_cbids / sizeof memory_cbids[0])
+
+static int capturing;  /* read with atomics on the hot path */
+static int depth_limit = 32;
+static mvz_CUpti_SubscriberHandle subscriber;
+static uint64_t counts[MVZ_OP_COUNT];
+static int activity_on;
+
+void (*mvz_new_stack_hook)(void);
+
+/* ---- labels ----------------------------------------------------------- */
+
+#define MAX_LABELS 65536
+static char *labels[MAX_LABELS];
+static uint32_t nlabels = 1; /* 0 means "no label" */
+static pthread_mutex_t label_lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread uint32_t tl_label __attribute__((tls_model("initial-exec")));
+
+uint32_t mvz_label_intern(const char *name)
+{
+    if (name == NULL)
+        return 0;
+    pthread_mutex_lock(&label_lock);
+    uint32_t id = 0;
+    for (uint32_t i = 1; i < nlabels; i++)
+        if (strcmp(labels[i], name) == 0) {
+            id = i;
+            break;
+        }
+    if (!id && nlabels < MAX_LABELS) {
+        char *copy = strdup(name);
+        if (copy) {
+            id = nlabels++;
+            labels[id] = copy;
+        }
+    }
+    pthread_mutex_unlock(&label_lock);
+    return id;
+}
+
+const char *mvz_label_name(uint32_t id)
+{
+    const char *s = NULL;
+    pthread_mutex_lock(&label_lock);
+    if (id > 0 && id < nlabels)
+        s = labels[id]; /* never freed, so the pointer stays valid */
+    pthread_mutex_unlock(&label_lock);
+    return s;
+}
+
+/* Thread-local, initial-exec: reading it is one load from this thread's
+ * own TLS block, safe in the callback. */
+uint32_t mvz_label_get(void) { return tl_label; }
+void mvz_label_set(uint32_t id) { tl_label = id; }
+
+/* ---- devices ---------------------------------------------------------- */
+
+#define CTX_CACHE 64
+static void *ctx_keys[CTX_CACHE];
+static int ctx_devices[CTX_CACHE];
+#define CTX_CLAIMED ((void *)1)
+
+/* Hot path, no GIL: a lock-free lookup of context -> device. On a miss it
+ * asks CUPTI (cuptiGetDeviceId, no driver call is traced) and publishes the
+ * answer with a compare-and-swap; a lost race only repeats the question.
+ * With more than CTX_CACHE contexts the rest are asked for every time. */
+static int device_of(void *ctx)
+{
+    if (ctx == NULL)
+        return 0;
+    for (int i = 0; i < CTX_CACHE; i++) {
+        void *k = __atomic_load_n(&ctx_keys[i], __ATOMIC_ACQUIRE);
+        if (k == ctx)
+            return __atomic_load_n(&ctx_devices[i], __ATOMIC_RELAXED);
+        if (k == NULL)
+            break;
+    }
+    uint32_t dev = 0;
+    if (!mvz_api.GetDeviceId || mvz_api.GetDeviceId(ctx, &dev) != MVZ_CUPTI_SUCCESS)
+        return 0;
+    /* Claim an empty slot with a sentinel, fill in the device, then publish
+     * the key, so a reader that sees the key also sees its device. */
+    for (int i = 0; i < CTX_CACHE; i++) {
+        void *expected = NULL;
+        if (__atomic_compare_exchange_n(&ctx_keys[i], &expected, CTX_CLAIMED, 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+            __atomic_store_n(&ctx_devices[i], (int)dev, __ATOMIC_RELAXED);
+            __atomic_store_n(&ctx_keys[i], ctx, __ATOMIC_RELEASE);
+            break;
+        }
+        if (expected == ctx)
+            break;
+    }
+    return (int)dev;
+}
+
+/* ---- the callback ----------------------------------------------------- */
+
+static inline void count(int op) { __atomic_fetch_add(&counts[op], 1, __ATOMIC_RELAXED); }
+
+typedef struct {
+    int op;
+    int kind;
+    int is_free;
+    uint64_t address, size, stream;
+} decoded;
+
+/* Hot path, no GIL: pure reads of CUPTI's parameter struct. Returns 0 for
+ * calls that are not memory (reservations, maps, trims: counted only). */
+static int decode(uint32_t cbid, const void *p, int ok, decoded *d)
+{
+    memset(d, 0, sizeof *d);
+    d->kind = MVZ_KIND_DEVICE;
+    switch (cbid) {
+    case MVZ_CBID_cuMemAlloc_v2: {
+        const mvz_cuMemAlloc_v2_params *q = p;
+        d->op = MVZ_OP_ALLOC;
+        d->size = q->bytesize;
+        d->address = ok && q->dptr ? *q->dptr : 0;
+        return 1;
+    }
+    case MVZ_CBID_cuMemAllocPitch_v2: {
+        const mvz_cuMemAllocPitch_v2_params *q = p;
+        d->op = MVZ_OP_ALLOC;
+        size_t pitch = ok && q->pPitch ? *q->pPitch : q->WidthInBytes;
+        d->size = (uint64_t)pitch * q->Height;
+        d->address = ok && q->dptr ? *q->dptr : 0;
+        return 1;
+    }
+    case MVZ_CBID_cuMemAllocAsync:
+    case MVZ_CBID_cuMemAllocAsync_ptsz: {
+        const mvz_cuMemAllocAsync_params *q = p;
+        d->op = MVZ_OP_ALLOC_ASYNC;
+        d->size = q->bytesize;
+        d->stream = (uint64_t)(uintptr_t)q->hStream;
+        d->address = ok && q->dptr ? *q->dptr : 0;
+        return 1;
+    }
+    case MVZ_CBID_cuMemAllocFromPoolAsync:
+    case MVZ_CBID_cuMemAllocFromPoolAsync_ptsz: {
+        const mvz_cuMemAllocFromPoolAsync_params *q = p;
+        d->op = MVZ_OP_ALLOC_ASYNC;
+        d->size = q->bytesize;
+        d->stream = (uint64_t)(uintptr_t)q->hStream;
+        d->address = ok && q->dptr ? *q->dptr : 0;
+        return 1;
+    }
+    case MVZ_CBID_cuMemAllocManaged: {
+        const mvz_cuMemAllocManaged_params *q = p;
+        d->op = MVZ_OP_ALLOC_MANAGED;
+        d->kind = MVZ_KIND_MANAGED;
+        d->size = q->bytesize;
+        d->address = ok && q->dptr ? *q->dptr : 0;
+        return 1;
+    }
+    case MVZ_CBID_cuMemHostAlloc: {
+        const mvz_cuMemHostAlloc_params *q = p;
+        d->op = MVZ_OP_ALLOC_HOST;
+        d->kind = MVZ_KIND_HOST;
+        d->size = q->bytesize;
+        d->address = ok && q->pp ? (uint64_t)(uintptr_t)*q->pp : 0;
+        return 1;
+    }
+    case MVZ_CBID_cuMemAllocHost_v2: {
+        const mvz_cuMemAllocHost_v2_params *q = p;
+        d->op = MVZ_OP_ALLOC_HOST;
+        d->kind = MVZ_KIND_HOST;
+        d->size = q->bytesize;
+        d->address = ok && q->pp ? (uint64_t)(uintptr_t)*q->pp : 0;
+        return 1;
+    }
+    case MVZ_CBID_cuMemCreate: {
+        const mvz_cuMemCreate_params *q = p;
+        d->op = MVZ_OP_CREATE;
+        d->kind = MVZ_KIND_PHYSICAL;
+        d->size = q->size;
+        d->address = ok && q->handle ? *q->handle : 0;
+        return 1;
+    }
+    case MVZ_CBID_cuMemFree_v2: {
+        const mvz_cuMemFree_v2_params *q = p;
+        d->op = MVZ_OP_FREE;
+        d->is_free = 1;
+        d->address = q->dptr;
+        return 1;
+    }
+    case MVZ_CBID_cuMemFreeAsync:
+    case MVZ_CBID_cuMemFreeAsync_ptsz: {
+        const mvz_cuMemFreeAsync_params *q = p;
+        d->op = MVZ_OP_FREE_ASYNC;
+        d->is_free = 1;
+        d->address = q->dptr;
+        d->stream = (uint64_t)(uintptr_t)q->hStream;
+        return 1;
+    }
+    case MVZ_CBID_cuMemFreeHost: {
+        const mvz_cuMemFreeHost_params *q = p;
+        d->op = MVZ_OP_FREE_HOST;
+        d->kind = MVZ_KIND_HOST;
+        d->is_free = 1;
+        d->address = (uint64_t)(uintptr_t)q->p;
+        return 1;
+    }
+    case MVZ_CBID_cuMemRelease: {
+        const mvz_cuMemRelease_params *q = p;
+        d->op = MVZ_OP_RELEASE;
+        d->kind = MVZ_KIND_PHYSICAL;
+        d->is_free = 1;
+        d->address = q->handle;
+        return 1;
+    }
+    case MVZ_CBID_cuMemMap: d->op = MVZ_OP_MAP; return 0;
+    case MVZ_CBID_cuMemUnmap: d->op = MVZ_OP_UNMAP; return 0;
+    case MVZ_CBID_cuMemAddressReserve: d->op = MVZ_OP_RESERVE; return 0;
+    case MVZ_CBID_cuMemAddressFree: d->op = MVZ_OP_ADDRESS_FREE; return 0;
+    case MVZ_CBID_cuMemPoolTrimTo: d->op = MVZ_OP_POOL_TRIM; return 0;
+    default: d->op = -1; return 0;
+    }
+}
+
+/* Runs on whichever thread made the driver call, possibly holding other
+ * libraries' locks (PyTorch's allocator mutex), with or without the GIL.
+ * Safe because it only reads this thread's frames (frames.c), reads
+ * thread-local state, and takes the store's leaf lock (store.h). */
+static void on_driver_call(void *userdata, int domain, uint32_t cbid, const void *data)
+{
+    (void)userdata;
+    const mvz_CUpti_CallbackData *cb = data;
+    if (domain != MVZ_CUPTI_CB_DOMAIN_DRIVER_API || cb->callbackSite != MVZ_CUPTI_API_EXIT)
+        return;
+    if (!__atomic_load_n(&capturing, __ATOMIC_ACQUIRE))
+        return;
+    int result = cb->functionReturnValue ? *(const int *)cb->functionReturnValue : 0;
+    decoded d;
+    int is_memory = decode(cbid, cb->functionParams, result == 0, &d);
+    if (d.op < 0)
+        return;
+    if (!is_memory) {
+        if (result == 0)
+            count(d.op);
+        return;
+    }
+    int slot = d.kind == MVZ_KIND_HOST ? MVZ_HOST_SLOT : device_of(cb->context);
+    if (d.is_free) {
+        if (result == 0) {
+            count(d.op);
+            mvz_store_free(d.address, d.kind);
+        }
+        return;
+    }
+    mvz_frame frames[MVZ_MAX_DEPTH];
+    int depth = mvz_capture_frames(frames, __atomic_load_n(&depth_limit, __ATOMIC_RELAXED));
+    if (result != 0 || d.address == 0) {
+        count(MVZ_OP_FAILED);
+        mvz_store_failure(d.size, d.stream, slot, d.kind, tl_label, result, frames, depth);
+        if (mvz_new_stack_hook && mvz_store_has_pending())
+            mvz_new_stack_hook();
+        return;
+    }
+    count(d.op);
+    mvz_store_alloc(d.address, d.size, d.stream, slot, d.kind, tl_label, frames, depth);
+    if (mvz_new_stack_hook && mvz_store_has_pending())
+        mvz_new_stack_hook();
+}
+
+void mvz_capture_synthetic(uint64_t address, uint64_t size, int free_it)
+{
+    mvz_frame frames[MVZ_MAX_DEPTH];
+    int depth = mvz_capture_frames(frames, __atomic_load_n(&depth_limit, __ATOMIC_RELAXED));
+    mvz_store_alloc(address, size, 0, 0, MVZ_KIND_DEVICE, tl_label, frames, depth);
+    if (free_it)
+        mvz_store_free(address, MVZ_KIND_DEVICE);
+}
+
+/* ---- activity records ------------------------------------------------- */
+
+#define ACTIVITY_BUFFER (1u << 20)
+
+/* Called by CUPTI (its worker thread or a flushing thread), never inside a
+ * traced driver call of ours: allocating a buffer here is allowed. */
+static void on_buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 8, ACTIVITY_BUFFER) != 0)
+        p = NULL;
+    *buffer = p;
+    *size = p ? ACTIVITY_BUFFER : 0;
+    *max_records = 0;
+}
+
+static uint32_t static_label(const mvz_CUpti_ActivityMemory3 *r)
+{
+    const char *source = NULL;
+    if (mvz_api.version >= MVZ_CUPTI_VERSION_13)
+        source = ((const mvz_CUpti_ActivityMemory4 *)r)->source;
+    char name[256];
+    if (source && source[0]) {
+        const char *base = strrchr(source, '/');
+        snprintf(name, sizeof name, "CUDA module globals (%s)", base ? base + 1 : source);
+    } else {
+        snprintf(name, sizeof name, "CUDA module globals");
+    }
+    return mvz_label_intern(name);
+}
+
+/* Called by CUPTI on its worker thread or inside cuptiActivityFlushAll;
+ * takes the store's and the label table's leaf locks. */
+static void on_buffer_completed(mvz_CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
+                                size_t valid)
+{
+    (void)ctx;
+    (void)stream;
+    (void)size;
+    void *rec = NULL;
+    while (buffer && mvz_api.ActivityGetNextRecord &&
+           mvz_api.ActivityGetNextRecord(buffer, valid, &rec) == MVZ_CUPTI_SUCCESS) {
+        count(MVZ_OP_ACTIVITY_RECORDS);
+        const mvz_CUpti_ActivityMemory3 *r = rec;
+        if (r->kind != MVZ_CUPTI_ACTIVITY_KIND_MEMORY2 ||
+            r->memoryKind != MVZ_CUPTI_ACTIVITY_MEMORY_KIND_DEVICE_STATIC)
+            continue;
+        if (!__atomic_load_n(&capturing, __ATOMIC_ACQUIRE) && !activity_on)
+            continue;
+        if (r->memoryOperationType == MVZ_CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_ALLOCATION) {
+            count(MVZ_OP_STATIC_ALLOC);
+            mvz_store_alloc(r->address, r->bytes, 0, (int)r->deviceId, MVZ_KIND_STATIC,
+                            static_label(r), NULL, 0);
+        } else if (r->memoryOperationType == MVZ_CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_RELEASE) {
+            count(MVZ_OP_STATIC_FREE);
+            mvz_store_free(r->address, MVZ_KIND_STATIC);
+        }
+    }
+    free(buffer);
+}
+
+/* ---- start / stop (with the GIL) -------------------------------------- */
+
+void mvz_capture_configure(int depth)
+{
+    if (depth < 0)
+        depth = 0;
+    if (depth > MVZ_MAX_DEPTH)
+        depth = MVZ_MAX_DEPTH;
+    __atomic_store_n(&depth_limit, depth, __ATOMIC_RELAXED);
+}
+
+int mvz_capture_start(int want_activity, mvz_start_status *st)
+{
+    memset(st, 0, sizeof *st);
+    mvz_CUptiResult r;
+    if (mvz_api.Subscribe_v2) {
+        char old[MVZ_CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN * 2] = {0};
+        mvz_CUpti_SubscriberParams params = {sizeof params, "memviz", old, sizeof old};
+        r = mvz_api.Subscribe_v2(&subscriber, on_driver_call, NULL, &params);
+        if (r != MVZ_CUPTI_SUCCESS)
+            snprintf(st->holder, sizeof st->holder, "%s", old);
+    } else {
+        r = mvz_api.Subscribe(&subscriber, on_driver_call, NULL);
+    }
+    if (r != MVZ_CUPTI_SUCCESS) {
+        st->result = r;
+        st->step = "cuptiSubscribe";
+        subscriber = NULL;
+        return -1;
+    }
+    for (size_t i = 0; i < N_CBIDS; i++) {
+        r = mvz_api.EnableCallback(1, subscriber, MVZ_CUPTI_CB_DOMAIN_DRIVER_API, memory_cbids[i]);
+        if (r != MVZ_CUPTI_SUCCESS) {
+            st->result = r;
+            st->step = "cuptiEnableCallback";
+            mvz_api.Unsubscribe(subscriber);
+            subscriber = NULL;
+            return -1;
+        }
+    }
+    if (want_activity) {
+        if (!mvz_api.ActivityRegisterCallbacks || !mvz_api.ActivityEnable ||
+            !mvz_api.ActivityGetNextRecord) {
+            snprintf(st->activity_error, sizeof st->activity_error,
+                     "this libcupti has no activity API");
+        } else {
+            /* Registered at every start: another tool (torch.profiler) may
+             * have put its own buffer callbacks in place since. */
+            r = mvz_api.ActivityRegisterCallbacks(on_buffer_requested, on_buffer_completed);
+            if (r == MVZ_CUPTI_SUCCESS) {
+                r = mvz_api.ActivityEnable(MVZ_CUPTI_ACTIVITY_KIND_MEMORY2);
+            }
+            if (r == MVZ_CUPTI_SUCCESS) {
+                activity_on = 1;
+                st->activity = 1;
+                if (mvz_api.ActivityFlushPeriod)
+                    mvz_api.ActivityFlushPeriod(1000); /* static memory shows within 1 s */
+            } else {
+                snprintf(st->activity_error, sizeof st->activity_error,
+                         "MEMORY2 activity records are off: %s", mvz_cupti_result_string(r));
+            }
+        }
+    }
+    __atomic_store_n(&capturing, 1, __ATOMIC_RELEASE);
+    return 0;
+}
+
+void mvz_capture_flush(void)
+{
+    if (activity_on && mvz_api.ActivityFlushAll)
+        mvz_api.ActivityFlushAll(MVZ_CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+}
+
+void mvz_capture_stop(void)
+{
+    if (activity_on) {
+        mvz_capture_flush(); /* static records still count: capturing is on */
+        if (mvz_api.ActivityDisable)
+            mvz_api.ActivityDisable(MVZ_CUPTI_ACTIVITY_KIND_MEMORY2);
+        if (mvz_api.ActivityFlushPeriod)
+            mvz_api.ActivityFlushPeriod(0);
+        activity_on = 0;
+    }
+    __atomic_store_n(&capturing, 0, __ATOMIC_RELEASE);
+    if (subscriber) {
+        mvz_api.Unsubscribe(subscriber); /* lets torch.profiler subscribe later */
+        subscriber = NULL;
+    }
+}
+
+int mvz_capture_active(void) { return __atomic_load_n(&capturing, __ATOMIC_ACQUIRE); }
+
+void mvz_capture_counts(uint64_t out[MVZ_OP_COUNT])
+{
+    for (int i = 0; i < MVZ_OP_COUNT; i++)
+        out[i] = __atomic_load_n(&counts[i], __ATOMIC_RELAXED);
+}
+
+void mvz_capture_forget_counts(void)
+{
+    for (int i = 0; i < MVZ_OP_COUNT; i++)
+        __atomic_store_n(&counts[i], 0, __ATOMIC_RELAXED);
+}
+
+void mvz_capture_atfork_child(void)
+{
+    /* CUDA cannot be used in a forked child; stop recording there without
+     * calling into CUPTI (its state belongs to the parent). */
+    __atomic_store_n(&capturing, 0, __ATOMIC_RELEASE);
+    subscriber = NULL;
+    activity_on = 0;
+    pthread_mutex_init(&label_lock, NULL);
+}

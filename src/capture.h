@@ -1,0 +1,70 @@
+/* CUPTI subscription, the driver callback and activity records. */
+#ifndef MEMVIZ_CAPTURE_H
+#define MEMVIZ_CAPTURE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The driver calls memviz counts, in the order capture_info reports them. */
+enum mvz_op {
+    MVZ_OP_ALLOC,          /* cuMemAlloc_v2, cuMemAllocPitch_v2 */
+    MVZ_OP_ALLOC_ASYNC,    /* cuMemAllocAsync, cuMemAllocFromPoolAsync (+_ptsz) */
+    MVZ_OP_ALLOC_MANAGED,  /* cuMemAllocManaged */
+    MVZ_OP_ALLOC_HOST,     /* cuMemHostAlloc, cuMemAllocHost_v2 */
+    MVZ_OP_CREATE,         /* cuMemCreate */
+    MVZ_OP_FREE,           /* cuMemFree_v2 */
+    MVZ_OP_FREE_ASYNC,     /* cuMemFreeAsync (+_ptsz) */
+    MVZ_OP_FREE_HOST,      /* cuMemFreeHost */
+    MVZ_OP_RELEASE,        /* cuMemRelease */
+    MVZ_OP_MAP,            /* cuMemMap */
+    MVZ_OP_UNMAP,          /* cuMemUnmap */
+    MVZ_OP_RESERVE,        /* cuMemAddressReserve: address space, not memory */
+    MVZ_OP_ADDRESS_FREE,   /* cuMemAddressFree */
+    MVZ_OP_POOL_TRIM,      /* cuMemPoolTrimTo */
+    MVZ_OP_FAILED,         /* any allocation that returned an error */
+    MVZ_OP_STATIC_ALLOC,   /* MEMORY2 activity records, DEVICE_STATIC */
+    MVZ_OP_STATIC_FREE,
+    MVZ_OP_ACTIVITY_RECORDS,
+    MVZ_OP_COUNT
+};
+extern const char *const mvz_op_names[MVZ_OP_COUNT];
+
+/* Each call below is made with the GIL by the module. */
+typedef struct {
+    int result;          /* CUptiResult of the step that failed, 0 on success */
+    const char *step;    /* which call failed */
+    char holder[128];    /* with 39: who holds CUPTI, when CUPTI says */
+    int activity;        /* 1 when MEMORY2 records are on */
+    char activity_error[160];
+} mvz_start_status;
+
+void mvz_capture_configure(int depth);
+int mvz_capture_start(int want_activity, mvz_start_status *st);
+/* Stops callbacks and unsubscribes; flushes activity records first. The
+ * caller releases the GIL around it (CUPTI may call back on this thread). */
+void mvz_capture_stop(void);
+void mvz_capture_flush(void);
+int mvz_capture_active(void);
+void mvz_capture_counts(uint64_t out[MVZ_OP_COUNT]);
+void mvz_capture_forget_counts(void);
+/* After fork, in the child: capture is off and CUPTI is not touched. */
+void mvz_capture_atfork_child(void);
+
+/* Thread-local labels. Ids come from mvz_label_intern (any thread, takes a
+ * leaf lock and may allocate; never called from the driver callback). */
+uint32_t mvz_label_intern(const char *name);
+const char *mvz_label_name(uint32_t id);
+uint32_t mvz_label_get(void);
+void mvz_label_set(uint32_t id);
+
+/* Called on the capture path after a new stack was interned, when set:
+ * module.c uses it on Python < 3.12 to schedule keeping code objects alive
+ * (Py_AddPendingCall, which CPython documents as callable without the GIL
+ * from any thread). */
+extern void (*mvz_new_stack_hook)(void);
+
+/* Fires the same path as a driver allocation, from the calling thread: used
+ * by the benchmarks to time capture without CUPTI in the loop. */
+void mvz_capture_synthetic(uint64_t address, uint64_t size, int free_it);
+
+#endif

@@ -1,0 +1,691 @@
+/* memviz._core: the Python face of the C core. Every function here runs with
+ * the GIL; none of them holds the store lock while calling Python (the store
+ * copies out, then objects are built), so a garbage collection or a
+ * finalizer that allocates GPU memory cannot deadlock against the capture
+ * callback.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "capture.h"
+#include "cupti.h"
+#include "frames.h"
+#include "store.h"
+
+static int store_ready;
+
+/* ---- keeping code objects alive ------------------------------------- */
+
+static void adopt_code(void *code) { Py_INCREF((PyObject *)code); }
+
+static void adopt_pending(void) { mvz_store_adopt_pending(adopt_code); }
+
+#if PY_VERSION_HEX < 0x030C0000
+/* Python < 3.12 has no code watchers: new stacks are adopted at the next
+ * pending-call check of the main thread. */
+static int adopt_scheduled;
+
+static int adopt_pending_call(void *arg)
+{
+    (void)arg;
+    __atomic_store_n(&adopt_scheduled, 0, __ATOMIC_RELEASE);
+    adopt_pending();
+    return 0;
+}
+
+/* Capture path, no GIL: one compare-and-swap, and Py_AddPendingCall, which
+ * CPython documents as safe to call without the GIL from any thread. */
+static void schedule_adopt(void)
+{
+    int expected = 0;
+    if (__atomic_compare_exchange_n(&adopt_scheduled, &expected, 1, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_RELAXED)) {
+        if (Py_AddPendingCall(adopt_pending_call, NULL) != 0)
+            __atomic_store_n(&adopt_scheduled, 0, __ATOMIC_RELEASE);
+    }
+}
+#else
+/* Python 3.12+: when a code object that a not-yet-adopted stack refers to is
+ * destroyed, its frames are resolved to (filename, lineno, name) first. */
+static int code_watcher_id = -1;
+
+static PyObject *frame_tuple(PyCodeObject *co, int offset)
+{
+    int line = PyCode_Addr2Line(co, offset);
+    PyObject *name = co->co_qualname ? co->co_qualname : co->co_name;
+    return Py_BuildValue("(OiO)", co->co_filename, line, name);
+}
+
+static void *resolve_dying(void *code, int32_t offset)
+{
+    PyObject *t = frame_tuple((PyCodeObject *)code, offset);
+    if (!t)
+        PyErr_Clear();
+    return t;
+}
+
+static int on_code_event(PyCodeEvent event, PyCodeObject *co)
+{
+    if (event != PY_CODE_EVENT_DESTROY || !mvz_store_has_pending())
+        return 0;
+    PyObject *exc = PyErr_GetRaisedException();
+    if (mvz_store_mark_dying(co))
+        mvz_store_resolve_dying(co, resolve_dying);
+    PyErr_SetRaisedException(exc);
+    return 0;
+}
+#endif
+
+/* ---- helpers ---------------------------------------------------------- */
+
+static int ensure_store(void)
+{
+    if (store_ready)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "memviz._core.init() was not called");
+    return -1;
+}
+
+static PyObject *label_obj(uint32_t id)
+{
+    const char *s = mvz_label_name(id);
+    if (!s)
+        Py_RETURN_NONE;
+    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
+}
+
+static PyObject *alloc_rows(mvz_alloc *rows, long n)
+{
+    if (n < 0)
+        return PyErr_NoMemory();
+    PyObject *list = PyList_New(n);
+    for (long i = 0; list && i < n; i++) {
+        const mvz_alloc *a = &rows[i];
+        PyObject *label = label_obj(a->label_id);
+        PyObject *row = label ? Py_BuildValue("(KKiiKINKIK)", (unsigned long long)a->address,
+                                               (unsigned long long)a->size,
+                                               a->slot == MVZ_HOST_SLOT ? -1 : (int)a->slot,
+                                               (int)a->kind, (unsigned long long)a->stream,
+                                               a->thread_idx, label,
+                                               (unsigned long long)a->timestamp, a->stack_id,
+                                               (unsigned long long)a->timestamp)
+                              : NULL;
+        if (!row) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, row);
+    }
+    free(rows);
+    return list;
+}
+
+/* ---- module functions ------------------------------------------------- */
+
+static PyObject *core_init(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"max_live", "max_stacks", "max_frames", NULL};
+    Py_ssize_t max_live = 1 << 23, max_stacks = 1 << 20, max_frames = 1 << 24;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|nnn", kwlist, &max_live, &max_stacks,
+                                     &max_frames))
+        return NULL;
+    if (max_live < 1024 || max_stacks < 1024 || max_frames < 1024 || max_live > (1L << 30)) {
+        PyErr_SetString(PyExc_ValueError, "capacities must be between 1024 and 2**30");
+        return NULL;
+    }
+    if (!store_ready) {
+        if (mvz_store_init((size_t)max_live, (size_t)max_stacks, (size_t)max_frames) != 0)
+            return PyErr_SetFromErrno(PyExc_OSError);
+        store_ready = 1;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_cupti_mapped(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    char path[4096];
+    if (mvz_cupti_find_mapped(path, sizeof path))
+        return PyUnicode_DecodeFSDefault(path);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_cupti_load(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *path = NULL;
+    PyObject *bytes = NULL;
+    if (arg != Py_None) {
+        if (!PyUnicode_FSConverter(arg, &bytes))
+            return NULL;
+        path = PyBytes_AS_STRING(bytes);
+    }
+    char err[512];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS /* dlopen runs library constructors */
+    rc = mvz_cupti_load(path, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    Py_XDECREF(bytes);
+    if (rc != 0) {
+        PyErr_SetString(PyExc_OSError, err);
+        return NULL;
+    }
+    return Py_BuildValue("(sI)", mvz_api.path, mvz_api.version);
+}
+
+static PyObject *core_cupti_info(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    if (!mvz_api.handle)
+        Py_RETURN_NONE;
+    return Py_BuildValue("{s:s,s:I,s:O}", "path", mvz_api.path, "version", mvz_api.version,
+                         "subscribe_v2", mvz_api.Subscribe_v2 ? Py_True : Py_False);
+}
+
+static PyObject *core_start(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"depth", "activity", NULL};
+    int depth = 32, activity = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|ip", kwlist, &depth, &activity))
+        return NULL;
+    if (ensure_store())
+        return NULL;
+    if (!mvz_api.handle) {
+        PyErr_SetString(PyExc_RuntimeError, "libcupti is not loaded");
+        return NULL;
+    }
+    if (mvz_capture_active()) {
+        PyErr_SetString(PyExc_RuntimeError, "capture is already running");
+        return NULL;
+    }
+    mvz_capture_configure(depth);
+#if PY_VERSION_HEX >= 0x030C0000
+    if (code_watcher_id < 0) {
+        code_watcher_id = PyCode_AddWatcher(on_code_event);
+        if (code_watcher_id < 0)
+            return NULL;
+    }
+#else
+    mvz_new_stack_hook = schedule_adopt;
+#endif
+    mvz_start_status st;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = mvz_capture_start(activity, &st);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return Py_BuildValue("(isssOs)", st.result, st.step ? st.step : "",
+                             mvz_cupti_result_string(st.result), st.holder, Py_False, "");
+    return Py_BuildValue("(isssOs)", 0, "", "", "", st.activity ? Py_True : Py_False,
+                         st.activity_error);
+}
+
+static PyObject *core_stop(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS mvz_capture_stop();
+    Py_END_ALLOW_THREADS
+    if (store_ready)
+        adopt_pending();
+#if PY_VERSION_HEX >= 0x030C0000
+    if (code_watcher_id >= 0) {
+        PyCode_ClearWatcher(code_watcher_id);
+        code_watcher_id = -1;
+    }
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_flush(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS mvz_capture_flush();
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_active(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyBool_FromLong(mvz_capture_active());
+}
+
+static PyObject *core_clear(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    if (ensure_store())
+        return NULL;
+    if (mvz_capture_active()) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot clear while capturing");
+        return NULL;
+    }
+    void **refs;
+    size_t n;
+    adopt_pending(); /* so every reference the store holds is listed */
+    mvz_store_clear(&refs, &n);
+    mvz_capture_forget_counts();
+    for (size_t i = 0; i < n; i++)
+        Py_XDECREF((PyObject *)refs[i]);
+    free(refs);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_label_intern(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    if (arg == Py_None)
+        return PyLong_FromLong(0);
+    const char *s = PyUnicode_AsUTF8(arg);
+    if (!s)
+        return NULL;
+    uint32_t id = mvz_label_intern(s);
+    if (!id) {
+        PyErr_SetString(PyExc_MemoryError, "memviz label table is full (65535 distinct labels)");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLong(id);
+}
+
+static PyObject *core_label_get(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyLong_FromUnsignedLong(mvz_label_get());
+}
+
+static PyObject *core_label_set(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    unsigned long id = PyLong_AsUnsignedLong(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    mvz_label_set((uint32_t)id);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_label_name(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    unsigned long id = PyLong_AsUnsignedLong(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    return label_obj((uint32_t)id);
+}
+
+static PyObject *core_live(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    if (ensure_store())
+        return NULL;
+    mvz_alloc *rows = NULL;
+    long n = mvz_store_live(&rows);
+    return alloc_rows(rows, n);
+}
+
+static PyObject *core_peak_live(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    if (ensure_store())
+        return NULL;
+    long dev = PyLong_AsLong(arg);
+    if (dev == -1 && PyErr_Occurred())
+        return NULL;
+    int slot = dev < 0 ? MVZ_HOST_SLOT : (int)dev;
+    mvz_alloc *rows = NULL;
+    long n = mvz_store_peak_live(slot, &rows);
+    return alloc_rows(rows, n);
+}
+
+static PyObject *core_totals(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    if (ensure_store())
+        return NULL;
+    mvz_totals t[MVZ_NSLOTS];
+    mvz_store_totals(t);
+    PyObject *d = PyDict_New();
+    for (int s = 0; d && s < MVZ_NSLOTS; s++) {
+        if (!t[s].allocs && !t[s].failed)
+            continue;
+        PyObject *v = Py_BuildValue(
+            "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:I}", "current", (unsigned long long)t[s].current,
+            "peak", (unsigned long long)t[s].peak, "peak_timestamp_ns",
+            (unsigned long long)t[s].peak_timestamp, "allocs", (unsigned long long)t[s].allocs,
+            "frees", (unsigned long long)t[s].frees, "failed", (unsigned long long)t[s].failed,
+            "alloc_bytes", (unsigned long long)t[s].alloc_bytes, "live_count", t[s].live_count,
+            "peak_count", t[s].peak_count);
+        PyObject *k = PyLong_FromLong(s == MVZ_HOST_SLOT ? -1 : s);
+        if (!v || !k || PyDict_SetItem(d, k, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+    }
+    return d;
+}
+
+static PyObject *core_sites(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    if (ensure_store())
+        return NULL;
+    mvz_site *rows = NULL;
+    long n = mvz_store_sites(&rows);
+    if (n < 0)
+        return PyErr_NoMemory();
+    PyObject *list = PyList_New(n);
+    for (long i = 0; list && i < n; i++) {
+        PyObject *row = Py_BuildValue("(IKIKKK)", rows[i].stack_id,
+                                      (unsigned long long)rows[i].live_bytes, rows[i].live_count,
+                                      (unsigned long long)rows[i].peak_bytes,
+                                      (unsigned long long)rows[i].alloc_count,
+                                      (unsigned long long)rows[i].alloc_bytes);
+        if (!row) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, row);
+    }
+    free(rows);
+    return list;
+}
+
+static PyObject *core_failures(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    if (ensure_store())
+        return NULL;
+    mvz_failure *rows = NULL;
+    long n = mvz_store_failures(&rows);
+    if (n < 0)
+        return PyErr_NoMemory();
+    PyObject *list = PyList_New(n);
+    for (long i = 0; list && i < n; i++) {
+        const mvz_failure *f = &rows[i];
+        PyObject *label = label_obj(f->label_id);
+        PyObject *row = label ? Py_BuildValue("(KiiKINKIi)", (unsigned long long)f->size,
+                                               f->slot == MVZ_HOST_SLOT ? -1 : (int)f->slot,
+                                               (int)f->kind, (unsigned long long)f->stream,
+                                               f->thread_idx, label,
+                                               (unsigned long long)f->timestamp, f->stack_id,
+                                               f->result)
+                              : NULL;
+        if (!row) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, row);
+    }
+    free(rows);
+    return list;
+}
+
+static PyObject *core_timeline(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    if (ensure_store())
+        return NULL;
+    mvz_point *rows = NULL;
+    long n = mvz_store_timeline(&rows);
+    if (n < 0)
+        return PyErr_NoMemory();
+    PyObject *list = PyList_New(n);
+    for (long i = 0; list && i < n; i++) {
+        PyObject *row = Py_BuildValue("(KiK)", (unsigned long long)rows[i].timestamp,
+                                      rows[i].slot == MVZ_HOST_SLOT ? -1 : rows[i].slot,
+                                      (unsigned long long)rows[i].total);
+        if (!row) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, row);
+    }
+    free(rows);
+    return list;
+}
+
+static PyObject *core_threads(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    if (ensure_store())
+        return NULL;
+    mvz_thread *rows = NULL;
+    long n = mvz_store_threads(&rows);
+    if (n < 0)
+        return PyErr_NoMemory();
+    PyObject *d = PyDict_New();
+    for (long i = 0; d && i < n; i++) {
+        PyObject *k = PyLong_FromLong(i);
+        PyObject *v = Py_BuildValue("(LKs)", (long long)rows[i].native_id,
+                                    (unsigned long long)rows[i].ident, rows[i].name);
+        if (!k || !v || PyDict_SetItem(d, k, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+    }
+    free(rows);
+    return d;
+}
+
+static PyObject *core_stats(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    if (ensure_store())
+        return NULL;
+    mvz_store_stats s;
+    mvz_store_get_stats(&s);
+    uint64_t c[MVZ_OP_COUNT];
+    mvz_capture_counts(c);
+    PyObject *calls = PyDict_New();
+    for (int i = 0; calls && i < MVZ_OP_COUNT; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(c[i]);
+        if (!v || PyDict_SetItemString(calls, mvz_op_names[i], v) < 0)
+            Py_CLEAR(calls);
+        Py_XDECREF(v);
+    }
+    if (!calls)
+        return NULL;
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:N,s:s}", "live",
+                         s.live, "stacks", s.stacks, "frames", s.frames, "threads", s.threads,
+                         "unmatched_frees", s.unmatched_frees, "dropped_allocs", s.dropped_allocs,
+                         "dropped_stacks", s.dropped_stacks, "timeline_points", s.timeline_points,
+                         "bytes_used", s.bytes_used, "bytes_reserved", s.bytes_reserved,
+                         "max_live", s.max_live, "calls", calls, "frames_abi", mvz_frames_abi);
+}
+
+/* resolve(ids) -> {id: ((filename, lineno, name), ...)} innermost first. */
+static PyObject *core_resolve(PyObject *self, PyObject *ids)
+{
+    (void)self;
+    if (ensure_store())
+        return NULL;
+    adopt_pending(); /* every code object we are about to read is kept alive */
+    PyObject *it = PyObject_GetIter(ids);
+    if (!it)
+        return NULL;
+    PyObject *out = PyDict_New();
+    PyObject *cache = PyDict_New(); /* (code id, offset) -> frame tuple */
+    mvz_frame *buf = malloc(MVZ_MAX_DEPTH * sizeof(mvz_frame));
+    PyObject *item;
+    if (!out || !cache || !buf)
+        goto error;
+    while ((item = PyIter_Next(it))) {
+        unsigned long id = PyLong_AsUnsignedLong(item);
+        if (PyErr_Occurred()) {
+            Py_DECREF(item);
+            goto error;
+        }
+        int depth = mvz_store_stack_frames((uint32_t)id, buf, MVZ_MAX_DEPTH);
+        if (depth < 0)
+            depth = 0;
+        PyObject *stack = PyTuple_New(depth);
+        if (!stack) {
+            Py_DECREF(item);
+            goto error;
+        }
+        for (int i = 0; i < depth; i++) {
+            PyObject *fr;
+            if (buf[i].flags & MVZ_FRAME_RESOLVED) {
+                fr = buf[i].code ? (PyObject *)buf[i].code : Py_None;
+                if (fr == Py_None)
+                    fr = Py_BuildValue("(sis)", "<unknown>", 0, "<unknown>");
+                else
+                    Py_INCREF(fr);
+            } else {
+                PyObject *key = Py_BuildValue("(ni)", (Py_ssize_t)buf[i].code, buf[i].offset);
+                fr = key ? PyDict_GetItemWithError(cache, key) : NULL;
+                if (fr) {
+                    Py_INCREF(fr);
+                } else if (key && !PyErr_Occurred()) {
+                    PyCodeObject *co = (PyCodeObject *)buf[i].code;
+                    int line = PyCode_Addr2Line(co, buf[i].offset);
+#if PY_VERSION_HEX >= 0x030B0000
+                    PyObject *name = co->co_qualname;
+#else
+                    PyObject *name = co->co_name;
+#endif
+                    fr = Py_BuildValue("(OiO)", co->co_filename, line, name);
+                    if (fr && PyDict_SetItem(cache, key, fr) < 0)
+                        Py_CLEAR(fr);
+                }
+                Py_XDECREF(key);
+            }
+            if (!fr) {
+                Py_DECREF(stack);
+                Py_DECREF(item);
+                goto error;
+            }
+            PyTuple_SET_ITEM(stack, i, fr);
+        }
+        int rc = PyDict_SetItem(out, item, stack);
+        Py_DECREF(stack);
+        Py_DECREF(item);
+        if (rc < 0)
+            goto error;
+    }
+    if (PyErr_Occurred())
+        goto error;
+    Py_DECREF(it);
+    Py_DECREF(cache);
+    free(buf);
+    return out;
+error:
+    Py_DECREF(it);
+    Py_XDECREF(out);
+    Py_XDECREF(cache);
+    free(buf);
+    return NULL;
+}
+
+/* Benchmarks and tests: the capture path without CUPTI. */
+static PyObject *core_synthetic(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long address, size, count = 1;
+    int free_it = 1;
+    if (!PyArg_ParseTuple(args, "KK|pK", &address, &size, &free_it, &count))
+        return NULL;
+    if (ensure_store())
+        return NULL;
+    for (unsigned long long i = 0; i < count; i++)
+        mvz_capture_synthetic(address + i * 256, size, free_it);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_capture_depth(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    long max = PyLong_AsLong(arg);
+    if (max == -1 && PyErr_Occurred())
+        return NULL;
+    if (max < 0 || max > MVZ_MAX_DEPTH)
+        max = MVZ_MAX_DEPTH;
+    mvz_frame f[MVZ_MAX_DEPTH];
+    return PyLong_FromLong(mvz_capture_frames(f, (int)max));
+}
+
+static PyMethodDef core_methods[] = {
+    {"init", (PyCFunction)(void (*)(void))core_init, METH_VARARGS | METH_KEYWORDS,
+     "init(max_live=2**23, max_stacks=2**20, max_frames=2**24): reserve the store."},
+    {"cupti_mapped", core_cupti_mapped, METH_NOARGS,
+     "Path of a libcupti already mapped in the process, or None."},
+    {"cupti_load", core_cupti_load, METH_O,
+     "cupti_load(path or None) -> (file, version); OSError with the reason."},
+    {"cupti_info", core_cupti_info, METH_NOARGS, "The loaded libcupti, or None."},
+    {"start", (PyCFunction)(void (*)(void))core_start, METH_VARARGS | METH_KEYWORDS,
+     "start(depth=32, activity=True) -> (result, step, error, holder, activity, activity_error)."},
+    {"stop", core_stop, METH_NOARGS, "Stop capturing and unsubscribe from CUPTI."},
+    {"flush", core_flush, METH_NOARGS, "Deliver pending CUPTI activity records."},
+    {"active", core_active, METH_NOARGS, "Whether capture is running."},
+    {"clear", core_clear, METH_NOARGS, "Forget everything recorded (not while capturing)."},
+    {"label_intern", core_label_intern, METH_O, "Id of a label string (0 for None)."},
+    {"label_get", core_label_get, METH_NOARGS, "The calling thread's label id."},
+    {"label_set", core_label_set, METH_O, "Set the calling thread's label id."},
+    {"label_name", core_label_name, METH_O, "The string of a label id."},
+    {"live", core_live, METH_NOARGS, "Rows of the live allocations."},
+    {"peak_live", core_peak_live, METH_O, "Rows live at the peak of a device (-1: host)."},
+    {"totals", core_totals, METH_NOARGS, "Per-device totals."},
+    {"sites", core_sites, METH_NOARGS, "Per-stack aggregates."},
+    {"failures", core_failures, METH_NOARGS, "The last failed allocations, oldest first."},
+    {"timeline", core_timeline, METH_NOARGS, "(timestamp_ns, device, bytes) points."},
+    {"threads", core_threads, METH_NOARGS, "{thread index: (native id, ident, name)}."},
+    {"stats", core_stats, METH_NOARGS, "Counters and memviz's own memory."},
+    {"resolve", core_resolve, METH_O, "Frames of stacks by id, innermost first."},
+    {"_synthetic", core_synthetic, METH_VARARGS,
+     "_synthetic(address, size, free=True, count=1): capture path without CUPTI."},
+    {"_capture_depth", core_capture_depth, METH_O, "Frames the walker sees here."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT, "memviz._core",
+    "GPU memory capture through CUPTI (the C core of memviz).", -1, core_methods,
+    NULL, NULL, NULL, NULL,
+};
+
+static void atfork_child(void)
+{
+    mvz_store_atfork_child();
+    mvz_capture_atfork_child();
+}
+
+PyMODINIT_FUNC PyInit__core(void)
+{
+    PyObject *m = PyModule_Create(&core_module);
+    if (!m)
+        return NULL;
+    static int atfork_done;
+    if (!atfork_done) {
+        pthread_atfork(mvz_store_atfork_prepare, mvz_store_atfork_parent, atfork_child);
+        atfork_done = 1;
+    }
+    if (PyModule_AddIntConstant(m, "KIND_DEVICE", MVZ_KIND_DEVICE) ||
+        PyModule_AddIntConstant(m, "KIND_HOST", MVZ_KIND_HOST) ||
+        PyModule_AddIntConstant(m, "KIND_MANAGED", MVZ_KIND_MANAGED) ||
+        PyModule_AddIntConstant(m, "KIND_STATIC", MVZ_KIND_STATIC) ||
+        PyModule_AddIntConstant(m, "KIND_PHYSICAL", MVZ_KIND_PHYSICAL) ||
+        PyModule_AddIntConstant(m, "MAX_DEPTH", MVZ_MAX_DEPTH) ||
+        PyModule_AddIntConstant(m, "ERROR_MULTIPLE_SUBSCRIBERS",
+                                MVZ_CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) ||
+        PyModule_AddStringConstant(m, "FRAMES_ABI", mvz_frames_abi)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

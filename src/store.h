@@ -1,0 +1,145 @@
+/* The store: what memviz knows about memory, kept in C.
+ *
+ * Live allocations by address, interned stacks with per-stack aggregates,
+ * per-device totals and peaks, the allocations live at each device's peak,
+ * a bounded timeline of totals and the last failed allocations.
+ *
+ * Writers are the CUPTI callbacks (any thread, no GIL) and the activity
+ * buffer callback; readers are the module's functions (with the GIL). All of
+ * them take one leaf mutex, `store lock`, for a bounded time: nothing that
+ * holds it calls Python, CUDA, CUPTI or malloc, or takes another lock, so it
+ * cannot take part in a deadlock (DESIGN.md rule 1).
+ */
+#ifndef MEMVIZ_STORE_H
+#define MEMVIZ_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MVZ_MAX_DEPTH 256
+#define MVZ_MAX_DEVICES 64
+#define MVZ_HOST_SLOT MVZ_MAX_DEVICES     /* pinned host memory */
+#define MVZ_NSLOTS (MVZ_MAX_DEVICES + 1)
+#define MVZ_MAX_THREADS 4096
+#define MVZ_FAILURES 256
+#define MVZ_TIMELINE_POINTS 16384
+
+enum mvz_kind {
+    MVZ_KIND_DEVICE = 0,   /* cuMemAlloc and friends, stream-ordered pools */
+    MVZ_KIND_HOST = 1,     /* pinned host memory */
+    MVZ_KIND_MANAGED = 2,  /* cuMemAllocManaged */
+    MVZ_KIND_STATIC = 3,   /* module globals (activity records) */
+    MVZ_KIND_PHYSICAL = 4, /* cuMemCreate handles (virtual memory management) */
+};
+
+/* One Python frame as captured: the code object and the byte offset of the
+ * instruction. With MVZ_FRAME_RESOLVED, `code` is instead a tuple
+ * (filename, lineno, name) that memviz owns (made when the code object died
+ * before it could be kept alive). */
+#define MVZ_FRAME_RESOLVED 1u
+#define MVZ_FRAME_DYING 2u
+typedef struct {
+    void *code;
+    int32_t offset;
+    uint32_t flags;
+} mvz_frame;
+
+/* A live (or peak-time) allocation: 48 bytes. */
+typedef struct {
+    uint64_t address; /* device/host pointer, or the handle for PHYSICAL */
+    uint64_t size;
+    uint64_t stream;
+    uint64_t timestamp; /* ns, strictly increasing across the store */
+    uint32_t stack_id;  /* 0: no Python frames */
+    uint32_t thread_idx;
+    uint32_t label_id; /* 0: no label */
+    int16_t slot;      /* device number, or MVZ_HOST_SLOT */
+    uint8_t kind;
+    uint8_t flags;
+} mvz_alloc;
+
+typedef struct {
+    uint64_t current, peak, peak_timestamp;
+    uint64_t allocs, frees, failed;
+    uint64_t alloc_bytes; /* total bytes ever allocated */
+    uint32_t live_count, peak_count;
+} mvz_totals;
+
+typedef struct {
+    uint32_t stack_id;
+    uint32_t live_count;
+    uint64_t live_bytes, peak_bytes, alloc_count, alloc_bytes;
+} mvz_site;
+
+typedef struct {
+    uint64_t size, stream, timestamp;
+    uint32_t stack_id, thread_idx, label_id;
+    int32_t result;
+    int16_t slot;
+    uint8_t kind;
+} mvz_failure;
+
+typedef struct {
+    uint64_t timestamp, total;
+    int32_t slot;
+} mvz_point;
+
+typedef struct {
+    int64_t native_id;
+    uint64_t ident; /* pthread_self(), which is threading.get_ident() */
+    char name[16];
+} mvz_thread;
+
+typedef struct {
+    uint64_t live, stacks, frames, threads, unmatched_frees, dropped_allocs,
+        dropped_stacks, timeline_points, bytes_used, bytes_reserved, generation;
+    uint32_t max_live;
+} mvz_store_stats;
+
+/* Lifetime (with the GIL). */
+int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames);
+/* Forget everything recorded. Python references the store held (code
+ * objects, resolved tuples) are returned through *refs / *nrefs (malloc'd)
+ * for the caller to release after the lock is dropped. */
+void mvz_store_clear(void ***refs, size_t *nrefs);
+
+/* Hot path (any thread, no GIL). */
+uint32_t mvz_store_thread_index(void);
+void mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int slot,
+                     int kind, uint32_t label_id, const mvz_frame *frames, int depth);
+void mvz_store_free(uint64_t address, int kind);
+void mvz_store_failure(uint64_t size, uint64_t stream, int slot, int kind, uint32_t label_id,
+                       int result, const mvz_frame *frames, int depth);
+uint64_t mvz_now_ns(void);
+
+/* Readers (with the GIL). Each copies under the lock into a malloc'd array
+ * the caller frees; they return the count, or -1 when out of memory. */
+long mvz_store_live(mvz_alloc **out);
+long mvz_store_peak_live(int slot, mvz_alloc **out);
+long mvz_store_sites(mvz_site **out);
+long mvz_store_failures(mvz_failure **out);
+long mvz_store_timeline(mvz_point **out);
+long mvz_store_threads(mvz_thread **out);
+void mvz_store_totals(mvz_totals out[MVZ_NSLOTS]);
+void mvz_store_get_stats(mvz_store_stats *out);
+
+/* Stacks (with the GIL). `adopt` receives each code object of stacks seen
+ * since the last call so the caller can take a reference (Py_INCREF only; it
+ * runs under the store lock). */
+void mvz_store_adopt_pending(void (*adopt)(void *code));
+int mvz_store_has_pending(void);
+/* Copy the frames of stack `id` (at most `cap`); returns the depth or -1. */
+int mvz_store_stack_frames(uint32_t id, mvz_frame *out, int cap);
+/* Code-object death (3.12+ watcher): mark pending frames of `code` as dying
+ * and return how many there are. */
+size_t mvz_store_mark_dying(void *code);
+/* Replace each dying frame of `code` at `offset` by `resolved(offset)`. */
+void mvz_store_resolve_dying(void *code, void *(*resolve)(void *code, int32_t offset));
+
+/* Fork support: the child starts with the lock free and the store empty of
+ * in-flight state. */
+void mvz_store_atfork_prepare(void);
+void mvz_store_atfork_parent(void);
+void mvz_store_atfork_child(void);
+
+#endif

@@ -1,0 +1,57 @@
+"""Shared fixtures: the libcupti test double, and a clean tracker state."""
+
+import inspect
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "tests") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests"))
+
+import memviz  # noqa: E402
+from memviz import _capture, _tracker  # noqa: E402
+
+
+def here() -> int:
+    """The caller's current line number: `x = f(); L = here()` on one line."""
+    return inspect.currentframe().f_back.f_lineno
+
+
+@pytest.fixture(scope="session")
+def fake_path():
+    from fake_cupti import build
+
+    return build()
+
+
+@pytest.fixture
+def fake(fake_path, monkeypatch):
+    """The libcupti test double, reset, with memviz pointed at it."""
+    from fake_cupti import FakeCupti
+
+    lib = _capture.loaded()
+    if lib is not None and os.path.realpath(lib.path) != os.path.realpath(fake_path):
+        pytest.skip(f"a real libcupti ({lib.path}) is already loaded in this process")
+    monkeypatch.setenv(_capture.ENV_LIBRARY, fake_path)
+    f = FakeCupti(fake_path)
+    f.reset()
+    # The wrapper's own frames are not the user's line.
+    memviz.frames.add_library_path(str(ROOT / "tests" / "fake_cupti"))
+    yield f
+    t = memviz.active_tracker()
+    if t is not None:
+        t.stop()
+    memviz.frames.reset()
+    f.reset()
+
+
+@pytest.fixture(autouse=True)
+def _no_tracker_left():
+    yield
+    t = _tracker._active
+    if t is not None:
+        t.stop()
+        pytest.fail("a test left a memviz tracker running")

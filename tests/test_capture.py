@@ -1,0 +1,463 @@
+"""The real CUPTI code path, driven through the libcupti test double.
+
+Each test fires "driver" memory callbacks the way CUDA would (from the
+calling thread, inside the call) and checks what memviz attributes them to.
+"""
+
+import asyncio
+import functools
+import os
+import threading
+
+import pytest
+
+import memviz
+from conftest import here
+from fake_cupti import (CBID_cuMemAddressFree, CBID_cuMemAddressReserve, CBID_cuMemAlloc_v2,
+                        CBID_cuMemAllocAsync, CBID_cuMemAllocAsync_ptsz,
+                        CBID_cuMemAllocFromPoolAsync, CBID_cuMemAllocFromPoolAsync_ptsz,
+                        CBID_cuMemAllocHost_v2, CBID_cuMemAllocManaged, CBID_cuMemAllocPitch_v2,
+                        CBID_cuMemCreate, CBID_cuMemFree_v2, CBID_cuMemFreeAsync,
+                        CBID_cuMemFreeAsync_ptsz, CBID_cuMemFreeHost, CBID_cuMemHostAlloc,
+                        CBID_cuMemMap, CBID_cuMemRelease, CBID_cuMemUnmap,
+                        CUDA_ERROR_OUT_OF_MEMORY, DOMAIN_DRIVER_API)
+
+MiB = 1 << 20
+THIS = os.path.abspath(__file__)
+
+
+def lines(snapshot):
+    """{(basename, lineno): (size, count)} of the user's lines."""
+    out = {}
+    for s in snapshot.statistics("lineno"):
+        out[(os.path.basename(s.key.filename), s.key.lineno)] = (s.size, s.count)
+    return out
+
+
+def only_line(snapshot):
+    stats = snapshot.statistics("lineno")
+    assert len(stats) == 1, [str(s) for s in stats]
+    return stats[0]
+
+
+# ---- attribution ----------------------------------------------------------
+
+
+def test_alloc_is_attributed_to_its_line(fake):
+    with memviz.track() as t:
+        fake.alloc(CBID_cuMemAlloc_v2, 256 * MiB); line = here()  # noqa: E702
+    stat = only_line(t.snapshot())
+    assert (stat.key.filename, stat.key.lineno) == (THIS, line)
+    assert (stat.size, stat.count) == (256 * MiB, 1)
+    assert str(stat).startswith(f"{THIS}:{line}: size=256 MiB, count=1")
+    assert t.current_bytes() == 256 * MiB
+    assert t.peak_bytes(0) == 256 * MiB
+
+
+def inner_alloc(fake, size):
+    return fake.alloc(CBID_cuMemAlloc_v2, size)  # INNER
+
+
+def outer_alloc(fake, size):
+    return inner_alloc(fake, size)  # OUTER
+
+
+def _line_of(marker):
+    with open(THIS) as f:
+        for i, text in enumerate(f, 1):
+            if text.rstrip().endswith(marker):
+                return i
+    raise AssertionError(marker)
+
+
+def test_nested_calls_keep_the_full_traceback(fake):
+    with memviz.track() as t:
+        outer_alloc(fake, MiB); call_line = here()  # noqa: E702
+    a, = t.snapshot().allocations
+    frames = [(f.filename, f.lineno, f.name) for f in a.traceback if f.filename == THIS]
+    assert frames[:3] == [
+        (THIS, _line_of("# INNER"), "inner_alloc"),
+        (THIS, _line_of("# OUTER"), "outer_alloc"),
+        (THIS, call_line, "test_nested_calls_keep_the_full_traceback"),
+    ]
+    assert a.traceback.user_frame.lineno == _line_of("# INNER")
+    # The wrapper of the test double is library code here: skipped for "lineno".
+    assert "fake_cupti" in a.traceback[0].filename
+
+
+class Model:
+    def build(self, fake):
+        return fake.alloc(CBID_cuMemAlloc_v2, 3 * MiB)  # METHOD
+
+    @staticmethod
+    def static(fake):
+        return fake.alloc(CBID_cuMemAlloc_v2, 5 * MiB)  # STATIC
+
+
+def counting(fn):
+    @functools.wraps(fn)
+    def wrapper(*a, **k):
+        return fn(*a, **k)  # DECORATOR WRAPPER
+    return wrapper
+
+
+@counting
+def decorated(fake):
+    return fake.alloc(CBID_cuMemAlloc_v2, 7 * MiB)  # DECORATED
+
+
+def gen_allocs(fake, n):
+    for _ in range(n):
+        yield fake.alloc(CBID_cuMemAlloc_v2, 11 * MiB)  # GENERATOR
+
+
+async def coro_alloc(fake):
+    await asyncio.sleep(0)
+    return fake.alloc(CBID_cuMemAlloc_v2, 13 * MiB)  # COROUTINE
+
+
+def test_methods_lambdas_comprehensions_generators_coroutines_decorators(fake):
+    with memviz.track() as t:
+        Model().build(fake)
+        Model.static(fake)
+        decorated(fake)
+        list(gen_allocs(fake, 2))
+        asyncio.run(coro_alloc(fake))
+        f = lambda: fake.alloc(CBID_cuMemAlloc_v2, 17 * MiB); lam = here()  # noqa: E702,E731
+        f()
+        [fake.alloc(CBID_cuMemAlloc_v2, 19 * MiB) for _ in range(3)]; comp = here()  # noqa: E702
+        {i: fake.alloc(CBID_cuMemAlloc_v2, 23 * MiB) for i in range(2)}; dcomp = here()  # noqa: E702
+    got = lines(t.snapshot())
+    name = os.path.basename(THIS)
+    assert got == {
+        (name, _line_of("# METHOD")): (3 * MiB, 1),
+        (name, _line_of("# STATIC")): (5 * MiB, 1),
+        (name, _line_of("# DECORATED")): (7 * MiB, 1),
+        (name, _line_of("# GENERATOR")): (22 * MiB, 2),
+        (name, _line_of("# COROUTINE")): (13 * MiB, 1),
+        (name, lam): (17 * MiB, 1),
+        (name, comp): (57 * MiB, 3),
+        (name, dcomp): (46 * MiB, 2),
+    }
+    # The names of the frames are the functions' qualified names.
+    by_line = {a.traceback.user_frame.lineno: a.traceback.user_frame.name for a in t.snapshot()}
+    assert by_line[_line_of("# METHOD")] == "Model.build"
+    assert by_line[_line_of("# COROUTINE")] == "coro_alloc"
+    assert by_line[lam].endswith("<lambda>")
+
+
+def thread_worker(fake, size, barrier):
+    barrier.wait()
+    for _ in range(50):
+        fake.alloc(CBID_cuMemAlloc_v2, size)  # THREAD
+
+
+@pytest.mark.parametrize("hold_gil", [False, True], ids=["gil-released", "gil-held"])
+def test_eight_python_threads_at_once(fake, hold_gil):
+    ctl = fake.with_gil(hold_gil)
+    barrier = threading.Barrier(8)
+    threads = [threading.Thread(target=thread_worker, args=(ctl, (i + 1) * 4096, barrier),
+                                name=f"worker-{i}") for i in range(8)]
+    with memviz.track() as t:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    snap = t.snapshot()
+    assert len(snap) == 400
+    by_thread = {}
+    for a in snap:
+        assert a.traceback.user_frame.lineno == _line_of("# THREAD")
+        by_thread.setdefault(a.thread.name, set()).add(a.size)
+    assert by_thread == {f"worker-{i}": {(i + 1) * 4096} for i in range(8)}
+
+
+def test_frameless_native_thread_has_its_name_and_no_frames(fake):
+    with memviz.track() as t:
+        fake.alloc_in_native_thread(CBID_cuMemAlloc_v2, 2 * MiB, device=1, thread_name="pt_autograd_1")
+    a, = t.snapshot().allocations
+    assert len(a.traceback) == 0
+    assert a.thread.name == "pt_autograd_1"
+    assert a.device == 1
+    stat, = t.snapshot().statistics("label")
+    assert stat.key == "<thread pt_autograd_1>"
+
+
+def test_label_reaches_a_frameless_thread(fake):
+    """A hook running Python on a C++ thread sets a label; the thread's later
+    allocation, made with no Python frames, carries it (autograd's case)."""
+    with memviz.track() as t:
+        fake.alloc_in_native_thread_after(
+            lambda: memviz._core.label_set(memviz._core.label_intern("MmBackward0")),
+            CBID_cuMemAlloc_v2, 4 * MiB, device=0, thread_name="engine")
+    a, = t.snapshot().allocations
+    assert len(a.traceback) == 0
+    assert a.label == "MmBackward0"
+    assert a.thread.name == "engine"
+
+
+def test_label_context_manager_is_thread_local_and_nests(fake):
+    seen = {}
+
+    def other():
+        fake.alloc(CBID_cuMemAlloc_v2, 1 * MiB)
+
+    with memviz.track() as t:
+        with memviz.label("data loading"):
+            fake.alloc(CBID_cuMemAlloc_v2, 2 * MiB)
+            th = threading.Thread(target=other)
+            th.start()
+            th.join()
+            with memviz.label("inner"):
+                fake.alloc(CBID_cuMemAlloc_v2, 3 * MiB)
+            fake.alloc(CBID_cuMemAlloc_v2, 4 * MiB)
+        fake.alloc(CBID_cuMemAlloc_v2, 5 * MiB)
+    for a in t.snapshot():
+        seen[a.size // MiB] = a.label
+    assert seen == {2: "data loading", 1: None, 3: "inner", 4: "data loading", 5: None}
+    stats = {s.key: s.size for s in t.snapshot().statistics("label")}
+    assert stats["data loading"] == 6 * MiB
+
+
+def test_depth_limits_the_stack(fake):
+    def rec(n):
+        return rec(n - 1) if n else fake.alloc(CBID_cuMemAlloc_v2, MiB)
+
+    with memviz.track(depth=5) as t:
+        rec(20)
+    a, = t.snapshot().allocations
+    assert len(a.traceback) == 5
+
+
+# ---- frees, peaks, kinds ----------------------------------------------------
+
+
+def test_frees_and_the_peak_set(fake):
+    with memviz.track() as t:
+        a = fake.alloc(CBID_cuMemAlloc_v2, 1 * MiB); la = here()  # noqa: E702
+        b = fake.alloc(CBID_cuMemAlloc_v2, 2 * MiB); lb = here()  # noqa: E702
+        fake.free(CBID_cuMemFree_v2, a)
+        fake.free(CBID_cuMemFree_v2, b)
+        fake.alloc(CBID_cuMemAlloc_v2, MiB // 2); lc = here()  # noqa: E702
+        fake.free(CBID_cuMemFree_v2, 0xDEAD000)  # never allocated while tracking
+    name = os.path.basename(THIS)
+    assert lines(t.snapshot()) == {(name, lc): (MiB // 2, 1)}
+    assert lines(t.peak_snapshot()) == {(name, la): (MiB, 1), (name, lb): (2 * MiB, 1)}
+    assert list(t.totals()) == [0], t.totals()
+    tot = t.totals()[0]
+    assert (tot["current"], tot["peak"], tot["allocs"], tot["frees"]) == (MiB // 2, 3 * MiB, 3, 2)
+    assert t.capture_info()["store"]["unmatched_frees"] == 1
+
+
+def test_peak_set_survives_later_churn(fake):
+    with memviz.track() as t:
+        keep = [fake.alloc(CBID_cuMemAlloc_v2, MiB) for _ in range(10)]
+        for x in keep:
+            fake.free(CBID_cuMemFree_v2, x)
+        for _ in range(5000):  # lots of small traffic below the peak
+            fake.free(CBID_cuMemFree_v2, fake.alloc(CBID_cuMemAlloc_v2, 4096))
+    peak = t.peak_snapshot(0)
+    assert peak.total_bytes() == 10 * MiB and len(peak) == 10
+    assert t.peak_bytes() == 10 * MiB and t.current_bytes() == 0
+
+
+@pytest.mark.parametrize("alloc_cbid, free_cbid", [
+    (CBID_cuMemAllocAsync, CBID_cuMemFreeAsync),
+    (CBID_cuMemAllocAsync_ptsz, CBID_cuMemFreeAsync_ptsz),
+    (CBID_cuMemAllocFromPoolAsync, CBID_cuMemFreeAsync),
+    (CBID_cuMemAllocFromPoolAsync_ptsz, CBID_cuMemFreeAsync_ptsz),
+    (CBID_cuMemAllocPitch_v2, CBID_cuMemFree_v2),
+])
+def test_stream_ordered_and_pitched_allocations(fake, alloc_cbid, free_cbid):
+    with memviz.track() as t:
+        x = fake.alloc(alloc_cbid, 8 * MiB, stream=0x77); line = here()  # noqa: E702
+        y = fake.alloc(alloc_cbid, 1 * MiB, stream=0x77)
+        fake.free(free_cbid, y, stream=0x77)
+    a, = t.snapshot().allocations
+    assert (a.address, a.size, a.kind, a.traceback.user_frame.lineno) == (x, 8 * MiB, "device", line)
+    if alloc_cbid != CBID_cuMemAllocPitch_v2:
+        assert a.stream == 0x77
+
+
+def test_kinds_host_managed_physical(fake):
+    with memviz.track() as t:
+        h = fake.alloc(CBID_cuMemHostAlloc, 1 * MiB)
+        fake.alloc(CBID_cuMemAllocHost_v2, 2 * MiB)
+        fake.alloc(CBID_cuMemAllocManaged, 4 * MiB)
+        handle = fake.alloc(CBID_cuMemCreate, 8 * MiB)
+        va = fake.alloc(CBID_cuMemAddressReserve, 64 * MiB)
+        fake.map(CBID_cuMemMap, va, 8 * MiB, handle)
+        mid = t.snapshot()
+        fake.map(CBID_cuMemUnmap, va, 8 * MiB)
+        fake.free(CBID_cuMemAddressFree, va)
+        fake.free(CBID_cuMemRelease, handle)
+        fake.free(CBID_cuMemFreeHost, h)
+    kinds = {a.kind: (a.device, a.size) for a in mid}
+    assert kinds == {"host": (-1, 1 * MiB), "managed": (0, 4 * MiB), "physical": (0, 8 * MiB)} or \
+        sorted((a.kind, a.device, a.size) for a in mid) == sorted([
+            ("host", -1, 1 * MiB), ("host", -1, 2 * MiB), ("managed", 0, 4 * MiB),
+            ("physical", 0, 8 * MiB)])
+    # Reserving address space is not memory; mapping does not count twice.
+    assert t.totals()[0]["peak"] == 12 * MiB
+    assert t.totals()[-1]["current"] == 2 * MiB
+    calls = t.capture_info()["store"]["calls"]
+    assert (calls["reserve"], calls["map"], calls["unmap"], calls["address_free"]) == (1, 1, 1, 1)
+
+
+def test_devices_are_kept_apart(fake):
+    def on(dev, size):
+        fake.set_device(dev)
+        return fake.alloc(CBID_cuMemAlloc_v2, size)
+
+    with memviz.track() as t:
+        on(0, MiB)
+        on(3, 5 * MiB)
+        fake.set_device(0)
+    assert t.current_bytes(0) == MiB and t.current_bytes(3) == 5 * MiB
+    assert {d: s.total_bytes() for d, s in t.snapshot().by_device().items()} == {0: MiB, 3: 5 * MiB}
+
+
+def test_failed_allocation_is_recorded_with_size_and_line(fake):
+    with memviz.track() as t:
+        got = fake.alloc(CBID_cuMemAlloc_v2, 80 << 30, result=CUDA_ERROR_OUT_OF_MEMORY); line = here()  # noqa: E702
+    assert got == 0
+    assert len(t.snapshot()) == 0
+    f, = t.failures
+    assert (f.size, f.device, f.result, f.traceback.user_frame.lineno) == (80 << 30, 0, 2, line)
+    assert t.totals()[0]["failed"] == 1
+    assert "failed to allocate 80 GiB" in str(f)
+
+
+# ---- subscription, conflicts and errors --------------------------------------
+
+
+def test_only_memory_callbacks_are_enabled_and_stop_unsubscribes(fake):
+    with memviz.track():
+        assert fake.is_subscribed()
+        assert fake.is_enabled(DOMAIN_DRIVER_API, CBID_cuMemAlloc_v2)
+        assert fake.enabled_count() == 20
+        assert fake.domain_enable_calls() == 0
+    assert not fake.is_subscribed()
+    # Another tool (torch.profiler) can subscribe after the block.
+    fake.set_conflict(None)
+    with memviz.track() as t2:
+        fake.alloc(CBID_cuMemAlloc_v2, MiB)
+    assert t2.current_bytes() == MiB
+
+
+def test_another_subscriber_is_named(fake):
+    fake.set_conflict("Kineto (torch.profiler)")
+    with pytest.raises(memviz.CaptureConflict) as e:
+        memviz.track().start()
+    assert e.value.holder == "Kineto (torch.profiler)"
+    assert "Kineto (torch.profiler)" in str(e.value)
+    assert memviz.active_tracker() is None
+
+
+@pytest.mark.parametrize("code, words", [(15, "driver"), (35, "administrators")])
+def test_cupti_that_cannot_start_raises_capture_unavailable(fake, code, words):
+    fake.set_subscribe_error(code)
+    with pytest.raises(memviz.CaptureUnavailable) as e:
+        memviz.track().start()
+    assert words in str(e.value)
+    assert any("cuptiSubscribe" in x for x in e.value.tried)
+    # gpu=False still works.
+    with memviz.track(gpu=False) as t:
+        fake.alloc(CBID_cuMemAlloc_v2, MiB)
+    assert not t.gpu_enabled and t.current_bytes() == 0
+
+
+def test_nesting_and_double_start_are_refused(fake):
+    with memviz.track() as t:
+        with pytest.raises(memviz.AlreadyTracking, match="already running"):
+            memviz.track().start()
+        with pytest.raises(memviz.AlreadyTracking):
+            t.start()
+    with pytest.raises(memviz.AlreadyTracking, match="run once"):
+        t.start()
+    with pytest.raises(memviz.NotTracking):
+        t.stop()
+    with pytest.raises(memviz.NotTracking):
+        memviz.stop()
+    with pytest.raises(memviz.NotTracking):
+        memviz.track().snapshot()
+
+
+def test_start_stop_functions(fake):
+    t = memviz.start()
+    fake.alloc(CBID_cuMemAlloc_v2, MiB)
+    assert memviz.stop() is t
+    assert t.current_bytes() == MiB
+
+
+def test_exception_inside_the_block_stops_and_keeps_data(fake):
+    with pytest.raises(ZeroDivisionError):
+        with memviz.track() as t:
+            fake.alloc(CBID_cuMemAlloc_v2, MiB)
+            1 / 0
+    assert not t.running and not fake.is_subscribed()
+    assert t.current_bytes() == MiB
+
+
+def test_older_tracker_stays_readable_after_a_new_one(fake):
+    with memviz.track() as t1:
+        fake.alloc(CBID_cuMemAlloc_v2, MiB); l1 = here()  # noqa: E702
+    with memviz.track() as t2:
+        fake.alloc(CBID_cuMemAlloc_v2, 2 * MiB)
+    assert t2.current_bytes() == 2 * MiB
+    assert t1.current_bytes() == MiB
+    assert only_line(t1.snapshot()).key.lineno == l1
+    diff = t2.snapshot().compare_to(t1.snapshot(), "lineno")
+    assert sorted(d.size_diff for d in diff) == [-MiB, 2 * MiB]
+
+
+def test_capture_info_names_the_library(fake, fake_path):
+    assert memviz.available()
+    info = memviz.capture_info()
+    assert info["available"] and os.path.realpath(info["library"]) == os.path.realpath(fake_path)
+    assert info["version"] == 130001 and info["found_by"] == "MEMVIZ_CUPTI_LIBRARY"
+    with memviz.track() as t:
+        fake.alloc(CBID_cuMemAlloc_v2, MiB)
+    ti = t.capture_info()
+    assert ti["gpu_enabled"] and ti["store"]["calls"]["alloc"] == 1
+
+
+def test_static_module_memory_from_activity_records(fake):
+    with memviz.track() as t:
+        assert fake.activity_enabled()
+        fake.emit_memory2(1, 6, 0x7000_0000, 3 * MiB, 0, 123, "globals", "/x/libcublasLt.so.13")
+        fake.emit_memory2(1, 3, 0x7100_0000, 5 * MiB, 0, 124, "dev", "/x/libfoo.so")  # not static
+        snap = t.snapshot()  # flushes activity records first
+    a, = [a for a in snap if a.kind == "static"]
+    assert (a.address, a.size, a.label) == (0x7000_0000, 3 * MiB, "CUDA module globals (libcublasLt.so.13)")
+    assert len(snap) == 1
+    assert not fake.activity_enabled()
+
+
+# ---- concurrency, fork and exit ----------------------------------------------
+
+
+def test_native_threads_hammering_the_store(fake):
+    with memviz.track() as t:
+        assert fake.alloc_many_in_native_threads(8, 5000, 4096) == 0
+    tot = t.totals()[0]
+    assert (tot["allocs"], tot["frees"], tot["current"]) == (40000, 40000, 0)
+    assert 4096 <= tot["peak"] <= 8 * 4096
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_fork_while_tracking(fake):
+    with memviz.track() as t:
+        fake.alloc(CBID_cuMemAlloc_v2, MiB)
+        pid = os.fork()
+        if pid == 0:  # child: capture is off, nothing crashes
+            try:
+                fake.alloc(CBID_cuMemAlloc_v2, MiB)
+                ok = memviz.active_tracker() is None and not memviz._core.active()
+                os._exit(0 if ok else 3)
+            except BaseException:
+                os._exit(4)
+        _, status = os.waitpid(pid, 0)
+        fake.alloc(CBID_cuMemAlloc_v2, MiB)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert t.current_bytes() == 2 * MiB

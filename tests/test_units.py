@@ -1,0 +1,112 @@
+"""Tests for memviz._units (format_size / parse_size)."""
+
+import pytest
+
+from memviz._units import format_size, parse_size
+
+KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+
+
+@pytest.mark.parametrize(
+    "n, text",
+    [
+        (0, "0 B"),
+        (1, "1 B"),
+        (1023, "1023 B"),
+        (1024, "1 KiB"),
+        (1536, "1.5 KiB"),
+        (10 * KiB, "10 KiB"),
+        (int(12.5 * MiB), "12.5 MiB"),
+        (256 * MiB, "256 MiB"),
+        (1000 * MiB, "1000 MiB"),
+        (GiB, "1 GiB"),
+        (GiB - 1, "1 GiB"),  # rounds up into the next unit, never "1024 MiB"
+        (3 * GiB // 2, "1.5 GiB"),
+        (int(1.25 * GiB), "1.25 GiB"),
+        (80 * GiB, "80 GiB"),
+        (TiB, "1 TiB"),
+        (33.4, "33 B"),  # averages may be fractional
+        (256 * MiB / 3, "85.3 MiB"),
+    ],
+)
+def test_format_size(n, text):
+    assert format_size(n) == text
+
+
+def test_format_size_sign():
+    assert format_size(256 * MiB, sign=True) == "+256 MiB"
+    assert format_size(-256 * MiB, sign=True) == "-256 MiB"
+    assert format_size(-1536) == "-1.5 KiB"
+    assert format_size(0, sign=True) == "+0 B"
+
+
+def test_format_size_rejects_non_numbers():
+    with pytest.raises(TypeError):
+        format_size("1 GiB")
+    with pytest.raises(TypeError):
+        format_size(True)
+
+
+@pytest.mark.parametrize(
+    "text, n",
+    [
+        (1024, 1024),
+        (0, 0),
+        (2e9, 2_000_000_000),
+        ("1024", 1024),
+        ("2 GiB", 2 * GiB),
+        ("2GiB", 2 * GiB),
+        ("512MB", 512_000_000),
+        ("512 MiB", 512 * MiB),
+        ("1.5 GiB", 3 * GiB // 2),
+        ("1.5 gib", 3 * GiB // 2),
+        (" 4 kib ", 4 * KiB),
+        ("3 KB", 3000),
+        ("1 TB", 10**12),
+        ("1 TiB", TiB),
+        ("10 B", 10),
+        ("10 bytes", 10),
+        (".5 KiB", 512),
+        ("1_000 MB", 10**9),
+        ("1.1 KiB", 1126),  # 1126.4 rounded to whole bytes
+    ],
+)
+def test_parse_size(text, n):
+    assert parse_size(text) == n
+    assert isinstance(parse_size(text), int)
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "GiB", "1.2.3", "1 2", "1e9", "1__0"])
+def test_parse_size_malformed(bad):
+    with pytest.raises(ValueError, match="cannot parse size"):
+        parse_size(bad)
+
+
+@pytest.mark.parametrize("bad", ["2 G", "5 M", "3 gigs", "1 Kb/s"])
+def test_parse_size_unknown_unit(bad):
+    with pytest.raises(ValueError) as info:
+        parse_size(bad)
+    msg = str(info.value)
+    assert "KiB" in msg and "MB" in msg
+
+
+@pytest.mark.parametrize("bad", [-1, "-1", "-2 GiB", -1.0])
+def test_parse_size_negative(bad):
+    with pytest.raises(ValueError, match="negative"):
+        parse_size(bad)
+
+
+def test_parse_size_other_errors():
+    with pytest.raises(ValueError, match="whole number"):
+        parse_size(1.5)
+    with pytest.raises(ValueError, match="finite"):
+        parse_size(float("inf"))
+    with pytest.raises(TypeError):
+        parse_size(True)
+    with pytest.raises(TypeError):
+        parse_size([1024])
+
+
+def test_round_trip():
+    for n in (1, 1536, 256 * MiB, 3 * GiB // 2, 80 * GiB):
+        assert parse_size(format_size(n)) == n
