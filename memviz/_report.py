@@ -26,7 +26,7 @@ SOURCE_WIDTH = 60
 #: printed (wrapped) when GPU capture is off because the machine has no usable GPU
 NO_GPU_SENTENCE = (
     "GPU capture needs an NVIDIA GPU with its driver and CUPTI; on this machine memviz could "
-    "only run the script: no GPU allocation was recorded, so the sections below are empty."
+    "only run the script: no GPU allocation was recorded, so this report has no GPU numbers."
 )
 #: printed when GPU capture was turned off on purpose (--no-gpu, gpu=False)
 GPU_OFF_SENTENCE = (

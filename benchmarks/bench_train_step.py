@@ -1,0 +1,114 @@
+"""One GPT-style training step, timed, under one tracking mode (a fresh process each).
+
+    python benchmarks/bench_train_step.py --mode none|memviz|torch_history [--steps 60]
+
+12 layers, width 768, 12 heads, sequence 512, batch 8, vocabulary 50257,
+AdamW, bf16 autocast. Prints one JSON line with per-step times in ms.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def build(torch):
+    nn = torch.nn
+    F = torch.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self, d, h):
+            super().__init__()
+            self.h = h
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+            q, k, v = (z.view(b, t, self.h, d // self.h).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+            return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self, vocab=50257, d=768, layers=12, heads=12, ctx=512):
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+            self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+            self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+        def forward(self, idx):
+            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+            for blk in self.blocks:
+                x = blk(x)
+            return self.head(self.ln(x))
+
+    return GPT
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=["none", "memviz", "torch_history", "memviz_precise"], default="none")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=512)
+    a = ap.parse_args()
+
+    import torch
+
+    torch.manual_seed(0)
+    GPT = build(torch)
+    model = GPT().cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    data = torch.randint(0, 50257, (a.batch, a.seq + 1), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(data[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]),
+                                                     data[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    tracker = None
+    if a.mode.startswith("memviz"):
+        import memviz
+        tracker = memviz.track().start()
+    elif a.mode == "torch_history":
+        torch.cuda.memory._record_memory_history(stacks="python")
+
+    times = []
+    for i in range(a.warmup + a.steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        if i >= a.warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+
+    extra = {}
+    if tracker is not None:
+        tracker.stop()
+        info = tracker.capture_info()
+        extra = {"calls": info["store"]["calls"], "memviz_bytes": info["store"]["bytes_used"],
+                 "live": info["store"]["live"], "peak": tracker.peak_bytes()}
+    elif a.mode == "torch_history":
+        t0 = time.perf_counter()
+        snap = torch.cuda.memory._snapshot()
+        extra = {"snapshot_s": time.perf_counter() - t0,
+                 "trace_entries": sum(len(t) for t in snap["device_traces"])}
+        torch.cuda.memory._record_memory_history(enabled=None)
+    print(json.dumps({"mode": a.mode, "median_ms": statistics.median(times), "times_ms": times,
+                      "max_allocated": torch.cuda.max_memory_allocated(), **extra}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call: build, CPU suite on the GPU machine's Python, GPU suite,
+# the demo, and (with BENCH=1) the GPU benchmarks. Results land in $OUT.
+# Usage on the GPU machine:  bash benchmarks/gpu_check.sh [quick|full]
+set -u
+OUT=${OUT:-/tmp/memviz-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+{
+  date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  $PY -c 'import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)'
+} > "$OUT/machine.txt" 2>&1
+
+$PY setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+grep -E "warning|error" "$OUT/build.log" | grep -v -i "beta\|cannot be found" | head -20
+
+echo "== CPU suite (test double) on $($PY -V)"
+$PY -m pytest tests -q -x --ignore=tests/gpu -p no:cacheprovider > "$OUT/cpu_tests.log" 2>&1
+tail -3 "$OUT/cpu_tests.log"
+
+echo "== GPU suite"
+$PY -m pytest tests/gpu -m gpu -v -s -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
+grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|static module" "$OUT/gpu_tests.log" | tail -40
+
+echo "== demo"
+$PY -m memviz run examples/basic.py > "$OUT/demo.log" 2>&1; echo "demo rc=$?"
+tail -40 "$OUT/demo.log"
+
+if [ "${1:-quick}" = full ]; then
+  echo "== benchmarks"
+  $PY benchmarks/run_train_bench.py --out "$OUT/train_bench.json" 2>&1 | tail -30
+fi

@@ -1,0 +1,71 @@
+"""The memviz command line: ``python -m memviz COMMAND ...`` or ``memviz COMMAND ...``.
+
+Commands:
+
+    run     run a Python script (or -m module) with every CUDA allocation
+            tracked, and print a memory report to stderr when it ends
+
+``python -m memviz run --help`` shows the options of a command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Dict, List, Optional, Tuple
+
+__all__ = ["main", "COMMANDS"]
+
+#: command -> (module with main(argv, prog) -> int, one-line help)
+COMMANDS: Dict[str, Tuple[str, str]] = {
+    "run": ("memviz._cli_run",
+            "run a Python script (or -m module) under memviz and print a memory report"),
+}
+
+
+def _prog() -> str:
+    """How the user invoked us, for usage lines: 'python -m memviz' or 'memviz'."""
+    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "python -m memviz" if argv0 in ("__main__.py", "-m", "") else "memviz"
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="memviz: which line of your Python code is holding this GPU memory?",
+        epilog=f"Example: {prog} run examples/basic.py.  "
+               f"'{prog} COMMAND --help' shows a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"memviz {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_module, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the memviz command line with ``argv`` (default ``sys.argv[1:]``).
+
+    Returns the exit status: the script's for ``run``, 2 for usage errors.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = _prog()
+    if argv and argv[0] in COMMANDS:
+        module = importlib.import_module(COMMANDS[argv[0]][0])
+        return module.main(argv[1:], prog=f"{prog} {argv[0]}")
+    parser = _parser(prog)
+    try:
+        parser.parse_args(argv)  # --help, --version, or an unknown command
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    parser.print_usage(sys.stderr)
+    print(f"{prog}: give a command, e.g. `{prog} run script.py`", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

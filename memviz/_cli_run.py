@@ -1,0 +1,311 @@
+"""``memviz run``: run a Python script or module under memviz, then print a report.
+
+``python -m memviz run [options] script.py [args...]`` behaves like
+``python script.py [args...]`` (``sys.argv``, ``__name__ == "__main__"``,
+``sys.path[0]`` = the script's directory), and ``-m module`` like
+``python -m module``. The report goes to stderr exactly once, when the script
+returns, raises (traceback first, exit status 1), calls ``sys.exit()`` (its
+status is kept) or is interrupted with Ctrl-C (exit status 130). Like Python,
+memviz waits for the script's non-daemon threads before reporting.
+
+No report comes out when the process ends without unwinding the Python stack:
+``os._exit()``, a fatal signal (SIGKILL, SIGTERM without a handler, a crash),
+or a fork()ed child (only the parent reports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import runpy
+import shlex
+import sys
+import threading
+import traceback
+import warnings
+from typing import List, Optional, Tuple
+
+from . import _core
+from ._errors import CaptureConflict, CaptureUnavailable
+from ._report import text_report
+from ._tracker import CaptureWarning, Tracker
+
+__all__ = ["main", "build_parser"]
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+_VALUE_OPTIONS = ("--depth", "--top", "--report-file")
+_MEMVIZ_DIR = os.path.dirname(os.path.abspath(__file__))
+_RUNPY_FILES = {"<frozen runpy>", os.path.abspath(runpy.__file__)}
+
+
+class UsageError(Exception):
+    """A mistake in the command line: one line, no traceback, exit status 2."""
+
+
+def _depth(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= _core.MAX_DEPTH:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {_core.MAX_DEPTH}, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def build_parser(prog: str = "memviz run") -> argparse.ArgumentParser:
+    """The parser of memviz's own options (everything before the script)."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        usage=f"{prog} [--depth N] [--no-gpu] [--top N] [--report-file PATH] "
+              "(-m module | script.py) [args ...]",
+        description="Run a Python script (or -m module) with every CUDA allocation tracked, "
+                    "then print a memory report to stderr.",
+        epilog="Everything after the script name (or -m module) is passed to the script.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--depth", type=_depth, default=32, metavar="N",
+                        help=f"Python frames kept per allocation (1-{_core.MAX_DEPTH}, default 32)")
+    parser.add_argument("--no-gpu", action="store_true",
+                        help="do not capture GPU allocations (run and report only)")
+    parser.add_argument("--top", type=_positive, default=10, metavar="N",
+                        help="lines listed per device at its peak (default 10)")
+    parser.add_argument("--report-file", metavar="PATH",
+                        help="also write the report to this file")
+    parser.add_argument("-m", dest="module", metavar="module",
+                        help="run a module like python -m (the rest are its arguments)")
+    return parser
+
+
+def _split(argv: List[str]) -> Tuple[List[str], Optional[str], Optional[str], List[str]]:
+    """(memviz options, script, module, script args): the first token that is
+    not an option, or ``-m NAME``, ends memviz's own options."""
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            if i + 1 >= len(argv):
+                return argv[:i], None, None, []
+            return argv[:i], argv[i + 1], None, argv[i + 2:]
+        if tok == "-m":
+            if i + 1 >= len(argv):
+                raise UsageError("-m needs a module name, e.g. `memviz run -m mypkg.train`")
+            return argv[:i], None, argv[i + 1], argv[i + 2:]
+        if tok.startswith("-m") and not tok.startswith("--"):
+            return argv[:i], None, tok[2:], argv[i + 1:]
+        if tok in _VALUE_OPTIONS:
+            i += 2
+            continue
+        if tok.startswith("-") and tok != "-":
+            i += 1
+            continue
+        return argv[:i], tok, None, argv[i + 1:]
+    return argv, None, None, []
+
+
+def _check_script(script: str) -> None:
+    if not os.path.exists(script):
+        raise UsageError(f"cannot run {script!r}: no such file. Give the path of a Python "
+                         "script, or -m module.name to run a module.")
+    if os.path.isdir(script):
+        raise UsageError(f"cannot run {script!r}: it is a directory. Give the path of a .py "
+                         "file, or -m module.name to run a package.")
+    if not script.endswith((".py", ".pyw")):
+        raise UsageError(f"cannot run {script!r}: not a .py file. Give a Python script "
+                         "(ending in .py), or -m module.name to run a module.")
+
+
+def _check_module(module: str) -> None:
+    """The top-level package must exist (looked up without running any code)."""
+    top = module.split(".")[0]
+    saved = sys.path[:1]
+    sys.path[0:1] = [os.getcwd()]  # where python -m looks first, as _execute sets it
+    try:
+        found = bool(top) and importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    finally:
+        sys.path[0:1] = saved
+    if not found:
+        raise UsageError(f"cannot run module {module!r}: no module named {top!r}. Check the "
+                         "name, and that it is importable from this folder.")
+
+
+def _check_report_file(path: Optional[str]) -> None:
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"cannot write the report to {path!r}: the folder {folder!r} does "
+                         "not exist. Create it or choose another --report-file.")
+
+
+def _is_ours(filename: str) -> bool:
+    return (filename in _RUNPY_FILES or filename.startswith("<frozen importlib")
+            or filename.startswith(_MEMVIZ_DIR + os.sep))
+
+
+def _user_traceback(tb):
+    """The traceback without memviz's and runpy's frames at its start (None if
+    nothing is left, as for a SyntaxError in the script)."""
+    while tb is not None and _is_ours(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb
+
+
+def _print_exception(exc: BaseException) -> None:
+    """Print like Python does for an uncaught exception (through sys.excepthook)."""
+    sys.stdout.flush() if sys.stdout else None
+    tb = _user_traceback(exc.__traceback__)
+    exc.__traceback__ = tb  # the default hook prints the exception's own traceback
+    try:
+        sys.excepthook(type(exc), exc, tb)
+    except Exception:  # noqa: BLE001 - a broken hook: fall back like Python does
+        traceback.print_exception(type(exc), exc, tb)
+
+
+def _exit_status(exc: SystemExit) -> int:
+    """The status Python exits with for this SystemExit (printing a non-int code)."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    sys.stdout.flush() if sys.stdout else None
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _module_not_found(exc: BaseException) -> bool:
+    """An ImportError raised by runpy/importlib themselves (no user frame)."""
+    return isinstance(exc, ImportError) and _user_traceback(exc.__traceback__) is None
+
+
+def _wait_for_threads() -> None:
+    """Join non-daemon threads, as the interpreter does before it exits."""
+    me = threading.current_thread()
+    for t in threading.enumerate():
+        if t is not me and not t.daemon and t.is_alive() and t is not threading.main_thread():
+            t.join()
+
+
+def _execute(script: Optional[str], module: Optional[str], args: List[str]) -> None:
+    """Run the target with ``sys.argv``/``sys.path[0]`` set like python does."""
+    if module is not None:
+        sys.argv = [module] + args  # run_module(alter_sys=True) sets argv[0] to the file
+        sys.path[0:1] = [os.getcwd()]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = [script] + args
+        sys.path[0:1] = [os.path.dirname(os.path.realpath(script))]
+        runpy.run_path(os.path.abspath(script), run_name="__main__")  # __file__ absolute, as in 3.9+
+
+
+def _emit(report: str, report_file: Optional[str]) -> None:
+    try:
+        sys.stdout.flush() if sys.stdout else None
+    except Exception:  # noqa: BLE001 - the script may have closed stdout
+        pass
+    sys.stderr.write("\n" + report)
+    sys.stderr.flush()
+    if report_file is not None:
+        try:
+            with open(report_file, "w", encoding="utf-8") as f:
+                f.write(report)
+        except OSError as e:
+            print(f"memviz: could not write the report to {report_file!r}: {e.strerror or e}",
+                  file=sys.stderr)
+
+
+def _start(opts: argparse.Namespace) -> Tracker:
+    tracker = Tracker(gpu=not opts.no_gpu, depth=opts.depth)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CaptureWarning)  # the report says it, and so do we:
+        tracker.start()
+    if not tracker.gpu_enabled and not opts.no_gpu:
+        reason = (tracker.gpu_off_reason or "unknown reason").rstrip(".")
+        print(f"memviz: GPU capture is off: {reason}. The script runs, but no GPU allocation "
+              "will be recorded.", file=sys.stderr)
+    return tracker
+
+
+def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
+    """Entry point of ``memviz run``; returns the process exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(prog)
+    try:
+        own, script, module, args = _split(argv)
+        try:
+            opts = parser.parse_args(own)
+        except SystemExit as e:  # --help, or argparse's own usage error
+            return e.code if isinstance(e.code, int) else EXIT_USAGE
+        if opts.module is not None:  # "-m" given as the last memviz option, e.g. -m=x
+            module = opts.module
+        if script is None and not module:
+            raise UsageError("give a script to run, e.g. `memviz run train.py --epochs 1`, or "
+                             "-m module.name")
+        if script is not None:
+            _check_script(script)
+        else:
+            _check_module(module)
+        _check_report_file(opts.report_file)
+    except UsageError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+    try:
+        tracker = _start(opts)
+    except CaptureUnavailable as e:
+        print(f"{prog}: cannot capture GPU allocations: {e.reason.rstrip('.')}. What to do: "
+              f"{e.hint} Or pass --no-gpu to run the script without GPU capture.", file=sys.stderr)
+        return EXIT_USAGE
+    except CaptureConflict as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+    command = shlex.join((["-m", module] if module is not None else [script]) + args)
+    saved_argv, saved_path0 = sys.argv, sys.path[:1]
+    status = 0
+    try:
+        try:
+            _execute(script, module, args)
+        except SystemExit as e:
+            status = _exit_status(e)
+        except KeyboardInterrupt as e:
+            _print_exception(e)
+            status = EXIT_INTERRUPTED
+        except BaseException as e:  # noqa: BLE001 - report any failure of the script
+            if module is not None and _module_not_found(e):
+                print(f"{prog}: cannot run module {module!r}: {e}. Check the name, and that "
+                      "it is importable from this folder.", file=sys.stderr)
+                return EXIT_USAGE
+            _print_exception(e)
+            status = 1
+        try:
+            _wait_for_threads()
+        except KeyboardInterrupt:
+            status = EXIT_INTERRUPTED
+    finally:
+        if tracker.running:  # the script may have stopped it through memviz.stop()
+            tracker.stop()
+        sys.argv, sys.path[:1] = saved_argv, saved_path0
+
+    try:
+        _emit(text_report(tracker, top=opts.top, command=command), opts.report_file)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception:  # noqa: BLE001 - keep the script's status; show what broke
+        print("memviz: internal error while writing the report (please report it):\n"
+              + traceback.format_exc(), file=sys.stderr)
+    return status

@@ -1,0 +1,384 @@
+"""The command line (python -m memviz run) and the text report, without a GPU.
+
+The CLI tests run ``python -m memviz run`` in a subprocess on small scripts
+written to tmp_path. They are about the command line, not GPU capture: on a
+machine with an NVIDIA GPU they pass --no-gpu so that they behave the same
+everywhere (tests/gpu covers the real capture). One test drives the report
+through the libcupti test double.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import memviz
+from memviz import _capture, _device
+from memviz.__main__ import main
+from memviz._report import GPU_OFF_SENTENCE, NO_GPU_SENTENCE, WIDTH, text_report
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_GPU = _capture.gpu_present()[0]
+GPU_FLAG = ["--no-gpu"] if HAS_GPU else []
+MiB = 1 << 20
+
+
+def flat(text):
+    """Whitespace-normalised text, for sentences the report wraps."""
+    return " ".join(text.split())
+
+
+def run_cli(tmp_path, *args, env=None, gpu_flag=True, timeout=60):
+    """Run `python -m memviz run ARGS` in tmp_path; returns the CompletedProcess."""
+    full_env = {k: v for k, v in os.environ.items() if k != _capture.ENV_LIBRARY}
+    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")])
+    full_env.update(env or {})
+    cmd = [sys.executable, "-m", "memviz", "run", *(GPU_FLAG if gpu_flag else []), *args]
+    return subprocess.run(cmd, cwd=tmp_path, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def script(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def assert_one_report(stderr):
+    assert stderr.count("memviz report") == 1, stderr
+    report = stderr[stderr.index("memviz report"):]
+    too_wide = [line for line in report.splitlines() if len(line) > WIDTH]
+    assert not too_wide, too_wide
+    return report
+
+
+# ---- how the script ends ----------------------------------------------------
+
+
+def test_normal_exit_prints_one_report(tmp_path):
+    script(tmp_path, "ok.py", """\
+        print("hello from the script")
+    """)
+    p = run_cli(tmp_path, "ok.py")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "hello from the script\n"
+    report = assert_one_report(p.stderr)
+    assert report.startswith("memviz report: ok.py")
+    for section in ("Devices", "Memory outside the tracked allocations", "memviz itself:"):
+        assert section in report
+
+
+@pytest.mark.skipif(HAS_GPU, reason="this machine has an NVIDIA GPU")
+def test_without_gpu_the_report_says_what_needs_one(tmp_path):
+    script(tmp_path, "ok.py", "x = 1\n")
+    p = run_cli(tmp_path, "ok.py", gpu_flag=False)
+    assert p.returncode == 0, p.stderr
+    report = assert_one_report(p.stderr)
+    assert "GPU capture off: no NVIDIA driver or GPU found" in report
+    assert NO_GPU_SENTENCE in flat(report)
+    assert "GPU capture needs an NVIDIA GPU with its driver and CUPTI" in flat(report)
+    assert "no GPU allocation was recorded" in report
+    # ... and a one-line note before the script runs, without a Python warning.
+    first = p.stderr.splitlines()[0]
+    assert first.startswith("memviz: GPU capture is off:")
+    assert "CaptureWarning" not in p.stderr
+
+
+def test_no_gpu_flag(tmp_path):
+    script(tmp_path, "ok.py", "x = 1\n")
+    p = run_cli(tmp_path, "--no-gpu", "ok.py", gpu_flag=False)
+    assert p.returncode == 0, p.stderr
+    report = assert_one_report(p.stderr)
+    assert "GPU capture off: gpu=False was passed" in report
+    assert GPU_OFF_SENTENCE in flat(report)
+    assert "memviz: GPU capture is off" not in p.stderr  # asked for: no start-up note
+
+
+def test_exception_prints_traceback_then_report(tmp_path):
+    script(tmp_path, "boom.py", """\
+        def inner():
+            raise ValueError("boom")
+
+        inner()
+    """)
+    p = run_cli(tmp_path, "boom.py")
+    assert p.returncode == 1
+    assert_one_report(p.stderr)
+    tb = p.stderr.index("Traceback (most recent call last):")
+    assert tb < p.stderr.index("ValueError: boom") < p.stderr.index("memviz report")
+    # Like `python boom.py`: the traceback starts at the script, not in memviz or runpy.
+    traceback_text = p.stderr[tb:p.stderr.index("memviz report")]
+    assert "_cli_run" not in traceback_text and "runpy" not in traceback_text
+    assert 'boom.py", line 4, in <module>' in traceback_text
+    assert 'boom.py", line 2, in inner' in traceback_text
+
+
+def test_syntax_error_is_printed_like_python(tmp_path):
+    script(tmp_path, "bad.py", "def (:\n")
+    p = run_cli(tmp_path, "bad.py")
+    assert p.returncode == 1
+    assert "SyntaxError" in p.stderr
+    assert "Traceback" not in p.stderr  # Python shows none for a script's syntax error
+    assert_one_report(p.stderr)
+
+
+def test_sys_exit_code_is_kept(tmp_path):
+    script(tmp_path, "ex.py", "import sys\nsys.exit(3)\n")
+    p = run_cli(tmp_path, "ex.py")
+    assert p.returncode == 3
+    assert_one_report(p.stderr)
+    assert "Traceback" not in p.stderr
+
+
+def test_sys_exit_with_message(tmp_path):
+    script(tmp_path, "ex.py", "import sys\nsys.exit('giving up')\n")
+    p = run_cli(tmp_path, "ex.py")
+    assert p.returncode == 1
+    assert p.stderr.index("giving up") < p.stderr.index("memviz report")
+    assert_one_report(p.stderr)
+
+
+def test_keyboard_interrupt_exits_130_with_report(tmp_path):
+    script(tmp_path, "ki.py", "raise KeyboardInterrupt\n")
+    p = run_cli(tmp_path, "ki.py")
+    assert p.returncode == 130
+    assert "KeyboardInterrupt" in p.stderr
+    assert_one_report(p.stderr)
+
+
+def test_waits_for_non_daemon_threads_before_reporting(tmp_path):
+    script(tmp_path, "th.py", """\
+        import sys, threading, time
+
+        def work():
+            time.sleep(0.3)
+            print("thread done", file=sys.stderr, flush=True)
+
+        threading.Thread(target=work).start()
+    """)
+    p = run_cli(tmp_path, "th.py")
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.index("thread done") < p.stderr.index("memviz report")
+
+
+# ---- what the script sees ------------------------------------------------------
+
+
+def test_script_sees_its_arguments_like_python(tmp_path):
+    (tmp_path / "sub").mkdir()
+    script(tmp_path / "sub", "show.py", """\
+        import json, sys
+        print(json.dumps({"argv": sys.argv, "name": __name__, "path0": sys.path[0],
+                          "file": __file__, "main": sys.modules["__main__"].__file__}))
+    """)
+    p = run_cli(tmp_path, "--top", "3", "sub/show.py", "a", "--top", "5", "-m", "x", "--", "z")
+    assert p.returncode == 0, p.stderr
+    seen = json.loads(p.stdout)
+    assert seen["argv"][1:] == ["a", "--top", "5", "-m", "x", "--", "z"]
+    assert os.path.basename(seen["argv"][0]) == "show.py"
+    assert seen["name"] == "__main__"
+    assert seen["path0"] == os.path.realpath(tmp_path / "sub")
+    assert seen["file"] == seen["main"] == str(tmp_path / "sub" / "show.py")
+    assert "memviz report: sub/show.py a --top 5 -m x -- z" in p.stderr
+
+
+def test_module_form(tmp_path):
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    script(pkg, "tool.py", """\
+        import json, sys
+        print(json.dumps({"argv": sys.argv, "name": __name__}))
+    """)
+    p = run_cli(tmp_path, "-m", "mypkg.tool", "x", "--no-gpu")
+    assert p.returncode == 0, p.stderr
+    seen = json.loads(p.stdout)
+    assert seen == {"argv": [str(pkg / "tool.py"), "x", "--no-gpu"], "name": "__main__"}
+    assert "memviz report: -m mypkg.tool x --no-gpu" in p.stderr
+    assert_one_report(p.stderr)
+
+
+def test_module_exception_is_a_traceback_not_a_usage_error(tmp_path):
+    script(tmp_path, "broken.py", "import no_such_module_here\n")
+    p = run_cli(tmp_path, "-m", "broken")
+    assert p.returncode == 1
+    assert "ModuleNotFoundError" in p.stderr and 'broken.py", line 1' in p.stderr
+    assert_one_report(p.stderr)
+
+
+# ---- mistakes: one line, exit status 2 ---------------------------------------------
+
+
+def assert_usage_error(p, *words):
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    for w in words:
+        assert w in lines[0]
+    assert "memviz report" not in p.stderr
+
+
+def test_missing_script(tmp_path):
+    assert_usage_error(run_cli(tmp_path, "nope.py", "arg"), "nope.py", "no such file")
+
+
+def test_not_a_python_file(tmp_path):
+    (tmp_path / "data.txt").write_text("x = 1\n")
+    assert_usage_error(run_cli(tmp_path, "data.txt"), "not a .py file", "-m")
+
+
+def test_directory(tmp_path):
+    (tmp_path / "d").mkdir()
+    assert_usage_error(run_cli(tmp_path, "d"), "is a directory")
+
+
+def test_missing_module(tmp_path):
+    assert_usage_error(run_cli(tmp_path, "-m", "no_such_module_xyz"), "no_such_module_xyz")
+
+
+def test_nothing_to_run(tmp_path):
+    assert_usage_error(run_cli(tmp_path), "give a script")
+
+
+def test_report_file_in_missing_folder(tmp_path):
+    script(tmp_path, "ok.py", "x = 1\n")
+    assert_usage_error(run_cli(tmp_path, "--report-file", "no/such/r.txt", "ok.py"), "--report-file")
+
+
+def test_bad_option_values(tmp_path):
+    script(tmp_path, "ok.py", "x = 1\n")
+    for args in (["--depth", "0", "ok.py"], ["--top", "x", "ok.py"], ["--dep", "3", "ok.py"]):
+        p = run_cli(tmp_path, *args)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, (args, p.stderr)
+
+
+def test_report_file(tmp_path):
+    script(tmp_path, "ok.py", "x = 1\n")
+    p = run_cli(tmp_path, "--report-file", "r.txt", "ok.py")
+    assert p.returncode == 0, p.stderr
+    written = (tmp_path / "r.txt").read_text()
+    assert written.startswith("memviz report: ok.py")
+    assert written in p.stderr
+
+
+def test_main_without_a_command(capsys):
+    assert main([]) == 2
+    assert "run" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # not reached: main returns argparse's status
+        raise SystemExit(main(["--version"]))
+    assert "memviz" in capsys.readouterr().out
+    assert main(["run", "--help"]) == 0
+    assert "--report-file" in capsys.readouterr().out
+
+
+def test_basic_example_runs_everywhere(tmp_path):
+    p = run_cli(ROOT, "examples/basic.py")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("basic.py: ")
+    assert_one_report(p.stderr)
+
+
+# ---- GPU capture through the libcupti test double ----------------------------------
+
+
+def test_cli_report_names_the_cupti_library(tmp_path, fake_path):
+    script(tmp_path, "alloc.py", f"""\
+        import sys
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        from fake_cupti import FakeCupti, CBID_cuMemAlloc_v2
+        lib = FakeCupti({fake_path!r}).lib
+        weights = lib.fake_alloc(CBID_cuMemAlloc_v2, 256 << 20, 0, 0)
+        lib.fake_alloc(CBID_cuMemAlloc_v2, 1 << 40, 0, 2)
+    """)
+    p = run_cli(tmp_path, "alloc.py", env={_capture.ENV_LIBRARY: fake_path}, gpu_flag=False)
+    assert p.returncode == 0, p.stderr
+    report = assert_one_report(p.stderr)
+    assert f"capture: CUPTI {fake_path}" in flat(report)
+    assert "cuda:0" in report and "256 MiB" in report
+    assert "Top lines at the peak of cuda:0 (256 MiB):" in report
+    top = report.splitlines()[report.splitlines().index("Top lines at the peak of cuda:0 (256 MiB):") + 1]
+    assert "alloc.py:5" in top and "weights = lib.fake_alloc" in top
+    assert "Failed allocations (1):" in report and "CUDA error 2: out of memory" in report
+
+
+# ---- text_report in process ----------------------------------------------------------
+
+
+def test_text_report_without_gpu():
+    with memviz.track(gpu=False) as t:
+        pass
+    report = text_report(t, outside={})
+    assert report.startswith("memviz report\n")
+    assert GPU_OFF_SENTENCE in flat(report)
+    assert "no GPU allocation was recorded" in report
+    assert all(len(line) <= WIDTH for line in report.splitlines())
+    with pytest.raises(ValueError):
+        text_report(t, top=0)
+
+
+def test_text_report_with_allocations(fake):
+    from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemAllocHost_v2, CBID_cuMemFree_v2
+
+    with memviz.track() as t:
+        keep = fake.alloc(CBID_cuMemAlloc_v2, 256 * MiB)  # KEEP
+        tmp = fake.alloc(CBID_cuMemAlloc_v2, 64 * MiB)  # TEMP
+        fake.free(CBID_cuMemFree_v2, tmp)
+        fake.alloc(CBID_cuMemAllocHost_v2, 4096)
+    assert keep
+    report = text_report(t, top=1, outside={0: (300 * MiB, _device.SOURCE_NVML)},
+                         command="python train.py")
+    assert report.startswith("memviz report: python train.py\n")
+    lines = report.splitlines()
+    row = next(line for line in lines if line.startswith("  cuda:0 "))
+    assert row.split()[1:7] == ["256", "MiB", "320", "MiB", "2", "1"]
+    assert any(line.startswith("  pinned host") for line in lines)
+    at_peak = lines[lines.index("Top lines at the peak of cuda:0 (320 MiB):") + 1]
+    assert "256 MiB" in at_peak and "1 alloc " in at_peak and "keep = fake.alloc(" in at_peak
+    assert "1 more line(s) holding 64 MiB" in report  # top=1
+    outside = next(line for line in lines if "MiB outside" in line)
+    assert "44 MiB outside" in outside and "memviz saw 256 MiB" in outside
+    assert all(len(line) <= WIDTH for line in lines)
+    # a process number below what memviz saw shows 0, not a negative size
+    low = text_report(t, outside={0: (MiB, _device.SOURCE_CUMEMGETINFO)})
+    assert "0 B outside" in low and "-" not in low.split("0 B outside")[0].splitlines()[-1]
+    assert "device in use 1 MiB" in low
+
+
+# ---- memory according to the driver ------------------------------------------------
+
+
+def test_process_device_memory_never_raises():
+    result = _device.process_device_memory()
+    assert isinstance(result, dict)
+    if not HAS_GPU:
+        assert result == {}
+    for dev, (size, source) in result.items():
+        assert isinstance(dev, int) and size >= 0 and source
+
+
+def test_process_device_memory_does_not_load_libcuda():
+    _device.process_device_memory()
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    if "libcuda.so" not in maps:  # not loaded before: must not be loaded now either
+        with pytest.raises(OSError):
+            _device._Cuda()
+
+
+@pytest.mark.parametrize("stride", [16, 24, 32])
+def test_nvml_process_entries_are_parsed_with_their_stride(stride):
+    entries = [(111, 5 * MiB), (os.getpid(), 300 * MiB), (222, 7 * MiB)]
+    buf = bytearray(stride * 4)
+    for i, (pid, used) in enumerate(entries):
+        buf[i * stride:i * stride + 4] = pid.to_bytes(4, "little")
+        buf[i * stride + 8:i * stride + 16] = used.to_bytes(8, "little")
+    assert _device._parse_processes(bytes(buf), 3, stride) == entries
+    # The stride tried first may be wrong (NVML's _v3 layout changed); the other one is tried.
+    other = 24 if stride != 24 else 32
+    assert _device._find_own(bytes(buf), 3, [other, stride], {os.getpid()}) == 300 * MiB
+    assert _device._find_own(bytes(buf), 3, [stride], {4242}) is None
