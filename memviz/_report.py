@@ -15,6 +15,7 @@ import textwrap
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import _capture, _core
 from ._device import SOURCE_CUMEMGETINFO, process_device_memory
 from ._units import format_size
 
@@ -176,9 +177,10 @@ def _outside(tracker: Any, totals: Dict[int, Dict[str, int]],
              outside: Dict[int, Tuple[int, str]]) -> List[str]:
     lines = ["", "Memory outside the tracked allocations (held by the process, not seen by memviz):"]
     if not outside:
-        if tracker.gpu_enabled:
-            lines += _wrap("no source could tell: NVML did not list this process (inside a "
-                           "container NVML shows host PIDs) and no CUDA context was active.")
+        if tracker.gpu_enabled or _capture.gpu_present()[0]:
+            lines += _wrap("no source could tell: NVML does not list this process (it may hold "
+                           "no GPU memory, or run in a container, where NVML shows host PIDs) "
+                           "and no CUDA context is active.")
         else:
             lines += _wrap("needs an NVIDIA GPU and its driver (NVML); nothing to compare on "
                            "this machine.")
@@ -199,7 +201,9 @@ def _outside(tracker: Any, totals: Dict[int, Dict[str, int]],
 
 
 def _own(info: Dict[str, Any]) -> List[str]:
-    store = info.get("store") or {}
+    store = info.get("store")
+    if store is None:
+        return ["", "memviz itself: GPU capture was off, so memviz recorded nothing."]
     calls = dict(store.get("calls") or {})
     records = calls.pop("activity_records", 0)
     seen = sum(calls.values())
@@ -233,7 +237,12 @@ def text_report(tracker: Any, top: int = 10, outside: Optional[Dict[int, Tuple[i
     if not isinstance(top, int) or top < 1:
         raise ValueError(f"top must be a positive int, got {top!r}")
     totals = tracker.totals()
-    info = tracker.capture_info()
+    if tracker.gpu_enabled:
+        info = tracker.capture_info()
+    else:
+        # Tracker.capture_info() would try to load libcupti (to say which one
+        # would be used); a report must not change the process, so skip it.
+        info = {"python_frames_abi": _core.FRAMES_ABI, "store": None}
     if outside is None:
         outside = process_device_memory()
     lines = _header(tracker, info, command)

@@ -192,7 +192,8 @@ class Tracker:
         lib = _capture.load()  # raises CaptureUnavailable with what it tried
         result, step, error, holder, activity_on, activity_error = _core.start(
             depth=self.depth, activity=self.activity)
-        if result == _core.ERROR_MULTIPLE_SUBSCRIBERS:
+        # 39 on CUPTI 12+; older CUPTI answered a second subscriber with 12.
+        if result == _core.ERROR_MULTIPLE_SUBSCRIBERS or (result == 12 and step == "cuptiSubscribe"):
             raise CaptureConflict(holder or None, detail=f"{step} returned {error} ({result})")
         if result != 0:
             raise CaptureUnavailable(

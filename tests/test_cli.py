@@ -9,6 +9,7 @@ through the libcupti test double.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -148,6 +149,28 @@ def test_keyboard_interrupt_exits_130_with_report(tmp_path):
     assert p.returncode == 130
     assert "KeyboardInterrupt" in p.stderr
     assert_one_report(p.stderr)
+
+
+def test_real_ctrl_c(tmp_path):
+    script(tmp_path, "sleepy.py", """\
+        import time
+        print("ready", flush=True)
+        time.sleep(30)
+    """)
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT))
+    full_env.pop(_capture.ENV_LIBRARY, None)
+    proc = subprocess.Popen([sys.executable, "-m", "memviz", "run", *GPU_FLAG, "sleepy.py"],
+                            cwd=tmp_path, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert "KeyboardInterrupt" in err
+    assert_one_report(err)
 
 
 def test_waits_for_non_daemon_threads_before_reporting(tmp_path):

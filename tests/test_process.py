@@ -1,0 +1,138 @@
+"""Whole-process behaviour through the test double: exit, load errors, CUPTI
+versions, machines without a GPU, and code objects that die early.
+
+Each case runs in a fresh interpreter, because libcupti is loaded once per
+process and these cases change what is loaded or how the process ends.
+"""
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import memviz
+from fake_cupti import CBID_cuMemAlloc_v2
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PRELUDE = """
+import json, os, sys, warnings
+sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
+from fake_cupti import FakeCupti
+import memviz
+def out(**kw):
+    print("RESULT " + json.dumps(kw), flush=True)
+"""
+
+
+def run(body, fake_path=None, env=None, expect_rc=0):
+    code = PRELUDE.format(root=str(ROOT), tests=str(ROOT / "tests")) + textwrap.dedent(body)
+    e = dict(os.environ)
+    e.pop("MEMVIZ_CUPTI_LIBRARY", None)
+    if fake_path:
+        e["MEMVIZ_CUPTI_LIBRARY"] = fake_path
+    e.update(env or {})
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=e)
+    assert p.returncode == expect_rc, f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    res = [json.loads(x[7:]) for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    return (res[-1] if res else None), p
+
+
+def test_interpreter_exit_while_tracking_and_threads_still_allocating(fake_path):
+    _, p = run(f"""
+        import threading
+        f = FakeCupti({fake_path!r})
+        t = memviz.start()
+        f.alloc({CBID_cuMemAlloc_v2}, 1 << 20)
+        stop = threading.Event()
+        def spin():
+            while not stop.is_set():
+                f.free(245, f.alloc({CBID_cuMemAlloc_v2}, 4096))
+        threading.Thread(target=spin, daemon=True).start()
+        # a native thread allocating while the interpreter goes down
+        threading.Thread(target=lambda: f.alloc_many_in_native_threads(2, 200000, 4096), daemon=True).start()
+        print("bye", flush=True)
+        # no stop(): atexit must unsubscribe cleanly
+    """, fake_path)
+    assert "bye" in p.stdout
+    assert "Traceback" not in p.stderr and "Fatal" not in p.stderr
+
+
+def test_explicit_library_that_does_not_load(tmp_path):
+    missing = tmp_path / "libcupti.so.13"
+    r, _ = run("""
+        try:
+            memviz.track().start()
+        except memviz.CaptureUnavailable as e:
+            out(msg=str(e), tried=e.tried, available=memviz.available(),
+                info=memviz.capture_info()["reason"])
+    """, env={"MEMVIZ_CUPTI_LIBRARY": str(missing)})
+    assert "MEMVIZ_CUPTI_LIBRARY" in r["msg"] and "What to do" in r["msg"]
+    assert any(str(missing) in x for x in r["tried"])
+    assert r["available"] is False and "could not be loaded" in r["info"]
+
+
+def test_no_gpu_warns_once_and_still_tracks(monkeypatch):
+    r, p = run("""
+        from memviz import _capture
+        _capture.gpu_present = lambda: (False, "no NVIDIA driver or GPU found (test)")
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            with memviz.track() as t1:
+                pass
+            with memviz.track() as t2:
+                pass
+            with memviz.track(gpu=False):
+                pass
+        out(n=len([x for x in w if issubclass(x.category, memviz.CaptureWarning)]),
+            msg=str(w[0].message), reason=t2.gpu_off_reason, enabled=t2.gpu_enabled,
+            available=memviz.available(), snap=len(t1.snapshot()))
+    """)
+    assert r["n"] == 1 and "GPU capture is off" in r["msg"] and "gpu=False" in r["msg"]
+    assert r["reason"] == "no NVIDIA driver or GPU found (test)" and r["enabled"] is False
+    assert r["available"] is False and r["snap"] == 0
+
+
+@pytest.mark.parametrize("version, source", [(26, False), (130001, True)], ids=["cupti-12.8", "cupti-13"])
+def test_activity_record_layout_follows_the_cupti_version(fake_path, version, source):
+    r, _ = run(f"""
+        f = FakeCupti({fake_path!r}); f.set_version({version})
+        with memviz.track() as t:
+            f.emit_memory2(1, 6, 0x70000000, 4096, 0, 1, "g", "/lib/libcublas.so.13")
+        a, = t.snapshot().allocations
+        out(kind=a.kind, size=a.size, label=a.label, version=memviz.capture_info()["version"],
+            major=memviz.capture_info()["cuda_major"])
+    """, fake_path)
+    assert (r["kind"], r["size"], r["version"]) == ("static", 4096, version)
+    assert r["major"] == (13 if source else 12)
+    assert r["label"] == ("CUDA module globals (libcublas.so.13)" if source else "CUDA module globals")
+
+
+def test_older_cupti_conflict_code_is_a_conflict_too(fake_path):
+    r, _ = run(f"""
+        f = FakeCupti({fake_path!r}); f.set_subscribe_error(12)
+        try:
+            memviz.track().start()
+        except memviz.CaptureConflict as e:
+            out(msg=str(e))
+    """, fake_path)
+    assert r and "subscriber" in r["msg"].lower()
+
+
+def test_code_object_that_dies_before_the_snapshot(fake):
+    """An exec'd function allocates and is deleted before anything reads the
+    stack: its frame must still resolve (and nothing may read freed memory)."""
+    src = "def dyn(fake):\n    x = 1\n    return fake.alloc(%d, 1 << 20)\n" % CBID_cuMemAlloc_v2
+    with memviz.track() as t:
+        ns = {}
+        exec(compile(src, "<generated>", "exec"), ns)
+        ns["dyn"](fake)
+        del ns
+        gc.collect()
+    a, = t.snapshot().allocations
+    assert (a.traceback[1].filename, a.traceback[1].lineno, a.traceback[1].name) == ("<generated>", 3, "dyn")
