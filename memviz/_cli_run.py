@@ -231,7 +231,7 @@ def _emit(report: str, report_file: Optional[str]) -> None:
 def _start(opts: argparse.Namespace) -> Tracker:
     tracker = Tracker(gpu=not opts.no_gpu, depth=opts.depth)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CaptureWarning)  # the report says it, and so do we:
+        warnings.simplefilter("ignore", CaptureWarning)  # said below, and in the report
         tracker.start()
     if not tracker.gpu_enabled and not opts.no_gpu:
         reason = (tracker.gpu_off_reason or "unknown reason").rstrip(".")

@@ -193,7 +193,10 @@ def _outside(tracker: Any, totals: Dict[int, Dict[str, int]],
         lines.append(f"  {_device_name(dev):<8} {format_size(extra):>10} outside   ({what} "
                      f"{format_size(held)}, memviz saw {format_size(seen)})")
         lines += _wrap(f"source: {source}", indent="             ")
-    note = "This is usually the CUDA context and loaded kernel code"
+    if not tracker.gpu_enabled:
+        note = "GPU capture was off, so memviz saw nothing and all of it counts as outside"
+    else:
+        note = "This is usually the CUDA context and loaded kernel code"
     if any(source == SOURCE_CUMEMGETINFO for _, source in outside.values()):
         note += ", and with cuMemGetInfo also every other process on the device"
     lines += _wrap(note + ".")

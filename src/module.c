@@ -360,12 +360,12 @@ static PyObject *core_totals(PyObject *self, PyObject *unused)
         if (!t[s].allocs && !t[s].failed)
             continue;
         PyObject *v = Py_BuildValue(
-            "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:I}", "current", (unsigned long long)t[s].current,
+            "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:I,s:K}", "current", (unsigned long long)t[s].current,
             "peak", (unsigned long long)t[s].peak, "peak_timestamp_ns",
             (unsigned long long)t[s].peak_timestamp, "allocs", (unsigned long long)t[s].allocs,
             "frees", (unsigned long long)t[s].frees, "failed", (unsigned long long)t[s].failed,
             "alloc_bytes", (unsigned long long)t[s].alloc_bytes, "live_count", t[s].live_count,
-            "peak_count", t[s].peak_count);
+            "peak_count", t[s].peak_count, "window_peak", (unsigned long long)t[s].window_peak);
         PyObject *k = PyLong_FromLong(s == MVZ_HOST_SLOT ? -1 : s);
         if (!v || !k || PyDict_SetItem(d, k, v) < 0)
             Py_CLEAR(d);
@@ -593,6 +593,101 @@ error:
     return NULL;
 }
 
+/* step_mark() -> ({device: (current, window_peak, live_count)},
+ *                [(stack_id, live_bytes, live_count, delta_bytes, delta_count)])
+ * Costs O(stacks), not O(live allocations): the per-step hook's budget. */
+static PyObject *core_step_mark(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    if (ensure_store())
+        return NULL;
+    mvz_totals t[MVZ_NSLOTS];
+    mvz_site_change *ch = NULL;
+    long n = mvz_store_step_mark(t, &ch);
+    if (n < 0)
+        return PyErr_NoMemory();
+    PyObject *dev = PyDict_New();
+    for (int s = 0; dev && s < MVZ_NSLOTS; s++) {
+        if (!t[s].allocs)
+            continue;
+        PyObject *k = PyLong_FromLong(s == MVZ_HOST_SLOT ? -1 : s);
+        PyObject *v = Py_BuildValue("(KKI)", (unsigned long long)t[s].current,
+                                    (unsigned long long)t[s].window_peak, t[s].live_count);
+        if (!k || !v || PyDict_SetItem(dev, k, v) < 0)
+            Py_CLEAR(dev);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+    }
+    PyObject *list = dev ? PyList_New(n) : NULL;
+    for (long i = 0; list && i < n; i++) {
+        PyObject *row = Py_BuildValue("(IKILL)", ch[i].stack_id, (unsigned long long)ch[i].live_bytes,
+                                      ch[i].live_count, (long long)ch[i].delta_bytes,
+                                      (long long)ch[i].delta_count);
+        if (!row) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, row);
+    }
+    free(ch);
+    if (!list) {
+        Py_XDECREF(dev);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", dev, list);
+}
+
+static PyObject *core_trace_enable(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    if (ensure_store())
+        return NULL;
+    Py_ssize_t cap = PyLong_AsSsize_t(arg);
+    if (cap == -1 && PyErr_Occurred())
+        return NULL;
+    if (cap < 1024 || cap > (1L << 28)) {
+        PyErr_SetString(PyExc_ValueError, "trace capacity must be between 1024 and 2**28 events");
+        return NULL;
+    }
+    if (mvz_store_trace_enable((size_t)cap) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_trace_disable(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    if (store_ready)
+        mvz_store_trace_disable();
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_trace_drain(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    if (ensure_store())
+        return NULL;
+    uint8_t *buf = NULL;
+    long n = mvz_store_trace_drain(&buf);
+    if (n < 0)
+        return PyErr_NoMemory();
+    PyObject *b = PyBytes_FromStringAndSize((const char *)buf, n);
+    free(buf);
+    return b;
+}
+
+static PyObject *core_stack_count(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    if (ensure_store())
+        return NULL;
+    return PyLong_FromUnsignedLong(mvz_store_stack_count());
+}
+
 /* Benchmarks and tests: the capture path without CUPTI. */
 static PyObject *core_synthetic(PyObject *self, PyObject *args)
 {
@@ -647,6 +742,13 @@ static PyMethodDef core_methods[] = {
     {"threads", core_threads, METH_NOARGS, "{thread index: (native id, ident, name)}."},
     {"stats", core_stats, METH_NOARGS, "Counters and memviz's own memory."},
     {"resolve", core_resolve, METH_O, "Frames of stacks by id, innermost first."},
+    {"step_mark", core_step_mark, METH_NOARGS,
+     "Per-device (current, window peak, live count) and stacks changed since the last mark."},
+    {"trace_enable", core_trace_enable, METH_O, "Log events into a ring of this many entries."},
+    {"trace_disable", core_trace_disable, METH_NOARGS, "Stop logging trace events."},
+    {"trace_drain", core_trace_drain, METH_NOARGS,
+     "Logged events since the last drain, as 32-byte records (bytes)."},
+    {"stack_count", core_stack_count, METH_NOARGS, "Stacks interned so far (ids are below it)."},
     {"_synthetic", core_synthetic, METH_VARARGS,
      "_synthetic(address, size, free=True, count=1): capture path without CUPTI."},
     {"_capture_depth", core_capture_depth, METH_O, "Frames the walker sees here."},

@@ -63,7 +63,41 @@ typedef struct {
     uint64_t allocs, frees, failed;
     uint64_t alloc_bytes; /* total bytes ever allocated */
     uint32_t live_count, peak_count;
+    uint64_t window_peak; /* highest `current` since the last step mark */
 } mvz_totals;
+
+/* A stack whose live bytes or count changed since the last step mark. */
+typedef struct {
+    uint32_t stack_id;
+    uint32_t live_count;
+    uint64_t live_bytes;
+    int64_t delta_bytes;
+    int64_t delta_count;
+} mvz_site_change;
+
+/* Trace events, as written to a .memviz file: 32 bytes, little-endian. */
+enum mvz_event_op {
+    MVZ_EV_ALLOC = 1,
+    MVZ_EV_FREE = 2,
+    MVZ_EV_FAILED = 3, /* address holds the CUresult */
+    MVZ_EV_TIME = 4,   /* address holds the absolute timestamp (ns) */
+    MVZ_EV_GAP = 5,    /* address holds how many events were dropped */
+};
+#pragma pack(push, 1)
+typedef struct {
+    uint32_t ts_delta; /* ns since the previous event of the stream */
+    uint8_t op;
+    uint8_t kind;
+    int8_t device; /* -1: pinned host memory */
+    uint8_t flags;
+    uint32_t stack_id;
+    uint16_t thread_idx;
+    uint16_t label_id;
+    uint64_t address;
+    uint64_t size;
+} mvz_event;
+#pragma pack(pop)
+_Static_assert(sizeof(mvz_event) == 32, "trace events are 32 bytes");
 
 typedef struct {
     uint32_t stack_id;
@@ -135,6 +169,20 @@ int mvz_store_stack_frames(uint32_t id, mvz_frame *out, int cap);
 size_t mvz_store_mark_dying(void *code);
 /* Replace each dying frame of `code` at `offset` by `resolved(offset)`. */
 void mvz_store_resolve_dying(void *code, void *(*resolve)(void *code, int32_t offset));
+
+/* Step marks (with the GIL): per-device window peaks restart at the current
+ * value and the stacks whose live memory changed since the previous mark are
+ * copied out (malloc'd; the caller frees). Returns the count or -1. */
+long mvz_store_step_mark(mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes);
+
+/* Trace events: while on, every alloc/free/failure is also appended to a
+ * bounded ring (preallocated; when full, events are counted as dropped and a
+ * GAP record marks the hole). Drain encodes them as mvz_event records into a
+ * malloc'd buffer (the caller frees) and returns its length, or -1. */
+int mvz_store_trace_enable(size_t capacity);
+void mvz_store_trace_disable(void);
+long mvz_store_trace_drain(uint8_t **out);
+uint32_t mvz_store_stack_count(void);
 
 /* Fork support: the child starts with the lock free and the store empty of
  * in-flight state. */
