@@ -122,10 +122,19 @@ class Tracker:
         activity: also read CUPTI activity records (static module memory).
         frame_filter: decides "the user's line" in statistics; defaults to
             ``memviz.frames``.
+        trace: a path: stream a .memviz trace file there while tracking
+            (flushed at least every second; readable with memviz.load()).
+        precise: put PyTorch's allocator on the driver's stream-ordered pool
+            (``backend:cudaMallocAsync``) so every tensor is a driver call;
+            must be chosen before CUDA initialises.
+        torch: install the PyTorch integration (autograd op labels, categories,
+            graph residency) when torch is imported; None means "if torch is
+            already imported".
     """
 
     def __init__(self, *, gpu: bool = True, depth: int = _DEFAULT_DEPTH, activity: bool = True,
-                 frame_filter: Optional[FrameFilter] = None) -> None:
+                 frame_filter: Optional[FrameFilter] = None, trace: Optional[str] = None,
+                 precise: bool = False, torch: Optional[bool] = None) -> None:
         if not isinstance(depth, int) or not 1 <= depth <= _core.MAX_DEPTH:
             raise ValueError(f"depth must be an int between 1 and {_core.MAX_DEPTH}, got {depth!r}")
         self.gpu_requested = bool(gpu)
@@ -141,6 +150,13 @@ class Tracker:
         self._running = False
         self._frozen: Optional[_Frozen] = None
         self._forked = False
+        self.trace_path = os.fspath(trace) if trace is not None else None
+        self.precise = bool(precise)
+        self.torch_integration = torch
+        #: per-step records (see step()); filled by memviz._steps
+        self.steps: List[Any] = []
+        #: objects with on_start(tracker) / on_stop(tracker) / on_freeze(tracker)
+        self._plugins: List[Any] = []
 
     # -- lifecycle --------------------------------------------------------
 
@@ -160,8 +176,8 @@ class Tracker:
             _ensure_core()
             # The store is about to be reused: keep the previous tracker readable.
             prev = _latest() if _latest is not None else None
-            if prev is not None and prev is not self and prev._frozen is None:
-                prev._frozen = _Frozen()
+            if prev is not None and prev is not self:
+                prev._freeze()
             _core.clear()
             self._started_where = _caller_location()
             SEEN_THREADS.clear()
@@ -169,6 +185,14 @@ class Tracker:
             _watch_threads(True)
             self.started_ns = time.monotonic_ns()
             self._running = True
+            try:
+                self._start_plugins()
+            except BaseException:
+                self._running = False
+                _watch_threads(False)
+                if self.gpu_enabled:
+                    _core.stop()
+                raise
             _active = self
             _latest = weakref.ref(self)
         return self
@@ -217,6 +241,8 @@ class Tracker:
                 _watch_threads(False)
                 for t in threading.enumerate():
                     _note_thread(t)
+                for plugin in reversed(self._plugins):
+                    plugin.on_stop(self)
                 if self.gpu_enabled and not self._forked:
                     _core.stop()
             finally:
@@ -225,6 +251,50 @@ class Tracker:
                 if _active is self:
                     _active = None
         return self
+
+    def _start_plugins(self) -> None:
+        # Precise mode must act before CUDA initialises, so it comes first.
+        if self.precise or self.torch_integration or (
+                self.torch_integration is None and "torch" in sys.modules):
+            from .torch import integration
+            integration.attach(self)
+        if self.trace_path is not None:
+            from ._trace import TraceWriter
+            self._plugins.append(TraceWriter(self, self.trace_path))
+        for plugin in self._plugins:
+            if hasattr(plugin, "on_start"):
+                plugin.on_start(self)
+
+    # -- integrations (each lives in its own module) ----------------------
+
+    def step(self, **info: Any) -> Any:
+        """Mark the end of a training step; returns its record (see memviz.StepRecord)."""
+        from ._steps import record_step
+        return record_step(self, **info)
+
+    def diagnose(self) -> List[Any]:
+        """Findings about this run (growth, fragmentation, spikes, ...)."""
+        from ._diagnose import diagnose
+        return diagnose(self)
+
+    def save(self, path: str) -> None:
+        """Write what this tracker recorded to a .memviz trace file."""
+        from ._trace import save
+        save(self, path)
+
+    def to_perfetto(self, path: str) -> None:
+        """Chrome trace JSON for Perfetto / chrome://tracing."""
+        from .export.perfetto import write
+        write(self, path)
+
+    def to_torch_snapshot(self, path: str) -> None:
+        """A pickle in torch.cuda.memory._dump_snapshot's format (PyTorch's memory_viz)."""
+        from .export.torch_snapshot import write
+        write(self, path)
+
+    def _repr_html_(self) -> str:
+        from .report.html import tracker_repr_html
+        return tracker_repr_html(self)
 
     def __enter__(self) -> "Tracker":
         return self.start()
@@ -316,8 +386,11 @@ class Tracker:
         return list(src.timeline) if src is not None else _core.timeline()
 
     def capture_info(self) -> Dict[str, Any]:
-        """What this tracker captured with, and memviz's own memory."""
-        info = capture_info()
+        """What this tracker captured with, and memviz's own memory.
+
+        Loads nothing: a tracker that ran without GPU capture reports the
+        library state as it is (capture_info() at module level probes)."""
+        info = capture_info(probe=False)
         src = self._source() if self.started_ns is not None else None
         stats = src.stats if src is not None else (_core.stats() if _initialized else {})
         info.update(
@@ -333,6 +406,9 @@ class Tracker:
     def _freeze(self) -> None:
         if self._frozen is None:
             self._frozen = _Frozen()
+            for plugin in self._plugins:
+                if hasattr(plugin, "on_freeze"):
+                    plugin.on_freeze(self)
 
     def __repr__(self) -> str:
         state = "running" if self._running else ("stopped" if self.started_ns else "new")
@@ -364,10 +440,10 @@ def _caller_location() -> str:
     return f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "?"
 
 
-def track(*, gpu: bool = True, depth: int = _DEFAULT_DEPTH, activity: bool = True,
-          frame_filter: Optional[FrameFilter] = None) -> Tracker:
-    """A tracker to use as ``with memviz.track() as t:``; see :class:`Tracker`."""
-    return Tracker(gpu=gpu, depth=depth, activity=activity, frame_filter=frame_filter)
+def track(**kwargs: Any) -> Tracker:
+    """A tracker to use as ``with memviz.track() as t:``; see :class:`Tracker`
+    for the options (gpu, depth, activity, frame_filter, trace, precise, torch)."""
+    return Tracker(**kwargs)
 
 
 def start(**kwargs) -> Tracker:
@@ -433,13 +509,18 @@ def available() -> bool:
     return True
 
 
-def capture_info() -> Dict[str, Any]:
-    """Whether CUPTI loaded, which file, which version, and why not."""
+def capture_info(probe: bool = True) -> Dict[str, Any]:
+    """Whether CUPTI loaded, which file, which version, and why not.
+
+    With ``probe`` (the default) this tries to load libcupti when a GPU is
+    present and it is not loaded yet, so the answer is definite."""
     present, why = _capture.gpu_present()
     lib = _capture.loaded()
     reason = None
     if lib is None:
-        if os.environ.get(_capture.ENV_LIBRARY) or present:
+        if not probe:
+            reason = "libcupti is not loaded (no tracker has captured GPU allocations yet)"
+        elif os.environ.get(_capture.ENV_LIBRARY) or present:
             try:
                 lib = _capture.load()
             except CaptureUnavailable as e:

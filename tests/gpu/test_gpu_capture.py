@@ -157,8 +157,9 @@ def test_out_of_memory_is_recorded_with_size_and_line():
         import torch
         torch.ones(1, device="cuda")
         with memviz.track() as t:
+            line = here() + 2
             try:
-                torch.empty(1 << 50, dtype=torch.uint8, device="cuda"); line = here()
+                torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
             except RuntimeError:  # OutOfMemoryError, or AcceleratorError without caching
                 pass
         f = [x for x in t.failures if x.size >= 1 << 50]
