@@ -35,6 +35,22 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Name
 from ._frames import FrameFilter, frames as _default_filter
 from ._units import format_size
 
+#: Labels set by the autograd integration start with this character and
+#: carry "node\x1fforward line"; everything else is a user label.
+AUTOGRAD_LABEL = "\x01"
+
+
+def encode_node_label(node: str, forward: Optional[str]) -> str:
+    return f"{AUTOGRAD_LABEL}{node}\x1f{forward or ''}"
+
+
+def decode_label(label: Optional[str]) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+    """(user label, autograd node, forward line) of a raw label."""
+    if not label or label[0] != AUTOGRAD_LABEL:
+        return label, None, None
+    node, _, forward = label[1:].partition("\x1f")
+    return None, node or None, forward or None
+
 __all__ = [
     "Frame", "Traceback", "ThreadInfo", "Allocation", "Statistic", "StatisticDiff",
     "Snapshot", "snapshot_from_raw", "KIND_NAMES", "KEY_TYPES",
@@ -43,7 +59,8 @@ __all__ = [
 #: kind_code of a raw row -> Allocation.kind
 KIND_NAMES: Tuple[str, ...] = ("device", "host", "managed", "static", "physical")
 #: key types accepted by Snapshot.statistics() and compare_to()
-KEY_TYPES: Tuple[str, ...] = ("lineno", "filename", "traceback", "label", "device", "kind", "thread")
+KEY_TYPES: Tuple[str, ...] = ("lineno", "filename", "traceback", "label", "device", "kind", "thread",
+                               "category", "autograd_node")
 _FRAME_KEYS = ("lineno", "filename", "traceback")
 _CUMULATIVE_KEYS = ("lineno", "filename")
 
@@ -168,6 +185,14 @@ class Allocation(NamedTuple):
         timestamp_ns: when it was made.
         traceback: the Python stack (empty when the thread had no Python frames).
         seq: capture sequence number (orders allocations).
+        autograd_node: the backward node running when it was made
+            (``"MmBackward0"``), or None outside backward.
+        forward: for backward allocations, the forward line that created the
+            node (``"train.py:42"``), when known.
+        category: what the memory is (``"parameter"``, ``"gradient"``,
+            ``"optimizer_state"``, ``"activation"``, ``"temporary"``,
+            ``"other_pytorch"``, ``"outside_pytorch"``...), when the PyTorch
+            integration could tell; else None.
     """
 
     address: int
@@ -180,6 +205,9 @@ class Allocation(NamedTuple):
     timestamp_ns: int
     traceback: Traceback
     seq: int = 0
+    autograd_node: Optional[str] = None
+    forward: Optional[str] = None
+    category: Optional[str] = None
 
     @property
     def user_frame(self) -> Optional[Frame]:
@@ -256,6 +284,9 @@ _SIMPLE_KEYS: Dict[str, Callable[[Allocation], Any]] = {
     "device": lambda a: a.device,
     "kind": lambda a: a.kind,
     "thread": lambda a: a.thread.name,
+    "category": lambda a: a.category or "<unknown>",
+    "autograd_node": lambda a: (f"{a.autograd_node} ({a.forward})" if a.forward else a.autograd_node)
+    if a.autograd_node else "<not in backward>",
 }
 
 
@@ -569,8 +600,13 @@ def snapshot_from_raw(
     kind_map = _KindMap(enumerate(KIND_NAMES))
     new = tuple.__new__
     A = Allocation
+    decoded: Dict[Optional[str], Tuple[Optional[str], Optional[str], Optional[str]]] = {}
+    for r in rows:
+        if r[6] not in decoded:
+            decoded[r[6]] = decode_label(r[6])
     allocations = [
-        new(A, (addr, size, dev, kind_map[kc], stream, thread_map[tidx], label, ts, tb_by_id[sid], seq))
+        new(A, (addr, size, dev, kind_map[kc], stream, thread_map[tidx], decoded[label][0], ts,
+                tb_by_id[sid], seq, decoded[label][1], decoded[label][2], None))
         for addr, size, dev, kc, stream, tidx, label, ts, sid, seq in rows
     ]
     return Snapshot(allocations, timestamp_ns=timestamp_ns, devices=devices, frame_filter=frame_filter)
