@@ -54,12 +54,22 @@ def build(torch):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["none", "memviz", "torch_history", "memviz_precise"], default="none")
+    ap.add_argument("--mode", default="none", choices=[
+        "none", "precise_untracked", "memviz", "memviz_precise", "memviz_precise_noautograd",
+        "torch_history", "torch_profiler_memory"])
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=512)
     a = ap.parse_args()
+
+    tracker = None
+    if a.mode.startswith("memviz"):
+        import memviz  # started before `import torch` so precise mode can choose the allocator
+        tracker = memviz.track(precise="precise" in a.mode,
+                               torch=False if a.mode.endswith("noautograd") else None).start()
+    elif a.mode == "precise_untracked":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
 
     import torch
 
@@ -78,12 +88,14 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    tracker = None
-    if a.mode.startswith("memviz"):
-        import memviz
-        tracker = memviz.track().start()
-    elif a.mode == "torch_history":
+    prof = None
+    if a.mode == "torch_history":
         torch.cuda.memory._record_memory_history(stacks="python")
+    elif a.mode == "torch_profiler_memory":
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                  torch.profiler.ProfilerActivity.CUDA],
+                                      profile_memory=True)
+        prof.__enter__()
 
     times = []
     for i in range(a.warmup + a.steps):
@@ -94,17 +106,19 @@ def main():
         if i >= a.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
 
-    extra = {}
+    extra = {"backend": torch.cuda.get_allocator_backend()}
+    if prof is not None:
+        prof.__exit__(None, None, None)
     if tracker is not None:
         tracker.stop()
         info = tracker.capture_info()
-        extra = {"calls": info["store"]["calls"], "memviz_bytes": info["store"]["bytes_used"],
-                 "live": info["store"]["live"], "peak": tracker.peak_bytes()}
+        extra.update({"calls": info["store"]["calls"], "memviz_bytes": info["store"]["bytes_used"],
+                      "live": info["store"]["live"], "peak": tracker.peak_bytes()})
     elif a.mode == "torch_history":
         t0 = time.perf_counter()
         snap = torch.cuda.memory._snapshot()
-        extra = {"snapshot_s": time.perf_counter() - t0,
-                 "trace_entries": sum(len(t) for t in snap["device_traces"])}
+        extra.update({"snapshot_s": time.perf_counter() - t0,
+                      "trace_entries": sum(len(t) for t in snap["device_traces"])})
         torch.cuda.memory._record_memory_history(enabled=None)
     print(json.dumps({"mode": a.mode, "median_ms": statistics.median(times), "times_ms": times,
                       "max_allocated": torch.cuda.max_memory_allocated(), **extra}))

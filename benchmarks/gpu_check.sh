@@ -20,7 +20,7 @@ $PY -m pytest tests -q -x --ignore=tests/gpu -p no:cacheprovider > "$OUT/cpu_tes
 tail -3 "$OUT/cpu_tests.log"
 
 echo "== GPU suite"
-$PY -m pytest tests/gpu -m gpu -v -s -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
+$PY -m pytest ${GPU_TESTS:-tests/gpu} -m gpu -v -s -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
 grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|static module" "$OUT/gpu_tests.log" | tail -40
 
 echo "== demo"
@@ -29,5 +29,6 @@ tail -40 "$OUT/demo.log"
 
 if [ "${1:-quick}" = full ]; then
   echo "== benchmarks"
-  $PY benchmarks/run_train_bench.py --out "$OUT/train_bench.json" 2>&1 | tail -30
+  $PY benchmarks/run_train_bench.py --rounds ${ROUNDS:-3} --modes ${MODES:-none,memviz,torch_history} \
+      --out "$OUT/train_bench.json" 2>&1 | tail -30
 fi

@@ -11,12 +11,14 @@ Quick start::
 See README.md for the command line (``python -m memviz run script.py``).
 """
 
-from ._errors import AlreadyTracking, CaptureConflict, CaptureUnavailable, MemvizError, NotTracking
+from ._errors import (AlreadyTracking, CaptureConflict, CaptureUnavailable, MemvizError, NotTracking,
+                      TraceError)
 from ._frames import FrameFilter, frames
 from ._snapshot import (Allocation, Frame, Snapshot, Statistic, StatisticDiff, ThreadInfo,
                         Traceback)
 from ._tracker import (CaptureWarning, FailedAllocation, Tracker, active_tracker, available,
                        capture_info, label, start, stop, track)
+from ._trace import load
 from ._units import format_size, parse_size
 
 __version__ = "0.1.0"
@@ -26,5 +28,5 @@ __all__ = [
     "Tracker", "Snapshot", "Statistic", "StatisticDiff", "Allocation", "Frame", "Traceback",
     "ThreadInfo", "FailedAllocation", "FrameFilter", "frames",
     "MemvizError", "CaptureUnavailable", "CaptureConflict", "AlreadyTracking", "NotTracking",
-    "CaptureWarning", "format_size", "parse_size",
+    "CaptureWarning", "format_size", "parse_size", "load", "TraceError",
 ]

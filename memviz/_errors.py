@@ -15,6 +15,7 @@ __all__ = [
     "CaptureConflict",
     "AlreadyTracking",
     "NotTracking",
+    "TraceError",
 ]
 
 
@@ -125,3 +126,37 @@ class NotTracking(MemvizError):
                 "and call stop() once per start()."
             )
         super().__init__(message)
+
+
+class TraceError(MemvizError):
+    """A .memviz trace file cannot be read (or written).
+
+    Raised for a file that is not a memviz trace, was written by a newer
+    memviz, or is corrupted; the message names the file and the byte offset
+    where reading stopped. A trace whose *tail* is missing (the process was
+    killed while writing) is not an error: :func:`memviz.load` returns what was
+    complete and sets ``.truncated``.
+
+    Attributes:
+        path: the file (``None`` when reading bytes in memory).
+        offset: the byte offset of the problem in the file, or ``None`` when
+            it concerns the whole file (e.g. it cannot be opened).
+        reason: the problem, without the file name and offset.
+    """
+
+    def __init__(self, reason: str, path: Optional[str] = None, offset: Optional[int] = None,
+                 hint: Optional[str] = None) -> None:
+        self.reason = reason
+        self.path = path
+        self.offset = offset
+        self.hint = hint
+        where = f"memviz trace {path!r}" if path is not None else "memviz trace"
+        if offset is not None:
+            where += f" at byte {offset:,}"
+        message = f"{where}: {reason.rstrip('.')}."
+        if hint:
+            message += f" What to do: {hint}"
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (self.reason, self.path, self.offset, self.hint))

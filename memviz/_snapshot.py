@@ -320,6 +320,16 @@ class Snapshot:
             self.devices = {d: None for d in devices}
         self.frame_filter = frame_filter
 
+    #: tensors autograd graphs held when the snapshot was taken (PyTorch integration)
+    graph_records: list = []
+    #: PyTorch's own figures per device (allocated, reserved, active), when known
+    torch_stats: dict = {}
+
+    def graph_resident(self) -> list:
+        """Tensors the autograd graph keeps for backward (any device, CPU too),
+        each with its size and the line that saved it; see memviz.torch.graph."""
+        return list(self.graph_records)
+
     # -- container protocol ------------------------------------------------
 
     def __len__(self) -> int:

@@ -253,9 +253,11 @@ class Tracker:
         return self
 
     def _start_plugins(self) -> None:
-        # Precise mode must act before CUDA initialises, so it comes first.
-        if self.precise or self.torch_integration or (
-                self.torch_integration is None and "torch" in sys.modules):
+        # Precise mode must act before PyTorch loads its allocator: first.
+        if self.precise:
+            from .torch import precise
+            self.precise_how = precise.enable()
+        if self.torch_integration or (self.torch_integration is None and _torch_installed()):
             from .torch import integration
             integration.attach(self)
         if self.trace_path is not None:
@@ -324,11 +326,37 @@ class Tracker:
             _core.flush()
         return _core.live(), _core.resolve, _core.threads()
 
-    def snapshot(self) -> Snapshot:
-        """The allocations live now (or when the tracker stopped)."""
+    def snapshot_raw(self) -> Snapshot:
+        """The live allocations, without the PyTorch integration's categories."""
         rows, resolve, threads = self._live_rows()
         return snapshot_from_raw(rows, resolve, threads, self.frame_filter,
                                  timestamp_ns=time.monotonic_ns())
+
+    def snapshot(self) -> Snapshot:
+        """The allocations live now (or when the tracker stopped).
+
+        With the PyTorch integration each allocation carries its category,
+        the snapshot carries PyTorch's own figures (``snap.torch_stats``) and
+        ``snap.graph_resident()`` lists what autograd graphs keep."""
+        return self._decorate(self.snapshot_raw(), live_now=True)
+
+    def _decorate(self, snap: Snapshot, live_now: bool) -> Snapshot:
+        integ = getattr(self, "torch", None)
+        if integ is not None and self._frozen is None:
+            snap = integ.categorize(snap, live_now=live_now)
+        graph = getattr(self, "graph", None)
+        snap.graph_records = graph.resident() if graph is not None else []
+        return snap
+
+    @property
+    def oom_report(self):
+        """What memory looked like when an allocation failed inside the block
+        (PyTorch's out-of-memory, or a failed driver call), or None."""
+        integ = getattr(self, "torch", None)
+        if integ is not None and integ.oom_report is not None:
+            return integ.oom_report
+        from .torch.oom import from_failure
+        return from_failure(self)
 
     def peak_snapshot(self, device: Optional[int] = None) -> Snapshot:
         """The allocations live at the moment of a device's peak.
@@ -344,7 +372,8 @@ class Tracker:
         resolve = src.resolve if src is not None else _core.resolve
         threads = src.threads if src is not None else _core.threads()
         ts = max((totals[d]["peak_timestamp_ns"] for d in devices if d in totals), default=None)
-        return snapshot_from_raw(rows, resolve, threads, self.frame_filter, timestamp_ns=ts)
+        snap = snapshot_from_raw(rows, resolve, threads, self.frame_filter, timestamp_ns=ts)
+        return self._decorate(snap, live_now=False)
 
     def totals(self) -> Dict[int, Dict[str, int]]:
         """Per device (-1: pinned host memory): current, peak, allocs, frees, failed, ..."""
@@ -419,6 +448,16 @@ class Tracker:
         except Exception:  # noqa: BLE001 - repr must not raise
             cur = peak = "?"
         return f"<memviz.Tracker {state}, {gpu}, current={cur}, peak={peak}>"
+
+
+def _torch_installed() -> bool:
+    if "torch" in sys.modules:
+        return True
+    import importlib.util
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _hint_for(result: int) -> str:

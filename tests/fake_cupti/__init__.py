@@ -268,6 +268,7 @@ _SIGNATURES = {
     "fake_alloc_in_native_thread": (c_uint64, [c_int, c_uint64, c_int, c_char_p]),
     "fake_alloc_in_native_thread_after": (c_uint64, [c_void_p, c_int, c_uint64, c_int, c_char_p]),
     "fake_alloc_free_loop": (c_uint64, [c_int, c_int, c_uint64, c_uint64]),
+    "fake_alloc_at": (c_uint64, [c_int, c_uint64, c_uint64]),
     "fake_alloc_many_in_native_threads": (c_int, [c_int, c_int, c_uint64]),
     "fake_emit_memory2": (
         None,
@@ -378,6 +379,10 @@ class FakeCupti:
         cb = CFUNCTYPE(None)(before)  # kept alive for the call
         return self.lib.fake_alloc_in_native_thread_after(
             ctypes.cast(cb, c_void_p), cbid, size, device, _b(thread_name))
+
+    def alloc_at(self, address: int, size: int, cbid: int = CBID_cuMemAllocAsync) -> int:
+        """An allocation the "driver" places at ``address`` (a real tensor's storage)."""
+        return self._c.fake_alloc_at(cbid, address, size)
 
     def alloc_free_loop(self, n: int, size: int = 4096, cbid_alloc: int = CBID_cuMemAlloc_v2,
                         cbid_free: int = CBID_cuMemFree_v2) -> int:

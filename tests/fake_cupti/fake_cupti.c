@@ -344,6 +344,8 @@ API void fake_set_device(int device) {
     tl_device_epoch = atomic_load(&g_epoch);
 }
 
+static _Thread_local uint64_t tl_forced_addr; /* fake_alloc_at: next address to hand out */
+
 API uint64_t fake_alloc(int cbid, uint64_t size, uint64_t stream, int result) {
     union {
         mvz_cuMemAlloc_v2_params alloc;
@@ -391,13 +393,23 @@ API uint64_t fake_alloc(int cbid, uint64_t size, uint64_t stream, int result) {
     call_enter(&c, cbid, cbid_name(cbid), &p);
     uint64_t addr = 0;
     if (result == 0) { /* the driver writes its outputs only on success */
-        addr = next_addr(size);
+        addr = tl_forced_addr ? tl_forced_addr : next_addr(size);
+        tl_forced_addr = 0;
         out = addr;
         host = (void *)(uintptr_t)addr;
         pitch = (size_t)size;
     }
     call_exit(&c, result);
     return addr;
+}
+
+/* Like fake_alloc, but the "driver" returns `address` (e.g. a CPU tensor's
+ * storage pointer, so tests can tie fake allocations to real tensors). */
+API uint64_t fake_alloc_at(int cbid, uint64_t address, uint64_t size) {
+    tl_forced_addr = address;
+    uint64_t got = fake_alloc(cbid, size, 0, 0);
+    tl_forced_addr = 0;
+    return got;
 }
 
 API void fake_free(int cbid, uint64_t address, uint64_t stream, int result) {

@@ -1,0 +1,15 @@
+"""Reports of what memviz recorded: a self-contained HTML page and notebook views.
+
+    import memviz
+    with memviz.track() as t:
+        ...
+    memviz.report.write(t, "memviz.html")       # one file, opens offline
+    html = memviz.report.render(t, title="run 3")
+
+Works on a :class:`~memviz.Tracker` (running or stopped) and on anything with
+the same reading API (a trace loaded with ``memviz.load``).
+"""
+
+from .html import findings_repr_html, render, snapshot_repr_html, tracker_repr_html, write
+
+__all__ = ["render", "write", "tracker_repr_html", "snapshot_repr_html", "findings_repr_html"]

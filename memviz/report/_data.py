@@ -1,0 +1,344 @@
+"""What the HTML report shows, aggregated in Python into a small JSON-able dict.
+
+The page gets only aggregates: each timeline series is cut to a few thousand
+points (bucket maxima kept), the flame graph is the peak's stacks merged into
+a tree with tiny branches folded, and tables keep their top rows. So a run
+with millions of events still gives a page of a few hundred kilobytes that
+opens at once.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from .._report import _short_path
+from . import _source as src
+
+__all__ = ["collect"]
+
+TIMELINE_POINTS = 4000
+TABLE_ROWS = 300
+FLAME_MIN_FRACTION = 0.0005  # branches under 0.05% of the root are folded
+FLAME_MAX_NODES = 20000
+_BYTES_KEY = re.compile(r"alloc|reserv|peak|bytes|size|total|current|used|free|memory|live")
+
+
+def _us(ts: Optional[int], t0: int) -> Optional[int]:
+    return None if ts is None else (int(ts) - t0) // 1000
+
+
+def _source_line(filename: str, lineno: int) -> str:
+    if lineno <= 0 or filename.startswith("<"):
+        return ""
+    try:
+        text = linecache.getline(filename, lineno).strip()
+    except Exception:  # noqa: BLE001 - an odd loader must not break the report
+        return ""
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+# -- timeline ---------------------------------------------------------------
+
+
+def _series(name: str, kind: str, ts: List[int], vs: List[float], t0: int,
+            points: int, note: str = "") -> Dict[str, Any]:
+    ts, vs = src.downsample(ts, vs, points)
+    return {"name": name, "kind": kind, "t": [(t - t0) // 1000 for t in ts],
+            "v": [int(v) for v in vs], "note": note}
+
+
+def _category_series(obj: Any, allocs: List[Any], peak_only: List[Any], peak_ts: Dict[int, int],
+                     end_ns: int) -> Tuple[Dict[int, Dict[str, Tuple[List[int], List[int]]]], str]:
+    """{device: {category: (timestamps, live bytes)}} and a note on how exact it is."""
+    changes: Dict[int, Dict[str, List[Tuple[int, int]]]] = {}
+    evs = src.events(obj)
+    if evs is not None:
+        known = {(a.device, a.address, a.timestamp_ns): a.category for a in allocs + peak_only}
+        live: Dict[Tuple[int, int], Tuple[str, int]] = {}
+        for e in evs:
+            if e.op == "alloc":
+                cat = e.category or known.get((e.device, e.address, e.timestamp_ns)) or "<unknown>"
+                live[(e.device, e.address)] = (cat, e.size)
+                changes.setdefault(e.device, {}).setdefault(cat, []).append((e.timestamp_ns, e.size))
+            elif e.op == "free":
+                cat_size = live.pop((e.device, e.address), None)
+                if cat_size is not None:
+                    changes[e.device][cat_size[0]].append((e.timestamp_ns, -cat_size[1]))
+        note = "from the recorded events"
+    else:
+        for a in allocs + peak_only:  # live at the end, or at the peak only (freed after it)
+            per = changes.setdefault(a.device, {}).setdefault(a.category or "<unknown>", [])
+            per.append((a.timestamp_ns, a.size))
+        for a in peak_only:
+            changes[a.device][a.category or "<unknown>"].append(
+                (peak_ts.get(a.device, end_ns) + 1, -a.size))
+        note = ("from the allocations live at the peak or at the end: exact at the peak and "
+                "at the end, a lower bound elsewhere (record a trace for exact lines)")
+    out: Dict[int, Dict[str, Tuple[List[int], List[int]]]] = {}
+    for dev, cats in changes.items():
+        for cat, ch in cats.items():
+            ch.sort(key=lambda c: c[0])
+            ts, vs, cur = [], [], 0
+            for t, d in ch:
+                cur += d
+                if ts and ts[-1] == t:
+                    vs[-1] = cur
+                else:
+                    ts.append(t)
+                    vs.append(cur)
+            ts.append(end_ns)
+            vs.append(cur)
+            out.setdefault(dev, {})[cat] = (ts, vs)
+    return out, note
+
+
+def _timeline(obj: Any, totals: Dict[int, Dict[str, int]], timeline: List[tuple], t0: int,
+              t1: int, steps: List[Dict[str, Any]], allocs: List[Any], peak_only: List[Any],
+              points: int) -> Dict[str, Any]:
+    per_dev: Dict[int, Tuple[List[int], List[int]]] = {}
+    for ts, dev, live in timeline:
+        t, v = per_dev.setdefault(dev, ([], []))
+        t.append(ts)
+        v.append(live)
+    peak_ts = {d: tot.get("peak_timestamp_ns") or t1 for d, tot in totals.items()}
+    cats: Dict[int, Dict[str, Tuple[List[int], List[int]]]] = {}
+    cat_note = ""
+    if any(a.category for a in allocs) or any(a.category for a in peak_only):
+        cats, cat_note = _category_series(obj, allocs, peak_only, peak_ts, t1)
+    gpus = sorted(d for d in set(totals) | set(per_dev) if d >= 0)
+    devices = gpus + sorted(d for d in set(totals) | set(per_dev) if d < 0)
+    charts = []
+    for dev in devices:
+        ts, vs = per_dev.get(dev, ([], []))
+        ts, vs = list(ts), list(vs)
+        if not ts or ts[0] > t0:
+            ts.insert(0, t0)
+            vs.insert(0, 0)
+        tot = totals.get(dev, {})
+        if ts[-1] < t1:
+            ts.append(t1)
+            vs.append(tot.get("current", vs[-1]))
+        series = [_series("live (memviz)", "total", ts, vs, t0, points)]
+        for cat, (cts, cvs) in sorted(cats.get(dev, {}).items()):
+            series.append(_series(cat, "category", cts, cvs, t0, points, cat_note))
+        for name, _keys in src.STEP_SERIES:
+            for key, label in ((dev, name), (None, f"{name} (all devices)")):
+                if key is None and (not gpus or dev != gpus[0]):
+                    continue
+                pts = [(s["timestamp_ns"], s["series"][name][key]) for s in steps
+                       if s["timestamp_ns"] is not None and key in s["series"].get(name, {})]
+                if pts:
+                    series.append(_series(label, "step", [p[0] for p in pts],
+                                          [p[1] for p in pts], t0, points))
+        charts.append({"device": dev, "name": src.device_name(dev),
+                       "peak": {"t": _us(peak_ts.get(dev), t0), "v": tot.get("peak", max(vs))},
+                       "series": series})
+    return {"t0_ns": t0, "end": _us(t1, t0), "charts": charts, "category_note": cat_note}
+
+
+# -- flame graph --------------------------------------------------------------
+
+
+class _Names:
+    def __init__(self) -> None:
+        self.index: Dict[tuple, int] = {}
+        self.table: List[list] = []
+
+    def __call__(self, entry: tuple) -> int:
+        i = self.index.get(entry)
+        if i is None:
+            i = self.index[entry] = len(self.table)
+            self.table.append(list(entry))
+        return i
+
+
+def _flame(allocs: List[Any], names: _Names) -> list:
+    """The icicle tree: [name index, bytes, count, children], root first."""
+    buckets: Dict[Any, list] = {}
+    for a in allocs:
+        tb = a.traceback
+        key = id(tb) if tb else (a.thread.name, a.autograd_node, a.forward, a.label, a.kind)
+        b = buckets.get(key)
+        if b is None:
+            buckets[key] = [a.size, 1, a]
+        else:
+            b[0] += a.size
+            b[1] += 1
+    root: list = [names(("all", "", 0)), 0, 0, {}]
+    for size, count, a in buckets.values():
+        if a.traceback:
+            path = [names((f.name or "?", f.filename, f.lineno)) for f in reversed(a.traceback)]
+        else:
+            path = [names((f"<thread {a.thread.name}>", "", 0))]
+            if a.autograd_node:
+                fwd = f" (forward {a.forward})" if a.forward else ""
+                path.append(names((f"[backward {a.autograd_node}{fwd}]", "", 0)))
+            if a.label:
+                path.append(names((f"[label {a.label}]", "", 0)))
+            if a.kind != "device":
+                path.append(names((f"[{a.kind} memory]", "", 0)))
+        node = root
+        node[1] += size
+        node[2] += count
+        for n in path:
+            child = node[3].get(n)
+            if child is None:
+                child = node[3][n] = [n, 0, 0, {}]
+            child[1] += size
+            child[2] += count
+            node = child
+    min_value = root[1] * FLAME_MIN_FRACTION
+    budget = [FLAME_MAX_NODES]
+
+    def pack(node: list) -> list:
+        budget[0] -= 1
+        kids = sorted(node[3].values(), key=lambda c: -c[1])
+        out, small_v, small_c, small_n = [], 0, 0, 0
+        for c in kids:
+            if c[1] >= min_value and budget[0] > 0:
+                out.append(pack(c))
+            else:
+                small_v, small_c, small_n = small_v + c[1], small_c + c[2], small_n + 1
+        if small_n:
+            out.append([names((f"[{small_n} smaller]", "", 0)), small_v, small_c])
+        return [node[0], node[1], node[2], out] if out else [node[0], node[1], node[2]]
+
+    return pack(root)
+
+
+# -- tables -------------------------------------------------------------------
+
+
+def _table(stats: List[Any], total: int, key_name: str, rows: int) -> Dict[str, Any]:
+    cols = [{"key": key_name, "type": "text"}, {"key": "size", "type": "bytes"},
+            {"key": "count", "type": "int"}, {"key": "average", "type": "bytes"},
+            {"key": "share", "type": "pct"}]
+    data = [[str(s.key), s.size, s.count, s.size // max(s.count, 1),
+             round(100.0 * s.size / total, 2) if total else 0.0] for s in stats[:rows]]
+    return {"columns": cols, "rows": data, "more": max(len(stats) - rows, 0)}
+
+
+def _line_table(stats: List[Any], total: int, rows: int) -> Dict[str, Any]:
+    cols = [{"key": "line", "type": "text"}, {"key": "function", "type": "text"},
+            {"key": "source", "type": "code"}, {"key": "size", "type": "bytes"},
+            {"key": "count", "type": "int"}, {"key": "average", "type": "bytes"},
+            {"key": "share", "type": "pct"}]
+    data = []
+    for s in stats[:rows]:
+        f = s.key
+        lineno = f.lineno or 0
+        shown = (f.filename if f.filename.startswith("<")
+                 else f"{_short_path(f.filename)}:{lineno if lineno > 0 else '?'}")
+        data.append([shown, f.name, _source_line(f.filename, lineno), s.size, s.count,
+                     s.size // max(s.count, 1), round(100.0 * s.size / total, 2) if total else 0.0,
+                     f.filename])
+    return {"columns": cols, "rows": data, "more": max(len(stats) - rows, 0), "title_col": 7}
+
+
+def _tables(peak: Any, end: Any, rows: int) -> Dict[str, Any]:
+    total = peak.total_bytes()
+    out = {"lines": _line_table(peak.statistics("lineno"), total, rows)}
+    for name, key in (("autograd nodes", "autograd_node"), ("categories", "category"),
+                      ("labels", "label"), ("threads", "thread"), ("kinds", "kind")):
+        out[name] = _table(peak.statistics(key), total, key.replace("_", " "), rows)
+    if end is not None:
+        out["live at end"] = _line_table(end.statistics("lineno"), end.total_bytes(), rows)
+    return out
+
+
+# -- the rest -------------------------------------------------------------------
+
+
+def _failures(obj: Any, t0: int) -> List[list]:
+    rows = []
+    for f in list(getattr(obj, "failures", None) or ())[-TABLE_ROWS:]:
+        frame = f.traceback.user_frame if f.traceback else None
+        source = _source_line(frame.filename, frame.lineno or 0) if frame is not None else ""
+        rows.append([_us(f.timestamp_ns, t0), f.size, src.device_name(f.device), f.kind,
+                     src.where(f), source, f"CUDA error {getattr(f, 'result', '?')}",
+                     getattr(f.thread, "name", str(f.thread)), f.label or "",
+                     "\n".join(f.traceback.format()) if f.traceback else ""])
+    return rows
+
+
+def _steps_table(steps: List[Dict[str, Any]], t0: int) -> Dict[str, Any]:
+    keys: List[str] = []
+    for s in steps:
+        for k in s["fields"]:
+            if k not in keys and len(keys) < 12:
+                keys.append(k)
+    cols = [{"key": "step", "type": "text"}, {"key": "time", "type": "time"}]
+    for k in keys:
+        sample = next((s["fields"][k] for s in steps if k in s["fields"]), None)
+        numeric = isinstance(sample, (int, float)) and not isinstance(sample, bool)
+        cols.append({"key": k, "type": ("bytes" if numeric and _BYTES_KEY.search(k)
+                                        else "num" if numeric else "text")})
+    rows = [[str(s["index"]), _us(s["timestamp_ns"], t0) if s["timestamp_ns"] else None]
+            + [s["fields"].get(k) if isinstance(s["fields"].get(k), (int, float)) else
+               (str(s["fields"][k]) if k in s["fields"] else "") for k in keys]
+            for s in steps[-2000:]]
+    return {"columns": cols, "rows": rows, "more": max(len(steps) - 2000, 0)}
+
+
+def _meta(obj: Any, title: Optional[str], t0: int, t1: int) -> Dict[str, Any]:
+    try:
+        info = src.call(obj, "capture_info", default={}) or {}
+    except Exception:  # noqa: BLE001 - the header must not break the report
+        info = {}
+    gpu = getattr(obj, "gpu_enabled", info.get("gpu_enabled"))
+    reason = getattr(obj, "gpu_off_reason", None) or info.get("gpu_off_reason") or info.get("reason")
+    store = info.get("store") or {}
+    path = getattr(obj, "path", None)
+    return {
+        "title": title or (f"memviz report: {os.path.basename(str(path))}" if path else "memviz report"),
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "duration_s": round((t1 - t0) / 1e9, 3),
+        "running": bool(getattr(obj, "running", False)),
+        "gpu_enabled": gpu,
+        "gpu_off_reason": None if gpu else reason,
+        "library": info.get("library"),
+        "cupti_version": info.get("version"),
+        "depth": getattr(obj, "depth", info.get("depth")),
+        "dropped": int(store.get("dropped_allocs", 0) or 0) + int(store.get("dropped_stacks", 0) or 0),
+        "unmatched_frees": int(store.get("unmatched_frees", 0) or 0),
+    }
+
+
+def collect(obj: Any, title: Optional[str] = None, *, points: int = TIMELINE_POINTS,
+            rows: int = TABLE_ROWS, live_at_end: bool = True) -> Dict[str, Any]:
+    """Everything the HTML report draws, from a Tracker or a loaded trace."""
+    totals = {int(d): dict(t) for d, t in obj.totals().items()}
+    timeline = list(obj.timeline())
+    t0, t1 = src.time_range(obj, timeline, totals)
+    peak = obj.peak_snapshot()
+    end = obj.snapshot() if live_at_end else None
+    allocs = list(end.allocations) if end is not None else []
+    seen = {(a.device, a.address, a.timestamp_ns) for a in allocs}
+    peak_only = [a for a in peak.allocations if (a.device, a.address, a.timestamp_ns) not in seen]
+    steps = src.steps(obj)
+    found, why_none = src.findings(obj)
+    names = _Names()
+    by_dev: Dict[int, List[Any]] = {}
+    for a in peak.allocations:
+        by_dev.setdefault(a.device, []).append(a)
+    flames = [{"device": d, "name": src.device_name(d), "tree": _flame(by_dev[d], names)}
+              for d in sorted(by_dev, key=lambda d: (d < 0, d))]
+    return {
+        "meta": _meta(obj, title, t0, t1),
+        "devices": [dict(device=d, name=src.device_name(d), peak_t=_us(t.get("peak_timestamp_ns"), t0),
+                         **{k: t.get(k, 0) for k in ("current", "peak", "allocs", "frees", "failed")})
+                    for d, t in sorted(totals.items(), key=lambda kv: (kv[0] < 0, kv[0]))],
+        "timeline": _timeline(obj, totals, timeline, t0, t1, steps, allocs, peak_only, points),
+        "names": names.table,
+        "flames": flames,
+        "tables": _tables(peak, end, rows),
+        "steps": _steps_table(steps, t0) if steps else None,
+        "findings": found,
+        "findings_note": why_none,
+        "failures": _failures(obj, t0),
+    }
+

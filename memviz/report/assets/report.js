@@ -1,0 +1,391 @@
+/* memviz HTML report: draws the data embedded in #memviz-data.
+ * Plain JavaScript and SVG; no network, no libraries. Every text from the
+ * data goes through textContent or setAttribute, never innerHTML. */
+(function () {
+  'use strict';
+  var D = JSON.parse(document.getElementById('memviz-data').textContent);
+  var NS = 'http://www.w3.org/2000/svg';
+  var main = document.getElementById('mvz-main');
+  var PALETTE = ['#4e79a7', '#f28e2c', '#e15759', '#76b7b2', '#59a14f', '#edc949', '#af7aa1',
+    '#ff9da7', '#9c755f', '#bab0ab'];
+  var STEP_COLORS = {'torch allocated': '#e15759', 'torch reserved': '#f28e2c', 'device total': '#59a14f'};
+
+  function el(tag, attrs, text) {
+    var e = document.createElement(tag);
+    for (var k in attrs || {}) { e.setAttribute(k, attrs[k]); }
+    if (text !== undefined && text !== null) { e.textContent = String(text); }
+    return e;
+  }
+  function sv(tag, attrs, text) {
+    var e = document.createElementNS(NS, tag);
+    for (var k in attrs || {}) { e.setAttribute(k, attrs[k]); }
+    if (text !== undefined && text !== null) { e.textContent = String(text); }
+    return e;
+  }
+  function fmtBytes(n) {
+    if (n === null || n === undefined) { return ''; }
+    var units = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'], v = Math.abs(n), i = 0;
+    while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+    var s = i === 0 ? String(Math.round(v)) : v.toPrecision(3).replace(/\.?0+$/, '');
+    return (n < 0 ? '-' : '') + s + ' ' + units[i];
+  }
+  function fmtTime(us) {
+    if (us === null || us === undefined) { return ''; }
+    var s = us / 1e6;
+    if (Math.abs(s) >= 100) { return s.toFixed(1) + ' s'; }
+    if (Math.abs(s) >= 1) { return s.toFixed(3) + ' s'; }
+    return (us / 1000).toFixed(2) + ' ms';
+  }
+  function fmtInt(n) { return n === null || n === undefined ? '' : Number(n).toLocaleString('en-US'); }
+  function bisect(a, x) { var lo = 0, hi = a.length; while (lo < hi) { var m = (lo + hi) >> 1; if (a[m] <= x) { lo = m + 1; } else { hi = m; } } return lo; }
+  function hash(s) { var h = 0; for (var i = 0; i < s.length; i++) { h = ((h << 5) - h + s.charCodeAt(i)) | 0; } return Math.abs(h); }
+  function basename(p) { var i = p.lastIndexOf('/'); return i >= 0 ? p.slice(i + 1) : p; }
+
+  var tip = el('div', {id: 'mvz-tip'});
+  document.getElementById('memviz').appendChild(tip);
+  function showTip(text, ev) {
+    tip.textContent = text; tip.style.display = 'block';
+    var x = ev.clientX + 14, y = ev.clientY + 14, r = tip.getBoundingClientRect();
+    if (x + r.width > window.innerWidth - 8) { x = Math.max(4, ev.clientX - r.width - 14); }
+    if (y + r.height > window.innerHeight - 8) { y = Math.max(4, ev.clientY - r.height - 14); }
+    tip.style.left = x + 'px'; tip.style.top = y + 'px';
+  }
+  function hideTip() { tip.style.display = 'none'; }
+  function section(title, id) {
+    var s = el('section', {id: id}); s.appendChild(el('h2', {}, title)); main.appendChild(s); return s;
+  }
+
+  /* ---- summary ---------------------------------------------------------- */
+  function summary() {
+    var m = D.meta, s = section('Summary', 'mvz-summary'), parts = [];
+    parts.push('tracked for ' + m.duration_s + ' s' + (m.running ? ' (still running)' : ''));
+    parts.push(m.gpu_enabled ? 'GPU capture on' + (m.library ? ' (' + m.library + ')' : '')
+      : 'GPU capture off' + (m.gpu_off_reason ? ': ' + m.gpu_off_reason : ''));
+    if (m.depth) { parts.push('up to ' + m.depth + ' frames per allocation'); }
+    parts.push('generated ' + m.generated);
+    s.appendChild(el('p', {'class': 'sub'}, parts.join(' \u00b7 ')));
+    if (m.dropped) {
+      s.appendChild(el('p', {'class': 'warn'}, 'memviz\u2019s store was full: ' + fmtInt(m.dropped) +
+        ' allocations or stacks were not recorded, so the numbers here are too low.'));
+    }
+    if (!D.devices.length) {
+      s.appendChild(el('p', {'class': 'note'}, 'No GPU allocation was recorded.')); return;
+    }
+    table(s, {columns: [{key: 'device', type: 'text'}, {key: 'current', type: 'bytes'},
+      {key: 'peak', type: 'bytes'}, {key: 'peak at', type: 'time'}, {key: 'allocs', type: 'int'},
+      {key: 'frees', type: 'int'}, {key: 'failed', type: 'int'}],
+    rows: D.devices.map(function (d) { return [d.name, d.current, d.peak, d.peak_t, d.allocs, d.frees, d.failed]; }),
+    more: 0}, {sortable: false});
+  }
+
+  /* ---- timeline ----------------------------------------------------------- */
+  var view = null, hidden = {}, chartBoxes = [], dragging = null;
+  window.addEventListener('mouseup', function (ev) { if (dragging) { dragging(ev); } });
+  function seriesColor(s, i) {
+    if (s.kind === 'total') { return '#4e79a7'; }
+    if (s.kind === 'step') { return STEP_COLORS[s.name.replace(/ \(all devices\)$/, '')] || '#555'; }
+    return PALETTE[(i + 1) % PALETTE.length];
+  }
+  function niceMax(v) {
+    if (v <= 0) { return 1; }
+    var p = Math.pow(1024, Math.floor(Math.log(v) / Math.log(1024))), x = v / p;
+    var steps = [1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12.5, 15, 20, 25, 30, 40, 50, 60, 80, 100,
+      125, 150, 200, 250, 300, 400, 500, 600, 800, 1000, 1024];
+    for (var i = 0; i < steps.length; i++) { if (steps[i] >= x) { return steps[i] * p; } }
+    return 1024 * p;
+  }
+  function valueAt(s, t) { var i = bisect(s.t, t) - 1; return i >= 0 ? s.v[i] : null; }
+  function drawChart(ch, box) {
+    box.textContent = '';
+    var W = Math.max(box.clientWidth || 0, 420), H = 210, ml = 70, mr = 14, mt = 10, mb = 24;
+    var pw = W - ml - mr, ph = H - mt - mb;
+    var x0 = view ? view[0] : 0, x1 = view ? view[1] : Math.max(D.timeline.end || 0, 1);
+    if (x1 <= x0) { x1 = x0 + 1; }
+    var ymax = 0;
+    ch.series.forEach(function (s) {
+      if (hidden[s.name]) { return; }
+      var lo = Math.max(bisect(s.t, x0) - 1, 0), hi = Math.min(bisect(s.t, x1), s.v.length - 1);
+      for (var i = lo; i <= hi; i++) { if (s.v[i] > ymax) { ymax = s.v[i]; } }
+    });
+    if (ch.peak && ch.peak.t !== null && ch.peak.t >= x0 && ch.peak.t <= x1) { ymax = Math.max(ymax, ch.peak.v); }
+    ymax = niceMax(ymax * 1.04);
+    function X(t) { return ml + (t - x0) / (x1 - x0) * pw; }
+    function Y(v) { return mt + ph - v / ymax * ph; }
+    var svg = sv('svg', {width: W, height: H, 'class': 'timeline', 'data-device': ch.device});
+    var axis = sv('g', {'class': 'axis'});
+    for (var k = 0; k <= 4; k++) {
+      var yv = ymax * k / 4, yy = Y(yv);
+      axis.appendChild(sv('line', {x1: ml, x2: ml + pw, y1: yy, y2: yy, 'class': 'grid'}));
+      axis.appendChild(sv('text', {x: ml - 6, y: yy + 4, 'text-anchor': 'end'}, fmtBytes(yv)));
+    }
+    for (k = 0; k <= 6; k++) {
+      var tv = x0 + (x1 - x0) * k / 6;
+      axis.appendChild(sv('text', {x: X(tv), y: H - 6, 'text-anchor': k === 0 ? 'start' : k === 6 ? 'end' : 'middle'}, fmtTime(tv)));
+    }
+    svg.appendChild(axis);
+    var clipId = 'clip' + ch.device + '_' + Math.random().toString(36).slice(2);
+    var clip = sv('clipPath', {id: clipId});
+    clip.appendChild(sv('rect', {x: ml, y: mt - 2, width: pw, height: ph + 4}));
+    svg.appendChild(clip);
+    var plot = sv('g', {'clip-path': 'url(#' + clipId + ')'});
+    ch.series.forEach(function (s, i) {
+      if (hidden[s.name] || !s.t.length) { return; }
+      var lo = Math.max(bisect(s.t, x0) - 1, 0), hi = Math.min(bisect(s.t, x1), s.t.length - 1);
+      var color = seriesColor(s, i), d = [], prev = null;
+      for (var j = lo; j <= hi; j++) {
+        var x = X(s.t[j]).toFixed(1), y = Y(s.v[j]).toFixed(1);
+        if (prev === null) { d.push('M' + x + ' ' + y); } else if (s.kind === 'step') { d.push('L' + x + ' ' + y); } else { d.push('L' + x + ' ' + prev + 'L' + x + ' ' + y); }
+        prev = y;
+      }
+      if (s.kind === 'total') {
+        var area = d.join('') + 'L' + X(s.t[hi]).toFixed(1) + ' ' + Y(0) + 'L' + X(s.t[lo]).toFixed(1) + ' ' + Y(0) + 'Z';
+        plot.appendChild(sv('path', {d: area, fill: color, 'fill-opacity': 0.25, stroke: 'none', 'class': 'area'}));
+      }
+      plot.appendChild(sv('path', {d: d.join(''), fill: 'none', stroke: color, 'stroke-width': s.kind === 'total' ? 1.6 : 1.3, 'class': 'series', 'data-name': s.name}));
+      if (s.kind === 'step' && hi - lo < 400) {
+        for (j = lo; j <= hi; j++) { plot.appendChild(sv('circle', {cx: X(s.t[j]), cy: Y(s.v[j]), r: 2.2, fill: color})); }
+      }
+    });
+    svg.appendChild(plot);
+    if (ch.peak && ch.peak.t !== null && ch.peak.t >= x0 && ch.peak.t <= x1 && ch.peak.v > 0) {
+      var px = X(ch.peak.t), py = Y(ch.peak.v);
+      svg.appendChild(sv('line', {x1: px, x2: px, y1: mt, y2: mt + ph, stroke: '#c0392b', 'stroke-dasharray': '3 3', 'class': 'peak-line'}));
+      svg.appendChild(sv('circle', {cx: px, cy: py, r: 4, fill: '#c0392b', 'class': 'peak'}));
+      var right = px > ml + pw * 0.75;
+      svg.appendChild(sv('text', {x: px + (right ? -6 : 6), y: Math.max(py - 6, mt + 10), 'text-anchor': right ? 'end' : 'start',
+        fill: '#c0392b', style: 'fill:#c0392b;font-weight:600'}, 'peak ' + fmtBytes(ch.peak.v) + ' at ' + fmtTime(ch.peak.t)));
+    }
+    var cursor = sv('line', {y1: mt, y2: mt + ph, stroke: '#888', visibility: 'hidden'});
+    var sel = sv('rect', {y: mt, height: ph, 'class': 'sel', visibility: 'hidden'});
+    var overlay = sv('rect', {x: ml, y: mt, width: pw, height: ph, fill: 'transparent', 'class': 'overlay', style: 'cursor: crosshair'});
+    svg.appendChild(cursor); svg.appendChild(sel); svg.appendChild(overlay);
+    var drag = null;
+    function tAt(ev) { var r = svg.getBoundingClientRect(); var x = Math.min(Math.max(ev.clientX - r.left, ml), ml + pw); return {x: x, t: x0 + (x - ml) / pw * (x1 - x0)}; }
+    function finish(ev) {
+      var p = tAt(ev), a = drag; drag = null; dragging = null; sel.setAttribute('visibility', 'hidden');
+      if (a && Math.abs(p.x - a.x) >= 4) { view = [Math.min(a.t, p.t), Math.max(a.t, p.t)]; drawTimeline(); }
+    }
+    overlay.addEventListener('mousedown', function (ev) { ev.preventDefault(); drag = tAt(ev); dragging = finish; sel.setAttribute('x', drag.x); sel.setAttribute('width', 0); sel.setAttribute('visibility', 'visible'); });
+    overlay.addEventListener('mousemove', function (ev) {
+      var p = tAt(ev);
+      if (drag) { sel.setAttribute('x', Math.min(drag.x, p.x)); sel.setAttribute('width', Math.abs(p.x - drag.x)); }
+      cursor.setAttribute('x1', p.x); cursor.setAttribute('x2', p.x); cursor.setAttribute('visibility', 'visible');
+      var lines = [ch.name + ' at ' + fmtTime(p.t)];
+      ch.series.forEach(function (s) { if (!hidden[s.name]) { var v = valueAt(s, p.t); if (v !== null) { lines.push(s.name + ': ' + fmtBytes(v)); } } });
+      showTip(lines.join('\n'), ev);
+    });
+    overlay.addEventListener('mouseleave', function () { cursor.setAttribute('visibility', 'hidden'); hideTip(); });
+    overlay.addEventListener('dblclick', function () { view = null; drawTimeline(); });
+    box.appendChild(svg);
+  }
+  var zoomNote;
+  function drawTimeline() {
+    chartBoxes.forEach(function (cb) { drawChart(cb.chart, cb.box); });
+    if (zoomNote) { zoomNote.textContent = view ? 'showing ' + fmtTime(view[0]) + ' \u2013 ' + fmtTime(view[1]) + '; double-click a chart to show everything' : 'drag across a chart to zoom into a time range; double-click to reset'; }
+  }
+  function timeline() {
+    var s = section('Memory over time', 'mvz-timeline');
+    zoomNote = el('p', {'class': 'hint'});
+    s.appendChild(zoomNote);
+    if (D.timeline.category_note) { s.appendChild(el('p', {'class': 'note'}, 'By category: ' + D.timeline.category_note + '.')); }
+    D.timeline.charts.forEach(function (ch) {
+      var wrap = el('div', {'class': 'chart'}), title = el('div', {'class': 'chart-title'}, ch.name);
+      var legend = el('span', {'class': 'legend'});
+      ch.series.forEach(function (se, i) {
+        var item = el('span', {title: 'click to show or hide' + (se.note ? '; ' + se.note : '')});
+        var sw = el('i'); sw.style.background = seriesColor(se, i);
+        item.appendChild(sw); item.appendChild(document.createTextNode(se.name));
+        if (hidden[se.name]) { item.className = 'off'; }
+        item.addEventListener('click', function () { hidden[se.name] = !hidden[se.name]; item.className = hidden[se.name] ? 'off' : ''; drawTimeline(); });
+        legend.appendChild(item);
+      });
+      title.appendChild(legend); wrap.appendChild(title);
+      var box = el('div'); wrap.appendChild(box); s.appendChild(wrap);
+      chartBoxes.push({chart: ch, box: box});
+    });
+    if (!D.timeline.charts.length) { s.appendChild(el('p', {'class': 'note'}, 'No memory was recorded over time.')); }
+    drawTimeline();
+  }
+
+  /* ---- flame graph (icicle) ----------------------------------------------- */
+  var flameIdx = 0, flamePath = [], flameBox;
+  function nodeName(n) { var e = D.names[n[0]]; return e[1] ? e[0] + ' (' + basename(e[1]) + ':' + e[2] + ')' : e[0]; }
+  function nodeColor(n) {
+    var e = D.names[n[0]];
+    if (!e[1]) { return e[0] === 'all' ? '#c9d3e0' : '#b9b3d6'; }
+    var h = hash(e[1]);
+    return 'hsl(' + (10 + h % 45) + ',' + (62 + h % 20) + '%,' + (62 + (hash(e[0]) % 14)) + '%)';
+  }
+  function drawFlame() {
+    flameBox.textContent = '';
+    var f = D.flames[flameIdx]; if (!f) { return; }
+    var root = f.tree, focus = flamePath.length ? flamePath[flamePath.length - 1] : root;
+    var W = Math.max(flameBox.clientWidth || 0, 420), RH = 18;
+    function depth(n) { var d = 0; (n[3] || []).forEach(function (c) { d = Math.max(d, depth(c)); }); return d + 1; }
+    var rows = flamePath.length + depth(focus);
+    var svg = sv('svg', {width: W, height: rows * RH + 2, 'class': 'flame'});
+    var total = root[1] || 1;
+    function rect(n, x, w, row, onclick) {
+      var g = sv('g');
+      var r = sv('rect', {x: x.toFixed(2), y: row * RH, width: Math.max(w - 0.5, 0.5).toFixed(2), height: RH - 1, fill: nodeColor(n), rx: 1.5});
+      g.appendChild(r);
+      if (w > 36) {
+        var label = nodeName(n), maxc = Math.floor((w - 6) / 6.3);
+        if (label.length > maxc) { label = label.slice(0, Math.max(maxc - 1, 1)) + '\u2026'; }
+        g.appendChild(sv('text', {x: x + 3, y: row * RH + 12.5}, label));
+      }
+      g.addEventListener('mousemove', function (ev) {
+        var e = D.names[n[0]], where = e[1] ? '\n' + e[1] + ':' + e[2] : '';
+        showTip(e[0] + where + '\n' + fmtBytes(n[1]) + ' (' + (100 * n[1] / total).toFixed(1) + '% of ' + f.name + ' at its peak) in ' + fmtInt(n[2]) + ' allocation' + (n[2] === 1 ? '' : 's'), ev);
+      });
+      g.addEventListener('mouseleave', hideTip);
+      g.addEventListener('click', onclick);
+      svg.appendChild(g);
+    }
+    var chain = [root].concat(flamePath.slice(0, -1));
+    if (flamePath.length) {
+      chain.forEach(function (n, i) { rect(n, 0, W, i, function () { flamePath = flamePath.slice(0, i); drawFlame(); }); });
+    }
+    var base = flamePath.length;
+    function draw(n, x, w, row, path) {
+      rect(n, x, w, row, function (ev) { ev.stopPropagation(); if (n === focus) { flamePath = flamePath.slice(0, -1); } else { flamePath = path; } drawFlame(); });
+      var cx = x, kids = n[3] || [];
+      for (var i = 0; i < kids.length; i++) {
+        var cw = n[1] ? w * kids[i][1] / n[1] : 0;
+        if (cw >= 0.5) { draw(kids[i], cx, cw, row + 1, path.concat([kids[i]])); }
+        cx += cw;
+      }
+    }
+    draw(focus, 0, W, base, flamePath.slice());
+    svg.addEventListener('dblclick', function () { flamePath = []; drawFlame(); });
+    flameBox.appendChild(svg);
+  }
+  function flame() {
+    var s = section('Live memory at the peak, by stack', 'mvz-flame');
+    if (!D.flames.length) { s.appendChild(el('p', {'class': 'note'}, 'Nothing was live at the peak.')); return; }
+    s.appendChild(el('p', {'class': 'hint'}, 'Outermost frame on top, the allocating frame at the bottom; width is bytes live at the device\u2019s peak. Click a frame to zoom in, click it again or double-click to zoom out.'));
+    var tabs = el('div', {'class': 'tabs'});
+    D.flames.forEach(function (f, i) {
+      var b = el('button', {type: 'button', 'class': i === 0 ? 'on' : ''}, f.name + ' (' + fmtBytes(f.tree[1]) + ')');
+      b.addEventListener('click', function () { flameIdx = i; flamePath = []; Array.prototype.forEach.call(tabs.children, function (c) { c.className = ''; }); b.className = 'on'; drawFlame(); });
+      tabs.appendChild(b);
+    });
+    if (D.flames.length > 1) { s.appendChild(tabs); }
+    flameBox = el('div'); s.appendChild(flameBox);
+    drawFlame();
+  }
+
+  /* ---- tables ------------------------------------------------------------- */
+  function cell(v, type) {
+    var td = el('td');
+    if (type === 'bytes') { td.className = 'num'; td.textContent = fmtBytes(v); if (v !== null && v !== undefined) { td.title = fmtInt(v) + ' bytes'; } } else if (type === 'int' || type === 'num') { td.className = 'num'; td.textContent = typeof v === 'number' ? fmtInt(v) : (v === null ? '' : String(v)); } else if (type === 'pct') { td.className = 'num bar'; td.textContent = Number(v).toFixed(1) + '%'; td.style.backgroundSize = Math.min(Math.max(v, 0), 100) + '% 100%'; } else if (type === 'time') { td.className = 'num'; td.textContent = fmtTime(v); } else if (type === 'code') { td.className = 'code'; if (v) { td.appendChild(el('code', {}, v)); td.title = v; } } else { td.className = 'wrap'; td.textContent = v === null || v === undefined ? '' : String(v); }
+    return td;
+  }
+  function table(parent, spec, opts) {
+    opts = opts || {};
+    var wrap = el('div'), state = {col: -1, dir: 0, filter: ''};
+    var t = el('table', {'class': 'mvz-table'}), thead = el('thead'), tbody = el('tbody'), tr = el('tr');
+    spec.columns.forEach(function (c, i) {
+      var th = el('th', {'data-col': i}, c.key);
+      if (opts.sortable !== false) {
+        th.className = 'sortable'; th.title = 'click to sort';
+        th.addEventListener('click', function () {
+          var text = c.type === 'text' || c.type === 'code';
+          if (state.col === i) { state.dir = -state.dir; } else { state.col = i; state.dir = text ? 1 : -1; }
+          Array.prototype.forEach.call(tr.children, function (h) { h.removeAttribute('aria-sort'); });
+          th.setAttribute('aria-sort', state.dir > 0 ? 'ascending' : 'descending');
+          fill();
+        });
+      }
+      tr.appendChild(th);
+    });
+    thead.appendChild(tr); t.appendChild(thead); t.appendChild(tbody);
+    function fill() {
+      tbody.textContent = '';
+      var rows = spec.rows.slice(), f = state.filter.toLowerCase();
+      if (f) { rows = rows.filter(function (r) { return r.some(function (v) { return v !== null && String(v).toLowerCase().indexOf(f) >= 0; }); }); }
+      if (state.col >= 0) {
+        var c = state.col, d = state.dir;
+        rows.sort(function (a, b) {
+          var x = a[c], y = b[c];
+          if (x === y) { return 0; } if (x === null || x === undefined) { return 1; } if (y === null || y === undefined) { return -1; }
+          if (typeof x === 'number' && typeof y === 'number') { return (x - y) * d; }
+          return String(x).localeCompare(String(y), undefined, {numeric: true}) * d;
+        });
+      }
+      rows.forEach(function (r) {
+        var row = el('tr');
+        if (spec.title_col !== undefined && r[spec.title_col]) { row.title = r[spec.title_col]; }
+        spec.columns.forEach(function (col, i) { row.appendChild(cell(r[i], col.type)); });
+        tbody.appendChild(row);
+      });
+      if (!rows.length) { var empty = el('tr'), td = el('td', {colspan: spec.columns.length, 'class': 'note'}, f ? 'no row matches' : 'nothing to show'); empty.appendChild(td); tbody.appendChild(empty); }
+    }
+    state.setFilter = function (v) { state.filter = v; fill(); };
+    fill(); wrap.appendChild(t);
+    if (spec.more) { wrap.appendChild(el('p', {'class': 'note'}, '\u2026 and ' + fmtInt(spec.more) + ' more rows, not included in this report.')); }
+    parent.appendChild(wrap);
+    return state;
+  }
+  var TABLE_TITLES = {'lines': 'By line (at the peak)', 'autograd nodes': 'By autograd node', 'categories': 'By category',
+    'labels': 'By label', 'threads': 'By thread', 'kinds': 'By kind', 'live at end': 'Live at the end (by line)'};
+  function tables() {
+    var s = section('Where the memory is', 'mvz-tables');
+    s.appendChild(el('p', {'class': 'hint'}, 'Allocations live at each device\u2019s peak, grouped; click a column header to sort.'));
+    var tabs = el('div', {'class': 'tabs'}), box = el('div'), current = null;
+    var filter = el('input', {type: 'search', placeholder: 'filter rows', 'aria-label': 'filter rows'});
+    Object.keys(D.tables).forEach(function (name, i) {
+      var spec = D.tables[name];
+      var b = el('button', {type: 'button', 'data-table': name}, (TABLE_TITLES[name] || name) + ' (' + (spec.rows.length + spec.more) + ')');
+      b.addEventListener('click', function () {
+        Array.prototype.forEach.call(tabs.querySelectorAll('button'), function (c) { c.className = ''; });
+        b.className = 'on'; box.textContent = ''; current = table(box, spec); current.setFilter(filter.value);
+      });
+      tabs.appendChild(b);
+      if (i === 0) { b.className = 'on'; current = table(box, spec); }
+    });
+    filter.addEventListener('input', function () { if (current) { current.setFilter(filter.value); } });
+    tabs.appendChild(filter);
+    s.appendChild(tabs); s.appendChild(box);
+  }
+  function steps() {
+    if (!D.steps) { return; }
+    var s = section('Steps', 'mvz-steps');
+    table(s, D.steps);
+  }
+  function findings() {
+    if (!D.findings) { return; }
+    var s = section('Findings', 'mvz-findings');
+    if (!D.findings.length) { s.appendChild(el('p', {'class': 'note'}, 'No problem found.')); return; }
+    var cards = el('div', {'class': 'cards'});
+    D.findings.forEach(function (f) {
+      var c = el('div', {'class': 'card'});
+      c.appendChild(el('div', {'class': 'kind'}, f.kind + (f.severity ? ' \u00b7 ' + f.severity : '')));
+      c.appendChild(el('div', {}, f.message));
+      var kv = el('div', {'class': 'kv'});
+      Object.keys(f.numbers).forEach(function (k) {
+        var v = f.numbers[k], txt = typeof v === 'number' && /byte|size|alloc|reserv|peak|grow|memory|live/i.test(k) ? fmtBytes(v) : (typeof v === 'number' ? fmtInt(v) : v);
+        kv.appendChild(el('span', {}, k + ': ' + txt));
+      });
+      if (kv.children.length) { c.appendChild(kv); }
+      if (f.lines.length) { c.appendChild(el('pre', {}, f.lines.join('\n'))); }
+      if (f.fix) { c.appendChild(el('div', {'class': 'fix'}, 'Fix: ' + f.fix)); }
+      cards.appendChild(c);
+    });
+    s.appendChild(cards);
+  }
+  function failures() {
+    if (!D.failures.length) { return; }
+    var s = section('Failed allocations', 'mvz-failures');
+    s.appendChild(el('p', {'class': 'bad'}, D.failures.length + ' allocation' + (D.failures.length === 1 ? ' was' : 's were') + ' refused by the driver. Hover a row for its stack.'));
+    table(s, {columns: [{key: 'time', type: 'time'}, {key: 'size', type: 'bytes'}, {key: 'device', type: 'text'},
+      {key: 'kind', type: 'text'}, {key: 'line', type: 'text'}, {key: 'source', type: 'code'}, {key: 'error', type: 'text'},
+      {key: 'thread', type: 'text'}, {key: 'label', type: 'text'}], rows: D.failures, more: 0, title_col: 9});
+  }
+
+  summary(); timeline(); flame(); tables(); steps(); findings(); failures();
+  if (D.findings_note && !D.findings) { main.appendChild(el('p', {'class': 'note'}, 'Findings: ' + D.findings_note + '.')); }
+  var resizeTimer = null;
+  window.addEventListener('resize', function () { clearTimeout(resizeTimer); resizeTimer = setTimeout(function () { drawTimeline(); drawFlame(); }, 150); });
+  document.body.setAttribute('data-mvz-ready', '1');
+}());

@@ -1,0 +1,276 @@
+"""HTML views of memviz data: a self-contained report page and notebook reprs.
+
+:func:`render` returns one HTML file that works offline: the data is
+aggregated in Python (see :mod:`memviz.report._data`) and embedded as JSON in
+a ``<script type="application/json">`` element, drawn by a small vanilla-JS
+script (``assets/report.js``) that is inlined along with its stylesheet. A
+Content-Security-Policy lets nothing load from the network and lets only that
+script run.
+
+:func:`tracker_repr_html`, :func:`snapshot_repr_html` and
+:func:`findings_repr_html` are compact HTML for notebooks; they use no script
+at all (the timeline is a static inline SVG), so they show in any notebook
+front end, trusted or not.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+import math
+import os
+import re
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Iterable, List, Optional
+
+from .._report import _short_path
+from .._units import format_size
+from . import _data, _source as src
+
+__all__ = ["render", "write", "tracker_repr_html", "snapshot_repr_html", "findings_repr_html",
+           "json_for_script"]
+
+
+@lru_cache(maxsize=None)
+def _asset(name: str) -> str:
+    try:
+        text = resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
+    except (FileNotFoundError, OSError) as e:  # pragma: no cover - a broken install
+        raise RuntimeError(
+            f"memviz's report asset {name!r} is missing ({e}); reinstall memviz "
+            "(pip install --force-reinstall memviz) so its package data is present.") from None
+    if "</" in text.replace("<\\/", ""):  # would end the inline <script>/<style> early
+        raise RuntimeError(f"memviz's report asset {name!r} contains '</'; it cannot be inlined.")
+    return text
+
+
+def json_for_script(data: Any) -> str:
+    """JSON that is safe inside an HTML ``<script>`` element.
+
+    ``<``, ``>`` and ``&`` are written as ``\\u003c``-style escapes (still
+    valid JSON, parsed back to the same strings), so no string in the data -
+    a file name like ``</script><script>alert(1)</script>`` - can close the
+    element or open a comment; U+2028/U+2029 are escaped for old parsers."""
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+                      default=str)
+    return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def _finite(data: Any) -> Any:
+    """The data with NaN and infinities as None (JSON has no spelling for them)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v) for v in data]
+    return data
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src '{script_hash}'">
+<meta name="generator" content="memviz {version}">
+<title>{title}</title>
+<style>{css}</style>
+</head>
+<body>
+<div id="memviz" class="mvz">
+<header><h1>{title}</h1></header>
+<noscript><p>This report draws its charts and tables with JavaScript, which is turned off here.
+The data is in the <code>memviz-data</code> element of this file as JSON.</p></noscript>
+<main id="mvz-main"></main>
+</div>
+<script type="application/json" id="memviz-data">{data}</script>
+<script>{js}</script>
+</body>
+</html>
+"""
+
+
+def render(tracker_or_trace: Any, title: Optional[str] = None) -> str:
+    """One self-contained HTML page about a Tracker or a loaded trace.
+
+    The page has the memory timeline per device (peak marked; per category
+    and the step records' allocated/reserved lines when present; drag to zoom,
+    double-click to reset), an icicle graph of what was live at the peak by
+    stack, sortable tables by line, autograd node, category, label, thread and
+    kind, the steps, diagnoses and failed allocations. It loads nothing from
+    the network.
+
+    Raises :class:`~memviz.NotTracking` for a tracker that never started.
+    """
+    if title is not None and not isinstance(title, str):
+        raise TypeError(f"title must be a str or None, got {type(title).__name__}")
+    data = _finite(_data.collect(tracker_or_trace, title))
+    js = _asset("report.js")
+    digest = base64.b64encode(hashlib.sha256(js.encode("utf-8")).digest()).decode("ascii")
+    from .. import __version__
+    return _PAGE.format(
+        title=html.escape(data["meta"]["title"]), version=html.escape(__version__),
+        script_hash=f"sha256-{digest}", css=_asset("report.css"), data=json_for_script(data), js=js)
+
+
+def write(tracker_or_trace: Any, path: "str | os.PathLike[str]", title: Optional[str] = None) -> str:
+    """Write :func:`render`'s page to ``path`` (UTF-8); returns the path."""
+    page = render(tracker_or_trace, title)
+    path = os.fspath(path)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(page)
+    except OSError as e:
+        raise OSError(e.errno, f"memviz could not write the HTML report to {path!r}: {e.strerror}; "
+                               "choose a writable path") from None
+    return path
+
+
+# -- notebook views (no script) -------------------------------------------------
+
+_NB_STYLE = (
+    "<style>.mvz-nb{font:13px/1.4 system-ui,-apple-system,'Segoe UI',Roboto,Arial,sans-serif;"
+    "max-width:980px}.mvz-nb table{border-collapse:collapse;margin:4px 0 8px}"
+    ".mvz-nb th,.mvz-nb td{padding:2px 8px;border-bottom:1px solid #e3e7ee;text-align:left}"
+    ".mvz-nb td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}"
+    ".mvz-nb .m{color:#5b6472}.mvz-nb code{font-size:12px}.mvz-nb .bad{color:#c0392b}"
+    ".mvz-nb .card{border-left:3px solid #b7791f;padding:2px 10px;margin:6px 0}</style>")
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _sparkline(points: List[tuple], peak: int, peak_ts: Optional[int], t0: int, t1: int,
+               width: int = 420, height: int = 56) -> str:
+    """A static SVG of one device's live bytes over time, peak marked."""
+    if not points or peak <= 0 or t1 <= t0:
+        return ""
+    ts, vs = src.downsample([p[0] for p in points], [p[1] for p in points], 200)
+    span, top = t1 - t0, peak * 1.08
+
+    def xy(t: int, v: float) -> str:
+        return f"{(t - t0) * width / span:.1f},{height - 2 - v * (height - 4) / top:.1f}"
+
+    coords = [xy(t0, 0)]
+    prev = 0
+    for t, v in zip(ts, vs):
+        coords += [xy(t, prev), xy(t, v)]
+        prev = v
+    coords += [xy(t1, prev), xy(t1, 0)]
+    dot = ""
+    if peak_ts is not None:
+        px, py = xy(peak_ts, peak).split(",")
+        dot = (f'<circle cx="{px}" cy="{py}" r="3" fill="#c0392b"><title>peak '
+               f'{_e(format_size(peak))} at {(peak_ts - t0) / 1e9:.3f} s</title></circle>')
+    return (f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+            f'style="background:#f7f9fc;border-radius:3px">'
+            f'<polygon points="{" ".join(coords)}" fill="#4e79a7" fill-opacity="0.3" '
+            f'stroke="#4e79a7" stroke-width="1"/>{dot}</svg>')
+
+
+def _lines_table(stats: List[Any], top: int, total: int) -> str:
+    if not stats:
+        return '<p class="m">no allocation was live</p>'
+    rows = []
+    for s in stats[:top]:
+        f = s.key
+        lineno = getattr(f, "lineno", 0) or 0
+        filename = getattr(f, "filename", str(f))
+        shown = filename if filename.startswith("<") else f"{_short_path(filename)}:{lineno or '?'}"
+        source = _data._source_line(filename, lineno)
+        share = f"{100 * s.size / total:.1f}%" if total else ""
+        rows.append(f'<tr><td class="n">{_e(format_size(s.size))}</td><td class="n">{s.count:,}</td>'
+                    f'<td class="n">{share}</td><td title="{_e(filename)}">{_e(shown)}</td>'
+                    f'<td><code>{_e(source)}</code></td></tr>')
+    more = len(stats) - top
+    tail = (f'<tr><td colspan="5" class="m">... {more:,} more line(s) holding '
+            f'{_e(format_size(sum(s.size for s in stats[top:])))}</td></tr>') if more > 0 else ""
+    return ('<table><tr><th>size</th><th>count</th><th>share</th><th>line</th><th>source</th></tr>'
+            + "".join(rows) + tail + "</table>")
+
+
+def tracker_repr_html(tracker: Any, top: int = 10) -> str:
+    """Compact HTML for a notebook: state, per-device totals with a small
+    timeline each, the top lines at the peak and the failures count."""
+    if not isinstance(top, int) or top < 1:
+        raise ValueError(f"top must be a positive int, got {top!r}")
+    if getattr(tracker, "started_ns", 0) is None:
+        return (f'{_NB_STYLE}<div class="mvz-nb"><b>memviz tracker</b> <span class="m">not started: '
+                "use <code>with memviz.track() as t:</code> and run your code in the block</span></div>")
+    totals = tracker.totals()
+    timeline = list(tracker.timeline())
+    t0, t1 = src.time_range(tracker, timeline, totals)
+    state = "running" if getattr(tracker, "running", False) else "stopped"
+    if getattr(tracker, "gpu_enabled", True):
+        gpu = "GPU capture on"
+    else:
+        gpu = f"GPU capture off: {getattr(tracker, 'gpu_off_reason', None) or 'unknown reason'}"
+    parts = [f'{_NB_STYLE}<div class="mvz-nb"><div><b>memviz</b> <span class="m">{_e(state)} · '
+             f'{(t1 - t0) / 1e9:.2f} s · {_e(gpu)}</span></div>']
+    if not totals:
+        parts.append('<p class="m">No GPU allocation was recorded.</p>')
+    else:
+        rows = []
+        for dev in sorted(totals, key=lambda d: (d < 0, d)):
+            t = totals[dev]
+            pts = [(ts, live) for ts, d, live in timeline if d == dev]
+            spark = _sparkline(pts, t.get("peak", 0), t.get("peak_timestamp_ns"), t0, t1)
+            rows.append(f'<tr><td>{_e(src.device_name(dev))}</td><td class="n">'
+                        f'{_e(format_size(t["current"]))}</td><td class="n">{_e(format_size(t["peak"]))}'
+                        f'</td><td class="n">{t["allocs"]:,}</td><td class="n">{t["frees"]:,}</td>'
+                        f'<td class="n">{t.get("failed", 0):,}</td><td>{spark}</td></tr>')
+        parts.append('<table><tr><th>device</th><th>current</th><th>peak</th><th>allocs</th>'
+                     '<th>frees</th><th>failed</th><th>live memory over time</th></tr>'
+                     + "".join(rows) + "</table>")
+        peak = tracker.peak_snapshot()
+        parts.append(f"<div><b>Top lines at the peak</b> <span class=\"m\">"
+                     f"({_e(format_size(peak.total_bytes()))} live)</span></div>")
+        parts.append(_lines_table(peak.statistics("lineno"), top, peak.total_bytes()))
+    failures = list(getattr(tracker, "failures", None) or ())
+    if failures:
+        last = failures[-1]
+        parts.append(f'<p class="bad">{len(failures):,} failed allocation(s); the last: '
+                     f'{_e(format_size(last.size))} at {_e(src.where(last))}</p>')
+    parts.append('<p class="m">Full report: <code>memviz.report.write(t, "report.html")</code></p></div>')
+    return "".join(parts)
+
+
+def snapshot_repr_html(snapshot: Any, top: int = 10) -> str:
+    """Compact HTML of a Snapshot: size per device and the top lines."""
+    total = snapshot.total_bytes()
+    devs = ", ".join(f"{src.device_name(d)} {format_size(s.total_bytes())}"
+                     for d, s in snapshot.by_device().items())
+    return (f'{_NB_STYLE}<div class="mvz-nb"><div><b>memviz snapshot</b> <span class="m">'
+            f"{len(snapshot):,} allocation(s), {_e(format_size(total))}"
+            f"{' (' + _e(devs) + ')' if devs else ''}</span></div>"
+            f"{_lines_table(snapshot.statistics('lineno'), top, total)}</div>")
+
+
+def _number(key: str, value: Any) -> str:
+    if isinstance(value, (int, float)) and _FINDING_BYTES.search(key):
+        return format_size(value)
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+_FINDING_BYTES = re.compile(r"byte|size|alloc|reserv|peak|grow|memory|live", re.I)
+
+
+def findings_repr_html(findings: Iterable[Any]) -> str:
+    """Compact HTML of diagnose() findings: kind, message, numbers, lines, fix."""
+    items = [src.normalize_finding(f) for f in findings or ()]
+    if not items:
+        return f'{_NB_STYLE}<div class="mvz-nb"><b>memviz</b> <span class="m">no problem found</span></div>'
+    cards = []
+    for f in items:
+        nums = " · ".join(f"{_e(k)}: {_e(_number(k, v))}" for k, v in f["numbers"].items())
+        lines = "".join(f"<div><code>{_e(x)}</code></div>" for x in f["lines"][:10])
+        fix = f'<div><b>Fix:</b> {_e(f["fix"])}</div>' if f["fix"] else ""
+        cards.append(f'<div class="card"><div class="m">{_e(f["kind"])}</div><div>{_e(f["message"])}</div>'
+                     f'{"<div class=m>" + nums + "</div>" if nums else ""}{lines}{fix}</div>')
+    return f'{_NB_STYLE}<div class="mvz-nb"><b>memviz findings</b> ({len(items)}){"".join(cards)}</div>'

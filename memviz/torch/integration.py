@@ -1,0 +1,380 @@
+"""The PyTorch integration: autograd op labels, categories, graph residency
+and out-of-memory reports, installed when tracking starts and removed when it
+stops (nothing is left on the user's graph, modules or optimizers).
+
+Autograd attribution. Backward nodes run on the autograd engine's threads,
+which have no Python frames; before the engine runs, memviz puts a pre-hook
+on each node of the graph that sets the running thread's memviz label to the
+node's name, and the saved-tensor unpack hook (called when the node reads
+what forward saved) refines it with the forward line that saved it. The
+C capture path reads that label from thread-local storage with no lock.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any, Dict, Optional
+
+from .. import _core
+from .._snapshot import Snapshot, encode_node_label
+from . import precise as _precise
+from .graph import GraphRecorder
+
+__all__ = ["attach", "TorchIntegration"]
+
+_CHECKPOINT_FILE = "torch/utils/checkpoint.py"
+
+
+def attach(tracker) -> "TorchIntegration":
+    """Add the integration to ``tracker``'s plugins (precise mode acts now)."""
+    integ = TorchIntegration(tracker)
+    tracker._plugins.insert(0, integ)
+    tracker.torch = integ
+    return integ
+
+
+class TorchIntegration:
+    def __init__(self, tracker) -> None:
+        self.graph = GraphRecorder(on_unpack=self._on_unpack, frame_filter=tracker.frame_filter)
+        tracker.graph = self.graph
+        self._tracker = weakref.ref(tracker)
+        self._node_hooks: Dict[str, Any] = {}
+        self._label_ids: Dict[Any, int] = {}
+        self._optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._handles: list = []
+        self._patched = []
+        self._active = False
+        self.oom_report = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def on_start(self, tracker) -> None:
+        self._active = True
+        if "torch" in sys.modules:
+            self._install()
+        else:  # e.g. `python -m memviz run`: hook in once the script imports torch
+            self._watcher = _PostImport("torch", self._install)
+            sys.meta_path.insert(0, self._watcher)
+
+    def _install(self) -> None:
+        if not self._active:
+            return
+        import torch
+
+        self.graph.start()
+        self._patch_backward(torch)
+        try:
+            from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+            self._handles.append(register_optimizer_step_pre_hook(self._on_optimizer_step))
+        except ImportError:  # very old torch
+            pass
+        observer = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+        if observer is not None and torch.cuda.is_available():
+            ref = weakref.ref(self)
+
+            def on_oom(device, alloc, device_total, device_free):
+                me = ref()
+                if me is not None and me._active:
+                    me._on_oom(device, alloc, device_total, device_free)
+
+            try:
+                observer(on_oom)  # torch offers no detach: the closure goes inert at stop
+            except Exception:  # noqa: BLE001 - e.g. an allocator without observers
+                pass
+
+    def on_stop(self, tracker) -> None:
+        self._active = False
+        watcher = getattr(self, "_watcher", None)
+        if watcher is not None and watcher in sys.meta_path:
+            sys.meta_path.remove(watcher)
+        self.graph.stop()
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        for module, name, original in reversed(self._patched):
+            setattr(module, name, original)
+        self._patched.clear()
+
+    # -- autograd labels ---------------------------------------------------
+
+    def _label(self, node_name: str, forward: Optional[str]) -> int:
+        key = (node_name, forward)
+        lid = self._label_ids.get(key)
+        if lid is None:
+            lid = self._label_ids[key] = _core.label_intern(encode_node_label(node_name, forward))
+        return lid
+
+    def _prehook_for(self, name: str):
+        hook = self._node_hooks.get(name)
+        if hook is None:
+            lid = self._label(name, None)
+            label_set = _core.label_set
+
+            def hook(grad_outputs, _lid=lid, _set=label_set):
+                _set(_lid)
+
+            self._node_hooks[name] = hook
+        return hook
+
+    def _on_unpack(self, record) -> None:
+        import torch
+
+        node = torch._C._current_autograd_node()
+        if node is None or record.line is None:
+            return
+        _core.label_set(self._label(node.name(), f"{record.line.filename}:{record.line.lineno}"))
+
+    def _hook_graph(self, roots) -> None:
+        """Pre-hook every node reachable from ``roots`` not hooked yet."""
+        seen = set()
+        stack = [r for r in roots if r is not None]
+        while stack:
+            node = stack.pop()
+            key = id(node)
+            if key in seen:
+                continue
+            seen.add(key)
+            meta = node.metadata
+            if "memviz" not in meta:
+                meta["memviz"] = True
+                node.register_prehook(self._prehook_for(node.name()))
+            for fn, _ in node.next_functions:
+                if fn is not None and id(fn) not in seen:
+                    stack.append(fn)
+
+    def _patch_backward(self, torch) -> None:
+        import torch.autograd as autograd
+        import torch.autograd.graph as agraph
+
+        original = agraph._engine_run_backward
+        integ = self
+
+        def _engine_run_backward(t_outputs, *args, **kwargs):
+            if integ._active:
+                try:
+                    roots = [agraph._get_grad_fn_or_grad_acc(t) for t in t_outputs]
+                    integ._hook_graph(roots)
+                except Exception:  # noqa: BLE001 - attribution must never break backward
+                    pass
+            saved = _core.label_get()  # CPU backward runs nodes on this thread
+            try:
+                return original(t_outputs, *args, **kwargs)
+            finally:
+                _core.label_set(saved)
+
+        for module in (agraph, autograd):
+            if getattr(module, "_engine_run_backward", None) is original:
+                self._patched.append((module, "_engine_run_backward", original))
+                setattr(module, "_engine_run_backward", _engine_run_backward)
+
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        self._optimizers.add(optimizer)
+
+    # -- out of memory -----------------------------------------------------
+
+    def _on_oom(self, device, alloc, device_total, device_free) -> None:
+        from .oom import capture_oom
+
+        tracker = self._tracker()
+        if tracker is not None:
+            try:
+                self.oom_report = capture_oom(tracker, self, device, alloc, device_total, device_free)
+            except Exception as e:  # noqa: BLE001 - never change the user's exception
+                self.oom_report = None
+                tracker._oom_error = repr(e)
+
+    # -- categories --------------------------------------------------------
+
+    def tensor_categories(self) -> Dict[int, str]:
+        """{storage data_ptr: category} of the tensors PyTorch
+        holds now: parameters, gradients, optimizer state, activations."""
+        import gc
+
+        import torch
+
+        cats: Dict[tuple, str] = {}
+
+        # Keyed by address alone: with unified addressing, device and pinned
+        # host pointers never overlap (and CPU tensors can be matched too).
+        def put(t, cat, overwrite=False):
+            if not isinstance(t, torch.Tensor):
+                return
+            try:
+                key = t.untyped_storage().data_ptr()
+            except Exception:  # noqa: BLE001
+                return
+            if overwrite or key not in cats:
+                cats[key] = cat
+
+        for rec in self.graph.resident():
+            if rec.data_ptr:
+                cats[rec.data_ptr] = "activation"
+        optimizers = set(self._optimizers)
+        params = []
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for obj in gc.get_objects():
+                if isinstance(obj, torch.nn.Parameter):
+                    params.append(obj)
+                elif isinstance(obj, torch.optim.Optimizer):
+                    optimizers.add(obj)
+        for opt in optimizers:
+            for state in opt.state.values():
+                for v in state.values():
+                    put(v, "optimizer_state", overwrite=True)
+            for group in opt.param_groups:
+                params.extend(group["params"])
+        for p in params:
+            put(p, "parameter", overwrite=True)
+            if p.grad is not None:
+                put(p.grad, "gradient", overwrite=True)
+        return cats
+
+    def live_tensor_storages(self) -> set:
+        """data_ptr of every tensor storage Python can reach."""
+        import gc
+        import warnings
+
+        import torch
+
+        out = set()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for obj in gc.get_objects():
+                if isinstance(obj, torch.Tensor):
+                    try:
+                        out.add(obj.untyped_storage().data_ptr())
+                    except Exception:  # noqa: BLE001
+                        pass
+        return out
+
+    def torch_segments(self) -> Dict[int, list]:
+        """{device: [(address, size)]} of PyTorch's caching-allocator segments."""
+        import torch
+
+        out: Dict[int, list] = {}
+        if not torch.cuda.is_initialized() or _precise.active():
+            return out
+        for seg in torch.cuda.memory.memory_snapshot():
+            out.setdefault(seg["device"], []).append((seg["address"], seg["total_size"]))
+        return out
+
+    def categorize(self, snap: Snapshot, *, live_now: bool = True) -> Snapshot:
+        """The same snapshot with each allocation's category (and recomputation
+        marked on autograd labels)."""
+        if "torch" not in sys.modules:
+            return snap
+        cats = self.tensor_categories()
+        live = self.live_tensor_storages() if cats is not None else set()
+        segments = self.torch_segments()
+        precise = _precise.active()
+        current = None if live_now else {r[0] for r in _core.live()}
+        out = []
+        for a in snap.allocations:
+            cat = _category(a, cats, live, segments, precise, current)
+            node, fwd = a.autograd_node, a.forward
+            if node and a.traceback and any(_CHECKPOINT_FILE in f.filename for f in a.traceback):
+                # Forward re-run by activation checkpointing: the line being
+                # recomputed is the allocation's own user frame.
+                node = f"{node} (recomputation)"
+                uf = a.traceback.user_frame
+                fwd = f"{uf.filename}:{uf.lineno}" if uf else fwd
+            out.append(a._replace(category=cat, autograd_node=node, forward=fwd))
+        new = Snapshot(out, timestamp_ns=snap.timestamp_ns, devices=snap.devices,
+                       frame_filter=snap.frame_filter)
+        new.torch_stats = torch_stats()
+        return new
+
+
+class _PostImport:
+    """A meta-path finder that runs ``callback`` right after module ``name``
+    finished importing, then removes itself."""
+
+    def __init__(self, name, callback):
+        self.name, self.callback, self._busy = name, callback, False
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name or self._busy:
+            return None
+        import importlib.util
+
+        self._busy = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        original = spec.loader.exec_module
+        finder = self
+
+        def exec_module(module):
+            original(module)
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
+            finder.callback()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+_LIBRARIES = (("cupy", "CuPy"), ("jax", "JAX"), ("jaxlib", "JAX"), ("nccl", "NCCL"),
+              ("torch/distributed", "NCCL"), ("tensorflow", "TensorFlow"), ("numba", "Numba"))
+
+
+def _library_of(a) -> Optional[str]:
+    for f in a.traceback:
+        fn = f.filename.replace("\\", "/")
+        for needle, name in _LIBRARIES:
+            if f"/{needle}/" in fn or fn.startswith(f"{needle}/"):
+                return name
+    return None
+
+
+def _category(a, cats, live, segments, precise, current) -> str:
+    if a.kind == "static":
+        return "outside_pytorch/CUDA module globals"
+    lib = _library_of(a)
+    if lib is not None:
+        return f"outside_pytorch/{lib}"
+    key = a.address
+    cat = cats.get(key)
+    if cat is not None:
+        return cat
+    if a.kind == "host":
+        return "pinned_host"
+    if precise:
+        if key in live:
+            return "other_pytorch"
+        if current is not None and key not in current:
+            return "temporary"  # a past snapshot (the peak): freed since, not saved for backward
+        if a.autograd_node or a.stream:
+            return "temporary"
+        return "other_pytorch"
+    for base, size in segments.get(a.device, ()):
+        if base <= a.address < base + size:
+            return "pytorch_pool"
+    return "outside_pytorch"
+
+
+def torch_stats() -> Dict[int, Dict[str, int]]:
+    """PyTorch's own figures per device (allocated, reserved, active)."""
+    torch = sys.modules.get("torch")
+    out: Dict[int, Dict[str, int]] = {}
+    if torch is None or not torch.cuda.is_initialized():
+        return out
+    for d in range(torch.cuda.device_count()):
+        try:
+            st = torch.cuda.memory_stats(d)
+        except Exception:  # noqa: BLE001
+            continue
+        out[d] = {"allocated": st.get("allocated_bytes.all.current", 0),
+                  "reserved": st.get("reserved_bytes.all.current", 0),
+                  "active": st.get("active_bytes.all.current", 0),
+                  "peak_allocated": st.get("allocated_bytes.all.peak", 0)}
+    return out
+

@@ -1,0 +1,119 @@
+"""What memory looked like when an allocation failed."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from .._units import format_size
+from .graph import user_line
+
+__all__ = ["OomReport", "capture_oom", "from_failure"]
+
+
+@dataclass
+class OomReport:
+    """The moment an allocation failed: what was asked, by which line, and
+    what held the device's memory."""
+
+    requested: int
+    device: int
+    line: Optional[str]
+    source: str  # "PyTorch out-of-memory observer" or "failed driver call"
+    timestamp_ns: int
+    by_category: Dict[str, int] = field(default_factory=dict)
+    by_line: List[Tuple[str, int]] = field(default_factory=list)
+    torch_allocated: Optional[int] = None
+    torch_reserved: Optional[int] = None
+    reserved_unused: Optional[int] = None
+    largest_free_block: Optional[int] = None
+    outside_pytorch: Optional[int] = None
+    device_total: Optional[int] = None
+    device_free: Optional[int] = None
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def __str__(self) -> str:
+        fs = format_size
+        lines = [f"Out of memory on cuda:{self.device}: {fs(self.requested)} requested at "
+                 f"{self.line or '<unknown line>'} ({self.source})"]
+        if self.device_total is not None:
+            lines.append(f"  device: {fs(self.device_total)} total, {fs(self.device_free or 0)} free")
+        if self.torch_reserved is not None:
+            lines.append(f"  PyTorch: {fs(self.torch_allocated or 0)} allocated, "
+                         f"{fs(self.torch_reserved)} reserved, {fs(self.reserved_unused or 0)} reserved but unused"
+                         + (f", largest free block {fs(self.largest_free_block)}"
+                            if self.largest_free_block is not None else ""))
+        if self.outside_pytorch is not None:
+            lines.append(f"  outside PyTorch's pool: {fs(self.outside_pytorch)}")
+        if self.by_category:
+            lines.append("  live by category: " + ", ".join(
+                f"{k} {fs(v)}" for k, v in sorted(self.by_category.items(), key=lambda kv: -kv[1])))
+        for where, size in self.by_line[:10]:
+            lines.append(f"    {fs(size):>10}  {where}")
+        if self.reserved_unused and self.requested and self.reserved_unused >= self.requested:
+            lines.append("  The pool had enough reserved-but-unused memory for this request: it is "
+                         "fragmented. PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True usually helps.")
+        return "\n".join(lines)
+
+
+def _fill(report: OomReport, snap) -> None:
+    for stat in snap.statistics("category"):
+        report.by_category[str(stat.key)] = stat.size
+    for stat in snap.statistics("lineno")[:10]:
+        f = stat.key
+        report.by_line.append((f"{f.filename}:{f.lineno}", stat.size))
+
+
+def _torch_pool(report: OomReport, device: int) -> None:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    try:
+        report.torch_allocated = torch.cuda.memory_allocated(device)
+        report.torch_reserved = torch.cuda.memory_reserved(device)
+        report.reserved_unused = report.torch_reserved - report.torch_allocated
+        largest = 0
+        for seg in torch.cuda.memory.memory_snapshot():
+            if seg.get("device") != device:
+                continue
+            for b in seg.get("blocks", ()):
+                if b.get("state") == "inactive":
+                    largest = max(largest, b.get("size", 0))
+        report.largest_free_block = largest
+    except Exception:  # noqa: BLE001 - e.g. the cudaMallocAsync backend has no snapshot
+        pass
+
+
+def capture_oom(tracker, integ, device, alloc, device_total, device_free) -> OomReport:
+    """Called from PyTorch's out-of-memory observer (the failing thread, with
+    the GIL): copy what is live now, before the user's handler frees it."""
+    uf = user_line(2)
+    report = OomReport(alloc, device, f"{uf.filename}:{uf.lineno}" if uf else None,
+                       "PyTorch out-of-memory observer", time.monotonic_ns(),
+                       device_total=device_total, device_free=device_free)
+    snap = integ.categorize(tracker.snapshot_raw(), live_now=True)
+    _fill(report, snap.filter(lambda a: a.device == device))
+    _torch_pool(report, device)
+    seen = snap.filter(lambda a: a.device == device).total_bytes()
+    if report.torch_reserved is not None:
+        report.outside_pytorch = max(0, seen - report.torch_reserved)
+    return report
+
+
+def from_failure(tracker) -> Optional[OomReport]:
+    """A report for the last failed driver allocation (e.g. from CuPy),
+    built when asked: live memory is the peak set of that device."""
+    failures = tracker.failures
+    if not failures:
+        return None
+    f = failures[-1]
+    uf = f.traceback.user_frame if f.traceback else None
+    report = OomReport(f.size, f.device, f"{uf.filename}:{uf.lineno}" if uf else None,
+                       "failed driver call", f.timestamp_ns)
+    _fill(report, tracker.peak_snapshot(f.device))
+    _torch_pool(report, f.device)
+    return report

@@ -1,0 +1,109 @@
+"""The PyTorch integration on a real GPU (pytest -m gpu): precise mode, autograd
+nodes on the engine thread, categories against the ZeRO paper's model-state
+accounting, and the out-of-memory report."""
+
+import pytest
+
+from test_gpu_capture import _REASON, run  # noqa: F401  (same runner, same skip)
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
+
+MODEL = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(
+    torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024),
+    torch.nn.GELU(), torch.nn.Linear(1024, 1024)).cuda()                        # MODEL LINE
+opt = torch.optim.Adam(model.parameters())
+x = torch.randn(64, 1024, device="cuda")
+P = sum(p.numel() for p in model.parameters())
+def train_step(autocast=False):
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        loss = model(x).float().square().mean()                                 # FORWARD LINE
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+"""
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_precise_mode_model_states_match_the_zero_accounting(autocast):
+    r = run("""
+        t = memviz.track(precise=True).start()
+    """ + MODEL + f"""
+        for _ in range(2):
+            train_step(autocast={autocast})
+        torch.cuda.synchronize()
+        snap = t.snapshot()
+        cats = {{str(s.key): s.size for s in snap.statistics("category")}}
+        backend = torch.cuda.get_allocator_backend()
+        t.stop()
+        out(cats=cats, P=P, backend=backend, n=len(snap))
+    """)
+    assert r["backend"] == "cudaMallocAsync", r
+    P, cats = r["P"], r["cats"]
+    for cat, expected in (("parameter", 4 * P), ("gradient", 4 * P), ("optimizer_state", 8 * P)):
+        assert abs(cats.get(cat, 0) - expected) <= 0.01 * expected, (cat, cats, P)
+
+
+def test_precise_mode_attributes_every_tensor_of_a_step_to_a_line():
+    r = run("""
+        t = memviz.track(precise=True).start()
+    """ + MODEL + """
+        train_step()
+        torch.cuda.synchronize()
+        snap = t.snapshot()
+        peak = t.peak_snapshot(0)
+        storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        storages |= {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+        for st in opt.state.values():
+            storages |= {v.untyped_storage().data_ptr() for v in st.values() if v.is_cuda}
+        addresses = {a.address for a in snap}
+        unexplained = [a for a in peak if not a.traceback and not a.autograd_node]
+        script_lines = sorted({a.traceback.user_frame.lineno for a in peak if a.traceback
+                               and a.traceback.user_frame.filename == "<string>"})
+        t.stop()
+        out(missing=len(storages - addresses), tensors=len(storages), peak=len(peak),
+            unexplained=len(unexplained), lines=script_lines,
+            nodes=sorted({a.autograd_node for a in peak if a.autograd_node})[:20])
+    """)
+    assert r["missing"] == 0 and r["tensors"] > 0, r  # every parameter/grad/state tensor is its own allocation
+    assert r["unexplained"] == 0, r  # each allocation has a line or an autograd node
+    assert len(r["lines"]) >= 2 and r["nodes"], r
+
+
+def test_backward_allocations_carry_node_names_and_forward_lines():
+    r = run("""
+        t = memviz.track(precise=True).start()
+    """ + MODEL + """
+        train_step()
+        torch.cuda.synchronize()
+        allocs = [a for a in t.peak_snapshot(0) if a.autograd_node]
+        t.stop()
+        out(nodes=sorted({a.autograd_node for a in allocs}),
+            forwards=sorted({a.forward for a in allocs if a.forward}),
+            threads=sorted({a.thread.name for a in allocs}))
+    """)
+    assert any(n.startswith(("AddmmBackward", "MmBackward")) for n in r["nodes"]), r
+    assert any(f.startswith("<string>:") for f in r["forwards"]), r
+
+
+def test_planted_oom_produces_the_report():
+    r = run("""
+        import torch
+        torch.ones(1, device="cuda")
+        keep = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+        with memviz.track() as t:
+            line = here() + 2
+            try:
+                torch.empty(1 << 48, dtype=torch.uint8, device="cuda")
+            except torch.OutOfMemoryError as e:
+                msg = str(e)
+        rep = t.oom_report
+        out(requested=rep.requested if rep else None, line=rep.line if rep else None, expected=line,
+            source=rep.source if rep else None, text=str(rep), msg_kept="Tried to allocate" in msg)
+    """)
+    assert r["requested"] == 1 << 48, r
+    assert r["line"] == f"<string>:{r['expected']}", r
+    assert r["msg_kept"], r  # the user's exception is untouched
+    print(r["text"])

@@ -1,0 +1,219 @@
+"""The PyTorch integration on CPU (real torch), with the test double firing
+the "driver" events: autograd labels on the thread that runs backward,
+checkpoint recomputation, categories of a small model, graph residency,
+precise-mode configuration and out-of-memory reports."""
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the PyTorch integration tests need torch (pip install torch)")
+
+import memviz  # noqa: E402
+from conftest import here  # noqa: E402
+from fake_cupti import CBID_cuMemAlloc_v2, CUDA_ERROR_OUT_OF_MEMORY  # noqa: E402
+from memviz.torch import precise  # noqa: E402
+
+THIS = os.path.abspath(__file__)
+KiB = 1024
+
+
+class Scale(torch.autograd.Function):
+    """A custom op whose backward allocates through the double."""
+
+    fake = None
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)  # SAVED
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        Scale.fake.alloc(CBID_cuMemAlloc_v2, 64 * KiB)
+        return g * 2
+
+
+class NoSave(torch.autograd.Function):
+    fake = None
+
+    @staticmethod
+    def forward(ctx, x):
+        return x + 1
+
+    @staticmethod
+    def backward(ctx, g):
+        NoSave.fake.alloc(CBID_cuMemAlloc_v2, 32 * KiB)
+        return g
+
+
+def _line_of(marker):
+    with open(THIS) as f:
+        for i, text in enumerate(f, 1):
+            if text.rstrip().endswith(marker):
+                return i
+    raise AssertionError(marker)
+
+
+@pytest.fixture
+def ops(fake):
+    Scale.fake = NoSave.fake = fake
+    yield fake
+
+
+def test_backward_allocations_carry_node_and_forward_line(ops):
+    x = torch.randn(16, requires_grad=True)
+    with memviz.track() as t:
+        y = Scale.apply(x); fwd = here()  # noqa: E702
+        NoSave.apply(y).sum().backward()
+        ops.alloc(CBID_cuMemAlloc_v2, 8 * KiB)  # after backward: no node
+    by_size = {a.size: a for a in t.snapshot()}
+    a = by_size[64 * KiB]
+    assert a.autograd_node == "ScaleBackward"
+    # The unpack hook names the line where forward saved the tensor (inside Scale.forward
+    # is library-free test code, so the user's line is the save line).
+    assert a.forward in (f"{THIS}:{_line_of('# SAVED')}", f"{THIS}:{fwd}")
+    b = by_size[32 * KiB]
+    assert b.autograd_node == "NoSaveBackward" and b.forward is None
+    assert by_size[8 * KiB].autograd_node is None
+    stats = {s.key: s.size for s in t.snapshot().statistics("autograd_node")}
+    assert stats["<not in backward>"] == 8 * KiB
+    assert any(k.startswith("ScaleBackward") for k in stats)
+
+
+def test_autograd_grad_and_double_backward(ops):
+    x = torch.randn(8, requires_grad=True)
+    with memviz.track() as t:
+        y = Scale.apply(x).pow(2).sum()
+        (g,) = torch.autograd.grad(y, x, create_graph=True)
+        g.sum().backward()
+    nodes = [a.autograd_node for a in t.snapshot()]
+    assert nodes.count("ScaleBackward") >= 1
+    assert all(n is not None for n in nodes)
+
+
+def test_checkpoint_recomputation_is_marked(ops):
+    from torch.utils.checkpoint import checkpoint
+
+    def block(x):
+        ops.alloc(CBID_cuMemAlloc_v2, 16 * KiB)  # FORWARD ALLOC
+        return Scale.apply(x).sin()
+
+    x = torch.randn(8, requires_grad=True)
+    with memviz.track() as t:
+        checkpoint(block, x, use_reentrant=False).sum().backward()
+    allocs = [a for a in t.snapshot() if a.size == 16 * KiB]
+    assert len(allocs) == 2  # forward, then the recomputation during backward
+    first, second = sorted(allocs, key=lambda a: a.seq)
+    assert first.autograd_node is None
+    assert second.autograd_node and second.autograd_node.endswith("(recomputation)")
+    assert second.forward == f"{THIS}:{_line_of('# FORWARD ALLOC')}"
+
+
+def test_hooks_are_removed_when_tracking_stops(ops):
+    import torch.autograd.graph as agraph
+
+    before = agraph._engine_run_backward
+    with memviz.track() as t:
+        assert agraph._engine_run_backward is not before
+    assert agraph._engine_run_backward is before
+    seq = t.graph.mark()
+    x = torch.randn(4, requires_grad=True)
+    (x * x).sum().backward()
+    assert t.graph.mark() == seq  # the pack hook no longer runs
+    assert memviz._core.label_get() == 0
+
+
+def test_categories_of_a_small_model_match_model_states(ops):
+    """fp32 Adam: parameters = gradients = 4P bytes, optimizer state = 8P bytes."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.Adam(model.parameters())
+    with memviz.track() as t:
+        model(torch.randn(4, 32)).sum().backward()
+        opt.step()
+        # Tell the double that each tensor's storage is a device allocation.
+        P = sum(p.numel() for p in model.parameters())
+        for p in model.parameters():
+            for tensor in (p, p.grad, opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"]):
+                s = tensor.untyped_storage()
+                ops.alloc_at(s.data_ptr(), s.nbytes())
+        held = model(torch.randn(4, 32)).relu().sum()  # a graph kept alive: activations
+        for rec in t.graph.resident():
+            ops.alloc_at(rec.data_ptr, rec.nbytes)
+        ops.alloc(CBID_cuMemAlloc_v2, 4096)  # some other library
+        snap = t.snapshot()
+    cats = {s.key: s.size for s in snap.statistics("category")}
+    assert cats["parameter"] == 4 * P
+    assert cats["gradient"] == 4 * P
+    assert cats["optimizer_state"] == 8 * P
+    assert cats["activation"] > 0
+    assert cats["outside_pytorch"] == 4096
+    # Categories combine with lines: activations by line.
+    act = snap.filter(lambda a: a.category == "activation").statistics("lineno")
+    assert act and act[0].key.filename == THIS
+    assert held.grad_fn is not None
+
+
+def test_graph_residency_on_cpu(ops):
+    x = torch.randn(256, 256, requires_grad=True)
+    with memviz.track() as t:
+        y = (x @ x).relu(); line = here()  # noqa: E702
+        res = t.snapshot().graph_resident()
+        assert res and all(r.line.lineno == line for r in res)
+        assert sum(r.nbytes for r in res) >= 2 * 256 * 256 * 4
+        y.sum().backward()
+        del y
+        assert t.snapshot().graph_resident() == []
+
+
+def test_precise_mode_configuration(monkeypatch):
+    assert precise.merged_conf("") == "backend:cudaMallocAsync"
+    assert precise.merged_conf("expandable_segments:True,backend:native") == \
+        "backend:cudaMallocAsync,expandable_segments:True"
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: "native")
+    with pytest.raises(memviz.MemvizError, match="before `import torch`"):
+        memviz.track(precise=True, gpu=False).start()
+    assert memviz.active_tracker() is None
+    monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: "cudaMallocAsync")
+    assert precise.enable() == "already active"
+
+    def no_cuda():
+        raise RuntimeError("no CUDA in this build")
+
+    monkeypatch.setattr(torch.cuda, "get_allocator_backend", no_cuda)
+    assert precise.enable().startswith("PYTORCH_CUDA_ALLOC_CONF=")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "backend:cudaMallocAsync,max_split_size_mb:128"
+
+
+def test_oom_report_from_a_failed_driver_call(ops):
+    with memviz.track() as t:
+        ops.alloc(CBID_cuMemAlloc_v2, 1 << 20)
+        ops.alloc(CBID_cuMemAlloc_v2, 1 << 40, result=CUDA_ERROR_OUT_OF_MEMORY); line = here()  # noqa: E702
+    r = t.oom_report
+    assert r is not None and r.requested == 1 << 40 and r.line == f"{THIS}:{line}"
+    assert r.by_line and r.by_line[0][1] == 1 << 20
+    assert "Out of memory on cuda:0: 1 TiB requested" in str(r)
+
+
+def test_integration_installs_when_torch_is_imported_later():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "import memviz\n"
+        "t = memviz.start(gpu=False)\n"
+        "assert 'torch' not in sys.modules\n"
+        "import torch, torch.autograd.graph as g\n"
+        "x = torch.randn(4, requires_grad=True)\n"
+        "(x * x).sum()\n"
+        "print(t.graph.running, g._engine_run_backward.__module__, len(t.graph.resident()))\n"
+        "t.stop()\n" % os.path.dirname(os.path.dirname(THIS)))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    running, module, resident = p.stdout.split()
+    assert running == "True" and module == "memviz.torch.integration"
