@@ -20,6 +20,8 @@ from ._tracker import (CaptureWarning, FailedAllocation, Tracker, active_tracker
                        capture_info, label, start, stop, track)
 from ._trace import load
 from ._units import format_size, parse_size
+from ._diagnose import Finding, diagnose
+from ._steps import StepRecord, watch
 
 __version__ = "0.1.0"
 
@@ -29,4 +31,6 @@ __all__ = [
     "ThreadInfo", "FailedAllocation", "FrameFilter", "frames",
     "MemvizError", "CaptureUnavailable", "CaptureConflict", "AlreadyTracking", "NotTracking",
     "CaptureWarning", "format_size", "parse_size", "load", "TraceError",
+    "watch", "StepRecord", "diagnose", "Finding",
 ]
+from ._ipython import load_ipython_extension  # noqa: E402,F401  (%load_ext memviz)

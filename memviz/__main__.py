@@ -4,6 +4,9 @@ Commands:
 
     run     run a Python script (or -m module) with every CUDA allocation
             tracked, and print a memory report to stderr when it ends
+            (-o run.memviz also streams a trace file)
+    report  print the report of a .memviz trace file (text, json or html)
+    diff    compare two .memviz trace files line by line
 
 ``python -m memviz run --help`` shows the options of a command.
 """
@@ -18,10 +21,14 @@ from typing import Dict, List, Optional, Tuple
 
 __all__ = ["main", "COMMANDS"]
 
-#: command -> (module with main(argv, prog) -> int, one-line help)
+#: command -> ("module" with main(argv, prog) -> int, or "module:function", one-line help)
 COMMANDS: Dict[str, Tuple[str, str]] = {
     "run": ("memviz._cli_run",
             "run a Python script (or -m module) under memviz and print a memory report"),
+    "report": ("memviz._cli_report",
+               "print the report of a .memviz trace file (text, json or html)"),
+    "diff": ("memviz._cli_report:diff_main",
+             "compare two .memviz trace files line by line"),
 }
 
 
@@ -55,8 +62,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = _prog()
     if argv and argv[0] in COMMANDS:
-        module = importlib.import_module(COMMANDS[argv[0]][0])
-        return module.main(argv[1:], prog=f"{prog} {argv[0]}")
+        module_name, _, function = COMMANDS[argv[0]][0].partition(":")
+        entry = getattr(importlib.import_module(module_name), function or "main")
+        return entry(argv[1:], prog=f"{prog} {argv[0]}")
     parser = _parser(prog)
     try:
         parser.parse_args(argv)  # --help, --version, or an unknown command

@@ -8,6 +8,10 @@ returns, raises (traceback first, exit status 1), calls ``sys.exit()`` (its
 status is kept) or is interrupted with Ctrl-C (exit status 130). Like Python,
 memviz waits for the script's non-daemon threads before reporting.
 
+With ``-o run.memviz`` the run is also streamed to a trace file (flushed
+every 0.5 s, so it survives a kill up to the last flush); read it later with
+``memviz report run.memviz`` or ``memviz.load()``.
+
 No report comes out when the process ends without unwinding the Python stack:
 ``os._exit()``, a fatal signal (SIGKILL, SIGTERM without a handler, a crash),
 or a fork()ed child (only the parent reports).
@@ -27,7 +31,7 @@ import warnings
 from typing import List, Optional, Tuple
 
 from . import _core
-from ._errors import CaptureConflict, CaptureUnavailable
+from ._errors import CaptureConflict, CaptureUnavailable, MemvizError
 from ._report import text_report
 from ._tracker import CaptureWarning, Tracker
 
@@ -35,7 +39,7 @@ __all__ = ["main", "build_parser"]
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-_VALUE_OPTIONS = ("--depth", "--top", "--report-file")
+_VALUE_OPTIONS = ("--depth", "--top", "--report-file", "-o", "--output")
 _MEMVIZ_DIR = os.path.dirname(os.path.abspath(__file__))
 _RUNPY_FILES = {"<frozen runpy>", os.path.abspath(runpy.__file__)}
 
@@ -68,7 +72,7 @@ def build_parser(prog: str = "memviz run") -> argparse.ArgumentParser:
     """The parser of memviz's own options (everything before the script)."""
     parser = argparse.ArgumentParser(
         prog=prog,
-        usage=f"{prog} [--depth N] [--no-gpu] [--top N] [--report-file PATH] "
+        usage=f"{prog} [--depth N] [--no-gpu] [--top N] [--report-file PATH] [-o TRACE] "
               "(-m module | script.py) [args ...]",
         description="Run a Python script (or -m module) with every CUDA allocation tracked, "
                     "then print a memory report to stderr.",
@@ -83,6 +87,9 @@ def build_parser(prog: str = "memviz run") -> argparse.ArgumentParser:
                         help="lines listed per device at its peak (default 10)")
     parser.add_argument("--report-file", metavar="PATH",
                         help="also write the report to this file")
+    parser.add_argument("-o", "--output", metavar="TRACE",
+                        help="also stream a .memviz trace file here (read it with "
+                             "`memviz report TRACE` or memviz.load())")
     parser.add_argument("-m", dest="module", metavar="module",
                         help="run a module like python -m (the rest are its arguments)")
     return parser
@@ -142,13 +149,17 @@ def _check_module(module: str) -> None:
                          "name, and that it is importable from this folder.")
 
 
-def _check_report_file(path: Optional[str]) -> None:
+def _check_report_file(path: Optional[str], what: str = "the report",
+                       option: str = "--report-file") -> None:
     if path is None:
         return
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise UsageError(f"cannot write the report to {path!r}: the folder {folder!r} does "
-                         "not exist. Create it or choose another --report-file.")
+        raise UsageError(f"cannot write {what} to {path!r}: the folder {folder!r} does "
+                         f"not exist. Create it or choose another {option}.")
+    if os.path.isdir(path):
+        raise UsageError(f"cannot write {what} to {path!r}: it is a directory. Give a file "
+                         f"name with {option}.")
 
 
 def _is_ours(filename: str) -> bool:
@@ -228,8 +239,22 @@ def _emit(report: str, report_file: Optional[str]) -> None:
                   file=sys.stderr)
 
 
+def _trace_note(tracker: Tracker, path: str) -> None:
+    """One line saying where the trace went and how to read it."""
+    from ._units import format_size
+
+    writer = next((p for p in tracker._plugins if getattr(p, "path", None) == path), None)
+    events = f"{writer.events_written:,} events, " if writer is not None else ""
+    try:
+        size = format_size(os.path.getsize(path))
+    except OSError:
+        size = "?"
+    print(f"memviz: trace written to {path} ({events}{size}); read it with "
+          f"`python -m memviz report {shlex.quote(path)}`", file=sys.stderr)
+
+
 def _start(opts: argparse.Namespace) -> Tracker:
-    tracker = Tracker(gpu=not opts.no_gpu, depth=opts.depth)
+    tracker = Tracker(gpu=not opts.no_gpu, depth=opts.depth, trace=opts.output)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CaptureWarning)  # said below, and in the report
         tracker.start()
@@ -260,6 +285,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
         else:
             _check_module(module)
         _check_report_file(opts.report_file)
+        _check_report_file(opts.output, "the trace", "-o")
     except UsageError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -270,7 +296,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
         print(f"{prog}: cannot capture GPU allocations: {e.reason.rstrip('.')}. What to do: "
               f"{e.hint} Or pass --no-gpu to run the script without GPU capture.", file=sys.stderr)
         return EXIT_USAGE
-    except CaptureConflict as e:
+    except (CaptureConflict, MemvizError) as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return EXIT_USAGE
 
@@ -303,6 +329,8 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
 
     try:
         _emit(text_report(tracker, top=opts.top, command=command), opts.report_file)
+        if opts.output is not None:
+            _trace_note(tracker, opts.output)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception:  # noqa: BLE001 - keep the script's status; show what broke

@@ -70,7 +70,7 @@ import traceback
 import warnings
 import weakref
 import zlib
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional
 
 from . import _core
 from ._errors import TraceError
@@ -410,7 +410,6 @@ class TraceWriter:
             labels = {i: _core.label_name(i) for i in _label_ids(rows)
                       if i not in self._tables.labels}
             out += self._tables.label_chunk({i: s for i, s in labels.items() if s is not None})
-            out += self._threads_chunk()
             gaps = rows[4::EVENT.size].count(OP_GAP)
             if gaps:
                 for k in range(n):
@@ -418,7 +417,7 @@ class TraceWriter:
                         self.dropped += EVENT.unpack_from(rows, k * EVENT.size)[8]
             out.append(chunk(EVENTS, events_payload(rows), compress=EVENT_LEVEL))
             self.events_written += n
-        out += self._steps_chunk()
+        out += self._threads_chunk() + self._steps_chunk()
         if out:
             self._write(b"".join(out))
 
@@ -503,103 +502,10 @@ def _event(op: int, ts: int, prev: int, kind: int, dev: int, flags: int, sid: in
 
 
 def save(tracker: Any, path: str) -> None:
-    """Write a trace file from a tracker's current data (``Tracker.save``).
-
-    A tracker that did not stream (no ``trace=``) keeps no event history, so
-    the file holds what the tracker holds: the allocations live at each
-    device's peak and the ones live now (as ALLOC/FREE events that replay to
-    the same peak and the same end state), the failed allocations, the
-    bounded timeline, step records and totals. ``load()`` of it gives the
-    same snapshot(), peak_snapshot(), totals(), failures and timeline();
-    ``snapshot(at_ns=...)`` between the peak and the end is approximate.
-    Streams are not stored (``Allocation.stream`` reads 0 when loaded).
-    """
-    path = os.fspath(path)
-    src = tracker._source()  # raises NotTracking for a tracker that never started
-    if src is None and tracker.running and tracker.gpu_enabled:
-        _core.flush()
-    live = src.live if src is not None else _core.live()
-    totals = dict(src.totals) if src is not None else _core.totals()
-    peaks = {d: (src.peaks.get(d, []) if src is not None else _core.peak_live(d)) for d in totals}
-    failures = src.failures if src is not None else _core.failures()
-    timeline = src.timeline if src is not None else _core.timeline()
-    threads = src.threads if src is not None else _core.threads()
-    stats = src.stats if src is not None else _core.stats()
-    resolve = src.resolve if src is not None else _core.resolve
-
-    labels: Dict[Optional[str], int] = {None: 0}
-    all_rows = list(live) + [r for rows in peaks.values() for r in rows]
-    for lab in [r[6] for r in all_rows] + [f[5] for f in failures]:
-        if lab not in labels:
-            labels[lab] = len(labels)
-    ids = {r[8] for r in all_rows} | {f[7] for f in failures}
-    ids.discard(0)
-    tables = _Tables()
-    out = [header(), chunk(META, json_bytes(_meta(tracker, "saved")))]
-    out += tables.stack_chunks(resolve(ids) if ids else {})
-    out += tables.label_chunk({i: s for s, i in labels.items() if s is not None})
-    out.append(chunk(THREADS, json_bytes(_thread_names(threads))))
-    events = _saved_events(live, peaks, failures, labels)
-    out.append(chunk(EVENTS, events_payload(events), compress=EVENT_LEVEL))
-    if tracker.steps:
-        out.append(chunk(STEPS, json_bytes([step_dict(s) for s in tracker.steps])))
-    out.append(chunk(TIMELINE, json_bytes([list(p) for p in timeline])))
-    end_ns = tracker.stopped_ns if tracker.stopped_ns is not None else time.monotonic_ns()
-    out.append(chunk(END, json_bytes({
-        "stopped_monotonic_ns": end_ns, "stopped_wall_time": time.time(),
-        "totals": {str(d): v for d, v in totals.items()},
-        "failures": sum(v.get("failed", 0) for v in totals.values()), "stats": stats,
-        "outside": {}, "events": len(events) // EVENT.size, "dropped_events": 0})))
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(b"".join(out))
-        os.replace(tmp, path)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise TraceError(f"cannot write the trace file: {e.strerror or e}", path,
-                         hint="check that the folder exists and is writable, or choose "
-                              "another path") from e
-
-
-def _saved_events(live: List[tuple], peaks: Dict[int, List[tuple]], failures: List[tuple],
-                  labels: Dict[Optional[str], int]) -> bytes:
-    """Per device: ALLOC its peak set, FREE what is not live any more, ALLOC
-    the rest of the live set; then the failures. Replays to the same peak."""
-    flags = FLAG_SYNTHETIC
-    out = bytearray()
-    key = lambda r: (r[0], r[3], r[9])  # noqa: E731 - address, kind, seq
-    live_by_dev: Dict[int, List[tuple]] = {}
-    for r in live:
-        live_by_dev.setdefault(r[2], []).append(r)
-    for dev in sorted(set(peaks) | set(live_by_dev)):
-        peak_rows = sorted(peaks.get(dev, []), key=lambda r: r[7])
-        now = live_by_dev.get(dev, [])
-        now_keys = {key(r) for r in now}
-        peak_keys = {key(r) for r in peak_rows}
-        if peak_rows:
-            out += _alloc_events(peak_rows, labels, True)
-        prev = peak_rows[-1][7] if peak_rows else 0
-        later = sorted((r for r in now if key(r) not in peak_keys), key=lambda r: r[7])
-        free_ts = max(prev + 1, later[0][7] if later else prev + 1)
-        for r in peak_rows:
-            if key(r) not in now_keys:
-                out += _event(OP_FREE, free_ts, prev, r[3], r[2], flags, r[8], r[5],
-                              labels[r[6]], r[0], r[1])
-                prev = max(prev, free_ts)
-        if later:
-            out += _alloc_events(later, labels, True, start_ts=prev)
-    if failures:
-        prev = failures[0][6]
-        out += EVENT.pack(0, OP_TIME, 0, 0, flags, 0, 0, 0, prev, 0)
-        for size, dev, kind, _stream, tidx, label, ts, sid, result in failures:
-            out += _event(OP_FAILED, ts, prev, kind, dev, flags, sid, tidx, labels[label],
-                          result, size)
-            prev = max(prev, ts)
-    return bytes(out)
+    """Write a trace file from a tracker's current data (``Tracker.save``);
+    see :func:`memviz._trace_save.save`."""
+    from ._trace_save import save as _save
+    _save(tracker, path)
 
 
 def load(path: str, *, recover: bool = False) -> Any:

@@ -9,68 +9,44 @@ its peak snapshot in about a second on one core.
 
 from __future__ import annotations
 
+import bisect
 import itertools
-import json
+import operator
 import os
 import sys
-import warnings
-import zlib
 from array import array
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _trace as F
 from ._errors import TraceError
 from ._snapshot import Snapshot, snapshot_from_raw
+from ._trace_parse import TraceFile
 
 __all__ = ["load", "LoadedTrace"]
 
 _U32, _U64 = ("I" if array("I").itemsize == 4 else "L"), "Q"
 _BIG = sys.byteorder != "little"
-#: deflate expands at most ~1032x; anything claiming more is damaged
-_MAX_RATIO = 1100
 _TIMELINE_POINTS = 16384
 
 
-class _Bad(Exception):
-    """A structural problem inside one chunk (turned into TraceError with its offset)."""
+def _table(*ops: int) -> bytes:
+    return bytes(1 if i in ops else 0 for i in range(256))
 
 
-def _inflate(payload: bytes) -> bytes:
-    d = zlib.decompressobj()
-    try:
-        out = d.decompress(payload, len(payload) * _MAX_RATIO + 4096)
-    except zlib.error as e:
-        raise _Bad(f"its compressed payload is damaged ({e})") from None
-    if not d.eof or d.unconsumed_tail or d.unused_data:
-        raise _Bad("its compressed payload is incomplete or has extra bytes")
-    return out
+_IS_ALLOC, _IS_FREE, _IS_FAILED = _table(F.OP_ALLOC), _table(F.OP_FREE), _table(F.OP_FAILED)
+_IS_ALLOC_OR_FAILED = _table(F.OP_ALLOC, F.OP_FAILED)
+_SIGN = (0, 1, -1) + (0,) * 253
 
 
-def _json(payload: bytes, kind: type) -> Any:
-    try:
-        obj = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise _Bad(f"its JSON payload cannot be read ({type(e).__name__})") from None
-    if not isinstance(obj, kind):
-        raise _Bad(f"its payload is a JSON {type(obj).__name__}, not a {kind.__name__}")
-    return obj
+def _eq_mask(col: array, value: int) -> bytes:
+    """1 where a signed byte column equals value, else 0."""
+    return col.tobytes().translate(_table(value & 0xFF))
 
 
-def _int(v: Any, lo: int, hi: int, what: str) -> int:
-    if type(v) is not int or not lo <= v <= hi:
-        raise _Bad(f"{what} {v!r} is not a whole number between {lo} and {hi}")
-    return v
-
-
-def _opt_int(v: Any, what: str) -> Optional[int]:
-    return None if v is None else _int(v, -(1 << 63), (1 << 64) - 1, what)
-
-
-def _key(k: str, lo: int, hi: int, what: str) -> int:
-    try:
-        return _int(int(k), lo, hi, what)
-    except ValueError:
-        raise _Bad(f"{what} {k!r} is not a number") from None
+def _and(a: bytes, b: bytes) -> bytes:
+    """Byte-wise AND of two 0/1 masks of the same length."""
+    n = len(a)
+    return (int.from_bytes(a, "little") & int.from_bytes(b, "little")).to_bytes(n, "little")
 
 
 def _column(planes: List[bytes], lo: int, width: int, code: str) -> array:
@@ -86,7 +62,7 @@ def _column(planes: List[bytes], lo: int, width: int, code: str) -> array:
     return col
 
 
-class LoadedTrace:
+class LoadedTrace(TraceFile):
     """A trace file read back, with the reading API of a stopped Tracker.
 
     Attributes:
@@ -106,26 +82,11 @@ class LoadedTrace:
     """
 
     def __init__(self, path: Optional[str]) -> None:
-        self.path = path
-        self.meta: Dict[str, Any] = {}
-        self.truncated = False
-        self.error: Optional[str] = None
-        self.end: Optional[Dict[str, Any]] = None
-        self.steps: List[Any] = []
-        self.frame_filter = None
-        self.trace_path = path
-        self.running = False
-        self._strings: List[str] = []
-        self._frames: List[Tuple[str, int, str]] = []
-        self._stacks: Dict[int, Tuple[int, ...]] = {}
-        self._threads: Dict[int, Tuple[Optional[int], Optional[int], str]] = {}
-        self._labels: Dict[int, str] = {}
-        self._timeline: Optional[List[tuple]] = None
-        self._planes: List[List[bytes]] = []
+        super().__init__(path)
         self._replayed: Optional[Dict[str, Any]] = None
         self._ts_cache: Optional[List[int]] = None
-
-    # -- reading the file --------------------------------------------------
+        self._derived: Optional[Dict[int, Dict[str, int]]] = None
+        self._timeline_cache: Optional[List[tuple]] = None
 
     @classmethod
     def from_bytes(cls, data: bytes, path: Optional[str] = None, *,
@@ -135,213 +96,6 @@ class LoadedTrace:
         self._parse(memoryview(data).toreadonly(), recover)
         self._finish()
         return self
-
-    def _fail(self, reason: str, offset: Optional[int], hint: Optional[str] = None) -> TraceError:
-        return TraceError(reason, self.path, offset, hint)
-
-    def _parse(self, data: memoryview, recover: bool) -> None:
-        n = len(data)
-        head = bytes(data[:F.HEADER.size])
-        if n == 0:
-            raise self._fail("the file is empty, so it is not a memviz trace (a trace starts "
-                             "with a header written when tracking starts)", 0,
-                             "check the path; a trace comes from memviz.track(trace=...), "
-                             "Tracker.save() or `memviz run -o`")
-        if head[:8] != F.MAGIC[:min(8, n)]:
-            raise self._fail(f"not a memviz trace: it starts with {head[:8]!r}, not memviz's "
-                             f"signature {F.MAGIC!r}", 0,
-                             "give the .memviz file written by memviz.track(trace=...), "
-                             "Tracker.save() or `memviz run -o`")
-        if n < F.HEADER.size:
-            raise self._fail("the file ends inside its header: there is nothing to load", n,
-                             "the recording process was stopped before it wrote anything")
-        version = F.HEADER.unpack(head)[1]
-        if version != F.FORMAT_VERSION:
-            raise self._fail(f"it uses trace format {version}; this memviz reads format "
-                             f"{F.FORMAT_VERSION}", 8,
-                             "read it with the memviz version that wrote it (upgrade memviz)")
-        pos = F.HEADER.size
-        events = 0
-        while pos < n:
-            start = pos
-            if n - pos < F.CHUNK_HEAD.size + F.CRC.size:
-                self._cut(start, "the file ends inside a chunk header")
-                break
-            ctype, length = F.CHUNK_HEAD.unpack_from(data, pos)
-            kind = ctype & F.KIND_MASK
-            name = F.CHUNK_NAMES.get(kind, f"type-{kind}")
-            end = pos + F.CHUNK_HEAD.size + length
-            if end + F.CRC.size > n:
-                self._cut(start, f"the file ends inside a {name} chunk of {length:,} bytes")
-                break
-            crc = F.CRC.unpack_from(data, end)[0]
-            if zlib.crc32(data[pos:end]) != crc:
-                if not self._bad(start, recover, f"the {name} chunk's checksum does not match: "
-                                                 "the file is corrupted"):
-                    break
-                continue
-            pos = end + F.CRC.size
-            try:
-                if not self.meta and kind != F.META:
-                    raise _Bad("the first chunk is not the header metadata (META)")
-                if self.end is not None:
-                    raise _Bad("it comes after the end-of-trace chunk")
-                payload = bytes(data[start + F.CHUNK_HEAD.size:end])
-                if ctype & F.COMPRESSED:
-                    payload = _inflate(payload)
-                handler = self._HANDLERS.get(kind)
-                if handler is not None:
-                    handler(self, payload)
-                elif not ctype & F.OPTIONAL:
-                    raise _Bad(f"its type {kind} is unknown (written by a newer memviz?)")
-            except _Bad as e:
-                if not self._bad(start, recover, f"the {name} chunk is invalid: {e}"):
-                    break
-                continue
-            events += 1 if kind == F.EVENTS else 0
-        if not self.meta:
-            raise self._fail("the file ends before its header metadata: there is nothing to "
-                             "load", n, "the recording process was stopped before it wrote "
-                                        "anything")
-        if self.end is None and not self.truncated:
-            self.truncated = True
-            self.error = ("it has no end-of-trace record: the recording process stopped before "
-                          "tracking ended (killed?); everything up to the last flush loaded")
-        if self.truncated:
-            warnings.warn(f"memviz trace {self.path!r} is incomplete: {self.error}.",
-                          F.TraceWarning, stacklevel=4)
-
-    def _cut(self, offset: int, why: str) -> None:
-        self.truncated = True
-        self.error = (f"{why} at byte {offset:,} (the recording process was probably killed "
-                      "while writing); everything before it loaded")
-
-    def _bad(self, offset: int, recover: bool, why: str) -> bool:
-        if not recover:
-            raise self._fail(why, offset, "pass recover=True to memviz.load() to read the "
-                                          "part before it")
-        self.truncated = True
-        self.error = f"{why} (at byte {offset:,}); everything before it loaded"
-        return False
-
-    # -- chunk handlers
-
-    def _h_meta(self, payload: bytes) -> None:
-        meta = _json(payload, dict)
-        if meta.get("format") != "memviz-trace":
-            raise _Bad("its metadata does not say format 'memviz-trace'")
-        if self.meta:
-            raise _Bad("the file has two header metadata chunks")
-        for key in ("tracker", "capture"):
-            if not isinstance(meta.get(key, {}), dict):
-                raise _Bad(f"its {key!r} entry is not an object")
-        self.meta = meta
-
-    def _h_strings(self, payload: bytes) -> None:
-        items = _json(payload, list)
-        if not all(type(s) is str for s in items):
-            raise _Bad("a string table entry is not a string")
-        self._strings += items
-
-    def _h_frames(self, payload: bytes) -> None:
-        strings, ns = self._strings, len(self._strings)
-        out = []
-        for f in _json(payload, list):
-            if type(f) is not list or len(f) != 3:
-                raise _Bad(f"frame {f!r} is not [file, line, name]")
-            fi, line, ni = (_int(f[0], 0, ns - 1, "string id"), _int(f[1], -1, 1 << 31, "line"),
-                            _int(f[2], 0, ns - 1, "string id"))
-            out.append((strings[fi], max(line, 0), strings[ni]))
-        self._frames += out
-
-    def _h_stacks(self, payload: bytes) -> None:
-        nf = len(self._frames)
-        for s in _json(payload, list):
-            if type(s) is not list or len(s) != 2 or type(s[1]) is not list:
-                raise _Bad(f"stack {str(s)[:40]} is not [id, [frame ids]]")
-            sid = _int(s[0], 1, 0xFFFFFFFF, "stack id")
-            self._stacks[sid] = tuple(_int(i, 0, nf - 1, "frame id") for i in s[1])
-
-    def _h_threads(self, payload: bytes) -> None:
-        for k, v in _json(payload, dict).items():
-            idx = _key(k, 0, 0xFFFF, "thread index")
-            if type(v) is not list or len(v) != 3 or type(v[2]) is not str:
-                raise _Bad(f"thread entry {str(v)[:40]} is not [native id, ident, name]")
-            self._threads[idx] = (_opt_int(v[0], "thread id"), _opt_int(v[1], "thread ident"),
-                                  v[2])
-
-    def _h_labels(self, payload: bytes) -> None:
-        for k, v in _json(payload, dict).items():
-            if type(v) is not str:
-                raise _Bad(f"label {v!r} is not a string")
-            self._labels[_key(k, 1, 0xFFFF, "label id")] = v
-
-    def _h_events(self, payload: bytes) -> None:
-        if len(payload) < F.EVENTS_HEAD.size:
-            raise _Bad("it is shorter than its own header")
-        count, layout = F.EVENTS_HEAD.unpack_from(payload)
-        data = memoryview(payload)[F.EVENTS_HEAD.size:]
-        size = F.EVENT.size
-        if len(data) != count * size:
-            raise _Bad(f"it says {count:,} events but holds {len(data):,} bytes "
-                       f"(not {count * size:,})")
-        if layout == F.LAYOUT_PLANES:
-            planes = [bytes(data[k * count:(k + 1) * count]) for k in range(size)]
-        elif layout == F.LAYOUT_ROWS:
-            raw = bytes(data)
-            planes = [raw[k::size] for k in range(size)]
-        else:
-            raise _Bad(f"its event layout {layout} is unknown")
-        bad = planes[4].translate(None, bytes(range(1, 6)))
-        if bad:
-            raise _Bad(f"an event has the unknown operation {bad[0]}")
-        if count:
-            self._planes.append(planes)
-
-    def _h_steps(self, payload: bytes) -> None:
-        self.steps += _json(payload, list)
-
-    def _h_end(self, payload: bytes) -> None:
-        end = _json(payload, dict)
-        totals = end.get("totals", {})
-        if not isinstance(totals, dict):
-            raise _Bad("its totals are not an object")
-        clean: Dict[int, Dict[str, int]] = {}
-        for k, v in totals.items():
-            if not isinstance(v, dict):
-                raise _Bad(f"the totals of device {k} are not an object")
-            clean[_key(k, -128, 127, "device")] = {
-                str(name): _int(x, -(1 << 63), (1 << 64) - 1, f"total {name!r}")
-                for name, x in v.items()}
-        outside = end.get("outside", {})
-        if not isinstance(outside, dict):
-            raise _Bad("its 'outside' entry is not an object")
-        out: Dict[int, Tuple[int, str]] = {}
-        for k, v in outside.items():
-            if type(v) is not list or len(v) != 2 or type(v[1]) is not str:
-                raise _Bad(f"outside entry {str(v)[:40]} is not [bytes, source]")
-            out[_key(k, -128, 127, "device")] = (_int(v[0], 0, (1 << 64) - 1, "bytes"), v[1])
-        for key in ("stopped_monotonic_ns", "dropped_events"):
-            if key in end:
-                _int(end[key], 0, (1 << 64) - 1, key)
-        if not isinstance(end.get("stats", {}), dict):
-            raise _Bad("its 'stats' entry is not an object")
-        end["totals"], end["outside"] = clean, out
-        self.end = end
-
-    def _h_timeline(self, payload: bytes) -> None:
-        points = []
-        for p in _json(payload, list):
-            if type(p) is not list or len(p) != 3:
-                raise _Bad(f"timeline point {str(p)[:40]} is not [timestamp, device, bytes]")
-            points.append((_int(p[0], 0, (1 << 64) - 1, "timestamp"),
-                           _int(p[1], -128, 127, "device"), _int(p[2], 0, (1 << 64) - 1, "bytes")))
-        self._timeline = points
-
-    _HANDLERS = {F.META: _h_meta, F.STRINGS: _h_strings, F.FRAMES: _h_frames,
-                 F.STACKS: _h_stacks, F.THREADS: _h_threads, F.LABELS: _h_labels,
-                 F.EVENTS: _h_events, F.STEPS: _h_steps, F.END: _h_end,
-                 F.TIMELINE: _h_timeline}
 
     def _finish(self) -> None:
         """Columns of all events (the per-chunk planes are released)."""
@@ -409,6 +163,9 @@ class LoadedTrace:
         return self._ts_cache
 
     def _replay(self) -> Dict[str, Any]:
+        """One pass over the events: which ALLOC each FREE ends, the live set
+        at the end, and each device's peak. Mirrors the C store: a FREE of an
+        unknown address is ignored, an ALLOC at a live address retires it."""
         if self._replayed is not None:
             return self._replayed
         op, addr, size, kind, dev = self._op, self._addr, self._size, self._kind, self._dev
@@ -416,62 +173,62 @@ class LoadedTrace:
         end = array("q", bytes(8 * n))  # alloc index -> the index that ended it (0: never)
         live: Dict[int, int] = {}
         cur, peak, peak_i = [0] * 256, [0] * 256, [-1] * 256
-        nlive, peak_n = [0] * 256, [0] * 256
-        allocs, frees, failed, abytes = [0] * 256, [0] * 256, [0] * 256, [0] * 256
-        alloc_idx: List[int] = []
-        fail_idx: List[int] = []
-        tl_i, tl_d, tl_c = array("q"), array("b"), array("q")
-        unmatched = 0
-        for i, o in enumerate(op):
+        i = -1
+        for o, a, k, s, d in zip(op, addr, kind, size, dev):
+            i += 1
             if o == 1:
-                d, s, k = dev[i], size[i], (addr[i] << 8) | kind[i]
-                j = live.get(k)
-                if j is not None:  # its free was not seen: retire it, as the core does
+                key = (a << 8) | k
+                j = live.get(key)
+                if j is not None:  # its free was not seen
                     end[j] = i
-                    dj = dev[j]
-                    cur[dj] -= size[j]
-                    nlive[dj] -= 1
-                live[k] = i
-                alloc_idx.append(i)
+                    cur[dev[j]] -= size[j]
+                live[key] = i
                 c = cur[d] + s
                 cur[d] = c
-                nlive[d] += 1
-                allocs[d] += 1
-                abytes[d] += s
                 if c > peak[d]:
-                    peak[d], peak_i[d], peak_n[d] = c, i, nlive[d]
-                tl_i.append(i)
-                tl_d.append(d)
-                tl_c.append(c)
+                    peak[d] = c
+                    peak_i[d] = i
             elif o == 2:
-                j = live.pop((addr[i] << 8) | kind[i], None)
-                if j is None:
-                    unmatched += 1
-                    continue
-                end[j] = i
-                d = dev[j]
-                c = cur[d] - size[j]
-                cur[d] = c
-                nlive[d] -= 1
-                frees[d] += 1
-                tl_i.append(i)
-                tl_d.append(d)
-                tl_c.append(c)
-            elif o == 3:
-                failed[dev[i]] += 1
-                fail_idx.append(i)
-        ts = self._ts()
-        devices = sorted({d for d in range(-128, 128) if allocs[d] or failed[d]})
-        totals = {d: {"current": cur[d], "peak": peak[d],
-                      "peak_timestamp_ns": ts[peak_i[d]] if peak_i[d] >= 0 else 0,
-                      "allocs": allocs[d], "frees": frees[d], "failed": failed[d],
-                      "alloc_bytes": abytes[d], "live_count": nlive[d], "peak_count": peak_n[d],
-                      "window_peak": peak[d]} for d in devices}
+                j = live.pop((a << 8) | k, None)
+                if j is not None:
+                    end[j] = i
+                    cur[dev[j]] -= size[j]
+        alloc_idx = list(itertools.compress(range(n), op.translate(_IS_ALLOC)))
+        fail_idx = list(itertools.compress(range(n), op.translate(_IS_FAILED)))
+        devices = sorted(set(itertools.compress(dev, op.translate(_IS_ALLOC_OR_FAILED))))
         self._replayed = {"end": end, "live": sorted(live.values()), "alloc_idx": alloc_idx,
-                          "fail_idx": fail_idx, "peak_i": {d: peak_i[d] for d in devices},
-                          "totals": totals, "timeline": (tl_i, tl_d, tl_c),
-                          "unmatched": unmatched}
+                          "fail_idx": fail_idx, "cur": {d: cur[d] for d in devices},
+                          "peak": {d: peak[d] for d in devices},
+                          "peak_i": {d: peak_i[d] for d in devices}}
         return self._replayed
+
+    def _peak_rows(self, d: int) -> List[int]:
+        r = self._replay()
+        p = r["peak_i"].get(d, -1)
+        if p < 0:
+            return []
+        end, dev, alloc_idx = r["end"], self._dev, r["alloc_idx"]
+        upto = alloc_idx[:bisect.bisect_right(alloc_idx, p)]
+        return [j for j in upto if dev[j] == d and (end[j] == 0 or end[j] > p)]
+
+    def _derived_totals(self) -> Dict[int, Dict[str, int]]:
+        """Totals replayed from the events (for a trace without an END chunk)."""
+        r, ts = self._replay(), self._ts()
+        op, dev, size = self._op, self._dev, self._size
+        is_alloc, is_free = op.translate(_IS_ALLOC), op.translate(_IS_FREE)
+        out = {}
+        for d in r["peak"]:
+            on_d = _eq_mask(dev, d)
+            a_mask = _and(is_alloc, on_d)
+            live_end = sum(1 for j in r["live"] if dev[j] == d)
+            out[d] = {"current": r["cur"][d], "peak": r["peak"][d],
+                      "peak_timestamp_ns": ts[r["peak_i"][d]] if r["peak_i"][d] >= 0 else 0,
+                      "allocs": a_mask.count(1), "frees": _and(is_free, on_d).count(1),
+                      "failed": _and(op.translate(_IS_FAILED), on_d).count(1),
+                      "alloc_bytes": sum(itertools.compress(size, a_mask)),
+                      "live_count": live_end, "peak_count": len(self._peak_rows(d)),
+                      "window_peak": r["peak"][d]}
+        return out
 
     def _rows(self, idx: List[int]) -> List[tuple]:
         ts, labels = self._ts(), self._labels
@@ -510,16 +267,11 @@ class LoadedTrace:
     def peak_snapshot(self, device: Optional[int] = None) -> Snapshot:
         """The allocations live at a device's peak; every device at its own
         peak when ``device`` is None."""
-        r = self._replay()
-        peaks = r["peak_i"]
+        peaks = self._replay()["peak_i"]
         devices = [device] if device is not None else sorted(peaks)
-        end, dev = r["end"], self._dev
         idx: List[int] = []
         for d in devices:
-            p = peaks.get(d, -1)
-            if p >= 0:
-                idx += [j for j in r["alloc_idx"]
-                        if j <= p and dev[j] == d and (end[j] == 0 or end[j] > p)]
+            idx += self._peak_rows(d)
         ts = self._ts()
         when = max((ts[peaks[d]] for d in devices if peaks.get(d, -1) >= 0), default=None)
         return self._snapshot(sorted(idx), when)
@@ -530,7 +282,9 @@ class LoadedTrace:
         trace was cut short)."""
         if self.end is not None and self.end.get("totals"):
             return {d: dict(v) for d, v in self.end["totals"].items()}
-        return {d: dict(v) for d, v in self._replay()["totals"].items()}
+        if self._derived is None:
+            self._derived = self._derived_totals()
+        return {d: dict(v) for d, v in self._derived.items()}
 
     def current_bytes(self, device: Optional[int] = None) -> int:
         """Bytes live at the end; all devices (not host memory) when device is None."""
@@ -565,16 +319,36 @@ class LoadedTrace:
         """(timestamp_ns, device, live bytes) points; at most 16,384, peaks kept."""
         if self._timeline is not None:
             return list(self._timeline)
-        tl_i, tl_d, tl_c = self._replay()["timeline"]
-        ts, m = self._ts(), len(tl_i)
-        if m <= _TIMELINE_POINTS:
-            return [(ts[i], d, c) for i, d, c in zip(tl_i, tl_d, tl_c)]
-        step = -(-m // (_TIMELINE_POINTS // 2))
-        out = []
-        for lo in range(0, m, step):
-            k = max(range(lo, min(lo + step, m)), key=tl_c.__getitem__)
-            out.append((ts[tl_i[k]], tl_d[k], tl_c[k]))
-        return out
+        if self._timeline_cache is None:
+            self._timeline_cache = self._derived_timeline()
+        return list(self._timeline_cache)
+
+    def _derived_timeline(self) -> List[tuple]:
+        """Live bytes per device after each ALLOC/FREE, from the events' sizes
+        (a FREE record carries the freed allocation's size), downsampled by
+        keeping the highest point of each bucket."""
+        op, dev, n = self._op, self._dev, self.event_count
+        ts = self._ts()
+        signed = list(map(operator.mul, self._size, map(_SIGN.__getitem__, op)))
+        is_af = op.translate(_table(F.OP_ALLOC, F.OP_FREE))
+        per_dev = []
+        for d in sorted(set(itertools.compress(dev, is_af))):
+            mask = _and(is_af, _eq_mask(dev, d))
+            per_dev.append((d, list(itertools.compress(range(n), mask)),
+                            list(itertools.accumulate(itertools.compress(signed, mask)))))
+        total = sum(len(idx) for _, idx, _ in per_dev)
+        points: List[tuple] = []
+        for d, idx, curs in per_dev:
+            m = len(curs)
+            budget = max(16, _TIMELINE_POINTS * m // max(total, 1))
+            picks: Any = range(m)
+            if m > budget:
+                step = -(-m // (budget // 2))
+                picks = [max(range(lo, min(lo + step, m)), key=curs.__getitem__)
+                         for lo in range(0, m, step)]
+            points += [(idx[k], d, curs[k]) for k in picks]
+        points.sort()
+        return [(ts[i], d, c) for i, d, c in points]
 
     def capture_info(self) -> Dict[str, Any]:
         """What the recording tracker captured with (from the file's header),

@@ -120,6 +120,8 @@ class Tracker:
             the features that need no GPU, and says so in its report.
         depth: Python frames kept per allocation (1-256, default 32).
         activity: also read CUPTI activity records (static module memory).
+            Default: on, except in precise mode, where the driver would emit a
+            record for every tensor (measured to cost more than the capture).
         frame_filter: decides "the user's line" in statistics; defaults to
             ``memviz.frames``.
         trace: a path: stream a .memviz trace file there while tracking
@@ -127,19 +129,24 @@ class Tracker:
         precise: put PyTorch's allocator on the driver's stream-ordered pool
             (``backend:cudaMallocAsync``) so every tensor is a driver call;
             must be chosen before CUDA initialises.
-        torch: install the PyTorch integration (autograd op labels, categories,
-            graph residency) when torch is imported; None means "if torch is
-            already imported".
+        torch: install the PyTorch integration (categories, PyTorch's own
+            figures, out-of-memory reports) when torch is imported; None means
+            "if torch is installed". False turns it off.
+        autograd: label backward allocations with their autograd node and
+            forward line, and record what autograd graphs keep (saved-tensor
+            and node hooks, a cost per saved tensor and per node). Default: on
+            in precise mode, off otherwise (see benchmarks/RESULTS.md).
     """
 
-    def __init__(self, *, gpu: bool = True, depth: int = _DEFAULT_DEPTH, activity: bool = True,
-                 frame_filter: Optional[FrameFilter] = None, trace: Optional[str] = None,
-                 precise: bool = False, torch: Optional[bool] = None) -> None:
+    def __init__(self, *, gpu: bool = True, depth: int = _DEFAULT_DEPTH,
+                 activity: Optional[bool] = None, frame_filter: Optional[FrameFilter] = None,
+                 trace: Optional[str] = None, precise: bool = False,
+                 torch: Optional[bool] = None, autograd: Optional[bool] = None) -> None:
         if not isinstance(depth, int) or not 1 <= depth <= _core.MAX_DEPTH:
             raise ValueError(f"depth must be an int between 1 and {_core.MAX_DEPTH}, got {depth!r}")
         self.gpu_requested = bool(gpu)
         self.depth = depth
-        self.activity = bool(activity)
+        self.activity = (not precise) if activity is None else bool(activity)
         self.frame_filter = frame_filter
         self.gpu_enabled = False
         self.gpu_off_reason: Optional[str] = None
@@ -153,6 +160,9 @@ class Tracker:
         self.trace_path = os.fspath(trace) if trace is not None else None
         self.precise = bool(precise)
         self.torch_integration = torch
+        self.autograd = bool(precise) if autograd is None else bool(autograd)
+        if self.autograd and torch is False:
+            raise ValueError("autograd=True needs the PyTorch integration; do not pass torch=False with it")
         #: per-step records (see step()); filled by memviz._steps
         self.steps: List[Any] = []
         #: objects with on_start(tracker) / on_stop(tracker) / on_freeze(tracker)
@@ -241,15 +251,21 @@ class Tracker:
                 _watch_threads(False)
                 for t in threading.enumerate():
                     _note_thread(t)
-                for plugin in reversed(self._plugins):
-                    plugin.on_stop(self)
                 if self.gpu_enabled and not self._forked:
-                    _core.stop()
+                    _core.stop()  # first, so plugins (the trace writer) see every event
             finally:
+                errors = []
+                for plugin in reversed(self._plugins):
+                    try:
+                        plugin.on_stop(self)
+                    except BaseException as e:  # noqa: BLE001 - stop every plugin, then raise
+                        errors.append(e)
                 self._running = False
                 self.stopped_ns = time.monotonic_ns()
                 if _active is self:
                     _active = None
+                if errors:
+                    raise errors[0]
         return self
 
     def _start_plugins(self) -> None:
@@ -481,7 +497,7 @@ def _caller_location() -> str:
 
 def track(**kwargs: Any) -> Tracker:
     """A tracker to use as ``with memviz.track() as t:``; see :class:`Tracker`
-    for the options (gpu, depth, activity, frame_filter, trace, precise, torch)."""
+    for the options (gpu, depth, activity, frame_filter, trace, precise, torch, autograd)."""
     return Tracker(**kwargs)
 
 

@@ -55,3 +55,6 @@ def _no_tracker_left():
     if t is not None:
         t.stop()
         pytest.fail("a test left a memviz tracker running")
+    agraph = sys.modules.get("torch.autograd.graph")
+    if agraph is not None and agraph._engine_run_backward.__module__ == "memviz.torch.integration":
+        pytest.fail("a test left memviz's autograd hooks installed")

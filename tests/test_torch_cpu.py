@@ -64,7 +64,7 @@ def ops(fake):
 
 def test_backward_allocations_carry_node_and_forward_line(ops):
     x = torch.randn(16, requires_grad=True)
-    with memviz.track() as t:
+    with memviz.track(autograd=True) as t:
         y = Scale.apply(x); fwd = here()  # noqa: E702
         NoSave.apply(y).sum().backward()
         ops.alloc(CBID_cuMemAlloc_v2, 8 * KiB)  # after backward: no node
@@ -84,7 +84,7 @@ def test_backward_allocations_carry_node_and_forward_line(ops):
 
 def test_autograd_grad_and_double_backward(ops):
     x = torch.randn(8, requires_grad=True)
-    with memviz.track() as t:
+    with memviz.track(autograd=True) as t:
         y = Scale.apply(x).pow(2).sum()
         (g,) = torch.autograd.grad(y, x, create_graph=True)
         g.sum().backward()
@@ -101,7 +101,7 @@ def test_checkpoint_recomputation_is_marked(ops):
         return Scale.apply(x).sin()
 
     x = torch.randn(8, requires_grad=True)
-    with memviz.track() as t:
+    with memviz.track(autograd=True) as t:
         checkpoint(block, x, use_reentrant=False).sum().backward()
     allocs = [a for a in t.snapshot() if a.size == 16 * KiB]
     assert len(allocs) == 2  # forward, then the recomputation during backward
@@ -115,7 +115,7 @@ def test_hooks_are_removed_when_tracking_stops(ops):
     import torch.autograd.graph as agraph
 
     before = agraph._engine_run_backward
-    with memviz.track() as t:
+    with memviz.track(autograd=True) as t:
         assert agraph._engine_run_backward is not before
     assert agraph._engine_run_backward is before
     seq = t.graph.mark()
@@ -130,7 +130,7 @@ def test_categories_of_a_small_model_match_model_states(ops):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
     opt = torch.optim.Adam(model.parameters())
-    with memviz.track() as t:
+    with memviz.track(autograd=True) as t:
         model(torch.randn(4, 32)).sum().backward()
         opt.step()
         # Tell the double that each tensor's storage is a device allocation.
@@ -158,7 +158,7 @@ def test_categories_of_a_small_model_match_model_states(ops):
 
 def test_graph_residency_on_cpu(ops):
     x = torch.randn(256, 256, requires_grad=True)
-    with memviz.track() as t:
+    with memviz.track(autograd=True) as t:
         y = (x @ x).relu(); line = here()  # noqa: E702
         res = t.snapshot().graph_resident()
         assert res and all(r.line.lineno == line for r in res)
@@ -190,7 +190,7 @@ def test_precise_mode_configuration(monkeypatch):
 
 
 def test_oom_report_from_a_failed_driver_call(ops):
-    with memviz.track() as t:
+    with memviz.track(autograd=True) as t:
         ops.alloc(CBID_cuMemAlloc_v2, 1 << 20)
         ops.alloc(CBID_cuMemAlloc_v2, 1 << 40, result=CUDA_ERROR_OUT_OF_MEMORY); line = here()  # noqa: E702
     r = t.oom_report
@@ -206,7 +206,7 @@ def test_integration_installs_when_torch_is_imported_later():
     code = (
         "import sys; sys.path.insert(0, %r)\n"
         "import memviz\n"
-        "t = memviz.start(gpu=False)\n"
+        "t = memviz.start(gpu=False, autograd=True)\n"
         "assert 'torch' not in sys.modules\n"
         "import torch, torch.autograd.graph as g\n"
         "x = torch.randn(4, requires_grad=True)\n"
@@ -217,3 +217,16 @@ def test_integration_installs_when_torch_is_imported_later():
     assert p.returncode == 0, p.stderr
     running, module, resident = p.stdout.split()
     assert running == "True" and module == "memviz.torch.integration"
+
+
+def test_default_tracking_installs_no_autograd_hooks(ops):
+    import torch.autograd.graph as agraph
+
+    before = agraph._engine_run_backward
+    with memviz.track() as t:
+        assert agraph._engine_run_backward is before
+        x = torch.randn(4, requires_grad=True)
+        y = x * x
+    assert getattr(t, "graph", None) is None
+    assert t.snapshot().graph_resident() == []
+    assert y.grad_fn is not None

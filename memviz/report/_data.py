@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import linecache
 import os
-import re
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from .._report import _short_path
+from .._snapshot import _SIMPLE_KEYS
 from . import _source as src
 
 __all__ = ["collect"]
@@ -24,7 +24,6 @@ TIMELINE_POINTS = 4000
 TABLE_ROWS = 300
 FLAME_MIN_FRACTION = 0.0005  # branches under 0.05% of the root are folded
 FLAME_MAX_NODES = 20000
-_BYTES_KEY = re.compile(r"alloc|reserv|peak|bytes|size|total|current|used|free|memory|live")
 
 
 def _us(ts: Optional[int], t0: int) -> Optional[int]:
@@ -51,7 +50,7 @@ def _series(name: str, kind: str, ts: List[int], vs: List[float], t0: int,
             "v": [int(v) for v in vs], "note": note}
 
 
-def _category_series(obj: Any, allocs: List[Any], peak_only: List[Any], peak_ts: Dict[int, int],
+def category_series(obj: Any, allocs: List[Any], peak_only: List[Any], peak_ts: Dict[int, int],
                      end_ns: int) -> Tuple[Dict[int, Dict[str, Tuple[List[int], List[int]]]], str]:
     """{device: {category: (timestamps, live bytes)}} and a note on how exact it is."""
     changes: Dict[int, Dict[str, List[Tuple[int, int]]]] = {}
@@ -108,7 +107,7 @@ def _timeline(obj: Any, totals: Dict[int, Dict[str, int]], timeline: List[tuple]
     cats: Dict[int, Dict[str, Tuple[List[int], List[int]]]] = {}
     cat_note = ""
     if any(a.category for a in allocs) or any(a.category for a in peak_only):
-        cats, cat_note = _category_series(obj, allocs, peak_only, peak_ts, t1)
+        cats, cat_note = category_series(obj, allocs, peak_only, peak_ts, t1)
     gpus = sorted(d for d in set(totals) | set(per_dev) if d >= 0)
     devices = gpus + sorted(d for d in set(totals) | set(per_dev) if d < 0)
     charts = []
@@ -125,7 +124,7 @@ def _timeline(obj: Any, totals: Dict[int, Dict[str, int]], timeline: List[tuple]
         series = [_series("live (memviz)", "total", ts, vs, t0, points)]
         for cat, (cts, cvs) in sorted(cats.get(dev, {}).items()):
             series.append(_series(cat, "category", cts, cvs, t0, points, cat_note))
-        for name, _keys in src.STEP_SERIES:
+        for name, _keys, _dev_key in src.STEP_SERIES:
             for key, label in ((dev, name), (None, f"{name} (all devices)")):
                 if key is None and (not gpus or dev != gpus[0]):
                     continue
@@ -156,22 +155,35 @@ class _Names:
         return i
 
 
-def _flame(allocs: List[Any], names: _Names) -> list:
-    """The icicle tree: [name index, bytes, count, children], root first."""
-    buckets: Dict[Any, list] = {}
+def _buckets(allocs: Any) -> List[list]:
+    """One pass over a snapshot: [bytes, count, a sample allocation] per
+    (stack, device, label, autograd node, forward line, category, thread,
+    kind). The flame graph and the simple tables are built from these."""
+    buckets: Dict[tuple, list] = {}
     for a in allocs:
         tb = a.traceback
-        key = id(tb) if tb else (a.thread.name, a.autograd_node, a.forward, a.label, a.kind)
+        key = (id(tb) if tb else 0, a.device, a.label, a.autograd_node, a.forward, a.category,
+               a.thread.name, a.kind)
         b = buckets.get(key)
         if b is None:
             buckets[key] = [a.size, 1, a]
         else:
             b[0] += a.size
             b[1] += 1
+    return list(buckets.values())
+
+
+def _flame(buckets: List[list], names: _Names, depth: Optional[int] = None) -> list:
+    """The icicle tree: [name index, bytes, count, children], root first.
+
+    A stack as deep as the capture depth lost its outer frames; it hangs
+    under a marker node saying so, rather than looking like another root."""
     root: list = [names(("all", "", 0)), 0, 0, {}]
-    for size, count, a in buckets.values():
+    for size, count, a in buckets:
         if a.traceback:
             path = [names((f.name or "?", f.filename, f.lineno)) for f in reversed(a.traceback)]
+            if depth and len(a.traceback) >= depth:
+                path.insert(0, names((f"[outer frames not kept: stack deeper than {depth}]", "", 0)))
         else:
             path = [names((f"<thread {a.thread.name}>", "", 0))]
             if a.autograd_node:
@@ -213,40 +225,62 @@ def _flame(allocs: List[Any], names: _Names) -> list:
 # -- tables -------------------------------------------------------------------
 
 
-def _table(stats: List[Any], total: int, key_name: str, rows: int) -> Dict[str, Any]:
+def _table(stats: List[tuple], total: int, key_name: str, rows: int) -> Dict[str, Any]:
     cols = [{"key": key_name, "type": "text"}, {"key": "size", "type": "bytes"},
             {"key": "count", "type": "int"}, {"key": "average", "type": "bytes"},
             {"key": "share", "type": "pct"}]
-    data = [[str(s.key), s.size, s.count, s.size // max(s.count, 1),
-             round(100.0 * s.size / total, 2) if total else 0.0] for s in stats[:rows]]
+    data = [[str(key), size, count, size // max(count, 1),
+             round(100.0 * size / total, 2) if total else 0.0] for key, size, count in stats[:rows]]
     return {"columns": cols, "rows": data, "more": max(len(stats) - rows, 0)}
 
 
-def _line_table(stats: List[Any], total: int, rows: int) -> Dict[str, Any]:
+def _grouped(buckets: List[list], key_type: str) -> List[tuple]:
+    """(key, bytes, count) as Snapshot.statistics(key_type) groups them, sorted the same way."""
+    key_of = _SIMPLE_KEYS[key_type]
+    groups: Dict[Any, list] = {}
+    for size, count, a in buckets:
+        g = groups.setdefault(key_of(a), [0, 0])
+        g[0] += size
+        g[1] += count
+    out = [(k, v[0], v[1]) for k, v in groups.items()]
+    out.sort(key=lambda s: (-s[1], -s[2], str(s[0])))
+    return out
+
+
+def _line_table(snap: Any, total: int, rows: int) -> Dict[str, Any]:
+    """Lines of a snapshot, per device when it spans several (each device's
+    lines are grouped on their own, as the devices peak at different times)."""
+    per_dev = snap.by_device()
     cols = [{"key": "line", "type": "text"}, {"key": "function", "type": "text"},
             {"key": "source", "type": "code"}, {"key": "size", "type": "bytes"},
             {"key": "count", "type": "int"}, {"key": "average", "type": "bytes"},
             {"key": "share", "type": "pct"}]
+    if len(per_dev) > 1:
+        cols.insert(1, {"key": "device", "type": "text"})
+    stats = [(s, dev) for dev, part in per_dev.items() for s in part.statistics("lineno")]
+    stats.sort(key=lambda sd: (-sd[0].size, -sd[0].count))
     data = []
-    for s in stats[:rows]:
+    for s, dev in stats[:rows]:
         f = s.key
         lineno = f.lineno or 0
         shown = (f.filename if f.filename.startswith("<")
                  else f"{_short_path(f.filename)}:{lineno if lineno > 0 else '?'}")
-        data.append([shown, f.name, _source_line(f.filename, lineno), s.size, s.count,
-                     s.size // max(s.count, 1), round(100.0 * s.size / total, 2) if total else 0.0,
-                     f.filename])
-    return {"columns": cols, "rows": data, "more": max(len(stats) - rows, 0), "title_col": 7}
+        row = [shown, f.name, _source_line(f.filename, lineno), s.size, s.count,
+               s.size // max(s.count, 1), round(100.0 * s.size / total, 2) if total else 0.0]
+        if len(per_dev) > 1:
+            row.insert(1, src.device_name(dev))
+        data.append(row + [f.filename])
+    return {"columns": cols, "rows": data, "more": max(len(stats) - rows, 0),
+            "title_col": len(cols)}
 
 
-def _tables(peak: Any, end: Any, rows: int) -> Dict[str, Any]:
-    total = peak.total_bytes()
-    out = {"lines": _line_table(peak.statistics("lineno"), total, rows)}
+def _tables(peak: Any, buckets: List[list], total: int, end: Any, rows: int) -> Dict[str, Any]:
+    out = {"lines": _line_table(peak, total, rows)}
     for name, key in (("autograd nodes", "autograd_node"), ("categories", "category"),
                       ("labels", "label"), ("threads", "thread"), ("kinds", "kind")):
-        out[name] = _table(peak.statistics(key), total, key.replace("_", " "), rows)
+        out[name] = _table(_grouped(buckets, key), total, key.replace("_", " "), rows)
     if end is not None:
-        out["live at end"] = _line_table(end.statistics("lineno"), end.total_bytes(), rows)
+        out["live at end"] = _line_table(end, end.total_bytes(), rows)
     return out
 
 
@@ -267,19 +301,17 @@ def _failures(obj: Any, t0: int) -> List[list]:
 
 def _steps_table(steps: List[Dict[str, Any]], t0: int) -> Dict[str, Any]:
     keys: List[str] = []
+    types: Dict[str, str] = {}
     for s in steps:
         for k in s["fields"]:
-            if k not in keys and len(keys) < 12:
+            if k not in keys and len(keys) < 14:
                 keys.append(k)
+                types[k] = s["types"].get(k, "text")
     cols = [{"key": "step", "type": "text"}, {"key": "time", "type": "time"}]
-    for k in keys:
-        sample = next((s["fields"][k] for s in steps if k in s["fields"]), None)
-        numeric = isinstance(sample, (int, float)) and not isinstance(sample, bool)
-        cols.append({"key": k, "type": ("bytes" if numeric and _BYTES_KEY.search(k)
-                                        else "num" if numeric else "text")})
+    cols += [{"key": k, "type": types[k]} for k in keys]
     rows = [[str(s["index"]), _us(s["timestamp_ns"], t0) if s["timestamp_ns"] else None]
-            + [s["fields"].get(k) if isinstance(s["fields"].get(k), (int, float)) else
-               (str(s["fields"][k]) if k in s["fields"] else "") for k in keys]
+            + [s["fields"].get(k) if types[k] != "text" or k not in s["fields"] else str(s["fields"][k])
+               for k in keys]
             for s in steps[-2000:]]
     return {"columns": cols, "rows": rows, "more": max(len(steps) - 2000, 0)}
 
@@ -316,16 +348,21 @@ def collect(obj: Any, title: Optional[str] = None, *, points: int = TIMELINE_POI
     t0, t1 = src.time_range(obj, timeline, totals)
     peak = obj.peak_snapshot()
     end = obj.snapshot() if live_at_end else None
+    buckets = _buckets(peak.allocations)
+    total = sum(b[0] for b in buckets)
     allocs = list(end.allocations) if end is not None else []
-    seen = {(a.device, a.address, a.timestamp_ns) for a in allocs}
-    peak_only = [a for a in peak.allocations if (a.device, a.address, a.timestamp_ns) not in seen]
+    peak_only: List[Any] = []
+    if any(b[2].category for b in buckets) or any(a.category for a in allocs):
+        seen = {(a.device, a.address, a.timestamp_ns) for a in allocs}
+        peak_only = [a for a in peak.allocations if (a.device, a.address, a.timestamp_ns) not in seen]
     steps = src.steps(obj)
     found, why_none = src.findings(obj)
     names = _Names()
-    by_dev: Dict[int, List[Any]] = {}
-    for a in peak.allocations:
-        by_dev.setdefault(a.device, []).append(a)
-    flames = [{"device": d, "name": src.device_name(d), "tree": _flame(by_dev[d], names)}
+    by_dev: Dict[int, List[list]] = {}
+    for b in buckets:
+        by_dev.setdefault(b[2].device, []).append(b)
+    depth = getattr(obj, "depth", None)
+    flames = [{"device": d, "name": src.device_name(d), "tree": _flame(by_dev[d], names, depth)}
               for d in sorted(by_dev, key=lambda d: (d < 0, d))]
     return {
         "meta": _meta(obj, title, t0, t1),
@@ -335,7 +372,7 @@ def collect(obj: Any, title: Optional[str] = None, *, points: int = TIMELINE_POI
         "timeline": _timeline(obj, totals, timeline, t0, t1, steps, allocs, peak_only, points),
         "names": names.table,
         "flames": flames,
-        "tables": _tables(peak, end, rows),
+        "tables": _tables(peak, buckets, total, end, rows),
         "steps": _steps_table(steps, t0) if steps else None,
         "findings": found,
         "findings_note": why_none,

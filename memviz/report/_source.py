@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
 from .._snapshot import KIND_NAMES
+from .._units import format_size
 
-__all__ = ["Event", "events", "steps", "findings", "time_range", "device_name", "where",
-           "frame_dicts", "downsample", "call"]
+__all__ = ["Event", "events", "steps", "findings", "normalize_finding", "time_range",
+           "device_name", "where", "frame_dicts", "downsample", "call", "is_bytes_key"]
 
 
 class Event(NamedTuple):
@@ -104,13 +106,22 @@ def events(obj: Any) -> Optional[Iterator[Event]]:
     read back through ``memviz.load`` when that is available."""
     fn = getattr(obj, "events", None)
     if not callable(fn):
+        from .._tracker import Tracker
         path = getattr(obj, "trace_path", None)
-        if not path or getattr(obj, "running", False) or not os.path.exists(path):
+        if (not isinstance(obj, Tracker) or not path or obj.running
+                or not os.path.exists(path)):
             return None
         try:
-            import memviz
-            fn = memviz.load(path).events  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001 - no reader, or an unreadable file: no history
+            from .._trace_load import LoadedTrace, load
+        except ImportError:
+            return None
+        if not callable(getattr(LoadedTrace, "events", None)):
+            return None  # the reader keeps no event history: do not read the file for nothing
+        try:
+            fn = load(path).events
+        except Exception:  # noqa: BLE001 - an unreadable file: no history
+            return None
+        if not callable(fn):
             return None
     return (e for e in (_normalize(raw) for raw in fn()) if e is not None)
 
@@ -189,19 +200,35 @@ def _as_dict(rec: Any) -> Dict[str, Any]:
 
 _STEP_INDEX = ("step", "index", "step_index", "i")
 _STEP_TIME = ("timestamp_ns", "timestamp", "time_ns", "ts")
-#: step series drawn on the timeline: (name shown, keys tried)
+#: step series drawn on the timeline: (name shown, keys tried at the top of a
+#: record, key tried in each entry of its per-device "devices" mapping)
 STEP_SERIES = (
-    ("torch allocated", ("allocated", "torch_allocated", "allocated_bytes")),
-    ("torch reserved", ("reserved", "torch_reserved", "reserved_bytes")),
-    ("device total", ("device_total", "device_totals", "device_used", "nvml", "process_total")),
+    ("torch allocated", ("allocated", "torch_allocated", "allocated_bytes"), "allocated"),
+    ("torch reserved", ("reserved", "torch_reserved", "reserved_bytes"), "reserved"),
+    ("device total", ("device_total", "device_totals", "device_used", "process_total"), "current"),
 )
+#: keys whose numbers are bytes (steps and findings), unless _NOT_BYTES matches
+_BYTES = re.compile(r"byte|size|alloc|reserv|peak|grow|memory|live|rise|current|total|^start$|^end$|"
+                    r"^used$|^free$", re.I)
+_NOT_BYTES = re.compile(r"count|step|device|seq|index|_ns$|ratio|fraction|percent|share", re.I)
+
+
+def is_bytes_key(key: str) -> bool:
+    """Whether a number under this name is a byte count (a heuristic on the name)."""
+    if re.search(r"byte|size", key, re.I):
+        return True
+    return bool(_BYTES.search(key)) and not _NOT_BYTES.search(key)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _per_device(value: Any) -> Optional[Dict[Optional[int], float]]:
     """A step number as {device: value}; None (the key) for all devices."""
-    if isinstance(value, bool) or value is None:
+    if value is None or isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
+    if _number(value):
         return {None: value}
     if isinstance(value, Mapping):
         out: Dict[Optional[int], float] = {}
@@ -212,24 +239,55 @@ def _per_device(value: Any) -> Optional[Dict[Optional[int], float]]:
                 continue
             if isinstance(v, Mapping):
                 v = _field(v, ("current", "allocated", "total", "bytes", "used"))
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if _number(v):
                 out[dev] = v
         return out or None
     return None
 
 
-def _scalar(v: Any) -> Any:
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    if isinstance(v, Mapping):
-        nums = [x for x in (_per_device(v) or {}).values()]
-        return sum(nums) if nums else None
-    return str(v)
+def _step_fields(d: Mapping[str, Any], devices: Optional[Mapping]) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    """Scalar columns of a step for the table, and their types."""
+    fields: Dict[str, Any] = {}
+    types: Dict[str, str] = {}
+    for k, v in d.items():
+        if k in _STEP_INDEX or k in _STEP_TIME or k in ("devices", "lines", "info"):
+            continue
+        if k.endswith("_ns") and _number(v):
+            fields[k[:-3]], types[k[:-3]] = v // 1000, "time"
+        elif isinstance(v, Mapping):
+            nums = list((_per_device(v) or {}).values())
+            if nums:
+                fields[k], types[k] = sum(nums), "bytes" if is_bytes_key(k) else "num"
+        elif _number(v) or isinstance(v, str):
+            fields[k] = v
+            types[k] = ("bytes" if is_bytes_key(k) else "num") if _number(v) else "text"
+    if devices:  # memviz StepRecord: per-device numbers, summed over the GPUs
+        for key in ("current", "peak", "growth", "allocated", "reserved"):
+            vals = [dv.get(key) for dk, dv in devices.items()
+                    if isinstance(dv, Mapping) and _number(dv.get(key)) and int(dk) >= 0]
+            if vals:
+                fields[key], types[key] = sum(vals), "bytes"
+    lines = d.get("lines")
+    if isinstance(lines, list) and lines and isinstance(lines[0], Mapping) and "location" in lines[0]:
+        top = lines[0]
+        grew = top.get("bytes")
+        fields["top growing line"] = str(top["location"]) + (
+            f" ({format_size(grew, sign=True)})" if _number(grew) else "")
+        types["top growing line"] = "text"
+    info = d.get("info")
+    if isinstance(info, Mapping):
+        for k, v in info.items():
+            if _number(v) or isinstance(v, str):
+                fields[k], types[k] = v, "text" if isinstance(v, str) else "num"
+            elif isinstance(v, (list, tuple)):
+                fields[k], types[k] = str(tuple(v)), "text"
+    return fields, types
 
 
 def steps(obj: Any) -> List[Dict[str, Any]]:
     """Step records as dicts: ``index``, ``timestamp_ns``, ``series``
-    ({name: {device or None: value}}) and ``fields`` (scalars for a table)."""
+    ({name: {device or None: value}}), ``fields`` (scalars for a table) and
+    ``types`` (each field's type: bytes, num, time in microseconds, text)."""
     out = []
     for i, rec in enumerate(getattr(obj, "steps", None) or ()):
         try:
@@ -238,15 +296,21 @@ def steps(obj: Any) -> List[Dict[str, Any]]:
             continue
         index = _field(d, _STEP_INDEX, i)
         ts = _field(d, _STEP_TIME)
+        devices = d.get("devices") if isinstance(d.get("devices"), Mapping) else None
         series = {}
-        for name, keys in STEP_SERIES:
+        for name, keys, per_device_key in STEP_SERIES:
             per = _per_device(_field(d, keys))
+            if not per and devices:
+                per = _per_device({k: v.get(per_device_key) for k, v in devices.items()
+                                   if isinstance(v, Mapping)})
             if per:
                 series[name] = per
-        fields = {k: _scalar(v) for k, v in d.items() if k not in _STEP_INDEX and k not in _STEP_TIME}
-        fields = {k: v for k, v in fields.items() if v is not None and not isinstance(v, (list, tuple))}
-        out.append({"index": index, "timestamp_ns": int(ts) if isinstance(ts, (int, float)) else None,
-                    "series": series, "fields": fields})
+        try:
+            fields, types = _step_fields(d, devices)
+        except Exception:  # noqa: BLE001 - odd fields: show the step without them
+            fields, types = {}, {}
+        out.append({"index": index, "timestamp_ns": int(ts) if _number(ts) else None,
+                    "series": series, "fields": fields, "types": types})
     return out
 
 
@@ -264,22 +328,38 @@ def findings(obj: Any) -> Tuple[Optional[List[Dict[str, Any]]], Optional[str]]:
     return [normalize_finding(f) for f in raw or ()], None
 
 
+def _line_text(x: Any) -> str:
+    if isinstance(x, Mapping) and "location" in x:
+        grew = x.get("bytes")
+        text = str(x["location"]) + (f": {format_size(grew, sign=True)}" if _number(grew) else "")
+        return text + (f" ({x['note']})" if x.get("note") else "")
+    return str(x)
+
+
 def normalize_finding(f: Any) -> Dict[str, Any]:
-    """kind, message, numbers ({name: value}), lines (list of str) and fix of a finding."""
-    d = _as_dict(f) if not isinstance(f, str) else {"message": f}
+    """kind, message, numbers ({name: value}), numbers_text ({name: shown}),
+    lines (list of str) and fix of a finding (object or mapping)."""
+    if isinstance(f, str):
+        d: Mapping[str, Any] = {"message": f}
+    elif isinstance(f, Mapping):
+        d = f
+    else:  # read the object itself: its lines may be richer than a dict's
+        d = {k: getattr(f, k, None) for k in ("kind", "severity", "message", "numbers", "lines", "fix")}
     numbers = d.get("numbers") or {}
     if not isinstance(numbers, Mapping):
         numbers = {"value": numbers}
     lines = d.get("lines") or []
-    if isinstance(lines, (str, bytes)) or not isinstance(lines, Iterable):
+    if isinstance(lines, (str, bytes, Mapping)) or not isinstance(lines, Iterable):
         lines = [lines]
+    nums = {str(k): (v if _number(v) else str(v)) for k, v in numbers.items()}
     return {
         "kind": str(d.get("kind") or "finding"),
         "severity": str(d.get("severity") or ""),
         "message": str(d.get("message") or ""),
-        "numbers": {str(k): (v if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v))
-                    for k, v in numbers.items()},
-        "lines": [str(x) for x in lines],
+        "numbers": nums,
+        "numbers_text": {k: (format_size(v) if _number(v) and is_bytes_key(k)
+                             else f"{v:,}" if isinstance(v, int) else str(v)) for k, v in nums.items()},
+        "lines": [_line_text(x) for x in lines],
         "fix": str(d.get("fix") or ""),
     }
 

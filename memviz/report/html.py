@@ -21,7 +21,6 @@ import html
 import json
 import math
 import os
-import re
 from functools import lru_cache
 from importlib import resources
 from typing import Any, Iterable, List, Optional
@@ -82,13 +81,13 @@ _PAGE = """<!DOCTYPE html>
 <style>{css}</style>
 </head>
 <body>
-<div id="memviz" class="mvz">
+<div class="mvz">
 <header><h1>{title}</h1></header>
 <noscript><p>This report draws its charts and tables with JavaScript, which is turned off here.
-The data is in the <code>memviz-data</code> element of this file as JSON.</p></noscript>
-<main id="mvz-main"></main>
+The data is in the <code>memviz-data</code> script element of this file as JSON.</p></noscript>
+<main class="mvz-main"></main>
 </div>
-<script type="application/json" id="memviz-data">{data}</script>
+<script type="application/json" class="memviz-data">{data}</script>
 <script>{js}</script>
 </body>
 </html>
@@ -183,6 +182,8 @@ def _lines_table(stats: List[Any], top: int, total: int) -> str:
         lineno = getattr(f, "lineno", 0) or 0
         filename = getattr(f, "filename", str(f))
         shown = filename if filename.startswith("<") else f"{_short_path(filename)}:{lineno or '?'}"
+        if getattr(f, "name", ""):
+            shown += f" in {f.name}"
         source = _data._source_line(filename, lineno)
         share = f"{100 * s.size / total:.1f}%" if total else ""
         rows.append(f'<tr><td class="n">{_e(format_size(s.size))}</td><td class="n">{s.count:,}</td>'
@@ -252,15 +253,6 @@ def snapshot_repr_html(snapshot: Any, top: int = 10) -> str:
             f"{_lines_table(snapshot.statistics('lineno'), top, total)}</div>")
 
 
-def _number(key: str, value: Any) -> str:
-    if isinstance(value, (int, float)) and _FINDING_BYTES.search(key):
-        return format_size(value)
-    return f"{value:,}" if isinstance(value, int) else str(value)
-
-
-_FINDING_BYTES = re.compile(r"byte|size|alloc|reserv|peak|grow|memory|live", re.I)
-
-
 def findings_repr_html(findings: Iterable[Any]) -> str:
     """Compact HTML of diagnose() findings: kind, message, numbers, lines, fix."""
     items = [src.normalize_finding(f) for f in findings or ()]
@@ -268,7 +260,7 @@ def findings_repr_html(findings: Iterable[Any]) -> str:
         return f'{_NB_STYLE}<div class="mvz-nb"><b>memviz</b> <span class="m">no problem found</span></div>'
     cards = []
     for f in items:
-        nums = " · ".join(f"{_e(k)}: {_e(_number(k, v))}" for k, v in f["numbers"].items())
+        nums = " · ".join(f"{_e(k)}: {_e(v)}" for k, v in f["numbers_text"].items())
         lines = "".join(f"<div><code>{_e(x)}</code></div>" for x in f["lines"][:10])
         fix = f'<div><b>Fix:</b> {_e(f["fix"])}</div>' if f["fix"] else ""
         cards.append(f'<div class="card"><div class="m">{_e(f["kind"])}</div><div>{_e(f["message"])}</div>'

@@ -21,17 +21,16 @@ This works on any device, CPU included.
 from __future__ import annotations
 
 import sys
-import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional
 
 from .._frames import frames as _default_filter
 from .._snapshot import Frame
 from .._units import format_size
 
-__all__ = ["SavedRecord", "GraphRecorder"]
+__all__ = ["SavedRecord", "GraphRecorder", "Holder", "holders", "describe_holders", "keep_line"]
 
 _MEMVIZ_DIR = __file__.rsplit("/", 2)[0]
 
@@ -56,31 +55,53 @@ class SavedRecord:
 
 
 class _Packed:
-    """What the graph holds instead of the tensor (weak-referenceable)."""
+    """What the graph holds instead of the tensor (weak-referenceable).
 
-    __slots__ = ("tensor", "record", "__weakref__")
+    Kept small: the pack hook runs for every tensor a graph saves, so it only
+    notes the tensor, the user's (code, line) and a sequence number; sizes
+    and file names are worked out when someone asks (resident())."""
 
-    def __init__(self, tensor, record):
+    __slots__ = ("tensor", "code", "lineno", "seq", "timestamp_ns", "__weakref__")
+
+    def __init__(self, tensor, code, lineno, seq, timestamp_ns):
         self.tensor = tensor
-        self.record = record
+        self.code = code
+        self.lineno = lineno
+        self.seq = seq
+        self.timestamp_ns = timestamp_ns
+
+    @property
+    def line(self) -> Optional[Frame]:
+        if self.code is None:
+            return None
+        c = self.code
+        return Frame(c.co_filename, self.lineno, getattr(c, "co_qualname", c.co_name))
+
+    def record(self) -> SavedRecord:
+        t = self.tensor
+        try:
+            storage = t.untyped_storage()
+            nbytes, ptr = storage.nbytes(), storage.data_ptr()
+        except Exception:  # noqa: BLE001 - sparse, meta, tensor subclasses
+            nbytes, ptr = t.numel() * t.element_size(), 0
+        return SavedRecord(nbytes, str(t.device), str(t.dtype).replace("torch.", ""),
+                           tuple(t.shape), ptr, self.line, self.timestamp_ns, self.seq)
 
 
 def user_line(depth: int = 2, flt=None) -> Optional[Frame]:
-    """The innermost non-library frame of the calling thread (cheap)."""
+    """The innermost non-library frame of the calling thread."""
     flt = flt or _default_filter
     f = sys._getframe(1)
     for _ in range(depth - 1):
         if f.f_back is None:
             break
         f = f.f_back
-    first = None
+    first = f
     while f is not None:
         code = f.f_code
         fn = code.co_filename
-        if first is None:
-            first = f
         if not fn.startswith(_MEMVIZ_DIR) and not flt.is_library(fn):
-            return Frame(fn, f.f_lineno, code.co_qualname if hasattr(code, "co_qualname") else code.co_name)
+            return Frame(fn, f.f_lineno, getattr(code, "co_qualname", code.co_name))
         f = f.f_back
     if first is not None:
         return Frame(first.f_code.co_filename, first.f_lineno, first.f_code.co_name)
@@ -90,48 +111,54 @@ def user_line(depth: int = 2, flt=None) -> Optional[Frame]:
 class GraphRecorder:
     """Records what autograd graphs save, while started.
 
-    ``on_unpack(record)`` (optional) is called in the unpack hook, on the
-    thread running the backward node, with the GIL held.
+    ``on_unpack(packed)`` (optional) is called in the unpack hook, on the
+    thread running the backward node, with the GIL held; ``packed.code`` /
+    ``packed.lineno`` are the user's forward line.
     """
 
-    def __init__(self, on_unpack: Optional[Callable[[SavedRecord], None]] = None, frame_filter=None):
+    def __init__(self, on_unpack: Optional[Callable[[_Packed], None]] = None, frame_filter=None):
         self.on_unpack = on_unpack
-        self.frame_filter = frame_filter
+        self.frame_filter = frame_filter or _default_filter
         self._live: Dict[int, "weakref.ref[_Packed]"] = {}
-        self._lock = threading.Lock()
+        self._is_user: Dict[Any, bool] = {}  # code object -> user code?
         self._seq = 0
         self._ctx = None
 
     # -- hooks (called by autograd, with the GIL) --------------------------
 
     def _pack(self, tensor):
-        try:
-            storage = tensor.untyped_storage()
-            nbytes = storage.nbytes()
-            ptr = storage.data_ptr()
-        except Exception:  # noqa: BLE001 - sparse, meta, tensor subclasses
-            nbytes, ptr = tensor.numel() * tensor.element_size(), 0
-        with self._lock:
-            self._seq += 1
-            seq = self._seq
-        rec = SavedRecord(nbytes, str(tensor.device), str(tensor.dtype).replace("torch.", ""),
-                          tuple(tensor.shape), ptr, user_line(2, self.frame_filter),
-                          time.monotonic_ns(), seq)
-        packed = _Packed(tensor, rec)
+        # Runs for every saved tensor: a cached walk to the user's frame,
+        # one small object and one weak reference.
+        is_user = self._is_user
+        f = sys._getframe(1)
+        while f is not None:
+            code = f.f_code
+            u = is_user.get(code)
+            if u is None:
+                fn = code.co_filename
+                u = is_user[code] = not fn.startswith(_MEMVIZ_DIR) and not self.frame_filter.is_library(fn)
+            if u:
+                break
+            f = f.f_back
+        self._seq += 1  # the GIL serialises pack hooks
+        seq = self._seq
+        # detach(): a saved *output* packed as itself would hold its own grad_fn,
+        # a reference cycle through C++ that gc cannot see, so every graph that
+        # is dropped without backward would leak. Autograd restores the grad_fn
+        # on unpack, so the detached tensor is all it needs.
+        packed = _Packed(tensor.detach(), f.f_code if f is not None else None,
+                         f.f_lineno if f is not None else 0, seq, time.monotonic_ns())
         live = self._live
-
-        def gone(_ref, seq=seq, live=live):
-            live.pop(seq, None)
-
-        live[seq] = weakref.ref(packed, gone)
+        live[seq] = weakref.ref(packed, lambda _r, seq=seq, live=live: live.pop(seq, None))
         return packed
 
     def _unpack(self, packed):
         if type(packed) is not _Packed:  # saved before we started
             return packed
-        if self.on_unpack is not None:
+        cb = self.on_unpack
+        if cb is not None:
             try:
-                self.on_unpack(packed.record)
+                cb(packed)
             except Exception:  # noqa: BLE001 - never break the user's backward
                 pass
         return packed.tensor
@@ -167,11 +194,12 @@ class GraphRecorder:
             p = ref() if ref is not None else None
             if p is None:
                 continue
-            key = (p.record.device, p.record.data_ptr) if p.record.data_ptr else ("seq", seq)
+            rec = p.record()
+            key = (rec.device, rec.data_ptr) if rec.data_ptr else ("seq", seq)
             if key in seen:
                 continue
             seen.add(key)
-            out.append(p.record)
+            out.append(rec)
         return out
 
     def mark(self) -> int:
@@ -188,6 +216,9 @@ class GraphRecorder:
         later have larger numbers (used to find graphs made after a point)."""
         import torch
 
+        peek = getattr(torch._C._autograd, "_get_sequence_nr", None)
+        if peek is not None:  # the next number to be given out: ~0.1 us, creates nothing
+            return peek() - 1
         with torch.enable_grad():
             return torch.ones(1, requires_grad=True).mul(1).grad_fn._sequence_nr()
 
@@ -223,35 +254,81 @@ class GraphRecorder:
         return out[:limit]
 
 
+class Holder(NamedTuple):
+    """Something that keeps a tensor alive: a description ("list `history` in
+    module train") and, when it can be found, the line that stores into it."""
+
+    description: str
+    location: Optional[str] = None  # "file:line" of e.g. `history.append(...)`
+
+
 def describe_holders(tensor, limit: int = 3, exclude=()) -> List[str]:
     """Who refers to ``tensor``: 'list `history` in module test_x' and the like.
 
     ``exclude``: containers of the caller's own (e.g. its list of roots)."""
+    return [h.description for h in holders(tensor, limit, exclude)]
+
+
+def holders(tensor, limit: int = 3, exclude=()) -> List[Holder]:
+    """Like :func:`describe_holders`, with the line that stores into the
+    holding container when the source shows one (``history.append(loss)``)."""
     import gc
     import types
 
     skip = {id(x) for x in exclude}
-    out = []
+    out: List[Holder] = []
     for ref in gc.get_referrers(tensor):
         if id(ref) in skip or isinstance(ref, (_Packed, types.CellType)):
             continue
         if isinstance(ref, types.FrameType):
             code = ref.f_code
             names = [k for k, v in ref.f_locals.items() if v is tensor]
-            out.append(f"local `{names[0] if names else '?'}` of {code.co_qualname if hasattr(code, 'co_qualname') else code.co_name}"
-                       f" ({code.co_filename}:{ref.f_lineno})")
+            out.append(Holder(
+                f"local `{names[0] if names else '?'}` of "
+                f"{code.co_qualname if hasattr(code, 'co_qualname') else code.co_name}"
+                f" ({code.co_filename}:{ref.f_lineno})", f"{code.co_filename}:{ref.f_lineno}"))
+        elif isinstance(ref, dict) and isinstance(ref.get("__name__"), str) and "__builtins__" in ref:
+            names = [k for k, v in ref.items() if v is tensor]
+            out.append(Holder(f"global `{names[0] if names else '?'}` in module {ref['__name__']}"))
         elif isinstance(ref, (list, dict, set, tuple)):
-            owner = _owner_name(ref)
-            out.append(f"{type(ref).__name__} {owner}" if owner else f"a {type(ref).__name__}")
+            owner = _owner(ref)
+            if owner is None:
+                out.append(Holder(f"a {type(ref).__name__}"))
+            else:
+                text, name, filename, start, end = owner
+                line = keep_line(name, filename, start, end) if filename else None
+                out.append(Holder(f"{type(ref).__name__} {text}", f"{filename}:{line}" if line else None))
         else:
-            out.append(f"a {type(ref).__name__} object")
+            out.append(Holder(f"a {type(ref).__name__} object"))
         if len(out) >= limit:
             break
     return out
 
 
-def _owner_name(container) -> str:
+_KEEP_RE = (r"\b{name}\s*(\.\s*(append|extend|insert|add|update|setdefault)\s*\(|\+=|"
+            r"\[[^\]]*\]\s*=(?!=))")
+
+
+def keep_line(name: str, filename: str, start: int = 1, end: Optional[int] = None) -> Optional[int]:
+    """The first line of ``filename`` (from ``start`` to ``end``) that stores
+    into the container ``name``: ``name.append(``, ``name +=``, ``name[k] =``."""
+    import linecache
+    import re
+
+    pat = re.compile(_KEEP_RE.format(name=re.escape(name)))
+    lines = linecache.getlines(filename)
+    last = len(lines) if end is None else min(end, len(lines))
+    for i in range(max(start, 1), last + 1):
+        if pat.search(lines[i - 1].split("#", 1)[0]):
+            return i
+    return None
+
+
+def _owner(container):
+    """(text, name, filename, first line, last line) of what names ``container``:
+    a module global, a local of a running function, or an object's attribute."""
     import gc
+    import sys
     import types
 
     for ref in gc.get_referrers(container):
@@ -259,9 +336,42 @@ def _owner_name(container) -> str:
             for k, v in ref.items():
                 if v is container and isinstance(k, str):
                     mod = ref.get("__name__") if isinstance(ref.get("__name__"), str) else None
-                    return f"`{k}`" + (f" in module {mod}" if mod else "")
+                    fn = ref.get("__file__") if isinstance(ref.get("__file__"), str) else None
+                    return (f"`{k}`" + (f" in module {mod}" if mod else ""), k, fn, 1, None)
         elif isinstance(ref, types.FrameType):
             for k, v in ref.f_locals.items():
                 if v is container:
-                    return f"`{k}` (a local of {ref.f_code.co_name})"
-    return ""
+                    code = ref.f_code
+                    return (f"`{k}` (a local of {code.co_name})", k, code.co_filename,
+                            code.co_firstlineno, None)
+        elif not isinstance(ref, (list, tuple, set, types.FunctionType, type)):
+            attrs = getattr(ref, "__dict__", None)
+            if isinstance(attrs, dict):
+                for k, v in attrs.items():
+                    if v is container:
+                        mod = sys.modules.get(type(ref).__module__)
+                        fn = getattr(mod, "__file__", None)
+                        return (f"`{k}` of a {type(ref).__name__} object", k, fn, 1, None)
+    return _local_owner(container)
+
+
+def _local_owner(container):
+    """A running function's local variable that is ``container`` (frames of
+    running functions are not gc referrers since Python 3.11)."""
+    import sys
+
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            code = frame.f_code
+            if not code.co_filename.startswith(_MEMVIZ_DIR):
+                for k, v in frame.f_locals.items():
+                    if v is container:
+                        return (f"`{k}` (a local of {code.co_name})", k, code.co_filename,
+                                code.co_firstlineno, None)
+            frame = frame.f_back
+    return None
+
+
+def _owner_name(container) -> str:
+    owner = _owner(container)
+    return owner[0] if owner is not None else ""

@@ -36,11 +36,15 @@ def attach(tracker) -> "TorchIntegration":
 
 class TorchIntegration:
     def __init__(self, tracker) -> None:
+        self.autograd = tracker.autograd
         self.graph = GraphRecorder(on_unpack=self._on_unpack, frame_filter=tracker.frame_filter)
-        tracker.graph = self.graph
+        if self.autograd:
+            tracker.graph = self.graph
         self._tracker = weakref.ref(tracker)
         self._node_hooks: Dict[str, Any] = {}
         self._label_ids: Dict[Any, int] = {}
+        self._unpack_labels: Dict[Any, int] = {}
+        self._current_node = None
         self._optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._handles: list = []
         self._patched = []
@@ -62,8 +66,10 @@ class TorchIntegration:
             return
         import torch
 
-        self.graph.start()
-        self._patch_backward(torch)
+        self._current_node = torch._C._current_autograd_node
+        if self.autograd:
+            self.graph.start()
+            self._patch_backward(torch)
         try:
             from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -118,30 +124,37 @@ class TorchIntegration:
             self._node_hooks[name] = hook
         return hook
 
-    def _on_unpack(self, record) -> None:
-        import torch
-
-        node = torch._C._current_autograd_node()
-        if node is None or record.line is None:
+    def _on_unpack(self, packed) -> None:
+        # Runs for every saved tensor read in backward, on the node's thread.
+        node = self._current_node()
+        if node is None or packed.code is None:
             return
-        _core.label_set(self._label(node.name(), f"{record.line.filename}:{record.line.lineno}"))
+        key = (node.name(), packed.code, packed.lineno)
+        lid = self._unpack_labels.get(key)
+        if lid is None:
+            lid = self._unpack_labels[key] = self._label(
+                key[0], f"{packed.code.co_filename}:{packed.lineno}")
+        _core.label_set(lid)
 
     def _hook_graph(self, roots) -> None:
-        """Pre-hook every node reachable from ``roots`` not hooked yet."""
+        """Pre-hook every node reachable from ``roots``.
+
+        Runs before each backward, in Python, once per node (measured in
+        benchmarks/RESULTS.md). A graph run again with retain_graph=True is
+        hooked again; the hooks set the same label, so that only costs time."""
         seen = set()
         stack = [r for r in roots if r is not None]
+        hooks = self._node_hooks
+        make = self._prehook_for
         while stack:
             node = stack.pop()
-            key = id(node)
-            if key in seen:
+            if node in seen:
                 continue
-            seen.add(key)
-            meta = node.metadata
-            if "memviz" not in meta:
-                meta["memviz"] = True
-                node.register_prehook(self._prehook_for(node.name()))
+            seen.add(node)
+            name = node.name()
+            node.register_prehook(hooks.get(name) or make(name))
             for fn, _ in node.next_functions:
-                if fn is not None and id(fn) not in seen:
+                if fn is not None and fn not in seen:
                     stack.append(fn)
 
     def _patch_backward(self, torch) -> None:

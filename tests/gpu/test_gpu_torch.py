@@ -4,11 +4,13 @@ accounting, and the out-of-memory report."""
 
 import pytest
 
+import textwrap
+
 from test_gpu_capture import _REASON, run  # noqa: F401  (same runner, same skip)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
 
-MODEL = """
+MODEL = textwrap.dedent("""
 import torch
 torch.manual_seed(0)
 model = torch.nn.Sequential(
@@ -23,14 +25,18 @@ def train_step(autocast=False):
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=False)
-"""
+""")
+
+
+def script(before, after):
+    return textwrap.dedent(before) + MODEL + textwrap.dedent(after)
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
 def test_precise_mode_model_states_match_the_zero_accounting(autocast):
-    r = run("""
+    r = run(script("""
         t = memviz.track(precise=True).start()
-    """ + MODEL + f"""
+    """, f"""
         for _ in range(2):
             train_step(autocast={autocast})
         torch.cuda.synchronize()
@@ -39,7 +45,7 @@ def test_precise_mode_model_states_match_the_zero_accounting(autocast):
         backend = torch.cuda.get_allocator_backend()
         t.stop()
         out(cats=cats, P=P, backend=backend, n=len(snap))
-    """)
+    """))
     assert r["backend"] == "cudaMallocAsync", r
     P, cats = r["P"], r["cats"]
     for cat, expected in (("parameter", 4 * P), ("gradient", 4 * P), ("optimizer_state", 8 * P)):
@@ -47,9 +53,9 @@ def test_precise_mode_model_states_match_the_zero_accounting(autocast):
 
 
 def test_precise_mode_attributes_every_tensor_of_a_step_to_a_line():
-    r = run("""
+    r = run(script("""
         t = memviz.track(precise=True).start()
-    """ + MODEL + """
+    """, """
         train_step()
         torch.cuda.synchronize()
         snap = t.snapshot()
@@ -66,16 +72,16 @@ def test_precise_mode_attributes_every_tensor_of_a_step_to_a_line():
         out(missing=len(storages - addresses), tensors=len(storages), peak=len(peak),
             unexplained=len(unexplained), lines=script_lines,
             nodes=sorted({a.autograd_node for a in peak if a.autograd_node})[:20])
-    """)
+    """))
     assert r["missing"] == 0 and r["tensors"] > 0, r  # every parameter/grad/state tensor is its own allocation
     assert r["unexplained"] == 0, r  # each allocation has a line or an autograd node
     assert len(r["lines"]) >= 2 and r["nodes"], r
 
 
 def test_backward_allocations_carry_node_names_and_forward_lines():
-    r = run("""
+    r = run(script("""
         t = memviz.track(precise=True).start()
-    """ + MODEL + """
+    """, """
         train_step()
         torch.cuda.synchronize()
         allocs = [a for a in t.peak_snapshot(0) if a.autograd_node]
@@ -83,7 +89,7 @@ def test_backward_allocations_carry_node_names_and_forward_lines():
         out(nodes=sorted({a.autograd_node for a in allocs}),
             forwards=sorted({a.forward for a in allocs if a.forward}),
             threads=sorted({a.thread.name for a in allocs}))
-    """)
+    """))
     assert any(n.startswith(("AddmmBackward", "MmBackward")) for n in r["nodes"]), r
     assert any(f.startswith("<string>:") for f in r["forwards"]), r
 

@@ -1,14 +1,18 @@
-/* memviz HTML report: draws the data embedded in #memviz-data.
+/* memviz HTML report: draws the JSON data embedded in the page (class memviz-data).
  * Plain JavaScript and SVG; no network, no libraries. Every text from the
  * data goes through textContent or setAttribute, never innerHTML. */
 (function () {
   'use strict';
-  var D = JSON.parse(document.getElementById('memviz-data').textContent);
+  // The data element sits just before this script and the page's root just
+  // before that, so several reports can share one document (a notebook).
+  var dataEl = document.currentScript.previousElementSibling;
+  var root = dataEl.previousElementSibling;
+  var D = JSON.parse(dataEl.textContent);
   var NS = 'http://www.w3.org/2000/svg';
-  var main = document.getElementById('mvz-main');
-  var PALETTE = ['#4e79a7', '#f28e2c', '#e15759', '#76b7b2', '#59a14f', '#edc949', '#af7aa1',
-    '#ff9da7', '#9c755f', '#bab0ab'];
+  var main = root.querySelector('.mvz-main');
   var STEP_COLORS = {'torch allocated': '#e15759', 'torch reserved': '#f28e2c', 'device total': '#59a14f'};
+  var CATEGORY_COLORS = ['#76b7b2', '#af7aa1', '#b6992d', '#9c755f', '#ff9da7', '#6a9f58', '#d37295',
+    '#8cd17d', '#a0cbe8', '#79706e'];
 
   function el(tag, attrs, text) {
     var e = document.createElement(tag);
@@ -26,7 +30,9 @@
     if (n === null || n === undefined) { return ''; }
     var units = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'], v = Math.abs(n), i = 0;
     while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
-    var s = i === 0 ? String(Math.round(v)) : v.toPrecision(3).replace(/\.?0+$/, '');
+    // Three significant digits at most, trailing zeros after the point dropped.
+    var s = i === 0 || v >= 100 ? String(Math.round(v)) : v.toPrecision(3);
+    if (s.indexOf('.') >= 0) { s = s.replace(/0+$/, '').replace(/\.$/, ''); }
     return (n < 0 ? '-' : '') + s + ' ' + units[i];
   }
   function fmtTime(us) {
@@ -41,8 +47,8 @@
   function hash(s) { var h = 0; for (var i = 0; i < s.length; i++) { h = ((h << 5) - h + s.charCodeAt(i)) | 0; } return Math.abs(h); }
   function basename(p) { var i = p.lastIndexOf('/'); return i >= 0 ? p.slice(i + 1) : p; }
 
-  var tip = el('div', {id: 'mvz-tip'});
-  document.getElementById('memviz').appendChild(tip);
+  var tip = el('div', {'class': 'mvz-tip'});
+  root.appendChild(tip);
   function showTip(text, ev) {
     tip.textContent = text; tip.style.display = 'block';
     var x = ev.clientX + 14, y = ev.clientY + 14, r = tip.getBoundingClientRect();
@@ -75,7 +81,7 @@
       {key: 'peak', type: 'bytes'}, {key: 'peak at', type: 'time'}, {key: 'allocs', type: 'int'},
       {key: 'frees', type: 'int'}, {key: 'failed', type: 'int'}],
     rows: D.devices.map(function (d) { return [d.name, d.current, d.peak, d.peak_t, d.allocs, d.frees, d.failed]; }),
-    more: 0}, {sortable: false});
+    more: 0}, {sortable: false, narrow: true});
   }
 
   /* ---- timeline ----------------------------------------------------------- */
@@ -84,7 +90,12 @@
   function seriesColor(s, i) {
     if (s.kind === 'total') { return '#4e79a7'; }
     if (s.kind === 'step') { return STEP_COLORS[s.name.replace(/ \(all devices\)$/, '')] || '#555'; }
-    return PALETTE[(i + 1) % PALETTE.length];
+    return CATEGORY_COLORS[categoryIndex(s.name) % CATEGORY_COLORS.length];
+  }
+  var categoryOrder = {};
+  function categoryIndex(name) {
+    if (!(name in categoryOrder)) { categoryOrder[name] = Object.keys(categoryOrder).length; }
+    return categoryOrder[name];
   }
   function niceMax(v) {
     if (v <= 0) { return 1; }
@@ -283,8 +294,8 @@
   }
   function table(parent, spec, opts) {
     opts = opts || {};
-    var wrap = el('div'), state = {col: -1, dir: 0, filter: ''};
-    var t = el('table', {'class': 'mvz-table'}), thead = el('thead'), tbody = el('tbody'), tr = el('tr');
+    var wrap = el('div', {'class': opts.narrow ? '' : 'scroll'}), state = {col: -1, dir: 0, filter: ''};
+    var t = el('table', {'class': opts.narrow ? 'mvz-table narrow' : 'mvz-table'}), thead = el('thead'), tbody = el('tbody'), tr = el('tr');
     spec.columns.forEach(function (c, i) {
       var th = el('th', {'data-col': i}, c.key);
       if (opts.sortable !== false) {
@@ -300,6 +311,10 @@
       tr.appendChild(th);
     });
     thead.appendChild(tr); t.appendChild(thead); t.appendChild(tbody);
+    // Rows come sorted by size, largest first: say so, so the first click reverses it.
+    spec.columns.forEach(function (c, i) {
+      if (c.key === 'size' && opts.sortable !== false && state.col < 0) { state.col = i; state.dir = -1; tr.children[i].setAttribute('aria-sort', 'descending'); }
+    });
     function fill() {
       tbody.textContent = '';
       var rows = spec.rows.slice(), f = state.filter.toLowerCase();
@@ -323,8 +338,8 @@
     }
     state.setFilter = function (v) { state.filter = v; fill(); };
     fill(); wrap.appendChild(t);
-    if (spec.more) { wrap.appendChild(el('p', {'class': 'note'}, '\u2026 and ' + fmtInt(spec.more) + ' more rows, not included in this report.')); }
     parent.appendChild(wrap);
+    if (spec.more) { parent.appendChild(el('p', {'class': 'note'}, '\u2026 and ' + fmtInt(spec.more) + ' more rows, not included in this report.')); }
     return state;
   }
   var TABLE_TITLES = {'lines': 'By line (at the peak)', 'autograd nodes': 'By autograd node', 'categories': 'By category',
@@ -363,10 +378,7 @@
       c.appendChild(el('div', {'class': 'kind'}, f.kind + (f.severity ? ' \u00b7 ' + f.severity : '')));
       c.appendChild(el('div', {}, f.message));
       var kv = el('div', {'class': 'kv'});
-      Object.keys(f.numbers).forEach(function (k) {
-        var v = f.numbers[k], txt = typeof v === 'number' && /byte|size|alloc|reserv|peak|grow|memory|live/i.test(k) ? fmtBytes(v) : (typeof v === 'number' ? fmtInt(v) : v);
-        kv.appendChild(el('span', {}, k + ': ' + txt));
-      });
+      Object.keys(f.numbers_text).forEach(function (k) { kv.appendChild(el('span', {}, k + ': ' + f.numbers_text[k])); });
       if (kv.children.length) { c.appendChild(kv); }
       if (f.lines.length) { c.appendChild(el('pre', {}, f.lines.join('\n'))); }
       if (f.fix) { c.appendChild(el('div', {'class': 'fix'}, 'Fix: ' + f.fix)); }
@@ -387,5 +399,5 @@
   if (D.findings_note && !D.findings) { main.appendChild(el('p', {'class': 'note'}, 'Findings: ' + D.findings_note + '.')); }
   var resizeTimer = null;
   window.addEventListener('resize', function () { clearTimeout(resizeTimer); resizeTimer = setTimeout(function () { drawTimeline(); drawFlame(); }, 150); });
-  document.body.setAttribute('data-mvz-ready', '1');
+  root.setAttribute('data-ready', '1');
 }());

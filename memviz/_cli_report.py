@@ -1,0 +1,293 @@
+"""``memviz report`` and ``memviz diff``: read .memviz trace files.
+
+``python -m memviz report run.memviz [--format text|json|html] [-o OUT]``
+prints the report of a trace: the same text report ``memviz run`` prints,
+a JSON document (:func:`json_report`), or the HTML page of
+``memviz.report.html.render``.
+
+``python -m memviz diff a.memviz b.memviz`` compares two traces line by
+line: what each line held at the peak and at the end, largest changes first,
+like ``Snapshot.compare_to`` / ``StatisticDiff``.
+
+JSON report (``--format json``), version 1::
+
+    {"memviz_report": 1, "trace": path, "command": str|null,
+     "memviz_version": str|null, "saved": bool, "truncated": bool,
+     "truncated_reason": str|null, "start_wall_time": float|null,
+     "duration_s": float|null, "events": int, "dropped_events": int,
+     "devices": [{"device": int (-1: pinned host), "name": "cuda:0",
+                  "current": int, "peak": int, "peak_timestamp_ns": int,
+                  "allocs": int, "frees": int, "failed": int,
+                  "top_lines_at_peak": [LINE, ...],
+                  "top_lines_at_end": [LINE, ...]}, ...],
+     "failures": [{"size", "device", "kind", "result", "timestamp_ns",
+                   "thread", "label", "file", "line", "function"}, ...],
+     "steps": [step record, ...]}
+
+    LINE = {"file": str, "line": int, "function": str, "size": int, "count": int}
+
+Sizes are bytes. ``file`` of allocations made by threads without Python
+frames is ``"<thread NAME>"`` with line 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from typing import Any, Dict, List, Optional
+
+from ._errors import TraceError
+from ._trace import TraceWarning, step_dict
+from ._units import format_size
+
+__all__ = ["main", "diff_main", "json_report", "diff_text"]
+
+EXIT_USAGE = 2
+FORMATS = ("text", "json", "html")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _load(path: str, recover: bool, prog: str):
+    """The loaded trace; a warning about a cut-off file goes to stderr as one line."""
+    from ._trace_load import load
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TraceWarning)
+        trace = load(path, recover=recover)
+    for w in caught:
+        print(f"{prog}: warning: {w.message}", file=sys.stderr)
+    return trace
+
+
+def _device_name(dev: int) -> str:
+    return "pinned host" if dev < 0 else f"cuda:{dev}"
+
+
+def _line(stat: Any) -> Dict[str, Any]:
+    key = stat.key
+    return {"file": getattr(key, "filename", str(key)), "line": getattr(key, "lineno", 0) or 0,
+            "function": getattr(key, "name", "") or "", "size": stat.size, "count": stat.count}
+
+
+def json_report(trace: Any, top: int = 10) -> Dict[str, Any]:
+    """The JSON report of a loaded trace (or a Tracker); see the module docstring."""
+    totals = trace.totals()
+    end_snap = trace.snapshot().by_device()
+    devices = []
+    for dev in sorted(totals, key=lambda d: (d < 0, d)):
+        t = totals[dev]
+        at_end = end_snap.get(dev)
+        devices.append({
+            "device": dev, "name": _device_name(dev),
+            **{k: t.get(k, 0) for k in ("current", "peak", "peak_timestamp_ns", "allocs",
+                                        "frees", "failed")},
+            "top_lines_at_peak": [_line(s) for s in
+                                  trace.peak_snapshot(dev).statistics("lineno")[:top]],
+            "top_lines_at_end": [_line(s) for s in at_end.statistics("lineno")[:top]]
+            if at_end is not None else [],
+        })
+    failures = []
+    for f in trace.failures:
+        frame = f.traceback.user_frame if f.traceback else None
+        failures.append({
+            "size": f.size, "device": f.device, "kind": f.kind, "result": f.result,
+            "timestamp_ns": f.timestamp_ns, "thread": f.thread.name, "label": f.label,
+            "file": frame.filename if frame else f"<thread {f.thread.name}>",
+            "line": frame.lineno if frame else 0, "function": frame.name if frame else ""})
+    meta = getattr(trace, "meta", {}) or {}
+    started, stopped = trace.started_ns, trace.stopped_ns
+    return {
+        "memviz_report": 1,
+        "trace": getattr(trace, "path", None),
+        "command": getattr(trace, "command", None),
+        "memviz_version": meta.get("memviz_version"),
+        "saved": bool(getattr(trace, "saved", False)),
+        "truncated": bool(getattr(trace, "truncated", False)),
+        "truncated_reason": getattr(trace, "error", None),
+        "start_wall_time": meta.get("start_wall_time"),
+        "duration_s": (stopped - started) / 1e9 if started is not None and stopped else None,
+        "events": getattr(trace, "event_count", None),
+        "dropped_events": getattr(trace, "dropped_events", 0),
+        "devices": devices,
+        "failures": failures,
+        "steps": [step_dict(s) for s in trace.steps],
+    }
+
+
+def _html(trace: Any) -> str:
+    try:
+        from .report import html
+    except ModuleNotFoundError as e:
+        if e.name and e.name.startswith("memviz"):
+            raise TraceError(
+                "HTML reports need memviz.report.html, which this memviz installation does not "
+                "have", getattr(trace, "path", None),
+                hint="use --format text or --format json, or install a memviz with HTML "
+                     "reports") from None
+        raise
+    return html.render(trace)
+
+
+def _write(text: str, out: Optional[str], prog: str) -> int:
+    if out is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return 0
+    try:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        print(f"{prog}: cannot write {out!r}: {e.strerror or e}. Check that the folder exists "
+              "and is writable, or choose another -o path.", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"{prog}: wrote {out}", file=sys.stderr)
+    return 0
+
+
+def report_parser(prog: str = "memviz report") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Print the memory report of a .memviz trace file.",
+        epilog="Example: memviz report run.memviz --format html -o run.html", allow_abbrev=False)
+    parser.add_argument("trace", help="the .memviz file (from `memviz run -o`, "
+                                      "track(trace=...) or Tracker.save())")
+    parser.add_argument("--format", choices=FORMATS, default="text",
+                        help="text (default), json or html")
+    parser.add_argument("-o", "--output", metavar="PATH", help="write here instead of stdout")
+    parser.add_argument("--top", type=_positive, default=10, metavar="N",
+                        help="lines listed per device (default 10)")
+    parser.add_argument("--recover", action="store_true",
+                        help="read a corrupted file up to the damaged part")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None, prog: str = "memviz report") -> int:
+    """Entry point of ``memviz report``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        opts = report_parser(prog).parse_args(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    try:
+        trace = _load(opts.trace, opts.recover, prog)
+        if opts.format == "text":
+            from ._report import text_report
+            text = text_report(trace, top=opts.top, outside=trace.outside,
+                               command=trace.command)
+            if trace.truncated:
+                text = f"(incomplete trace: {trace.error})\n" + text
+        elif opts.format == "json":
+            text = json.dumps(json_report(trace, opts.top), indent=1, default=str) + "\n"
+        else:
+            text = _html(trace)
+    except TraceError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return _write(text, opts.output, prog)
+
+
+# ---- diff ---------------------------------------------------------------------
+
+
+def _loc(key: Any) -> str:
+    from ._report import _location
+    if hasattr(key, "filename"):
+        return _location(key)[0]
+    return str(key)
+
+
+def _diff_lines(diffs: List[Any], top: int) -> List[str]:
+    changed = [d for d in diffs if d.size_diff or d.count_diff]
+    if not changed:
+        return ["  no change"]
+    lines = [f"  {format_size(d.size_diff, sign=True):>11}  {_loc(d.key)}: "
+             f"size={format_size(d.size)}, count={d.count} ({d.count_diff:+d})"
+             for d in changed[:top]]
+    rest = changed[top:]
+    if rest:
+        lines.append(f"  ... {len(rest):,} more changed line(s), "
+                     f"{format_size(sum(d.size_diff for d in rest), sign=True)} in all")
+    return lines
+
+
+def diff_text(a: Any, b: Any, names: tuple = ("A", "B"), top: int = 10,
+              key: str = "lineno") -> str:
+    """Per-line differences of two traces' peak snapshots and final live sets."""
+    ta, tb = a.totals(), b.totals()
+    lines = [f"memviz diff: {names[0]} -> {names[1]}", "=" * 60,
+             "", f"{'Peak per device':<20}{'A':>12}{'B':>12}{'change':>13}"]
+    for dev in sorted(set(ta) | set(tb), key=lambda d: (d < 0, d)):
+        pa, pb = ta.get(dev, {}).get("peak", 0), tb.get(dev, {}).get("peak", 0)
+        lines.append(f"  {_device_name(dev):<18}{format_size(pa):>12}{format_size(pb):>12}"
+                     f"{format_size(pb - pa, sign=True):>13}")
+    lines += ["", f"At the peak ({key}), largest changes first:"]
+    lines += _diff_lines(b.peak_snapshot().compare_to(a.peak_snapshot(), key), top)
+    lines += ["", f"Live at the end ({key}), largest changes first:"]
+    lines += _diff_lines(b.snapshot().compare_to(a.snapshot(), key), top)
+    return "\n".join(lines) + "\n"
+
+
+def _diff_json(a: Any, b: Any, top: int, key: str) -> Dict[str, Any]:
+    def rows(diffs):
+        return [{"key": _loc(d.key), "size": d.size, "size_diff": d.size_diff,
+                 "count": d.count, "count_diff": d.count_diff}
+                for d in diffs if d.size_diff or d.count_diff][:top]
+    ta, tb = a.totals(), b.totals()
+    return {
+        "memviz_diff": 1, "a": a.path, "b": b.path, "key": key,
+        "peaks": [{"device": d, "a": ta.get(d, {}).get("peak", 0),
+                   "b": tb.get(d, {}).get("peak", 0)} for d in sorted(set(ta) | set(tb))],
+        "at_peak": rows(b.peak_snapshot().compare_to(a.peak_snapshot(), key)),
+        "at_end": rows(b.snapshot().compare_to(a.snapshot(), key)),
+    }
+
+
+def diff_parser(prog: str = "memviz diff") -> argparse.ArgumentParser:
+    from ._snapshot import KEY_TYPES
+
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Compare two .memviz traces: per line, what changed at the "
+                               "peak and in the memory live at the end.",
+        epilog="Example: memviz diff before.memviz after.memviz --top 20", allow_abbrev=False)
+    parser.add_argument("a", help="the older trace")
+    parser.add_argument("b", help="the newer trace")
+    parser.add_argument("--key", choices=KEY_TYPES, default="lineno",
+                        help="group by (default lineno: the user's line)")
+    parser.add_argument("--top", type=_positive, default=10, metavar="N",
+                        help="changes listed per section (default 10)")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument("-o", "--output", metavar="PATH", help="write here instead of stdout")
+    return parser
+
+
+def diff_main(argv: Optional[List[str]] = None, prog: str = "memviz diff") -> int:
+    """Entry point of ``memviz diff``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        opts = diff_parser(prog).parse_args(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    try:
+        a, b = _load(opts.a, False, prog), _load(opts.b, False, prog)
+    except TraceError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if opts.format == "json":
+        text = json.dumps(_diff_json(a, b, opts.top, opts.key), indent=1, default=str) + "\n"
+    else:
+        names = (os.path.basename(opts.a), os.path.basename(opts.b))
+        if names[0] == names[1]:
+            names = (opts.a, opts.b)
+        text = diff_text(a, b, names, opts.top, opts.key)
+    return _write(text, opts.output, prog)

@@ -1,0 +1,683 @@
+"""``memviz.diagnose(tracker)``: practitioners' rules of thumb, applied with evidence.
+
+Each rule reads the step records (``tracker.steps``, see memviz._steps), skips
+a warm-up (the first steps allocate parameters, optimizer state and the
+allocator's cache), and fires only on a consistent pattern with thresholds
+relative to the memory in use, so run-to-run noise never fires:
+
+* ``growth``: live memory rises steadily (a linear trend over at least 5 steps,
+  most of them increasing, the rise at least 5% of the level). With PyTorch it
+  reads the allocator's *allocated* bytes (tensors), else the driver-level bytes.
+  When autograd graphs made in many different steps are still reachable, it
+  names the holder (``list `history` in module __main__``) and the line that
+  keeps them. This part also works on CPU.
+* ``fragmentation``: PyTorch's *reserved* bytes keep growing while *allocated*
+  (and the allocated peak) do not; or a failed allocation happened while the
+  cache held enough unused bytes; or reserved nears the card with much unused.
+* ``spike``: the memory a step needs jumps only on steps with long inputs (an
+  input size passed to ``t.step(batch_shape=..., tokens=...)``).
+* ``cache_churn``: segments are freed and re-allocated in most steps
+  (``torch.cuda.empty_cache()`` in the loop), with the time it costs when some
+  steps do not churn.
+* ``outside_pytorch``: memory memviz sees that PyTorch's allocator does not
+  hold is large (over 25% and over 256 MiB), broken down by category, kind and
+  label.
+
+Everything works on a loaded trace too: diagnose() reads ``steps``,
+``failures``, ``peak_snapshot()`` and ``snapshot()``, whichever exist.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import os
+import statistics
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+from ._units import format_size
+
+__all__ = ["Finding", "FindingLine", "diagnose"]
+
+MiB = 1 << 20
+MIN_STEPS = 5  # post-warm-up steps a trend needs
+GROWTH_REL = 0.05  # a rise of at least 5% of the level ...
+GROWTH_FLOOR = 1 * MiB  # ... and at least this much
+FRAG_REL = 0.10
+OUTLIER = 1.5  # an input this many times the median input is "long"
+SPIKE_REL = 0.25  # a step needing 25% more than what was live before it
+CHURN_SHARE = 0.6
+OUTSIDE_REL, OUTSIDE_ABS = 0.25, 256 * MiB
+KINDS = ("growth", "fragmentation", "spike", "cache_churn", "outside_pytorch")
+
+GRAPH_FIX = ("Keep loss.item() (or loss.detach()) instead of the tensor, and evaluate under "
+             "torch.no_grad(), so each step's autograd graph is freed.")
+
+
+class FindingLine(str):
+    """A ``"file:line: +480 MiB (note)"`` string with ``.location``, ``.bytes``, ``.note``."""
+
+    location: str
+    bytes: int
+    note: str
+
+    def __new__(cls, location: str, nbytes: int, note: str = "", sign: bool = True):
+        text = f"{location}: {format_size(nbytes, sign=sign)}" + (f" ({note})" if note else "")
+        self = super().__new__(cls, text)
+        self.location, self.bytes, self.note = location, int(nbytes), note
+        return self
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"location": self.location, "bytes": self.bytes, "note": self.note}
+
+
+@dataclass
+class Finding:
+    """One diagnosis: what happened (``message``, one sentence), the evidence
+    (``numbers``, ``lines``), and what to do (``fix``, one sentence)."""
+
+    kind: str
+    message: str
+    numbers: Dict[str, Any] = field(default_factory=dict)
+    lines: List[FindingLine] = field(default_factory=list)
+    fix: str = ""
+
+    def __str__(self) -> str:
+        out = [f"[{self.kind}] {self.message}"]
+        out += [f"    {line}" for line in self.lines]
+        if self.fix:
+            out.append(f"  fix: {self.fix}")
+        return "\n".join(out)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "numbers": dict(self.numbers),
+                "lines": [ln.to_dict() if isinstance(ln, FindingLine) else str(ln) for ln in self.lines],
+                "fix": self.fix}
+
+
+# ---- helpers ------------------------------------------------------------------
+
+
+def _fit(ys: Sequence[float]):
+    """(slope, r^2) of a least-squares line through (i, ys[i])."""
+    n = len(ys)
+    mx = (n - 1) / 2
+    my = sum(ys) / n
+    sxx = sum((i - mx) ** 2 for i in range(n))
+    sxy = sum((i - mx) * (y - my) for i, y in enumerate(ys))
+    syy = sum((y - my) ** 2 for y in ys)
+    slope = sxy / sxx if sxx else 0.0
+    r2 = (sxy * sxy) / (sxx * syy) if sxx and syy else 0.0
+    return slope, r2
+
+
+def _steady_rise(ys: Sequence[int], rel: float, floor: int, skip=()) -> Optional[Dict[str, Any]]:
+    """The trend of ``ys`` if it rises steadily and enough, else None.
+
+    Enough: the rise, end to end and along the fitted line, is at least
+    ``rel`` of the highest value and ``floor``. Steady: most steps increase
+    (>= 60%, twice as many ups as downs) along a straight-ish line (r^2 >=
+    0.6), or it climbs in stairs (no step down, at least 3 up, r^2 >= 0.8). ``skip``: step positions whose change does not count."""
+    n = len(ys)
+    if n < MIN_STEPS:
+        return None
+    slope, r2 = _fit(ys)
+    rise = ys[-1] - ys[0]
+    scale = max(max(ys), 1)
+    if min(rise, slope * (n - 1)) < max(rel * scale, floor):
+        return None
+    diffs = [ys[i] - ys[i - 1] for i in range(1, n) if i not in skip]
+    ups = sum(1 for d in diffs if d > 0)
+    downs = sum(1 for d in diffs if d < 0)
+    steady = ((ups >= 0.6 * len(diffs) and ups >= 2 * downs and r2 >= 0.6)
+              or (downs == 0 and ups >= 3 and r2 >= 0.8))
+    if not steady:
+        return None
+    return {"rise": int(rise), "slope": int(slope), "ups": ups, "downs": downs, "r2": round(r2, 3),
+            "steps": n, "start": int(ys[0]), "end": int(ys[-1])}
+
+
+def _series(steps, dev: int, attr: str) -> Optional[List[int]]:
+    out = []
+    for s in steps:
+        d = s.devices.get(dev)
+        v = getattr(d, attr, None) if d is not None else None
+        if v is None:
+            return None
+        out.append(v)
+    return out
+
+
+def _as_records(steps) -> list:
+    from ._steps import StepRecord
+
+    return [StepRecord.from_dict(s) if isinstance(s, dict) else s for s in (steps or [])]
+
+
+def _warmup(n: int, warmup: Optional[int]) -> int:
+    if warmup is not None:
+        if not isinstance(warmup, int) or warmup < 0:
+            raise ValueError(f"memviz.diagnose(warmup=...) must be a whole number of steps >= 0, got {warmup!r}")
+        return warmup
+    return max(3, min(10, n // 10))
+
+
+def _dev(d: int) -> str:
+    return f"cuda:{d}"
+
+
+def _is_live_tracker(obj) -> bool:
+    from ._tracker import Tracker
+
+    return isinstance(obj, Tracker)
+
+
+def _torch_cuda():
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return torch
+    except Exception:  # noqa: BLE001
+        pass
+    return None
+
+
+# ---- entry point ------------------------------------------------------------------
+
+
+def diagnose(tracker, *, warmup: Optional[int] = None, graph=None) -> List[Finding]:
+    """Findings about a tracker's (or a loaded trace's) steps, in rule order.
+
+    Args:
+        tracker: a :class:`memviz.Tracker`, or any object with ``steps`` (and
+            optionally ``failures``, ``peak_snapshot()``, ``snapshot()``).
+        warmup: steps to ignore at the start (default: 3, or a tenth of the
+            steps up to 10).
+        graph: a ``memviz.torch.graph.GraphRecorder`` to read graph residency
+            from (default: ``tracker.graph`` when the torch integration set one).
+    """
+    if not hasattr(tracker, "steps"):
+        raise TypeError(f"memviz.diagnose() takes a memviz Tracker or a loaded trace (an object with "
+                        f"`steps`), got {type(tracker).__name__}")
+    steps = _as_records(tracker.steps)
+    warm = _warmup(len(steps), warmup)
+    graph = graph if graph is not None else getattr(tracker, "graph", None)
+    if graph is not None and not callable(getattr(graph, "resident", None)):
+        graph = None
+    findings: List[Finding] = []
+    for rule in (_growth, _fragmentation, _spike, _churn, _outside):
+        try:
+            findings.extend(rule(tracker, steps, warm, graph))
+        except Exception as e:  # noqa: BLE001 - one rule's trouble must not hide the others
+            import warnings
+
+            warnings.warn(f"memviz.diagnose(): the {rule.__name__[1:]} rule failed ({e!r}); "
+                          "the other findings are unaffected. Please report this.", RuntimeWarning)
+    return findings
+
+
+def _devices(steps) -> List[int]:
+    return sorted({d for s in steps for d in s.devices if d >= 0})
+
+
+# ---- growth ---------------------------------------------------------------------------
+
+
+def _growth(obj, steps, warm, graph) -> List[Finding]:
+    post = steps[warm:]
+    out: List[Finding] = []
+    evidence = _graph_evidence(obj, steps, warm, graph) if len(post) >= MIN_STEPS else None
+    for dev in _devices(post):
+        alloc = _series(post, dev, "allocated")
+        name, ys = ("allocated", alloc) if alloc is not None else ("current", _series(post, dev, "current"))
+        if ys is None:
+            continue
+        tr = _steady_rise(ys, GROWTH_REL, GROWTH_FLOOR)
+        outside = None
+        if tr is None and alloc is not None:
+            cur, res = _series(post, dev, "current"), _series(post, dev, "reserved")
+            if cur is not None and res is not None:
+                tr = _steady_rise([c - r for c, r in zip(cur, res)], GROWTH_REL, GROWTH_FLOOR)
+                name, outside = "outside PyTorch", True
+        if tr is None:
+            continue
+        numbers = {"device": dev, "series": name, "bytes_per_step": tr["slope"], "rise": tr["rise"],
+                   "steps": tr["steps"], "first_step": post[0].index, "last_step": post[-1].index,
+                   "start": tr["start"], "end": tr["end"], "steps_increasing": tr["ups"]}
+        lines = _grown_lines(post)
+        what = ("memory PyTorch does not hold" if outside else
+                "PyTorch's allocated memory" if name == "allocated" else "live GPU memory")
+        msg = (f"{what[0].upper() + what[1:]} on {_dev(dev)} rises {format_size(tr['slope'])} per step "
+               f"({format_size(tr['start'])} to {format_size(tr['end'])} over {tr['steps']} steps after warm-up)")
+        fix = ("Find what these lines keep from step to step (a list or cache that grows, a tensor "
+               "stored with its graph) and drop it, detach it or bound it.")
+        if evidence is not None and not outside:
+            msg += ", because " + evidence["clause"]
+            lines = evidence["lines"] + lines
+            numbers.update(evidence["numbers"])
+            fix = GRAPH_FIX
+            evidence = None
+        out.append(Finding("growth", msg + ".", numbers, lines[:8], fix))
+    if evidence is not None:  # graphs leak, but no GPU series shows it (CPU tensors, no capture)
+        out.append(Finding("growth", f"Autograd graphs accumulate: {evidence['clause']}.",
+                           evidence["numbers"], evidence["lines"][:8], GRAPH_FIX))
+    return out
+
+
+def _grown_lines(post) -> List[FindingLine]:
+    """Net growth per line over the steps: live at its last appearance minus
+    live before its first."""
+    first: Dict[str, int] = {}
+    last: Dict[str, int] = {}
+    seen: Dict[str, int] = {}
+    for s in post:
+        for g in s.lines:
+            if g.location not in first:
+                first[g.location] = g.live_bytes - g.bytes
+            last[g.location] = g.live_bytes
+            seen[g.location] = seen.get(g.location, 0) + 1
+    net = sorted(((last[k] - first[k], k) for k in last), reverse=True)
+    return [FindingLine(k, b, f"grew in {seen[k]} of {len(post)} steps") for b, k in net[:5] if b > 0]
+
+
+def _graph_evidence(obj, steps, warm, graph) -> Optional[Dict[str, Any]]:
+    """Autograd graphs made in many post-warm-up steps that are still reachable."""
+    post = steps[warm:]
+    need = max(3, math.ceil(0.5 * len(post)))
+    start_ts = steps[warm - 1].timestamp_ns if warm > 0 else (getattr(obj, "started_ns", None) or 0)
+    bounds_ts = [s.timestamp_ns for s in post]
+    records = []
+    rec_intervals = set()
+    if graph is not None:
+        records = [r for r in graph.resident() if r.timestamp_ns > start_ts]
+        rec_intervals = {bisect.bisect_left(bounds_ts, r.timestamp_ns) for r in records}
+    roots, root_intervals = [], set()
+    seqs = [s.autograd_seq for s in post]
+    start_seq = steps[warm - 1].autograd_seq if warm > 0 else None
+    if (_is_live_tracker(obj) and "torch" in sys.modules and start_seq is not None
+            and all(q is not None for q in seqs)):
+        from .torch.graph import GraphRecorder
+
+        roots = GraphRecorder.roots_since(start_seq, limit=100_000)
+        root_intervals = {bisect.bisect_left(seqs, r.grad_fn._sequence_nr()) for r in roots}
+    if max(len(rec_intervals), len(root_intervals)) < need:
+        return None
+    nsteps = max(len(rec_intervals), len(root_intervals))
+    nbytes = sum(r.nbytes for r in records)
+    numbers: Dict[str, Any] = {"graph_steps_alive": nsteps, "graph_roots": len(roots)}
+    lines: List[FindingLine] = []
+    holder_text = ""
+    if roots:
+        from .torch.graph import holders
+
+        # The oldest root outlived the most steps: what holds it is the leak
+        # (the newest is often also held by the loop's own variable).
+        found = holders(roots[-1], exclude=[roots])
+        found.sort(key=lambda h: h.location is None)
+        if found:
+            h = found[0]
+            holder_text = f" through {h.description}"
+            numbers["holder"] = h.description
+            if h.location:
+                holder_text += f" (kept at {h.location})"
+                numbers["kept_at"] = h.location
+                lines.append(FindingLine(h.location, nbytes, f"keeps the graphs alive: {h.description}",
+                                         sign=False))
+    if records:
+        numbers["graph_bytes"] = nbytes
+        by_line: Dict[str, int] = {}
+        for r in records:
+            key = f"{r.line.filename}:{r.line.lineno}" if r.line else "<no Python frame>"
+            by_line[key] = by_line.get(key, 0) + r.nbytes
+        for loc, b in sorted(by_line.items(), key=lambda kv: -kv[1])[:4]:
+            lines.append(FindingLine(loc, b, "saved for backward by this line, still held", sign=False))
+    held = f", holding {format_size(nbytes)} of saved tensors" if records else ""
+    clause = (f"the autograd graphs of {nsteps} of the last {len(post)} steps are still reachable"
+              f"{holder_text}{held}")
+    return {"clause": clause, "numbers": numbers, "lines": lines}
+
+
+# ---- fragmentation ----------------------------------------------------------------
+
+
+def _fragmentation(obj, steps, warm, graph) -> List[Finding]:
+    post = steps[warm:]
+    out: List[Finding] = []
+    done = set()
+    long_steps = _long_input_positions(post)
+    for dev in _devices(post):
+        res, alloc = _series(post, dev, "reserved"), _series(post, dev, "allocated")
+        if res is None or alloc is None:
+            continue
+        tr = _steady_rise(res, FRAG_REL, GROWTH_FLOOR, skip=long_steps)
+        if tr is None or tr["ups"] < max(3, 0.3 * (len(res) - 1)):
+            continue
+        rise_a = alloc[-1] - alloc[0]
+        apeak = _series(post, dev, "allocated_peak")
+        rise_p = (apeak[-1] - apeak[0]) if apeak is not None else 0
+        if rise_a > 0.25 * tr["rise"] or rise_p > 0.5 * tr["rise"]:
+            continue
+        unused = res[-1] - alloc[-1]
+        numbers = {"device": dev, "reserved_start": res[0], "reserved_end": res[-1],
+                   "allocated_start": alloc[0], "allocated_end": alloc[-1], "reserved_unused": unused,
+                   "allocated_peak_rise": rise_p, "steps": len(res)}
+        largest = _largest_free(obj, post, dev)
+        if largest is not None:
+            numbers["largest_free_block"] = largest
+        msg = (f"PyTorch's reserved memory on {_dev(dev)} grew from {format_size(res[0])} to "
+               f"{format_size(res[-1])} over {len(res)} steps while allocated stayed near "
+               f"{format_size(alloc[-1])}, so {format_size(unused)} is reserved but unused"
+               + (f" (largest free block {format_size(largest)})" if largest is not None else "")
+               + ": the cached blocks do not fit the new sizes.")
+        out.append(_frag_finding(msg, numbers, post))
+        done.add(dev)
+    out.extend(_failed_with_free(obj, steps, done))
+    out.extend(_near_full(obj, post, done))
+    return out
+
+
+FRAG_FIX = ("Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA starts, so the allocator "
+            "grows its segments instead of caching blocks that fit no request.")
+
+
+def _frag_finding(msg, numbers, post) -> Finding:
+    return Finding("fragmentation", msg, numbers, _grown_lines(post)[:3], FRAG_FIX)
+
+
+def _largest_free(obj, post, dev) -> Optional[int]:
+    for s in reversed(post):
+        v = s.info.get("largest_free_block")
+        if isinstance(v, int):
+            return v
+    torch = _torch_cuda() if _is_live_tracker(obj) else None
+    if torch is None:
+        return None
+    try:
+        best = 0
+        for seg in torch.cuda.memory_snapshot():
+            if seg.get("device") != dev:
+                continue
+            for b in seg.get("blocks", []):
+                if b.get("state") == "inactive":
+                    best = max(best, b.get("size", 0))
+        return best
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _failed_with_free(obj, steps, done) -> List[Finding]:
+    out = []
+    failures = list(getattr(obj, "failures", None) or [])
+    ts = [s.timestamp_ns for s in steps]
+    for f in failures:
+        dev = getattr(f, "device", None)
+        if dev is None or dev < 0 or dev in done:
+            continue
+        i = bisect.bisect_right(ts, f.timestamp_ns) - 1
+        d = steps[i].devices.get(dev) if i >= 0 else None
+        if d is None or d.reserved is None or d.allocated is None:
+            continue
+        unused = d.reserved - d.allocated
+        if unused < f.size:
+            continue
+        where = str(f.traceback) if getattr(f, "traceback", None) else "<no Python frame>"
+        numbers = {"device": dev, "failed_size": f.size, "reserved": d.reserved, "allocated": d.allocated,
+                   "reserved_unused": unused, "failed_at": where}
+        msg = (f"An allocation of {format_size(f.size)} on {_dev(dev)} failed at {where} although "
+               f"PyTorch held {format_size(unused)} reserved but unused: no cached block was large enough.")
+        out.append(Finding("fragmentation", msg, numbers, [FindingLine(where, f.size, "failed", sign=False)],
+                           FRAG_FIX))
+        done.add(dev)
+    return out
+
+
+def _near_full(obj, post, done) -> List[Finding]:
+    """Reserved stays near the card's size with much of it unused (live PyTorch only)."""
+    torch = _torch_cuda() if _is_live_tracker(obj) else None
+    if torch is None or len(post) < MIN_STEPS:
+        return []
+    out = []
+    for dev in _devices(post):
+        res, alloc = _series(post, dev, "reserved"), _series(post, dev, "allocated")
+        if dev in done or res is None or alloc is None:
+            continue
+        try:
+            total = torch.cuda.get_device_properties(dev).total_memory
+        except Exception:  # noqa: BLE001
+            continue
+        high = sum(1 for r in res if r >= 0.85 * total)
+        unused = res[-1] - alloc[-1]
+        if high >= 0.6 * len(res) and unused >= 0.3 * res[-1]:
+            numbers = {"device": dev, "reserved_end": res[-1], "allocated_end": alloc[-1],
+                       "reserved_unused": unused, "device_total": total}
+            msg = (f"PyTorch's reserved memory on {_dev(dev)} stays at {format_size(res[-1])} of the "
+                   f"card's {format_size(total)} while only {format_size(alloc[-1])} is allocated.")
+            out.append(_frag_finding(msg, numbers, post))
+    return out
+
+
+# ---- spike ------------------------------------------------------------------------------
+
+
+def _input_size(v) -> Optional[float]:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, (tuple, list)) and v and all(isinstance(e, int) for e in v):
+        return float(math.prod(v))
+    return None
+
+
+def _input_keys(post) -> List[str]:
+    keys = []
+    for k in dict.fromkeys(k for s in post for k in s.info):
+        xs = [_input_size(s.info.get(k)) for s in post]
+        if sum(x is not None for x in xs) >= 0.8 * len(post) and len({x for x in xs if x is not None}) > 1:
+            keys.append(k)
+    return keys
+
+
+def _long_input_positions(post) -> set:
+    out = set()
+    for k in _input_keys(post):
+        xs = [_input_size(s.info.get(k)) for s in post]
+        med = statistics.median([x for x in xs if x is not None])
+        out |= {i for i, x in enumerate(xs) if x is not None and med > 0 and x >= OUTLIER * med}
+    return out
+
+
+def _spike(obj, steps, warm, graph) -> List[Finding]:
+    post = steps[warm:]
+    if len(post) < MIN_STEPS or warm < 1:
+        return []
+    out = []
+    for dev in _devices(post):
+        best = None
+        for key in _input_keys(post):
+            r = _spike_for(steps, warm, dev, key)
+            if r is not None and (best is None or r["excess"] > best["excess"]):
+                best = r
+        if best is None:
+            continue
+        s = steps[best["step_pos"]]
+        shape = s.info.get(best["key"])
+        numbers = {"device": dev, "input": best["key"], "input_value": list(shape) if isinstance(shape, tuple) else shape,
+                   "step": s.index, "input_vs_median": round(best["ratio"], 2), "step_needed": best["need"],
+                   "typical_step_needed": best["base"], "spike_steps": best["spikes"],
+                   "long_input_steps": best["long"]}
+        lines = []
+        peak_line = _peak_line(obj, dev)
+        if peak_line is not None:
+            lines.append(peak_line)
+            numbers["line_at_peak"] = peak_line.location
+        msg = (f"The memory a step needs on {_dev(dev)} jumps only on long inputs: step {s.index} with "
+               f"{best['key']}={_fmt_value(shape)} ({best['ratio']:.1f}x the median input) needed "
+               f"{format_size(best['need'])} above what was live before it, against "
+               f"{format_size(best['base'])} for a typical step"
+               + (f"; at the peak the largest line is {peak_line.location}" if peak_line is not None else "")
+               + ".")
+        fix = ("Split long inputs into chunks (or cap or bucket their length) so that a long input's "
+               "step needs no more than a typical one.")
+        out.append(Finding("spike", msg, numbers, lines, fix))
+    return out
+
+
+def _fmt_value(v) -> str:
+    return "(" + ", ".join(str(e) for e in v) + ")" if isinstance(v, tuple) else str(v)
+
+
+def _spike_for(steps, warm, dev, key) -> Optional[Dict[str, Any]]:
+    post_pos = range(warm, len(steps))
+    xs, needs, before = {}, {}, {}
+    for p in post_pos:
+        x = _input_size(steps[p].info.get(key))
+        d, prev = steps[p].devices.get(dev), steps[p - 1].devices.get(dev)
+        if x is None or d is None or prev is None or d.peak is None or prev.current is None:
+            continue
+        xs[p], needs[p], before[p] = x, d.peak - prev.current, prev.current
+    if len(xs) < MIN_STEPS:
+        return None
+    med = statistics.median(xs.values())
+    if med <= 0:
+        return None
+    long = [p for p in xs if xs[p] >= OUTLIER * med]
+    if not long or len(long) > max(1, 0.34 * len(xs)):
+        return None
+    normal = [p for p in xs if p not in long]
+    base = statistics.median(needs[p] for p in normal)
+
+    def jumps(p):
+        return needs[p] - base >= max(SPIKE_REL * before[p], GROWTH_FLOOR)
+
+    spikes = [p for p in long if jumps(p)]
+    quiet = [p for p in normal if jumps(p)]
+    if not spikes or len(quiet) > len(spikes) // 3:
+        return None
+    top = max(spikes, key=lambda p: needs[p])
+    return {"key": key, "step_pos": top, "need": int(needs[top]), "base": int(max(base, 0)),
+            "ratio": xs[top] / med, "excess": needs[top] - base,
+            "spikes": [steps[p].index for p in spikes], "long": [steps[p].index for p in long]}
+
+
+def _peak_line(obj, dev) -> Optional[FindingLine]:
+    fn = getattr(obj, "peak_snapshot", None)
+    if fn is None:
+        return None
+    try:
+        stats = fn(dev).statistics("lineno")
+    except Exception:  # noqa: BLE001 - no capture, or a trace without peaks
+        return None
+    if not stats:
+        return None
+    return FindingLine(str(stats[0].key), stats[0].size, "largest line at the peak", sign=False)
+
+
+# ---- cache churn ------------------------------------------------------------------------
+
+
+def _precise(obj) -> bool:
+    if getattr(obj, "precise", False):
+        return True
+    if _is_live_tracker(obj):
+        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + os.environ.get("PYTORCH_ALLOC_CONF", "")
+        if "cudaMallocAsync" in conf:
+            return True
+    return False
+
+
+def _churn(obj, steps, warm, graph) -> List[Finding]:
+    post = steps[warm:]
+    if len(post) < MIN_STEPS or _precise(obj):
+        return []
+    out = []
+    for dev in _devices(post):
+        rows = [(s, s.devices.get(dev)) for s in post]
+        rows = [(s, d) for s, d in rows if d is not None and d.current is not None]
+        if len(rows) < MIN_STEPS:
+            continue
+        churn = [(s, d) for s, d in rows if d.segment_frees > 0 and d.segment_allocs > 0]
+        if len(churn) < CHURN_SHARE * len(rows):
+            continue
+        level = statistics.median(d.current for _, d in rows)
+        realloc = statistics.median(d.segment_alloc_bytes for _, d in churn)
+        if realloc < max(0.05 * level, GROWTH_FLOOR):
+            continue
+        numbers = {"device": dev, "steps": len(rows), "churn_steps": len(churn),
+                   "segment_allocs_per_step": statistics.median(d.segment_allocs for _, d in churn),
+                   "segment_frees_per_step": statistics.median(d.segment_frees for _, d in churn),
+                   "reallocated_bytes_per_step": int(realloc)}
+        calm = [s.duration_ns for s, d in rows if not (d.segment_frees > 0 and d.segment_allocs > 0)]
+        cost = ""
+        if len(calm) >= 2:
+            t_churn = statistics.median(s.duration_ns for s, _ in churn)
+            t_calm = statistics.median(calm)
+            if t_calm > 0:
+                numbers["slowdown"] = round(t_churn / t_calm - 1, 3)
+                numbers["step_time_churn_s"] = t_churn / 1e9
+                numbers["step_time_calm_s"] = t_calm / 1e9
+                cost = f"; those steps take {100 * (t_churn / t_calm - 1):.0f}% longer than the others"
+        msg = (f"GPU memory on {_dev(dev)} is returned to the driver and allocated again in "
+               f"{len(churn)} of {len(rows)} steps ({format_size(realloc)} re-allocated per step){cost}.")
+        fix = ("Remove torch.cuda.empty_cache() (or whatever frees the cache) from the loop; call it at "
+               "most once outside it, so steps reuse the cached memory.")
+        out.append(Finding("cache_churn", msg, numbers, [], fix))
+    return out
+
+
+# ---- outside PyTorch ----------------------------------------------------------------------
+
+
+def _outside(obj, steps, warm, graph) -> List[Finding]:
+    latest: Dict[int, tuple] = {}
+    for s in steps:
+        for dev, d in s.devices.items():
+            if dev >= 0 and d.current is not None and d.reserved is not None:
+                latest[dev] = (d.current, d.reserved)
+    if not latest and _is_live_tracker(obj) and getattr(obj, "started_ns", None):
+        torch = _torch_cuda()
+        if torch is not None:
+            for dev, tot in obj.totals().items():
+                if dev >= 0:
+                    try:
+                        latest[dev] = (tot["current"], torch.cuda.memory_reserved(dev))
+                    except Exception:  # noqa: BLE001
+                        pass
+    out = []
+    for dev, (cur, res) in sorted(latest.items()):
+        outside = cur - res
+        if outside <= OUTSIDE_ABS or outside <= OUTSIDE_REL * cur:
+            continue
+        numbers: Dict[str, Any] = {"device": dev, "memviz_bytes": cur, "torch_reserved": res,
+                                   "outside_bytes": outside}
+        lines: List[FindingLine] = []
+        mostly = ""
+        snap = None
+        try:
+            snap = obj.snapshot() if hasattr(obj, "snapshot") else None
+        except Exception:  # noqa: BLE001
+            snap = None
+        if snap is not None:
+            allocs = [a for a in snap.allocations if a.device == dev]
+            if any(a.category for a in allocs):
+                allocs = [a for a in allocs if a.category in (None, "outside_pytorch")]
+            from ._snapshot import Snapshot
+
+            sub = Snapshot(allocs, frame_filter=getattr(snap, "frame_filter", None))
+            for key in ("category", "kind", "label"):
+                numbers[f"by_{key}"] = {str(st.key): st.size for st in sub.statistics(key)[:6]}
+            kinds = sub.statistics("kind")
+            labels = [st for st in sub.statistics("label") if st.key != "<no label>"]
+            if labels:
+                mostly = f"; the largest part is labelled {labels[0].key!r} ({format_size(labels[0].size)})"
+            elif kinds:
+                mostly = f"; the largest kind is {kinds[0].key} ({format_size(kinds[0].size)})"
+            lines = [FindingLine(str(st.key), st.size, sign=False) for st in sub.statistics("lineno")[:5]]
+        msg = (f"memviz sees {format_size(outside)} on {_dev(dev)} that PyTorch's allocator does not hold "
+               f"({100 * outside / cur:.0f}% of the {format_size(cur)} it sees){mostly}.")
+        fix = ("Free or bound that memory where it is made (other libraries' pools such as CuPy or JAX, "
+               "NCCL buffers, cuBLAS workspaces); torch.cuda.memory_* numbers do not include it.")
+        out.append(Finding("outside_pytorch", msg, numbers, lines, fix))
+    return out

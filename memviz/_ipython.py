@@ -1,0 +1,111 @@
+"""IPython / Jupyter integration: ``%load_ext memviz`` and the ``%%memviz`` cell magic.
+
+::
+
+    %load_ext memviz
+
+    %%memviz --top 5
+    x = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+runs the cell under :func:`memviz.track`, shows the compact report under the
+cell (summary, a small timeline per device, the top lines at the peak) and
+keeps the tracker in the notebook as ``_memviz`` for more questions
+(``_memviz.peak_snapshot().statistics("lineno")``, ``memviz.report.write``).
+Nothing is fetched from the network; the report is static HTML.
+
+Options: ``--no-gpu`` (track without GPU capture), ``--top N`` (lines shown,
+default 10), ``--depth N`` (Python frames kept per allocation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any, List, Optional
+
+__all__ = ["load_ipython_extension", "unload_ipython_extension", "memviz_cell", "parse_options"]
+
+USAGE = "%%memviz [--no-gpu] [--top N] [--depth N]"
+
+
+class MagicUsageError(ValueError):
+    """The %%memviz line had options memviz does not know; the message says which."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # raise instead of exiting the kernel
+        raise MagicUsageError(f"%%memviz: {message}. Usage: {USAGE}")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
+
+
+def parse_options(line: str) -> argparse.Namespace:
+    """The options of a ``%%memviz`` line; MagicUsageError says what is wrong."""
+    p = _Parser(prog="%%memviz", add_help=False)
+    p.add_argument("--no-gpu", action="store_true", dest="no_gpu")
+    p.add_argument("--top", type=_positive, default=10)
+    p.add_argument("--depth", type=_positive, default=None)
+    try:
+        words: List[str] = shlex.split(line or "")
+    except ValueError as e:
+        raise MagicUsageError(f"%%memviz: cannot read the options {line!r} ({e}). Usage: {USAGE}") from None
+    return p.parse_args(words)
+
+
+def memviz_cell(line: str, cell: str, ipython: Optional[Any] = None) -> Any:
+    """Run ``cell`` under memviz.track() in ``ipython`` and display the report.
+
+    Returns the tracker (also stored as ``_memviz`` in the user namespace)."""
+    import memviz
+    from IPython.display import HTML, display
+
+    from .report.html import tracker_repr_html
+
+    if ipython is None:
+        from IPython import get_ipython
+        ipython = get_ipython()
+    if ipython is None:
+        raise RuntimeError("%%memviz needs a running IPython shell or Jupyter kernel.")
+    try:
+        opts = parse_options(line)
+    except MagicUsageError as e:
+        display(HTML(f"<pre style='color:#c0392b'>{_escape(str(e))}</pre>"))
+        return None
+    kwargs = {"gpu": not opts.no_gpu}
+    if opts.depth is not None:
+        kwargs["depth"] = opts.depth
+    tracker = memviz.track(**kwargs)
+    ipython.user_ns["_memviz"] = tracker
+    with tracker:
+        # run_cell shows the cell's own output and exceptions like any cell;
+        # the tracker stops whatever the cell does.
+        ipython.run_cell(cell, store_history=False)
+    display(HTML(tracker_repr_html(tracker, top=opts.top)))
+    return tracker
+
+
+def _escape(text: str) -> str:
+    import html
+    return html.escape(text)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register ``%%memviz`` (called by ``%load_ext memviz``)."""
+
+    def memviz(line: str, cell: str) -> None:
+        memviz_cell(line, cell, ipython)
+
+    memviz.__doc__ = __doc__
+    ipython.register_magic_function(memviz, magic_kind="cell", magic_name="memviz")
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Nothing to undo: the magic stays registered until the kernel restarts."""

@@ -1,0 +1,606 @@
+"""Per-step memory records: ``tracker.step(**info)`` and ``memviz.watch(optimizer)``.
+
+Call ``t.step()`` at the end of each training step (or let
+``memviz.watch(optimizer)`` do it after every ``optimizer.step()``). Each call
+appends a :class:`StepRecord` to ``tracker.steps`` with, per device: the
+driver-level bytes memviz sees, the highest level inside the step, the growth
+since the previous step, PyTorch's allocated/reserved bytes (when PyTorch has
+initialised CUDA), the segments allocated and freed during the step, and the
+lines whose surviving allocations grew. ``memviz.diagnose()`` reads them.
+
+Cost: one ``_core.step_mark()`` (O(call sites), not O(live allocations)), one
+``_core.totals()``, a few dictionary look-ups; line resolutions are cached per
+call site. ``benchmarks/bench_step.py`` measures it.
+
+Sinks receive every record: a callback, the ``memviz`` logger, a print every N
+steps, a JSON-lines file, a CSV file, a TensorBoard ``SummaryWriter``.
+"""
+
+from __future__ import annotations
+
+import csv as _csv
+import heapq
+import json
+import logging
+import numbers
+import os
+import sys
+import threading
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import _core
+from ._errors import NotTracking
+from ._frames import frames as _default_filter
+from ._snapshot import Frame
+from ._units import format_size
+
+__all__ = ["StepRecord", "DeviceStep", "GrowthLine", "record_step", "on_step", "watch",
+           "WatchHandle", "TOP_LINES"]
+
+#: lines kept per step (largest growth first)
+TOP_LINES = 5
+_NO_FRAMES = Frame("<no Python frames>", 0, "")
+LOGGER_NAME = "memviz"
+
+
+# ---- records ------------------------------------------------------------------
+
+
+@dataclass
+class DeviceStep:
+    """One device's memory at the end of a step.
+
+    ``current``/``peak``/``growth``/``live_count`` are driver-level (what
+    memviz captures; None when memviz did not capture this device);
+    ``allocated``/``reserved``/``allocated_peak`` are PyTorch's caching
+    allocator's numbers (None unless PyTorch had initialised CUDA).
+    ``segment_*`` count the driver allocations and frees during the step.
+    """
+
+    current: Optional[int] = None
+    peak: Optional[int] = None
+    growth: Optional[int] = None
+    live_count: Optional[int] = None
+    segment_allocs: int = 0
+    segment_frees: int = 0
+    segment_alloc_bytes: int = 0
+    allocated: Optional[int] = None
+    reserved: Optional[int] = None
+    allocated_peak: Optional[int] = None
+
+
+@dataclass
+class GrowthLine:
+    """A user line whose surviving allocations changed during a step."""
+
+    location: str  # "file:line"
+    name: str  # function name
+    bytes: int  # net growth of its live bytes during the step
+    count: int  # net growth of its live allocation count
+    live_bytes: int  # its live bytes at the end of the step
+    live_count: int
+
+    def __str__(self) -> str:
+        return f"{self.location}: {format_size(self.bytes, sign=True)} (live {format_size(self.live_bytes)})"
+
+
+@dataclass
+class StepRecord:
+    """What one training step did to GPU memory (see the module docstring).
+
+    ``index`` counts from 0; ``duration_ns`` is the time since the previous
+    step (or since the tracker started); ``info`` is what was passed to
+    ``t.step(**info)`` (shapes become tuples of ints); ``autograd_seq`` is the
+    autograd sequence number at the step's end (lets diagnose() find graphs
+    that outlive their step).
+    """
+
+    index: int
+    timestamp_ns: int
+    duration_ns: int
+    devices: Dict[int, DeviceStep] = field(default_factory=dict)
+    lines: List[GrowthLine] = field(default_factory=list)
+    info: Dict[str, Any] = field(default_factory=dict)
+    autograd_seq: Optional[int] = None
+
+    # -- totals over the GPUs (device >= 0) -----------------------------------
+
+    def _sum(self, attr: str) -> Optional[int]:
+        vals = [getattr(d, attr) for k, d in self.devices.items() if k >= 0]
+        vals = [v for v in vals if v is not None]
+        return sum(vals) if vals else None
+
+    @property
+    def current(self) -> Optional[int]:
+        """Driver-level bytes on all GPUs at the step's end."""
+        return self._sum("current")
+
+    @property
+    def peak(self) -> Optional[int]:
+        """Sum of each GPU's highest level inside the step."""
+        return self._sum("peak")
+
+    @property
+    def growth(self) -> Optional[int]:
+        return self._sum("growth")
+
+    @property
+    def allocated(self) -> Optional[int]:
+        return self._sum("allocated")
+
+    @property
+    def reserved(self) -> Optional[int]:
+        return self._sum("reserved")
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-ready dict (device keys become strings); see :meth:`from_dict`."""
+        return {
+            "index": self.index,
+            "timestamp_ns": self.timestamp_ns,
+            "duration_ns": self.duration_ns,
+            "devices": {str(k): asdict(v) for k, v in self.devices.items()},
+            "lines": [asdict(line) for line in self.lines],
+            "info": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.info.items()},
+            "autograd_seq": self.autograd_seq,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "StepRecord":
+        """Rebuild a record from :meth:`to_dict` output (e.g. from a trace file)."""
+        info = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.get("info", {}).items()}
+        return cls(
+            index=int(d["index"]), timestamp_ns=int(d["timestamp_ns"]),
+            duration_ns=int(d.get("duration_ns") or 0),
+            devices={int(k): DeviceStep(**v) for k, v in d.get("devices", {}).items()},
+            lines=[GrowthLine(**g) for g in d.get("lines", [])],
+            info=info, autograd_seq=d.get("autograd_seq"))
+
+    def summary(self) -> str:
+        """One line: the step, its time, each GPU's numbers and the top growing line."""
+        parts = []
+        for dev in sorted(k for k in self.devices if k >= 0):
+            d = self.devices[dev]
+            text = f"cuda:{dev}"
+            if d.current is not None:
+                text += (f" current {format_size(d.current)} ({format_size(d.growth or 0, sign=True)}),"
+                         f" peak {format_size(d.peak or 0)}")
+            if d.allocated is not None:
+                text += f", allocated {format_size(d.allocated)}, reserved {format_size(d.reserved or 0)}"
+            parts.append(text)
+        text = f"memviz step {self.index} ({self.duration_ns / 1e9:.3f} s): " + ("; ".join(parts) or "no GPU memory seen")
+        grew = [g for g in self.lines if g.bytes > 0]
+        if grew:
+            text += f"; grew: {grew[0].location} ({format_size(grew[0].bytes, sign=True)})"
+        return text
+
+    __str__ = summary
+
+
+# ---- recording ----------------------------------------------------------------
+
+
+class _StepState:
+    """Per-tracker state: previous totals, cached line resolutions, sinks."""
+
+    def __init__(self, tracker) -> None:
+        self.lock = threading.Lock()
+        self.raw: Dict[int, Tuple[Frame, ...]] = {}  # stack id -> frames (innermost first)
+        self.picked: Dict[int, Frame] = {}  # stack id -> the user's frame
+        self.filter_gen = None
+        self.last_ts = tracker.started_ns or time.monotonic_ns()
+        self.last_current: Dict[int, int] = {}
+        self.last_counts: Dict[int, Tuple[int, int, int]] = {}
+        self.sinks: List["_Sink"] = []
+        self.closer_added = False
+        self.torch_devices: Optional[int] = None
+
+    def on_stop(self, tracker) -> None:
+        """Tracker plugin hook: close the file sinks."""
+        for s in self.sinks:
+            s.close()
+
+    def user_frames(self, flt, ids: List[int]) -> Dict[int, Frame]:
+        gen = flt.generation
+        if gen != self.filter_gen:
+            self.picked.clear()
+            self.filter_gen = gen
+        missing = [i for i in ids if i not in self.raw and i != 0]
+        if missing:
+            for sid, frames in _core.resolve(missing).items():
+                self.raw[sid] = tuple(Frame(fn or "<unknown>", ln if ln and ln > 0 else 0, nm or "")
+                                      for fn, ln, nm in frames)
+        out = {}
+        for i in ids:
+            f = self.picked.get(i)
+            if f is None:
+                frames = self.raw.get(i)
+                f = (flt.pick(frames) if frames else None) or _NO_FRAMES
+                self.picked[i] = f
+            out[i] = f
+        return out
+
+
+def _state(tracker) -> _StepState:
+    st = tracker.__dict__.get("_memviz_steps")
+    if st is None:
+        st = tracker.__dict__.setdefault("_memviz_steps", _StepState(tracker))
+    return st
+
+
+def _norm_info(value: Any) -> Any:
+    """Keep info JSON-friendly and cheap: shapes become tuples of ints."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, (tuple, list)) and all(isinstance(v, numbers.Integral) for v in value):
+        return tuple(int(v) for v in value)
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        try:
+            return tuple(int(s) for s in shape)
+        except (TypeError, ValueError):
+            pass
+    text = str(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _torch_numbers(st: _StepState, devices) -> Dict[int, Tuple[int, int, int]]:
+    """{device: (allocated, reserved, allocated_peak)} from PyTorch, or {}.
+
+    Only when torch is imported and has initialised CUDA; one call per device
+    of ``torch._C._cuda_memoryStats`` (the nested dict, without the Python
+    flattening that torch.cuda.memory_allocated() does)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is None or not cuda.is_initialized():
+            return {}
+        if st.torch_devices is None:
+            st.torch_devices = cuda.device_count()
+        devs = {d for d in devices if 0 <= d < st.torch_devices}
+        devs.add(cuda.current_device())
+        fn = getattr(torch._C, "_cuda_memoryStats", None)
+        out = {}
+        for d in devs:
+            if fn is not None:
+                s = fn(d)
+                a, r = s["allocated_bytes"]["all"], s["reserved_bytes"]["all"]
+                out[d] = (a["current"], r["current"], a["peak"])
+            else:  # pragma: no cover - older/newer torch without the private call
+                out[d] = (cuda.memory_allocated(d), cuda.memory_reserved(d), cuda.max_memory_allocated(d))
+        return out
+    except Exception:  # noqa: BLE001 - a step record must never break training
+        return {}
+
+
+def _autograd_seq() -> Optional[int]:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    fn = getattr(getattr(getattr(torch, "_C", None), "_autograd", None), "_get_sequence_nr", None)
+    try:
+        return fn() - 1 if fn is not None else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def record_step(tracker, **info: Any) -> StepRecord:
+    """Record the end of a step on ``tracker``: append a :class:`StepRecord`
+    to ``tracker.steps``, send it to the sinks and return it."""
+    if not getattr(tracker, "running", False):
+        raise NotTracking(
+            "t.step() needs a running tracker: call it inside `with memviz.track() as t:` "
+            "(or between memviz.start() and memviz.stop()).")
+    st = _state(tracker)
+    with st.lock:
+        now = time.monotonic_ns()
+        devs, changed = _core.step_mark()
+        totals = _core.totals()
+        seq = _autograd_seq()
+        torch_nums = _torch_numbers(st, devs)
+        devices: Dict[int, DeviceStep] = {}
+        for dev, (cur, wpeak, live) in devs.items():
+            tot = totals.get(dev)
+            counts = (tot["allocs"], tot["frees"], tot["alloc_bytes"]) if tot else (0, 0, 0)
+            prev = st.last_counts.get(dev, (0, 0, 0))
+            st.last_counts[dev] = counts
+            devices[dev] = DeviceStep(cur, wpeak, cur - st.last_current.get(dev, 0), live,
+                                      counts[0] - prev[0], counts[1] - prev[1], counts[2] - prev[2])
+            st.last_current[dev] = cur
+        for dev, (alloc, res, apeak) in torch_nums.items():
+            d = devices.get(dev)
+            if d is None:
+                d = devices[dev] = DeviceStep()
+            d.allocated, d.reserved, d.allocated_peak = alloc, res, apeak
+        rec = StepRecord(len(tracker.steps), now, now - st.last_ts, devices,
+                         _growth_lines(st, tracker, changed),
+                         {k: _norm_info(v) for k, v in info.items()}, seq)
+        st.last_ts = now
+        tracker.steps.append(rec)
+        sinks = list(st.sinks)
+    for s in sinks:
+        s.emit(rec)
+    return rec
+
+
+def _growth_lines(st: _StepState, tracker, changed) -> List[GrowthLine]:
+    grew = [c for c in changed if c[3] > 0]
+    if not grew:
+        return []
+    if len(grew) > 4 * TOP_LINES:
+        grew = heapq.nlargest(4 * TOP_LINES, grew, key=lambda c: c[3])
+    flt = tracker.frame_filter or _default_filter
+    frames = st.user_frames(flt, [c[0] for c in grew])
+    by_line: Dict[Frame, List[int]] = {}
+    for sid, live_b, live_n, d_b, d_n in grew:
+        f = frames[sid]
+        agg = by_line.get(f)
+        if agg is None:
+            by_line[f] = [d_b, d_n, live_b, live_n]
+        else:
+            agg[0] += d_b
+            agg[1] += d_n
+            agg[2] += live_b
+            agg[3] += live_n
+    top = sorted(by_line.items(), key=lambda kv: -kv[1][0])[:TOP_LINES]
+    return [GrowthLine(str(f), f.name, a[0], a[1], a[2], a[3]) for f, a in top]
+
+
+# ---- sinks ----------------------------------------------------------------------
+
+
+class _Sink:
+    def emit(self, rec: StepRecord) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class _Callback(_Sink):
+    def __init__(self, fn: Callable[[StepRecord], Any]) -> None:
+        self.fn = fn
+
+    def emit(self, rec):
+        self.fn(rec)
+
+
+class _Every(_Sink):
+    def __init__(self, every: int, write: Callable[[str], Any]) -> None:
+        self.every, self.write = every, write
+
+    def emit(self, rec):
+        if (rec.index + 1) % self.every == 0:
+            self.write(rec.summary())
+
+
+class _JsonLines(_Sink):
+    def __init__(self, path) -> None:
+        self.path = os.fspath(path)
+        self.f = _open(self.path, "jsonl")
+
+    def emit(self, rec):
+        if not self.f.closed:
+            self.f.write(json.dumps(rec.to_dict(), default=str) + "\n")
+            self.f.flush()
+
+    def close(self):
+        self.f.close()
+
+
+CSV_COLUMNS = ["step", "timestamp_ns", "duration_s", "device", "current", "peak", "growth",
+               "allocated", "reserved", "segment_allocs", "segment_frees", "top_line", "top_line_bytes",
+               "info"]
+
+
+class _Csv(_Sink):
+    """One row per step and device (long format, so the header never changes)."""
+
+    def __init__(self, path) -> None:
+        self.path = os.fspath(path)
+        self.f = _open(self.path, "csv", newline="")
+        self.w = _csv.writer(self.f)
+        self.w.writerow(CSV_COLUMNS)
+        self.f.flush()
+
+    def emit(self, rec):
+        if self.f.closed:
+            return
+        top = rec.lines[0] if rec.lines else None
+        info = json.dumps(rec.to_dict()["info"], default=str) if rec.info else ""
+        devs = sorted(rec.devices) or [None]
+        for dev in devs:
+            d = rec.devices.get(dev) if dev is not None else DeviceStep()
+            self.w.writerow([rec.index, rec.timestamp_ns, f"{rec.duration_ns / 1e9:.6f}",
+                             "" if dev is None else dev, _blank(d.current), _blank(d.peak),
+                             _blank(d.growth), _blank(d.allocated), _blank(d.reserved),
+                             d.segment_allocs, d.segment_frees, top.location if top else "",
+                             top.bytes if top else "", info])
+        self.f.flush()
+
+    def close(self):
+        self.f.close()
+
+
+class _TensorBoard(_Sink):
+    """Scalars in MiB under memviz/cuda:N/..., the step time in ms."""
+
+    def __init__(self, writer) -> None:
+        self.writer = writer
+
+    def emit(self, rec):
+        add = self.writer.add_scalar
+        for dev, d in sorted(rec.devices.items()):
+            if dev < 0:
+                continue
+            for name in ("current", "peak", "allocated", "reserved"):
+                v = getattr(d, name)
+                if v is not None:
+                    add(f"memviz/cuda:{dev}/{name}_MiB", v / (1 << 20), rec.index)
+        add("memviz/step_time_ms", rec.duration_ns / 1e6, rec.index)
+
+
+def _blank(v):
+    return "" if v is None else v
+
+
+def _open(path: str, what: str, newline=None):
+    try:
+        return open(path, "w", encoding="utf-8", newline=newline)
+    except OSError as e:
+        raise OSError(e.errno, f"memviz: cannot open the {what} step file {path!r} for writing "
+                               f"({e.strerror}); pass a path in a writable directory") from e
+
+
+def make_sinks(callback=None, log=False, print_every=None, jsonl=None, csv=None,
+               tensorboard=None) -> List[_Sink]:
+    """Validate the sink arguments and build the sinks.
+
+    Args:
+        callback: called with each :class:`StepRecord`.
+        log: True (INFO), a logging level, or a ``logging.Logger``: one line
+            per step on the ``memviz`` logger (or the given one).
+        print_every: print a one-line summary every N steps.
+        jsonl: path of a JSON-lines file (one ``StepRecord.to_dict()`` a line).
+        csv: path of a CSV file (one row per step and device).
+        tensorboard: a ``SummaryWriter`` (anything with ``add_scalar``).
+    """
+    sinks: List[_Sink] = []
+    if callback is not None:
+        if not callable(callback):
+            raise TypeError(f"memviz: callback= must be a function taking a StepRecord, got "
+                            f"{type(callback).__name__}")
+        sinks.append(_Callback(callback))
+    if log is not False and log is not None:
+        if isinstance(log, logging.Logger):
+            logger, level = log, logging.INFO
+        elif log is True:
+            logger, level = logging.getLogger(LOGGER_NAME), logging.INFO
+        elif isinstance(log, int):
+            logger, level = logging.getLogger(LOGGER_NAME), log
+        else:
+            raise TypeError(f"memviz: log= takes True, a logging level or a logging.Logger, got {log!r}")
+        sinks.append(_Every(1, lambda text, lg=logger, lv=level: lg.log(lv, text)))
+    if print_every is not None:
+        if isinstance(print_every, bool) or not isinstance(print_every, int) or print_every < 1:
+            raise ValueError(f"memviz: print_every= must be a whole number of steps >= 1, got {print_every!r}")
+        sinks.append(_Every(print_every, lambda text: print(text, flush=True)))
+    if tensorboard is not None:
+        if not callable(getattr(tensorboard, "add_scalar", None)):
+            raise TypeError(f"memviz: tensorboard= needs a SummaryWriter (an object with "
+                            f"add_scalar(tag, value, step)), got {type(tensorboard).__name__}")
+        sinks.append(_TensorBoard(tensorboard))
+    if jsonl is not None:
+        sinks.append(_JsonLines(jsonl))
+    if csv is not None:
+        sinks.append(_Csv(csv))
+    return sinks
+
+
+class _SinkHandle:
+    """Returned by :func:`on_step`: ``remove()`` detaches (and closes) its sinks."""
+
+    def __init__(self, state: _StepState, sinks: List[_Sink]) -> None:
+        self._state, self.sinks = state, sinks
+
+    def remove(self) -> None:
+        with self._state.lock:
+            self._state.sinks[:] = [s for s in self._state.sinks if s not in self.sinks]
+        for s in self.sinks:
+            s.close()
+
+
+def on_step(tracker, **sinks) -> _SinkHandle:
+    """Send every step ``tracker`` records to the given sinks (see :func:`make_sinks`
+    for callback=, log=, print_every=, jsonl=, csv=, tensorboard=). File sinks
+    are closed when the tracker stops or the returned handle's ``remove()``."""
+    built = make_sinks(**sinks)
+    st = _state(tracker)
+    with st.lock:
+        st.sinks.extend(built)
+        if not st.closer_added and hasattr(tracker, "_plugins"):
+            tracker._plugins.append(st)
+            st.closer_added = True
+    return _SinkHandle(st, built)
+
+
+# ---- memviz.watch(optimizer) ----------------------------------------------------------
+
+
+class WatchHandle:
+    """Returned by :func:`watch`. ``remove()`` stops recording and closes its
+    file sinks; usable as a context manager. ``records`` are the steps this
+    handle recorded."""
+
+    def __init__(self, optimizer, tracker, sinks: List[_Sink], info) -> None:
+        self.tracker = tracker
+        self.sinks = sinks
+        self.info = info
+        self.records: List[StepRecord] = []
+        self._warned = False
+        self._hook = optimizer.register_step_post_hook(self._after_step)
+
+    def _after_step(self, optimizer, args, kwargs) -> None:
+        from ._tracker import active_tracker
+
+        t = self.tracker if self.tracker is not None else active_tracker()
+        if t is None or not t.running:
+            if not self._warned:
+                self._warned = True
+                warnings.warn("memviz.watch(): the optimizer stepped but no memviz tracker is running, "
+                              "so the step was not recorded; start one (memviz.start() or "
+                              "`with memviz.track():`) around the training loop.", RuntimeWarning,
+                              stacklevel=3)
+            return
+        extra = self.info() if callable(self.info) else (self.info or {})
+        rec = record_step(t, **extra)
+        self.records.append(rec)
+        for s in self.sinks:
+            s.emit(rec)
+
+    def remove(self) -> None:
+        """Stop recording steps and close this handle's file sinks."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        for s in self.sinks:
+            s.close()
+
+    def __enter__(self) -> "WatchHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+def watch(optimizer, tracker=None, *, info=None, **sinks) -> WatchHandle:
+    """Record a step after every ``optimizer.step()``.
+
+    Args:
+        optimizer: a ``torch.optim.Optimizer`` (anything with
+            ``register_step_post_hook``).
+        tracker: the tracker to record on; None means the one running when
+            the optimizer steps.
+        info: a dict, or a function returning one, passed to each step as
+            ``t.step(**info)`` (e.g. ``lambda: {"batch_shape": x.shape}``).
+        **sinks: callback=, log=, print_every=, jsonl=, csv=, tensorboard=
+            (see :func:`make_sinks`); they receive the steps this handle records.
+
+    Returns a :class:`WatchHandle`; call ``remove()`` to stop.
+    """
+    if not callable(getattr(optimizer, "register_step_post_hook", None)):
+        raise TypeError(
+            f"memviz.watch() needs a torch.optim.Optimizer (an object with register_step_post_hook), "
+            f"got {type(optimizer).__name__}; for other loops call tracker.step() at the end of each step.")
+    if info is not None and not callable(info) and not isinstance(info, dict):
+        raise TypeError(f"memviz.watch(info=...) takes a dict or a function returning one, got "
+                        f"{type(info).__name__}")
+    return WatchHandle(optimizer, tracker, make_sinks(**sinks), info)

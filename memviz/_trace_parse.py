@@ -1,0 +1,319 @@
+"""Parsing .memviz trace files: framing, checksums and chunk contents.
+
+:class:`TraceFile` reads the chunks of :mod:`memviz._trace`'s format into
+tables (strings, frames, stacks, threads, labels), byte planes of the event
+records, step records and the END and TIMELINE chunks, checking every CRC
+and every value it keeps; :class:`memviz._trace_load.LoadedTrace` builds the
+reading API on top. Problems raise :class:`memviz.TraceError` with the file
+and the byte offset of the chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+import zlib
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import _trace as F
+from ._errors import TraceError
+
+__all__ = ["TraceFile"]
+
+#: deflate expands at most ~1032x; anything claiming more is damaged
+_MAX_RATIO = 1100
+
+
+#: every device's totals have these keys (0 when the file lacks one)
+_TOTAL_KEYS = dict.fromkeys(("current", "peak", "peak_timestamp_ns", "allocs", "frees", "failed",
+                             "alloc_bytes", "live_count", "peak_count", "window_peak"), 0)
+
+
+def _clean_stats(stats: Dict[str, Any]) -> Dict[str, Any]:
+    """memviz's own counters: numbers, a str ABI tag and a {call: count} dict;
+    anything else (a file from elsewhere) is left out."""
+    out: Dict[str, Any] = {}
+    for k, v in stats.items():
+        if type(v) is int and v >= 0:
+            out[k] = v
+        elif k == "frames_abi" and isinstance(v, str):
+            out[k] = v
+        elif k == "calls" and isinstance(v, dict):
+            out[k] = {str(c): n for c, n in v.items() if type(n) is int and n >= 0}
+    return out
+
+
+class _Bad(Exception):
+    """A structural problem inside one chunk (turned into TraceError with its offset)."""
+
+
+def _inflate(payload: bytes) -> bytes:
+    d = zlib.decompressobj()
+    try:
+        out = d.decompress(payload, len(payload) * _MAX_RATIO + 4096)
+    except zlib.error as e:
+        raise _Bad(f"its compressed payload is damaged ({e})") from None
+    if not d.eof or d.unconsumed_tail or d.unused_data:
+        raise _Bad("its compressed payload is incomplete or has extra bytes")
+    return out
+
+
+def _json(payload: bytes, kind: type) -> Any:
+    try:
+        obj = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise _Bad(f"its JSON payload cannot be read ({type(e).__name__})") from None
+    if not isinstance(obj, kind):
+        raise _Bad(f"its payload is a JSON {type(obj).__name__}, not a {kind.__name__}")
+    return obj
+
+
+def _int(v: Any, lo: int, hi: int, what: str) -> int:
+    if type(v) is not int or not lo <= v <= hi:
+        raise _Bad(f"{what} {v!r} is not a whole number between {lo} and {hi}")
+    return v
+
+
+def _opt_int(v: Any, what: str) -> Optional[int]:
+    return None if v is None else _int(v, -(1 << 63), (1 << 64) - 1, what)
+
+
+def _key(k: str, lo: int, hi: int, what: str) -> int:
+    try:
+        return _int(int(k), lo, hi, what)
+    except ValueError:
+        raise _Bad(f"{what} {k!r} is not a number") from None
+
+
+class TraceFile:
+    """The parsed chunks of a trace file (see :class:`LoadedTrace` for the API)."""
+
+    def __init__(self, path: Optional[str]) -> None:
+        self.path = path
+        self.meta: Dict[str, Any] = {}
+        self.truncated = False
+        self.error: Optional[str] = None
+        self.end: Optional[Dict[str, Any]] = None
+        self.steps: List[Any] = []
+        self.frame_filter = None
+        self.trace_path = path
+        self.running = False
+        self._strings: List[str] = []
+        self._frames: List[Tuple[str, int, str]] = []
+        self._stacks: Dict[int, Tuple[int, ...]] = {}
+        self._threads: Dict[int, Tuple[Optional[int], Optional[int], str]] = {}
+        self._labels: Dict[int, str] = {}
+        self._timeline: Optional[List[tuple]] = None
+        self._planes: List[List[bytes]] = []
+
+    def _fail(self, reason: str, offset: Optional[int], hint: Optional[str] = None) -> TraceError:
+        return TraceError(reason, self.path, offset, hint)
+
+    def _parse(self, data: memoryview, recover: bool) -> None:
+        n = len(data)
+        head = bytes(data[:F.HEADER.size])
+        if n == 0:
+            raise self._fail("the file is empty, so it is not a memviz trace (a trace starts "
+                             "with a header written when tracking starts)", 0,
+                             "check the path; a trace comes from memviz.track(trace=...), "
+                             "Tracker.save() or `memviz run -o`")
+        if head[:8] != F.MAGIC[:min(8, n)]:
+            raise self._fail(f"not a memviz trace: it starts with {head[:8]!r}, not memviz's "
+                             f"signature {F.MAGIC!r}", 0,
+                             "give the .memviz file written by memviz.track(trace=...), "
+                             "Tracker.save() or `memviz run -o`")
+        if n < F.HEADER.size:
+            raise self._fail("the file ends inside its header: there is nothing to load", n,
+                             "the recording process was stopped before it wrote anything")
+        version = F.HEADER.unpack(head)[1]
+        if version > F.FORMAT_VERSION:
+            raise self._fail(f"it uses trace format {version}, written by a newer memviz; this "
+                             f"memviz reads format {F.FORMAT_VERSION}", 8,
+                             "upgrade memviz (pip install -U memviz) to read it")
+        if version != F.FORMAT_VERSION:
+            raise self._fail(f"its header names trace format {version}, which no memviz "
+                             "writes: the file is corrupted", 8,
+                             "record the trace again")
+        pos = F.HEADER.size
+        events = 0
+        while pos < n:
+            start = pos
+            if n - pos < F.CHUNK_HEAD.size + F.CRC.size:
+                self._cut(start, "the file ends inside a chunk header")
+                break
+            ctype, length = F.CHUNK_HEAD.unpack_from(data, pos)
+            kind = ctype & F.KIND_MASK
+            name = F.CHUNK_NAMES.get(kind, f"type-{kind}")
+            end = pos + F.CHUNK_HEAD.size + length
+            if end + F.CRC.size > n:
+                self._cut(start, f"the file ends inside a {name} chunk of {length:,} bytes")
+                break
+            crc = F.CRC.unpack_from(data, end)[0]
+            if zlib.crc32(data[pos:end]) != crc:
+                if not self._bad(start, recover, f"the {name} chunk's checksum does not match: "
+                                                 "the file is corrupted"):
+                    break
+                continue
+            pos = end + F.CRC.size
+            try:
+                if not self.meta and kind != F.META:
+                    raise _Bad("the first chunk is not the header metadata (META)")
+                if self.end is not None:
+                    raise _Bad("it comes after the end-of-trace chunk")
+                payload = bytes(data[start + F.CHUNK_HEAD.size:end])
+                if ctype & F.COMPRESSED:
+                    payload = _inflate(payload)
+                handler = self._HANDLERS.get(kind)
+                if handler is not None:
+                    handler(self, payload)
+                elif not ctype & F.OPTIONAL:
+                    raise _Bad(f"its type {kind} is unknown (written by a newer memviz?)")
+            except _Bad as e:
+                if not self._bad(start, recover, f"the {name} chunk is invalid: {e}"):
+                    break
+                continue
+            events += 1 if kind == F.EVENTS else 0
+        if not self.meta:
+            raise self._fail("the file ends before its header metadata: there is nothing to "
+                             "load", n, "the recording process was stopped before it wrote "
+                                        "anything")
+        if self.end is None and not self.truncated:
+            self.truncated = True
+            self.error = ("it has no end-of-trace record: the recording process stopped before "
+                          "tracking ended (killed?); everything up to the last flush loaded")
+        if self.truncated:
+            warnings.warn(f"memviz trace {self.path!r} is incomplete: {self.error}.",
+                          F.TraceWarning, stacklevel=5)
+
+    def _cut(self, offset: int, why: str) -> None:
+        self.truncated = True
+        self.error = (f"{why} at byte {offset:,} (the recording process was probably killed "
+                      "while writing); everything before it loaded")
+
+    def _bad(self, offset: int, recover: bool, why: str) -> bool:
+        if not recover:
+            raise self._fail(why, offset, "pass recover=True to memviz.load() to read the "
+                                          "part before it")
+        self.truncated = True
+        self.error = f"{why} (at byte {offset:,}); everything before it loaded"
+        return False
+
+    # -- chunk handlers
+
+    def _h_meta(self, payload: bytes) -> None:
+        meta = _json(payload, dict)
+        if meta.get("format") != "memviz-trace":
+            raise _Bad("its metadata does not say format 'memviz-trace'")
+        if self.meta:
+            raise _Bad("the file has two header metadata chunks")
+        for key in ("tracker", "capture"):
+            if not isinstance(meta.get(key, {}), dict):
+                raise _Bad(f"its {key!r} entry is not an object")
+        self.meta = meta
+
+    def _h_strings(self, payload: bytes) -> None:
+        items = _json(payload, list)
+        if not all(type(s) is str for s in items):
+            raise _Bad("a string table entry is not a string")
+        self._strings += items
+
+    def _h_frames(self, payload: bytes) -> None:
+        strings, ns = self._strings, len(self._strings)
+        out = []
+        for f in _json(payload, list):
+            if type(f) is not list or len(f) != 3:
+                raise _Bad(f"frame {f!r} is not [file, line, name]")
+            fi, line, ni = (_int(f[0], 0, ns - 1, "string id"), _int(f[1], -1, 1 << 31, "line"),
+                            _int(f[2], 0, ns - 1, "string id"))
+            out.append((strings[fi], max(line, 0), strings[ni]))
+        self._frames += out
+
+    def _h_stacks(self, payload: bytes) -> None:
+        nf = len(self._frames)
+        for s in _json(payload, list):
+            if type(s) is not list or len(s) != 2 or type(s[1]) is not list:
+                raise _Bad(f"stack {str(s)[:40]} is not [id, [frame ids]]")
+            sid = _int(s[0], 1, 0xFFFFFFFF, "stack id")
+            self._stacks[sid] = tuple(_int(i, 0, nf - 1, "frame id") for i in s[1])
+
+    def _h_threads(self, payload: bytes) -> None:
+        for k, v in _json(payload, dict).items():
+            idx = _key(k, 0, 0xFFFF, "thread index")
+            if type(v) is not list or len(v) != 3 or type(v[2]) is not str:
+                raise _Bad(f"thread entry {str(v)[:40]} is not [native id, ident, name]")
+            self._threads[idx] = (_opt_int(v[0], "thread id"), _opt_int(v[1], "thread ident"),
+                                  v[2])
+
+    def _h_labels(self, payload: bytes) -> None:
+        for k, v in _json(payload, dict).items():
+            if type(v) is not str:
+                raise _Bad(f"label {v!r} is not a string")
+            self._labels[_key(k, 1, 0xFFFF, "label id")] = v
+
+    def _h_events(self, payload: bytes) -> None:
+        if len(payload) < F.EVENTS_HEAD.size:
+            raise _Bad("it is shorter than its own header")
+        count, layout = F.EVENTS_HEAD.unpack_from(payload)
+        data = memoryview(payload)[F.EVENTS_HEAD.size:]
+        size = F.EVENT.size
+        if len(data) != count * size:
+            raise _Bad(f"it says {count:,} events but holds {len(data):,} bytes "
+                       f"(not {count * size:,})")
+        if layout == F.LAYOUT_PLANES:
+            planes = [bytes(data[k * count:(k + 1) * count]) for k in range(size)]
+        elif layout == F.LAYOUT_ROWS:
+            raw = bytes(data)
+            planes = [raw[k::size] for k in range(size)]
+        else:
+            raise _Bad(f"its event layout {layout} is unknown")
+        bad = planes[4].translate(None, bytes(range(1, 6)))
+        if bad:
+            raise _Bad(f"an event has the unknown operation {bad[0]}")
+        if count:
+            self._planes.append(planes)
+
+    def _h_steps(self, payload: bytes) -> None:
+        self.steps += _json(payload, list)
+
+    def _h_end(self, payload: bytes) -> None:
+        end = _json(payload, dict)
+        totals = end.get("totals", {})
+        if not isinstance(totals, dict):
+            raise _Bad("its totals are not an object")
+        clean: Dict[int, Dict[str, int]] = {}
+        for k, v in totals.items():
+            if not isinstance(v, dict):
+                raise _Bad(f"the totals of device {k} are not an object")
+            clean[_key(k, -128, 127, "device")] = dict(_TOTAL_KEYS, **{
+                str(name): _int(x, -(1 << 63), (1 << 64) - 1, f"total {name!r}")
+                for name, x in v.items()})
+        outside = end.get("outside", {})
+        if not isinstance(outside, dict):
+            raise _Bad("its 'outside' entry is not an object")
+        out: Dict[int, Tuple[int, str]] = {}
+        for k, v in outside.items():
+            if type(v) is not list or len(v) != 2 or type(v[1]) is not str:
+                raise _Bad(f"outside entry {str(v)[:40]} is not [bytes, source]")
+            out[_key(k, -128, 127, "device")] = (_int(v[0], 0, (1 << 64) - 1, "bytes"), v[1])
+        for key in ("stopped_monotonic_ns", "dropped_events"):
+            if key in end:
+                _int(end[key], 0, (1 << 64) - 1, key)
+        stats = end.get("stats", {})
+        if not isinstance(stats, dict):
+            raise _Bad("its 'stats' entry is not an object")
+        end["totals"], end["outside"], end["stats"] = clean, out, _clean_stats(stats)
+        self.end = end
+
+    def _h_timeline(self, payload: bytes) -> None:
+        points = []
+        for p in _json(payload, list):
+            if type(p) is not list or len(p) != 3:
+                raise _Bad(f"timeline point {str(p)[:40]} is not [timestamp, device, bytes]")
+            points.append((_int(p[0], 0, (1 << 64) - 1, "timestamp"),
+                           _int(p[1], -128, 127, "device"), _int(p[2], 0, (1 << 64) - 1, "bytes")))
+        self._timeline = points
+
+    _HANDLERS = {F.META: _h_meta, F.STRINGS: _h_strings, F.FRAMES: _h_frames,
+                 F.STACKS: _h_stacks, F.THREADS: _h_threads, F.LABELS: _h_labels,
+                 F.EVENTS: _h_events, F.STEPS: _h_steps, F.END: _h_end,
+                 F.TIMELINE: _h_timeline}

@@ -1,0 +1,219 @@
+"""Exports: Chrome trace JSON for Perfetto, and torch's memory snapshot pickle
+read back by PyTorch's own memory_viz functions (skipped without torch)."""
+
+import json
+import pickle
+import stat
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+import memviz
+from memviz.export import perfetto, torch_snapshot
+from test_html_report import EVIL, MiB, StubTrace, _line_of, record_run
+
+
+@pytest.fixture
+def run(fake):
+    return record_run(fake)
+
+
+def load_events(path):
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    assert doc["displayTimeUnit"] == "ms"
+    return doc["traceEvents"]
+
+
+def _check_spans_pair_up(events):
+    begins = Counter(e["id"] for e in events if e["ph"] == "b")
+    ends = Counter(e["id"] for e in events if e["ph"] == "e")
+    assert begins == ends and all(n == 1 for n in begins.values())
+
+
+# ---- Perfetto / chrome://tracing ----------------------------------------------
+
+
+def test_perfetto_has_processes_counters_and_allocations(run, tmp_path):
+    path = tmp_path / "trace.json"
+    n = perfetto.write(run, path)
+    events = load_events(path)
+    assert n == len(events)
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert {"cuda:0 (memviz)", "cuda:1 (memviz)", "pinned host (memviz)"} <= set(names.values())
+    pid = {v.split(" ")[0] if not v.startswith("pinned") else "host": k for k, v in names.items()}
+
+    live = [e for e in events if e["ph"] == "C" and e["name"] == "live bytes"]
+    assert {e["pid"] for e in live} == {pid["cuda:0"], pid["cuda:1"], pid["host"]}
+    assert max(e["args"]["bytes"] for e in live if e["pid"] == pid["cuda:0"]) == run.totals()[0]["peak"]
+    assert all(e["ts"] >= 0 for e in events if "ts" in e)
+
+    spans = [e for e in events if e["ph"] == "b"]
+    assert len(spans) == len(run.snapshot())  # each allocation live at the end, to the end
+    _check_spans_pair_up(events)
+    weights = [e for e in spans if e["args"]["line"].endswith(f":{_line_of('# WEIGHTS')}")]
+    assert len(weights) == 2 and weights[0]["args"]["size"] == 8 * MiB
+    assert weights[0]["args"]["kind"] == "device" and weights[0]["args"]["stack"]
+    assert any(e["args"].get("label") == EVIL for e in spans)
+    assert any(e["args"].get("thread") == "pt_autograd_0" and e["args"]["line"].startswith("<thread")
+               for e in spans)
+    freed = [e for e in events if e["ph"] == "i" and e.get("cat") == "allocation"]
+    assert freed and all("after the peak" in e["args"]["freed"] for e in freed)
+    assert {e["args"]["size"] for e in freed} == {32 * MiB, 8 * MiB}  # workspace, weights[0]
+    fail, = [e for e in events if e.get("cat") == "failure"]
+    assert fail["args"]["size"] == 80 << 30 and fail["args"]["cuda_error"] == 2
+    assert any(e["ph"] == "i" and e["name"].startswith("peak ") for e in events)
+
+
+def test_perfetto_from_a_trace_with_events_categories_and_steps(run, tmp_path):
+    path = tmp_path / "stub.json"
+    perfetto.write(StubTrace(run), path)
+    events = load_events(path)
+    _check_spans_pair_up(events)
+    cats = {e["name"] for e in events if e["ph"] == "C" and e["name"].startswith("category: ")}
+    assert cats == {"category: parameter", "category: activation"}
+    param = [e["args"]["bytes"] for e in events if e["name"] == "category: parameter"]
+    assert max(param) == 24 * MiB and param[-1] == 16 * MiB
+    steps = [e for e in events if e.get("cat") == "step"]
+    assert [e["name"] for e in steps] == ["step 0", "step 1", "step 2"]
+    assert steps[1]["args"]["loss"] == 0.25
+    allocated = [e for e in events if e["ph"] == "C" and e["name"] == "torch allocated"]
+    assert [e["args"]["bytes"] for e in allocated] == [MiB, 2 * MiB, 3 * MiB]
+    assert len([e for e in events if e["ph"] == "b"]) == 10  # every allocation of the history
+
+
+def test_tracker_method_and_error_message(run, tmp_path):
+    run.to_perfetto(str(tmp_path / "t.json"))
+    assert load_events(tmp_path / "t.json")
+    with pytest.raises(OSError, match="could not write the Perfetto trace.*writable path"):
+        perfetto.write(run, tmp_path / "no" / "such" / "dir.json")
+
+
+# ---- torch.cuda.memory._dump_snapshot format ------------------------------------
+
+
+@pytest.fixture
+def memory_viz():
+    pytest.importorskip("torch", reason="reading the snapshot back needs torch (pip install torch)")
+    from torch.cuda import _memory_viz
+    return _memory_viz
+
+
+def _identity_flamegraph(tmp_path):
+    """A stand-in for flamegraph.pl (which torch would download): prints its input."""
+    script = tmp_path / "flamegraph.sh"
+    script.write_text("#!/bin/sh\ncat\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+def test_torch_snapshot_is_read_by_torch_memory_viz(run, tmp_path, memory_viz):
+    path = tmp_path / "snap.pickle"
+    info = torch_snapshot.write(run, path)
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    assert info["memviz"] == {"pinned_host_left_out": 1, "failed_left_out": 1, "history": False}
+    live = [a for a in run.snapshot().allocations if a.device >= 0]
+    assert len(snap["segments"]) == len(live)
+    assert sum(s["total_size"] for s in snap["segments"]) == sum(a.size for a in live)
+    assert len(snap["device_traces"]) == 2
+    for seg in snap["segments"]:
+        block, = seg["blocks"]
+        assert block["state"] == "active_allocated" and block["size"] == seg["total_size"]
+
+    summary = memory_viz.segsum(snap)  # asserts its own accounting
+    assert f"segments: {len(live)}" in summary
+    text = memory_viz.trace(snap)
+    assert "Device 0" in text and "Device 1" in text and "cudaMalloc" in text
+    script = _identity_flamegraph(tmp_path)
+    lines = memory_viz.memory(snap, format_flamegraph=lambda s: memory_viz.format_flamegraph(s, script))
+    weights = [x for x in lines.splitlines()
+               if f"test_html_report.py:{_line_of('# WEIGHTS')}:load_weights;" in x]
+    assert len(weights) == 2 and all(x.endswith(" 8388608") for x in weights)
+    assert "<thread pt_autograd_0>:0:no Python frames" in lines  # the frameless one
+    assert "test_html_report.py" in memory_viz.segments(snap, format_flamegraph=lambda s: s)
+    for html in (memory_viz.segment_plot(snap), memory_viz.trace_plot(snap),
+                 memory_viz.trace_plot(snap, plot_segments=True)):
+        assert "snapshot.pickle" in html  # the viewer page with the data embedded
+    memory_viz.filter_alloc_free_pairs(pickle.loads(pickle.dumps(snap)))
+
+    # torch's own command line reads the file.
+    out = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "stats", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "total_allocated" in out.stdout
+
+
+def test_torch_snapshot_from_a_history_has_frees_and_categories(run, tmp_path, memory_viz):
+    snap = torch_snapshot.build(StubTrace(run))
+    assert snap["memviz"]["history"] is True
+    trace0 = snap["device_traces"][0]
+    actions = Counter(e["action"] for e in trace0)
+    assert actions["alloc"] == actions["segment_alloc"] == 8
+    assert actions["free_requested"] == actions["free_completed"] == actions["segment_free"] == 2
+    cats = {e.get("category") for e in trace0}
+    assert {"parameter", "activation", "unknown"} <= cats  # the viewer needs "unknown"
+    text = memory_viz.trace(snap)
+    assert "free completed" in text
+    memory_viz.segsum(snap)
+    memory_viz.trace_plot(snap, filter_freed=True)
+
+
+def test_torch_snapshot_of_backward_allocations(fake, tmp_path, memory_viz):
+    """Allocations made during backward carry the autograd node; frameless ones
+    get it in their pseudo frame."""
+    import torch
+
+    from fake_cupti import CBID_cuMemAlloc_v2
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            fake.alloc(CBID_cuMemAlloc_v2, 64 * 1024)
+            return g * 2
+
+    x = torch.randn(4, requires_grad=True)
+    with memviz.track(torch=True) as t:
+        Double.apply(x).sum().backward()
+    a, = t.snapshot().allocations
+    assert a.autograd_node == "DoubleBackward"
+    snap = torch_snapshot.build(t)
+    assert snap["segments"][0]["blocks"][0]["frames"]
+    frameless = a._replace(traceback=memviz.Traceback())
+    frames = torch_snapshot._frame_list(frameless)
+    assert frames[0]["filename"].startswith("<thread ") and "DoubleBackward" in frames[0]["name"]
+    memory_viz.segsum(snap)
+
+
+def test_torch_snapshot_error_message(run, tmp_path):
+    with pytest.raises(OSError, match="could not write the torch snapshot.*writable path"):
+        torch_snapshot.write(run, tmp_path / "no" / "such.pickle")
+
+
+def test_report_and_exports_of_a_loaded_trace_file(fake, tmp_path):
+    """The same views from a .memviz file read back with memviz.load."""
+    from memviz.report import render, tracker_repr_html
+    from test_html_report import embedded_data, load_weights, workspace
+
+    from fake_cupti import CBID_cuMemFree_v2
+
+    path = tmp_path / "run.memviz"
+    with memviz.track(trace=str(path)) as t:
+        kept = [load_weights(fake) for _ in range(2)]
+        fake.free(CBID_cuMemFree_v2, workspace(fake))
+    loaded = memviz.load(str(path))
+    d = embedded_data(render(loaded))
+    assert d["timeline"]["charts"][0]["peak"]["v"] == t.peak_bytes(0) == 48 * MiB
+    assert {r[0].rsplit(":", 1)[-1] for r in d["tables"]["lines"]["rows"]} == {
+        str(_line_of("# WEIGHTS")), str(_line_of("# WORKSPACE"))}
+    assert "<script" not in tracker_repr_html(loaded)
+    events = perfetto.events(loaded)
+    assert sum(1 for e in events if e["ph"] == "b") == len(kept)
+    snap = torch_snapshot.build(loaded)
+    assert sum(s["total_size"] for s in snap["segments"]) == 16 * MiB

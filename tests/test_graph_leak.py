@@ -1,0 +1,162 @@
+"""Graph leaks on CPU: a loop that keeps its losses as tensors keeps every
+step's autograd graph alive; memviz.diagnose() finds it with the holder and
+the line that keeps it, and the same loop keeping ``loss.item()`` is clean.
+"""
+
+import os
+
+import pytest
+
+import memviz
+
+torch = pytest.importorskip("torch", reason="graph leaks are about PyTorch's autograd")
+
+from memviz.torch.graph import GraphRecorder, holders, keep_line  # noqa: E402
+
+THIS = os.path.abspath(__file__)
+history = []
+
+
+def _line(marker):
+    with open(THIS) as f:
+        for i, text in enumerate(f, 1):
+            if text.rstrip().endswith(marker):
+                return i
+    raise AssertionError(marker)
+
+
+def _setup():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01), torch.randn(64, 32)
+
+
+def step(model, opt, x_val):
+    """One training step, then an evaluation with autograd on (returns its loss)."""
+    x = torch.randn(64, 32)
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return model(x_val).pow(2).mean()  # EVAL
+
+
+def train(t, steps, keep_tensor):
+    model, opt, x_val = _setup()
+    for _ in range(steps):
+        val = step(model, opt, x_val)
+        if keep_tensor:
+            history.append(val)  # KEEP
+        else:
+            history.append(val.item())
+        t.step()
+
+
+@pytest.fixture
+def graph_tracker():
+    with memviz.track(gpu=False) as t:
+        if getattr(t, "graph", None) is None:  # no torch integration: record graphs ourselves
+            t.graph = GraphRecorder().start()
+        yield t
+    history.clear()
+
+
+def test_planted_leak_is_found_with_its_holder_and_line(graph_tracker):
+    t = graph_tracker
+    train(t, 20, keep_tensor=True)
+    f, = memviz.diagnose(t)
+    assert f.kind == "growth"
+    assert "autograd graphs of 17 of the last 17 steps are still reachable" in f.message
+    assert "list `history` in module test_graph_leak" in f.message
+    assert f.numbers["holder"] == "list `history` in module test_graph_leak"
+    assert f.numbers["kept_at"] == f"{THIS}:{_line('# KEEP')}"
+    assert f.numbers["graph_bytes"] > 0
+    locations = [ln.location for ln in f.lines]
+    assert locations[0] == f"{THIS}:{_line('# KEEP')}"
+    assert f"{THIS}:{_line('# EVAL')}" in locations  # the line whose tensors the graphs hold
+    assert "loss.item()" in f.fix
+
+
+def test_same_loop_with_item_is_clean(graph_tracker):
+    t = graph_tracker
+    train(t, 20, keep_tensor=False)
+    assert memviz.diagnose(t) == []
+
+
+def test_leak_into_a_running_functions_local_list(graph_tracker):
+    t = graph_tracker
+    model, opt, x_val = _setup()
+    losses = []
+    for _ in range(12):
+        losses.append(step(model, opt, x_val))  # LOCAL
+        t.step()
+    f, = memviz.diagnose(t)
+    assert f.numbers["holder"] == "list `losses` (a local of test_leak_into_a_running_functions_local_list)"
+    assert f.numbers["kept_at"] == f"{THIS}:{_line('# LOCAL')}"
+
+
+def test_leak_into_an_object_attribute(graph_tracker):
+    class Meter:
+        def __init__(self):
+            self.values = []
+
+        def append(self, v):
+            self.values.append(v)  # METER
+
+    t = graph_tracker
+    model, opt, x_val = _setup()
+    meter = Meter()
+    for _ in range(12):
+        meter.append(step(model, opt, x_val))
+        t.step()
+    f, = memviz.diagnose(t)
+    assert f.numbers["holder"] == "list `values` of a Meter object"
+    assert f.numbers["kept_at"] == f"{THIS}:{_line('# METER')}"
+
+
+def test_graph_recorder_can_be_passed_explicitly():
+    rec = GraphRecorder().start()
+    try:
+        with memviz.track(gpu=False, torch=False) as t:
+            train(t, 12, keep_tensor=True)
+    finally:
+        rec.stop()
+    try:
+        f, = memviz.diagnose(t, graph=rec)
+        assert f.numbers["graph_bytes"] > 0 and f.numbers["graph_steps_alive"] == 9
+    finally:
+        history.clear()
+
+
+def test_one_graph_kept_to_the_end_is_not_a_leak(graph_tracker):
+    # the loop variable keeps the last step's graph; that is not growth
+    t = graph_tracker
+    model, opt, x_val = _setup()
+    for _ in range(12):
+        last = model(x_val).sum()
+        t.step()
+    assert memviz.diagnose(t) == [] and last is not None
+
+
+# ---- the helpers ------------------------------------------------------------------------
+
+
+def test_autograd_mark_orders_nodes_and_creates_nothing():
+    m = GraphRecorder.autograd_mark()
+    assert GraphRecorder.autograd_mark() == m  # creating no node itself
+    kept = [torch.ones(2, requires_grad=True).mul(3)]
+    assert kept[0].grad_fn._sequence_nr() > m
+    assert GraphRecorder.roots_since(m) == kept
+    assert GraphRecorder.roots_since(GraphRecorder.autograd_mark()) == []
+
+
+def test_holders_and_keep_line(tmp_path):
+    src = tmp_path / "mod.py"
+    src.write_text("cache = {}\nlog = []\n\ndef f(x):\n    y = x\n    log.append(y)  # here\n    cache['k'] = y\n")
+    assert keep_line("log", str(src)) == 6
+    assert keep_line("cache", str(src)) == 7
+    assert keep_line("nothing", str(src)) is None
+    w = torch.ones(1, requires_grad=True)
+    kept = [w * 2]
+    hs = holders(kept[0])
+    assert hs[0].description == "list `kept` (a local of test_holders_and_keep_line)"

@@ -1,0 +1,121 @@
+"""The %%memviz cell magic: in an in-process IPython shell (allocations fired
+through the test double), and in a real Jupyter kernel driven by nbclient
+(pip install nbclient ipykernel nbformat; skipped where they are absent)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+import memviz
+from memviz import _ipython
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 1 << 20
+
+
+def test_options_are_parsed_and_bad_ones_explained():
+    o = _ipython.parse_options("--no-gpu --top 3")
+    assert (o.no_gpu, o.top, o.depth) == (True, 3, None)
+    assert _ipython.parse_options("").top == 10
+    for bad, why in (("--top 0", "positive whole number"), ("--top x", "positive whole number"),
+                     ("--frobnicate", "unrecognized arguments"), ("--top '3", "cannot read")):
+        with pytest.raises(_ipython.MagicUsageError, match=why) as e:
+            _ipython.parse_options(bad)
+        assert "Usage: %%memviz" in str(e.value)
+
+
+@pytest.fixture
+def shell():
+    IPython = pytest.importorskip("IPython", reason="the cell magic needs IPython (pip install ipython)")
+    from IPython.core.interactiveshell import InteractiveShell
+
+    sh = InteractiveShell.instance()
+    memviz.load_ipython_extension(sh)
+    yield sh
+    InteractiveShell.clear_instance()
+    del IPython
+
+
+def run_cell(shell, text):
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as out:
+        result = shell.run_cell(text)
+    htmls = [o.data["text/html"] for o in out.outputs if "text/html" in o.data]
+    return result, htmls, out
+
+
+def test_cell_magic_tracks_the_cell_and_shows_the_report(shell, fake):
+    from fake_cupti import CBID_cuMemAlloc_v2
+
+    shell.user_ns.update(fake=fake, CBID=CBID_cuMemAlloc_v2)
+    result, htmls, _ = run_cell(shell, "%%memviz --top 2\nx = fake.alloc(CBID, 6 << 20)\n"
+                                       "y = fake.alloc(CBID, 2 << 20)\n")
+    assert result.success
+    html, = htmls
+    assert "memviz" in html and "<svg" in html and "Top lines at the peak" in html
+    assert "<script" not in html and "8 MiB" in html
+    t = shell.user_ns["_memviz"]
+    assert isinstance(t, memviz.Tracker) and not t.running and t.current_bytes() == 8 * MiB
+    lines = {s.key.lineno for s in t.snapshot().statistics("lineno")}
+    assert lines == {1, 2}  # the cell's own lines
+
+
+def test_cell_that_raises_still_stops_tracking_and_reports(shell, fake):
+    from fake_cupti import CBID_cuMemAlloc_v2
+
+    shell.user_ns.update(fake=fake, CBID=CBID_cuMemAlloc_v2)
+    result, htmls, _ = run_cell(shell, "%%memviz\nfake.alloc(CBID, 1 << 20)\nraise ValueError('boom')\n")
+    assert len(htmls) == 1 and "1 MiB" in htmls[0]
+    assert memviz.active_tracker() is None
+    assert shell.user_ns["_memviz"].current_bytes() == MiB
+
+
+def test_bad_options_show_what_to_do_and_run_nothing(shell):
+    shell.user_ns["ran"] = False
+    result, htmls, _ = run_cell(shell, "%%memviz --top zero\nran = True\n")
+    assert len(htmls) == 1 and "Usage: %%memviz" in htmls[0] and "positive whole number" in htmls[0]
+    assert shell.user_ns["ran"] is False
+
+
+def test_real_kernel_runs_the_magic(monkeypatch, fake_path):
+    """A real kernel, with memviz pointed at the libcupti test double, so the
+    magic runs the same capture path as on a GPU machine."""
+    nbformat = pytest.importorskip("nbformat", reason="needs nbformat (pip install nbclient ipykernel nbformat)")
+    nbclient = pytest.importorskip("nbclient", reason="needs nbclient (pip install nbclient ipykernel nbformat)")
+    pytest.importorskip("ipykernel", reason="needs ipykernel (pip install nbclient ipykernel nbformat)")
+    paths = [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, paths)))
+    monkeypatch.setenv("MEMVIZ_CUPTI_LIBRARY", fake_path)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("%load_ext memviz\n"
+                                  "from fake_cupti import FakeCupti, CBID_cuMemAlloc_v2\n"
+                                  f"fake = FakeCupti({fake_path!r})\n"
+                                  "import memviz, os, fake_cupti  # the double's wrapper is not user code\n"
+                                  "memviz.frames.add_library_path(os.path.dirname(fake_cupti.__file__))\n"),
+        nbformat.v4.new_code_cell(
+            "%%memviz --top 3\n"
+            "def make_buffers(n):\n"
+            "    return [fake.alloc(CBID_cuMemAlloc_v2, 4 << 20) for _ in range(n)]\n"
+            "buffers = make_buffers(10)\n"),
+        nbformat.v4.new_code_cell("print(type(_memviz).__name__, _memviz.current_bytes())"),
+        nbformat.v4.new_code_cell("%%memviz --no-gpu\nx = 1\n"),
+    ]
+    client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
+                                     resources={"metadata": {"path": str(ROOT)}})
+    client.execute()
+
+    def html_of(cell):
+        return [o["data"]["text/html"] for o in cell.outputs if o.get("output_type") == "display_data"
+                and "text/html" in o.get("data", {})]
+
+    html = html_of(nb.cells[1])
+    assert len(html) == 1, nb.cells[1].outputs
+    assert "Top lines at the peak" in html[0] and "make_buffers" in html[0] and "40 MiB" in html[0]
+    assert "<svg" in html[0] and "GPU capture on" in html[0]
+    printed = "".join(o.get("text", "") for o in nb.cells[2].outputs)
+    assert printed.strip() == f"Tracker {40 << 20}"
+    off = html_of(nb.cells[3])
+    assert len(off) == 1 and "GPU capture off" in off[0] and "No GPU allocation was recorded" in off[0]
