@@ -72,13 +72,18 @@ def build_parser(prog: str = "memviz run") -> argparse.ArgumentParser:
     """The parser of memviz's own options (everything before the script)."""
     parser = argparse.ArgumentParser(
         prog=prog,
-        usage=f"{prog} [--depth N] [--no-gpu] [--top N] [--report-file PATH] [-o TRACE] "
+        usage=f"{prog} [--precise] [--autograd] [--depth N] [--no-gpu] [--top N] [--report-file PATH] [-o TRACE] "
               "(-m module | script.py) [args ...]",
         description="Run a Python script (or -m module) with every CUDA allocation tracked, "
                     "then print a memory report to stderr.",
         epilog="Everything after the script name (or -m module) is passed to the script.",
         allow_abbrev=False,
     )
+    parser.add_argument("--precise", action="store_true",
+                        help="PyTorch on the driver's stream-ordered pool (backend:cudaMallocAsync): "
+                             "every tensor is seen; includes --autograd")
+    parser.add_argument("--autograd", action="store_true",
+                        help="label backward allocations with their autograd node and forward line")
     parser.add_argument("--depth", type=_depth, default=32, metavar="N",
                         help=f"Python frames kept per allocation (1-{_core.MAX_DEPTH}, default 32)")
     parser.add_argument("--no-gpu", action="store_true",
@@ -254,7 +259,8 @@ def _trace_note(tracker: Tracker, path: str) -> None:
 
 
 def _start(opts: argparse.Namespace) -> Tracker:
-    tracker = Tracker(gpu=not opts.no_gpu, depth=opts.depth, trace=opts.output)
+    tracker = Tracker(gpu=not opts.no_gpu, depth=opts.depth, trace=opts.output,
+                      precise=opts.precise, autograd=True if opts.autograd or opts.precise else None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CaptureWarning)  # said below, and in the report
         tracker.start()

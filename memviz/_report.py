@@ -203,6 +203,35 @@ def _outside(tracker: Any, totals: Dict[int, Dict[str, int]],
     return lines
 
 
+def _pytorch(tracker: Any, totals: Dict[int, Dict[str, int]]) -> List[str]:
+    """Categories at each device's peak, PyTorch's own figures, and the
+    out-of-memory report, when the PyTorch integration was attached."""
+    if getattr(tracker, "torch", None) is None:
+        return []
+    lines: List[str] = []
+    for dev in sorted(d for d in totals if d >= 0):
+        try:
+            snap = tracker.peak_snapshot(dev)
+        except Exception:  # noqa: BLE001 - a report must come out
+            continue
+        cats = [s for s in snap.statistics("category") if s.key != "<unknown>"]
+        if cats:
+            lines += ["", f"By category at the peak of {_device_name(dev)}:"]
+            lines += [f"  {format_size(s.size):>10}  {_count(s.count):<10}  {s.key}" for s in cats]
+        stats = getattr(snap, "torch_stats", {}).get(dev)
+        if stats:
+            lines.append(f"  PyTorch now: {format_size(stats['allocated'])} allocated, "
+                         f"{format_size(stats['reserved'])} reserved, {format_size(stats['active'])} active "
+                         f"(peak allocated {format_size(stats['peak_allocated'])})")
+    oom = getattr(tracker, "oom_report", None)
+    if oom is not None:
+        lines.append("")
+        for line in str(oom).splitlines():
+            lead = line[: len(line) - len(line.lstrip())]
+            lines += [line] if len(line) <= WIDTH else _wrap(line.strip(), indent=lead + "    ", first=lead)
+    return lines
+
+
 def _own(info: Dict[str, Any]) -> List[str]:
     store = info.get("store")
     if store is None:
@@ -252,6 +281,7 @@ def text_report(tracker: Any, top: int = 10, outside: Optional[Dict[int, Tuple[i
     lines += _devices(totals)
     lines += _top_lines(tracker, totals, top)
     lines += _failures(tracker, top)
+    lines += _pytorch(tracker, totals)
     lines += _outside(tracker, totals, outside)
     lines += _own(info)
     return "\n".join(lines) + "\n"

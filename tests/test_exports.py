@@ -179,7 +179,7 @@ def test_torch_snapshot_of_backward_allocations(fake, tmp_path, memory_viz):
             return g * 2
 
     x = torch.randn(4, requires_grad=True)
-    with memviz.track(torch=True) as t:
+    with memviz.track(torch=True, autograd=True) as t:
         Double.apply(x).sum().backward()
     a, = t.snapshot().allocations
     assert a.autograd_node == "DoubleBackward"

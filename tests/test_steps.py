@@ -274,3 +274,76 @@ def test_watch_needs_an_optimizer():
         memviz.watch(object())
     with pytest.raises(TypeError, match=r"info=\.\.\.\) takes a dict"):
         memviz.watch(SimpleNamespace(register_step_post_hook=lambda fn: None), info=5)
+
+
+# ---- Lightning and transformers callbacks (with stand-in framework modules) -----------------
+
+
+def _stub_frameworks(monkeypatch):
+    """Minimal `lightning.pytorch.callbacks.Callback` and `transformers.TrainerCallback`."""
+    import types
+
+    mods = {}
+    for name in ("lightning", "lightning.pytorch", "lightning.pytorch.callbacks", "transformers"):
+        mods[name] = types.ModuleType(name)
+        monkeypatch.setitem(sys.modules, name, mods[name])
+    mods["lightning.pytorch.callbacks"].Callback = type("Callback", (), {})
+    mods["transformers"].TrainerCallback = type("TrainerCallback", (), {})
+    for name in ("memviz.integrations.lightning", "memviz.integrations.huggingface"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+
+
+def test_lightning_callback_records_each_batch_and_diagnoses(fake, monkeypatch, caplog):
+    _stub_frameworks(monkeypatch)
+    from memviz.integrations.lightning import MemvizCallback
+
+    cb = MemvizCallback()
+    trainer = SimpleNamespace(global_step=0)
+    kept = []
+    with caplog.at_level(logging.WARNING, logger="memviz"):
+        cb.on_train_start(trainer, None)
+        t = cb.tracker
+        assert t is memviz.active_tracker() and t.running
+        for i in range(20):
+            kept.append(fake.alloc(CBID_cuMemAlloc_v2, 8 * MiB))  # a steady leak
+            trainer.global_step = i + 1
+            cb.on_train_batch_end(trainer, None, None, (SimpleNamespace(shape=(4, 16)), None), i)
+        cb.on_train_end(trainer, None)
+    assert not t.running and len(t.steps) == 20
+    assert t.steps[3].info == {"batch_shape": (4, 16), "batch_idx": 3, "global_step": 4}
+    assert [f.kind for f in cb.findings] == ["growth"]
+    assert any("rises 8 MiB per step" in r.getMessage() for r in caplog.records)
+
+
+def test_huggingface_callback_uses_the_running_tracker(fake, monkeypatch):
+    _stub_frameworks(monkeypatch)
+    from memviz.integrations.huggingface import MemvizCallback
+
+    got = []
+    cb = MemvizCallback(callback=got.append, diagnose=False)
+    with track() as t:
+        cb.on_train_begin(None, None, None)
+        for i in range(3):
+            cb.on_step_end(None, SimpleNamespace(global_step=i + 1), None, model=None)
+        cb.on_train_end(None, None, None)
+        assert t.running  # not ours to stop
+    assert [r.info["global_step"] for r in t.steps] == [1, 2, 3] and len(got) == 3
+
+
+def test_integrations_say_what_to_install(monkeypatch):
+    for name in ("lightning", "pytorch_lightning", "transformers"):
+        monkeypatch.setitem(sys.modules, name, None)  # import fails
+    for name in ("memviz.integrations.lightning", "memviz.integrations.huggingface"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with pytest.raises(ImportError, match="pip install lightning"):
+        import memviz.integrations.lightning  # noqa: F401
+    with pytest.raises(ImportError, match="pip install transformers"):
+        import memviz.integrations.huggingface  # noqa: F401
+
+
+def test_batch_shape_of_common_batches():
+    from memviz.integrations import batch_shape
+
+    x = SimpleNamespace(shape=(2, 3))
+    assert batch_shape(x) == batch_shape([x, 1]) == batch_shape({"input_ids": x, "y": 1}) == (2, 3)
+    assert batch_shape({"a": 1, "b": x}) == (2, 3) and batch_shape(5) is None
