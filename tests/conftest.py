@@ -20,6 +20,15 @@ def here() -> int:
     return inspect.currentframe().f_back.f_lineno
 
 
+def line_of(path: str, marker: str) -> int:
+    """The number of the line of ``path`` that ends with ``marker``."""
+    with open(path) as f:
+        for i, text in enumerate(f, 1):
+            if text.rstrip().endswith(marker):
+                return i
+    raise AssertionError(f"{marker!r} not found in {path}")
+
+
 @pytest.fixture(scope="session")
 def fake_path():
     from fake_cupti import build

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 import memviz
-from conftest import here
+from conftest import here, line_of
 from fake_cupti import (CBID_cuMemAddressFree, CBID_cuMemAddressReserve, CBID_cuMemAlloc_v2,
                         CBID_cuMemAllocAsync, CBID_cuMemAllocAsync_ptsz,
                         CBID_cuMemAllocFromPoolAsync, CBID_cuMemAllocFromPoolAsync_ptsz,
@@ -63,11 +63,7 @@ def outer_alloc(fake, size):
 
 
 def _line_of(marker):
-    with open(THIS) as f:
-        for i, text in enumerate(f, 1):
-            if text.rstrip().endswith(marker):
-                return i
-    raise AssertionError(marker)
+    return line_of(THIS, marker)
 
 
 def test_nested_calls_keep_the_full_traceback(fake):

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the PyTorch integration tests need torch (pip install torch)")
 
 import memviz  # noqa: E402
-from conftest import here  # noqa: E402
+from conftest import here, line_of  # noqa: E402
 from fake_cupti import CBID_cuMemAlloc_v2, CUDA_ERROR_OUT_OF_MEMORY  # noqa: E402
 from memviz.torch import precise  # noqa: E402
 
@@ -49,11 +49,7 @@ class NoSave(torch.autograd.Function):
 
 
 def _line_of(marker):
-    with open(THIS) as f:
-        for i, text in enumerate(f, 1):
-            if text.rstrip().endswith(marker):
-                return i
-    raise AssertionError(marker)
+    return line_of(THIS, marker)
 
 
 @pytest.fixture

@@ -305,23 +305,43 @@ def holders(tensor, limit: int = 3, exclude=()) -> List[Holder]:
     return out
 
 
-_KEEP_RE = (r"\b{name}\s*(\.\s*(append|extend|insert|add|update|setdefault)\s*\(|\+=|"
-            r"\[[^\]]*\]\s*=(?!=))")
+_KEEP_METHODS = frozenset(("append", "extend", "insert", "add", "update", "setdefault", "appendleft"))
 
 
 def keep_line(name: str, filename: str, start: int = 1, end: Optional[int] = None) -> Optional[int]:
-    """The first line of ``filename`` (from ``start`` to ``end``) that stores
-    into the container ``name``: ``name.append(``, ``name +=``, ``name[k] =``."""
+    """The first code line of ``filename`` (from ``start`` to ``end``) that
+    stores into the container ``name`` (a variable or an attribute):
+    ``name.append(...)``, ``name += ...``, ``name[k] = ...``. Strings and
+    comments never match: the source is parsed."""
+    import ast
     import linecache
-    import re
 
-    pat = re.compile(_KEEP_RE.format(name=re.escape(name)))
-    lines = linecache.getlines(filename)
-    last = len(lines) if end is None else min(end, len(lines))
-    for i in range(max(start, 1), last + 1):
-        if pat.search(lines[i - 1].split("#", 1)[0]):
-            return i
-    return None
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError):
+        return None
+
+    def named(expr) -> bool:
+        return ((isinstance(expr, ast.Name) and expr.id == name)
+                or (isinstance(expr, ast.Attribute) and expr.attr == name))
+
+    best = None
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", None)
+        if line is None or line < start or (end is not None and line > end):
+            continue
+        if isinstance(node, ast.Call):
+            hit = (isinstance(node.func, ast.Attribute) and node.func.attr in _KEEP_METHODS
+                   and named(node.func.value))
+        elif isinstance(node, ast.AugAssign):
+            hit = named(node.target)
+        elif isinstance(node, ast.Assign):
+            hit = any(isinstance(tg, ast.Subscript) and named(tg.value) for tg in node.targets)
+        else:
+            hit = False
+        if hit and (best is None or line < best):
+            best = line
+    return best
 
 
 def _owner(container):
