@@ -325,6 +325,10 @@ class Snapshot:
     #: PyTorch's own figures per device (allocated, reserved, active), when known
     torch_stats: dict = {}
 
+    def _repr_html_(self) -> str:
+        from .report.html import snapshot_repr_html
+        return snapshot_repr_html(self)
+
     def graph_resident(self) -> list:
         """Tensors the autograd graph keeps for backward (any device, CPU too),
         each with its size and the line that saved it; see memviz.torch.graph."""

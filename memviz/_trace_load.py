@@ -385,8 +385,13 @@ class LoadedTrace(TraceFile):
         write(self, path)
 
     def _repr_html_(self) -> str:
-        from .report.html import render
-        return render(self)
+        from .report.html import tracker_repr_html
+        return tracker_repr_html(self)
+
+    def to_html(self, path: str) -> str:
+        """Write the self-contained HTML report; returns the path."""
+        from .report.html import write
+        return write(self, path)
 
     def __repr__(self) -> str:
         state = "truncated" if self.truncated else ("saved" if self.saved else "complete")

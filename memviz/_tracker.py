@@ -314,6 +314,11 @@ class Tracker:
         from .report.html import tracker_repr_html
         return tracker_repr_html(self)
 
+    def to_html(self, path: str) -> str:
+        """Write the self-contained HTML report (works offline); returns the path."""
+        from .report.html import write
+        return write(self, path)
+
     def __enter__(self) -> "Tracker":
         return self.start()
 

@@ -700,6 +700,7 @@ static PyObject *core_synthetic(PyObject *self, PyObject *args)
         return NULL;
     for (unsigned long long i = 0; i < count; i++)
         mvz_capture_synthetic(address + i * 256, size, free_it);
+    adopt_pending(); /* with the GIL, before any of these code objects can die */
     Py_RETURN_NONE;
 }
 

@@ -306,6 +306,8 @@ def holders(tensor, limit: int = 3, exclude=()) -> List[Holder]:
 
 
 _KEEP_METHODS = frozenset(("append", "extend", "insert", "add", "update", "setdefault", "appendleft"))
+_PLAIN_METHODS = frozenset(("item", "tolist", "detach", "numpy"))
+_PLAIN_FUNCS = frozenset(("float", "int", "str", "round", "len", "bool"))
 
 
 def keep_line(name: str, filename: str, start: int = 1, end: Optional[int] = None) -> Optional[int]:
@@ -325,6 +327,14 @@ def keep_line(name: str, filename: str, start: int = 1, end: Optional[int] = Non
         return ((isinstance(expr, ast.Name) and expr.id == name)
                 or (isinstance(expr, ast.Attribute) and expr.attr == name))
 
+    def plain(expr) -> bool:
+        """A value that cannot hold a graph: x.item(), float(x), x.detach()..."""
+        if not isinstance(expr, ast.Call):
+            return isinstance(expr, ast.Constant)
+        f = expr.func
+        return ((isinstance(f, ast.Attribute) and f.attr in _PLAIN_METHODS)
+                or (isinstance(f, ast.Name) and f.id in _PLAIN_FUNCS))
+
     best = None
     for node in ast.walk(tree):
         line = getattr(node, "lineno", None)
@@ -332,11 +342,12 @@ def keep_line(name: str, filename: str, start: int = 1, end: Optional[int] = Non
             continue
         if isinstance(node, ast.Call):
             hit = (isinstance(node.func, ast.Attribute) and node.func.attr in _KEEP_METHODS
-                   and named(node.func.value))
+                   and named(node.func.value) and not (node.args and all(plain(a) for a in node.args)))
         elif isinstance(node, ast.AugAssign):
-            hit = named(node.target)
+            hit = named(node.target) and not plain(node.value)
         elif isinstance(node, ast.Assign):
-            hit = any(isinstance(tg, ast.Subscript) and named(tg.value) for tg in node.targets)
+            hit = (any(isinstance(tg, ast.Subscript) and named(tg.value) for tg in node.targets)
+                   and not plain(node.value))
         else:
             hit = False
         if hit and (best is None or line < best):
