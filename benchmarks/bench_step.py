@@ -10,7 +10,9 @@ capture path makes ``--live`` live allocations from ``--sites`` call sites
 * ``changed``: a few call sites (``--changed``) allocated one block each
   since the previous step (the allocation is made outside the timed region);
 * ``changed_new_sites``: the first step that sees new call sites (their
-  lines are resolved once and cached).
+  lines are resolved once and cached);
+* ``changed_torch_imported``: ``changed`` with torch imported (the step also
+  reads the autograd sequence number).
 
 With PyTorch's CUDA initialised (on a GPU machine, ``--torch-cuda``) each
 step also reads PyTorch's allocated/reserved numbers; that case is timed too.
@@ -117,6 +119,12 @@ def main():
             "last_record_lines": [str(g) for g in rec.lines],
             "python": sys.version.split()[0],
         }
+        try:  # torch imported (CPU or CUDA): each step also reads the autograd sequence number
+            import torch  # noqa: F401
+
+            result["changed_torch_imported"] = _time(t.step, a.calls, grow_some)
+        except ImportError:
+            pass
         if a.torch_cuda:
             result["torch_cuda"] = _time(t.step, a.calls, grow_some)
             result["torch_fields"] = {k: getattr(t.steps[-1].devices.get(0), k, None)

@@ -16,7 +16,7 @@ $PY setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/bui
 grep -E "warning|error" "$OUT/build.log" | grep -v -i "beta\|cannot be found" | head -20
 
 echo "== CPU suite (test double) on $($PY -V)"
-$PY -m pytest tests -q -x --ignore=tests/gpu -p no:cacheprovider > "$OUT/cpu_tests.log" 2>&1
+MEMVIZ_FUZZ_SECONDS=${MEMVIZ_FUZZ_SECONDS:-3} $PY -m pytest tests -q --ignore=tests/gpu -p no:cacheprovider > "$OUT/cpu_tests.log" 2>&1
 tail -3 "$OUT/cpu_tests.log"
 
 echo "== GPU suite"
@@ -29,6 +29,7 @@ tail -40 "$OUT/demo.log"
 
 if [ "${1:-quick}" = full ]; then
   echo "== benchmarks"
+  $PY benchmarks/bench_step.py --torch-cuda > "$OUT/bench_step_gpu.json" 2>&1; tail -5 "$OUT/bench_step_gpu.json"
   $PY benchmarks/run_train_bench.py --rounds ${ROUNDS:-3} --modes ${MODES:-none,memviz,torch_history} \
       --out "$OUT/train_bench.json" 2>&1 | tail -30
 fi

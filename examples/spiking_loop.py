@@ -80,9 +80,10 @@ def main(argv=None):
     if a.json:
         print("RESULT " + json.dumps({"kinds": [f.kind for f in findings],
                                       "findings": [f.to_dict() for f in findings]}), flush=True)
-    elif not findings:
+        return 0
+    if not findings:
         print("memviz found nothing wrong with this loop.")
-    for f in findings if not a.json else ():
+    for f in findings:
         print(f)
     return 0
 

@@ -20,8 +20,6 @@ from ._tracker import (CaptureWarning, FailedAllocation, Tracker, active_tracker
                        capture_info, label, start, stop, track)
 from ._trace import load
 from ._units import format_size, parse_size
-from ._diagnose import Finding, diagnose
-from ._steps import StepRecord, watch
 
 __version__ = "0.1.0"
 
@@ -34,3 +32,18 @@ __all__ = [
     "watch", "StepRecord", "diagnose", "Finding",
 ]
 from ._ipython import load_ipython_extension  # noqa: E402,F401  (%load_ext memviz)
+
+_LAZY = {"diagnose": "_diagnose", "Finding": "_diagnose", "watch": "_steps", "StepRecord": "_steps"}
+
+
+def __getattr__(name):
+    """memviz.diagnose / Finding / watch / StepRecord, imported on first use so
+    that `import memviz` (and the pytest plugin) stays cheap."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'memviz' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

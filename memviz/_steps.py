@@ -358,28 +358,19 @@ def _growth_lines(st: _StepState, tracker, changed) -> List[GrowthLine]:
 
 
 class _Sink:
-    def emit(self, rec: StepRecord) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
+    """Calls ``fn(record)`` (or ``fn(record.summary())`` every N steps)."""
+
+    def __init__(self, fn: Callable[[Any], Any], every: int = 0) -> None:
+        self.fn, self.every = fn, every
+
+    def emit(self, rec: StepRecord) -> None:
+        if not self.every:
+            self.fn(rec)
+        elif (rec.index + 1) % self.every == 0:
+            self.fn(rec.summary())
 
     def close(self) -> None:
         pass
-
-
-class _Callback(_Sink):
-    def __init__(self, fn: Callable[[StepRecord], Any]) -> None:
-        self.fn = fn
-
-    def emit(self, rec):
-        self.fn(rec)
-
-
-class _Every(_Sink):
-    def __init__(self, every: int, write: Callable[[str], Any]) -> None:
-        self.every, self.write = every, write
-
-    def emit(self, rec):
-        if (rec.index + 1) % self.every == 0:
-            self.write(rec.summary())
 
 
 class _JsonLines(_Sink):
@@ -420,8 +411,8 @@ class _Csv(_Sink):
         for dev in devs:
             d = rec.devices.get(dev) if dev is not None else DeviceStep()
             self.w.writerow([rec.index, rec.timestamp_ns, f"{rec.duration_ns / 1e9:.6f}",
-                             "" if dev is None else dev, _blank(d.current), _blank(d.peak),
-                             _blank(d.growth), _blank(d.allocated), _blank(d.reserved),
+                             *("" if v is None else v for v in (dev, d.current, d.peak, d.growth,
+                                                                d.allocated, d.reserved)),
                              d.segment_allocs, d.segment_frees, top.location if top else "",
                              top.bytes if top else "", info])
         self.f.flush()
@@ -446,10 +437,6 @@ class _TensorBoard(_Sink):
                 if v is not None:
                     add(f"memviz/cuda:{dev}/{name}_MiB", v / (1 << 20), rec.index)
         add("memviz/step_time_ms", rec.duration_ns / 1e6, rec.index)
-
-
-def _blank(v):
-    return "" if v is None else v
 
 
 def _open(path: str, what: str, newline=None):
@@ -478,7 +465,7 @@ def make_sinks(callback=None, log=False, print_every=None, jsonl=None, csv=None,
         if not callable(callback):
             raise TypeError(f"memviz: callback= must be a function taking a StepRecord, got "
                             f"{type(callback).__name__}")
-        sinks.append(_Callback(callback))
+        sinks.append(_Sink(callback))
     if log is not False and log is not None:
         if isinstance(log, logging.Logger):
             logger, level = log, logging.INFO
@@ -488,11 +475,11 @@ def make_sinks(callback=None, log=False, print_every=None, jsonl=None, csv=None,
             logger, level = logging.getLogger(LOGGER_NAME), log
         else:
             raise TypeError(f"memviz: log= takes True, a logging level or a logging.Logger, got {log!r}")
-        sinks.append(_Every(1, lambda text, lg=logger, lv=level: lg.log(lv, text)))
+        sinks.append(_Sink(lambda text, lg=logger, lv=level: lg.log(lv, text), every=1))
     if print_every is not None:
         if isinstance(print_every, bool) or not isinstance(print_every, int) or print_every < 1:
             raise ValueError(f"memviz: print_every= must be a whole number of steps >= 1, got {print_every!r}")
-        sinks.append(_Every(print_every, lambda text: print(text, flush=True)))
+        sinks.append(_Sink(lambda text: print(text, flush=True), every=print_every))
     if tensorboard is not None:
         if not callable(getattr(tensorboard, "add_scalar", None)):
             raise TypeError(f"memviz: tensorboard= needs a SummaryWriter (an object with "

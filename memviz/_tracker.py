@@ -290,6 +290,12 @@ class Tracker:
         from ._steps import record_step
         return record_step(self, **info)
 
+    def on_step(self, **sinks: Any) -> Any:
+        """Where step records go: callback=, log=, print_every=, jsonl=, csv=,
+        tensorboard= (see memviz._steps.on_step); returns a handle with remove()."""
+        from ._steps import on_step
+        return on_step(self, **sinks)
+
     def diagnose(self) -> List[Any]:
         """Findings about this run (growth, fragmentation, spikes, ...)."""
         from ._diagnose import diagnose

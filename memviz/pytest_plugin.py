@@ -22,6 +22,10 @@ driver-level peak (with PyTorch's caching allocator: the memory its pool took).
 After the call, ``gc.collect()`` runs and PyTorch's cache is emptied again;
 device memory allocated during the call that is still live is a leak.
 
+Only one memviz tracker runs at a time: a test with ``peak=``/``leaks=`` (or
+any test under ``--memviz``) that starts its own ``memviz.track()`` fails with
+``AlreadyTracking``; such tests should take the ``memviz_tracker`` fixture.
+
 Cost when no marker or option is used: nothing per test (the per-test hooks
 are registered only when a collected test asks for them).
 """
@@ -103,6 +107,7 @@ class _Plan:
         self.seq = None
         self.recorder = None
         self.saved_mark = 0
+        self.function = None
         self.failures: List[str] = []
         self.result: Dict[str, Any] = {}
 
@@ -128,7 +133,7 @@ def _marker_plan(item) -> _Plan:
                 plan.peak = parse_size(m.kwargs["peak"])
             except (TypeError, ValueError) as e:
                 pytest.fail(f"@pytest.mark.memviz(peak={m.kwargs['peak']!r}): {e}", pytrace=False)
-            plan.peak_text = str(m.kwargs["peak"])
+            plan.peak_text = repr(m.kwargs["peak"])
         leaks = m.kwargs.get("leaks", False)
         if leaks is True:
             plan.leaks = 0
@@ -227,7 +232,7 @@ class _Runner:
     def _what(self, plan: _Plan) -> str:
         parts = []
         if plan.peak is not None:
-            parts.append(f"peak={plan.peak_text!r}")
+            parts.append(f"peak={plan.peak_text}")
         if plan.leaks is not None:
             parts.append("leaks=True" if plan.leaks == 0 else f"leaks={plan.leaks}")
         return ", ".join(parts)
@@ -264,6 +269,7 @@ class _Runner:
             yield
             return
         plan.call_start_ns = time.monotonic_ns()
+        plan.function = getattr(item, "function", None)
         if plan.graph:
             from .torch.graph import GraphRecorder
 
@@ -308,7 +314,7 @@ class _Runner:
             lines = "\n".join(f"    {s}" for s in top) or "    (no Python line recorded)"
             plan.failures.append(
                 f"memviz: GPU peak {format_size(peak)} on cuda:{dev} exceeds the budget of "
-                f"{format_size(plan.peak)} (@pytest.mark.memviz(peak={plan.peak_text!r})).\n"
+                f"{format_size(plan.peak)} (@pytest.mark.memviz(peak={plan.peak_text})).\n"
                 f"  Top lines at the peak:\n{lines}\n"
                 f"  What to do: make the test use less GPU memory (smaller inputs, free temporaries "
                 f"sooner) or raise its budget.")
@@ -332,7 +338,10 @@ class _Runner:
             return
         saved = plan.recorder.resident_since(plan.saved_mark)
         nbytes = sum(r.nbytes for r in saved)
-        found = holders(roots[-1], exclude=[roots])
+        code = getattr(getattr(plan, "function", None), "__code__", None)
+        body = [ln for _, _, ln in code.co_lines() if ln] if code is not None else []
+        near = (code.co_filename, max(body)) if body else None  # a line inside the test
+        found = holders(roots[-1], exclude=[roots], near=near)
         found.sort(key=lambda h: h.location is None)
         del roots
         by_line: Dict[str, int] = {}
@@ -383,8 +392,7 @@ class _Runner:
             row = {"nodeid": item.nodeid, "failed_checks": len(plan.failures)}
             row.update(plan.result)
             self.results.append(row)
-        plan.tracker = plan.recorder = None
-        item.stash[_PLAN] = plan
+        plan.tracker = plan.recorder = plan.function = None
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.every_test:

@@ -154,6 +154,18 @@ def test_fragmentation_reports_the_largest_free_block_from_step_info():
     assert f.numbers["largest_free_block"] == 64 * MiB and "largest free block 64 MiB" in f.message
 
 
+def test_counters_in_step_info_are_not_input_sizes():
+    # Lightning's callback passes batch_idx and global_step: counters, not lengths
+    recs = steps(30, current=lambda i: GiB + i * 100 * MiB, reserved=lambda i: GiB + i * 100 * MiB,
+                 allocated=lambda i: 600 * MiB,
+                 info=lambda i: {"batch_idx": i, "global_step": i + 1, "lr": 1e-3 / (i + 1),
+                                 "batch_shape": (8, 512)})
+    f, = run(recs)
+    assert f.kind == "fragmentation"
+    from memviz._diagnose import _input_keys
+    assert _input_keys(recs) == []
+
+
 def test_reserved_growing_with_the_real_need_is_not_fragmentation():
     # expandable segments: reserved follows the allocated peak
     recs = steps(30, reserved=lambda i: GiB + i * 40 * MiB, allocated=lambda i: 600 * MiB,
@@ -195,9 +207,11 @@ def spike_series():
 
 
 def test_spike_fires_on_long_inputs_and_names_the_input():
-    snap_line = SimpleNamespace(key="spiking.py:40", size=3 * GiB)
+    backward = SimpleNamespace(key=memviz.Frame("<thread pt_autograd_0>", 0), size=4 * GiB)
+    snap_line = SimpleNamespace(key=memviz.Frame("spiking.py", 40), size=3 * GiB)
+    stats = [backward, snap_line]  # the backward thread's allocations are not a line
     obj = SimpleNamespace(steps=spike_series(),
-                          peak_snapshot=lambda dev=None: SimpleNamespace(statistics=lambda k: [snap_line]))
+                          peak_snapshot=lambda dev=None: SimpleNamespace(statistics=lambda k: stats))
     f, = diagnose(obj)
     assert f.kind == "spike"
     assert f.numbers["step"] == 12 and f.numbers["input"] == "batch_shape"
@@ -258,16 +272,24 @@ def test_precise_mode_is_not_churn():
 # ---- outside PyTorch ---------------------------------------------------------------------
 
 
+def _alloc(size, kind, label, category, line):
+    tb = memviz.Traceback((memviz.Frame("lib.py", line, "f"),))
+    return memviz.Allocation(0x1000 + line, size, 0, kind, 0, memviz.ThreadInfo(1, 1, "main"), label, 0, tb,
+                             category=category)
+
+
 def test_outside_pytorch_with_breakdown():
-    alloc = lambda size, kind, label, cat, line: SimpleNamespace(  # noqa: E731
-        size=size, device=0, kind=kind, label=label, category=cat, traceback=None)
     recs = steps(10, current=lambda i: 6 * GiB, allocated=lambda i: 3 * GiB, reserved=lambda i: 4 * GiB)
-    snap = memviz.Snapshot([])
-    obj = SimpleNamespace(steps=recs, snapshot=lambda: snap)
-    f, = diagnose(obj)
+    snap = memviz.Snapshot([_alloc(4 * GiB, "device", None, "activation", 1),
+                            _alloc(1536 * MiB, "device", "cupy pool", "outside_pytorch", 2),
+                            _alloc(512 * MiB, "static", None, "outside_pytorch", 3)])
+    f, = diagnose(SimpleNamespace(steps=recs, snapshot=lambda: snap))
     assert f.kind == "outside_pytorch"
-    assert f.numbers["outside_bytes"] == 2 * GiB and "33%" in f.message
-    del alloc
+    assert f.numbers["outside_bytes"] == 2 * GiB and "(33% of the 6 GiB it sees)" in f.message
+    assert "labelled 'cupy pool' (1.5 GiB)" in f.message
+    assert f.numbers["by_kind"] == {"device": 1536 * MiB, "static": 512 * MiB}
+    assert f.numbers["by_category"] == {"outside_pytorch": 2 * GiB}  # PyTorch's own left out
+    assert [ln.location for ln in f.lines] == ["lib.py:2", "lib.py:3"]
 
 
 def test_outside_pytorch_below_thresholds_is_quiet():
@@ -294,6 +316,22 @@ def test_diagnose_accepts_step_dicts_from_a_loaded_trace():
     dicts = json.loads(json.dumps([r.to_dict() for r in recs]))
     f, = run(dicts)
     assert f.kind == "growth" and f.lines[0].location == "train.py:42"
+
+
+def test_diagnose_reads_a_saved_and_loaded_trace(fake, tmp_path):
+    from conftest import here
+    from fake_cupti import CBID_cuMemAlloc_v2
+
+    with memviz.track(torch=False) as t:
+        for _ in range(20):
+            fake.alloc(CBID_cuMemAlloc_v2, 8 * MiB); line = here()  # noqa: E702
+            t.step()
+    t.save(tmp_path / "run.memviz")
+    loaded = memviz.load(tmp_path / "run.memviz")
+    live, = diagnose(t)
+    f, = diagnose(loaded)
+    assert f.to_dict() == live.to_dict()
+    assert f.kind == "growth" and f.lines[0].location.endswith(f"test_diagnose.py:{line}")
 
 
 def test_bad_arguments_say_what_to_do():

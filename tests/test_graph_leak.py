@@ -160,3 +160,46 @@ def test_holders_and_keep_line(tmp_path):
     kept = [w * 2]
     hs = holders(kept[0])
     assert hs[0].description == "list `kept` (a local of test_holders_and_keep_line)"
+
+
+def test_keep_line_skips_strings_and_plain_values(tmp_path):
+    src = tmp_path / "loop.py"
+    src.write_text('"""Docs: history.append(loss) keeps the graph."""\n'
+                   "history = []\n"
+                   "def f(loss):\n"
+                   "    history.append(loss.item())\n"
+                   "    history.append(float(loss))\n"
+                   "    history.append(loss)\n")
+    assert keep_line("history", str(src)) == 6
+
+
+def test_leaking_example_shows_the_graph_leak_on_cpu():
+    import json
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the example runs its GPU part (tests/gpu covers it)")
+    example = os.path.join(os.path.dirname(THIS), "..", "examples", "leaking_loop.py")
+    runs = {}
+    for args in ((), ("--fixed",)):
+        p = subprocess.run([sys.executable, example, "--json", *args], capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0, p.stderr[-3000:]
+        first, result = p.stdout.splitlines()[0], p.stdout.splitlines()[-1]
+        assert first.startswith("leaking_loop.py: the GPU part needs a CUDA GPU, and ") and first.endswith(".")
+        runs[args] = json.loads(result[len("RESULT "):])
+    leak = runs[()]
+    assert leak["where"] == "cpu" and leak["kinds"] == ["growth"]
+    numbers = leak["findings"][0]["numbers"]
+    assert numbers["holder"] == "list `history` in module __main__"
+    assert numbers["kept_at"].endswith("leaking_loop.py:" + str(_line_in(example, "history.append(val_loss)  # the bug: keeps the tensor and its graph")))
+    assert runs[("--fixed",)]["kinds"] == []
+
+
+def _line_in(path, text):
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            if text in line:
+                return i
+    raise AssertionError(text)

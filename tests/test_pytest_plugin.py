@@ -243,6 +243,9 @@ import pytest, torch
 history = []
 model = torch.nn.Linear(16, 16)
 
+def test_keeps_plain_tensors():
+    history.append(torch.zeros(1))  # no graph: not the line to name
+
 @pytest.mark.no_graph_leak
 def test_keeps_graph():
     for _ in range(3):
@@ -266,7 +269,7 @@ def test_backward_then_drop():
 def test_no_graph_leak_names_the_holder_and_the_line(pytester):
     pytest.importorskip("torch", reason="no_graph_leak needs torch")
     r = run(pytester, GRAPH)
-    r.assert_outcomes(passed=2, failed=1)
+    r.assert_outcomes(passed=3, failed=1)
     out = r.stdout.str()
     assert "FAILED test_inner.py::test_keeps_graph" in out
     assert "an autograd graph created in this test is still reachable after it returned" in out

@@ -347,3 +347,16 @@ def test_batch_shape_of_common_batches():
     x = SimpleNamespace(shape=(2, 3))
     assert batch_shape(x) == batch_shape([x, 1]) == batch_shape({"input_ids": x, "y": 1}) == (2, 3)
     assert batch_shape({"a": 1, "b": x}) == (2, 3) and batch_shape(5) is None
+
+
+@pytest.mark.parametrize("name", ["spiking_loop.py", "fragmenting_loop.py"])
+def test_gpu_examples_say_so_in_one_sentence_without_cuda(name):
+    import subprocess
+
+    torch = pytest.importorskip("torch", reason="the examples need torch to get as far as the GPU check")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: tests/gpu runs the examples")
+    path = os.path.join(os.path.dirname(THIS), "..", "examples", name)
+    p = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stderr == ""
+    assert p.stdout.count("\n") == 1 and p.stdout.startswith(f"{name}: this example needs a CUDA GPU")

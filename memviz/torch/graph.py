@@ -24,7 +24,7 @@ import sys
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from .._frames import frames as _default_filter
 from .._snapshot import Frame
@@ -269,9 +269,12 @@ def describe_holders(tensor, limit: int = 3, exclude=()) -> List[str]:
     return [h.description for h in holders(tensor, limit, exclude)]
 
 
-def holders(tensor, limit: int = 3, exclude=()) -> List[Holder]:
+def holders(tensor, limit: int = 3, exclude=(), near=None) -> List[Holder]:
     """Like :func:`describe_holders`, with the line that stores into the
-    holding container when the source shows one (``history.append(loss)``)."""
+    holding container when the source shows one (``history.append(loss)``).
+
+    ``near``: ``(filename, line)`` of code that made the tensor; a store in
+    the same function is preferred."""
     import gc
     import types
 
@@ -296,7 +299,8 @@ def holders(tensor, limit: int = 3, exclude=()) -> List[Holder]:
                 out.append(Holder(f"a {type(ref).__name__}"))
             else:
                 text, name, filename, start, end = owner
-                line = keep_line(name, filename, start, end) if filename else None
+                hint = near[1] if near and filename and near[0] == filename else None
+                line = keep_line(name, filename, start, end, near=hint) if filename else None
                 out.append(Holder(f"{type(ref).__name__} {text}", f"{filename}:{line}" if line else None))
         else:
             out.append(Holder(f"a {type(ref).__name__} object"))
@@ -310,10 +314,13 @@ _PLAIN_METHODS = frozenset(("item", "tolist", "detach", "numpy"))
 _PLAIN_FUNCS = frozenset(("float", "int", "str", "round", "len", "bool"))
 
 
-def keep_line(name: str, filename: str, start: int = 1, end: Optional[int] = None) -> Optional[int]:
+def keep_line(name: str, filename: str, start: int = 1, end: Optional[int] = None,
+              near: Optional[int] = None) -> Optional[int]:
     """The first code line of ``filename`` (from ``start`` to ``end``) that
     stores into the container ``name`` (a variable or an attribute):
-    ``name.append(...)``, ``name += ...``, ``name[k] = ...``. Strings and
+    ``name.append(...)``, ``name += ...``, ``name[k] = ...``, not counting
+    values that hold no graph (``x.item()``, ``float(x)``). With ``near`` (a
+    line), lines in the function around it are preferred. Strings and
     comments never match: the source is parsed."""
     import ast
     import linecache
@@ -335,6 +342,14 @@ def keep_line(name: str, filename: str, start: int = 1, end: Optional[int] = Non
         return ((isinstance(f, ast.Attribute) and f.attr in _PLAIN_METHODS)
                 or (isinstance(f, ast.Name) and f.id in _PLAIN_FUNCS))
 
+    if near is not None:  # the innermost function around `near`, if any has a match
+        funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and n.lineno <= near <= (n.end_lineno or n.lineno)]
+        if funcs:
+            f = max(funcs, key=lambda n: n.lineno)
+            inner = keep_line(name, filename, max(start, f.lineno), min(end or f.end_lineno, f.end_lineno))
+            if inner is not None:
+                return inner
     best = None
     for node in ast.walk(tree):
         line = getattr(node, "lineno", None)
