@@ -55,8 +55,9 @@ def build(torch):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", default="none", choices=[
-        "none", "precise_untracked", "memviz", "memviz_precise", "memviz_precise_noautograd",
-        "torch_history", "torch_profiler_memory"])
+        "none", "precise_untracked", "memviz", "memviz_trace", "memviz_autograd", "memviz_precise",
+        "memviz_precise_noautograd", "torch_history", "torch_profiler_memory"])
+    ap.add_argument("--trace-dir", default="/tmp", help="where memviz_trace / torch_history write files")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--batch", type=int, default=8)
@@ -66,8 +67,11 @@ def main():
     tracker = None
     if a.mode.startswith("memviz"):
         import memviz  # started before `import torch` so precise mode can choose the allocator
-        tracker = memviz.track(precise="precise" in a.mode,
-                               torch=False if a.mode.endswith("noautograd") else None).start()
+        no_autograd = a.mode.endswith("noautograd")
+        trace = os.path.join(a.trace_dir, f"bench_{os.getpid()}.memviz") if a.mode == "memviz_trace" else None
+        tracker = memviz.track(precise="precise" in a.mode, trace=trace,
+                               autograd=False if no_autograd else (True if a.mode == "memviz_autograd" else None),
+                               torch=False if no_autograd else None).start()
     elif a.mode == "precise_untracked":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
 
@@ -114,11 +118,18 @@ def main():
         info = tracker.capture_info()
         extra.update({"calls": info["store"]["calls"], "memviz_bytes": info["store"]["bytes_used"],
                       "live": info["store"]["live"], "peak": tracker.peak_bytes()})
+        if tracker.trace_path:
+            extra["trace_bytes"] = os.path.getsize(tracker.trace_path)
+            extra["trace_events"] = sum(v for k, v in info["store"]["calls"].items()
+                                        if k.startswith(("alloc", "free", "create", "release")))
     elif a.mode == "torch_history":
         t0 = time.perf_counter()
         snap = torch.cuda.memory._snapshot()
         extra.update({"snapshot_s": time.perf_counter() - t0,
                       "trace_entries": sum(len(t) for t in snap["device_traces"])})
+        dump = os.path.join(a.trace_dir, f"bench_{os.getpid()}.pickle")
+        torch.cuda.memory._dump_snapshot(dump)
+        extra["dump_snapshot_bytes"] = os.path.getsize(dump)
         torch.cuda.memory._record_memory_history(enabled=None)
     print(json.dumps({"mode": a.mode, "median_ms": statistics.median(times), "times_ms": times,
                       "max_allocated": torch.cuda.max_memory_allocated(), **extra}))

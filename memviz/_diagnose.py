@@ -359,6 +359,15 @@ def _fragmentation(obj, steps, warm, graph) -> List[Finding]:
             continue
         tr = _steady_rise(res, FRAG_REL, GROWTH_FLOOR, skip=long_steps)
         if tr is None or tr["ups"] < max(3, 0.3 * (len(res) - 1)):
+            high = _stays_high(res, alloc, _series(post, dev, "allocated_peak"))
+            if high is not None:
+                high["device"] = dev
+                msg = (f"PyTorch's reserved memory on {_dev(dev)} stays at {format_size(res[-1])} while "
+                       f"allocated stays near {format_size(alloc[-1])} and the most ever allocated at "
+                       f"once is {format_size(high['allocated_peak'])}: {format_size(high['never_used'])} "
+                       "is reserved but served no request — the cached blocks do not fit the sizes asked for.")
+                out.append(_frag_finding(msg, high, post))
+                done.add(dev)
             continue
         rise_a = alloc[-1] - alloc[0]
         apeak = _series(post, dev, "allocated_peak")
@@ -382,6 +391,23 @@ def _fragmentation(obj, steps, warm, graph) -> List[Finding]:
     out.extend(_failed_with_free(obj, steps, done))
     out.extend(_near_full(obj, post, done))
     return out
+
+
+FRAG_NEVER_USED = 256 * MiB  # reserved beyond the highest allocation ever ...
+FRAG_NEVER_USED_REL = 0.30   # ... and this share of reserved
+
+
+def _stays_high(res, alloc, apeak) -> Optional[dict]:
+    """Reserved stays well above the most PyTorch ever had allocated at once
+    (so it is not the cache of a step's activations) while allocated is flat."""
+    if apeak is None or len(res) < 5:
+        return None
+    gaps = [r - p for r, p in zip(res, apeak)]
+    high = sum(1 for r, g in zip(res, gaps) if g >= max(FRAG_NEVER_USED, FRAG_NEVER_USED_REL * r))
+    if high < 0.8 * len(res) or abs(alloc[-1] - alloc[0]) > 0.25 * min(gaps):
+        return None
+    return {"reserved_end": res[-1], "allocated_end": alloc[-1], "allocated_peak": apeak[-1],
+            "never_used": gaps[-1], "reserved_unused": res[-1] - alloc[-1], "steps": len(res)}
 
 
 FRAG_FIX = ("Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA starts, so the allocator "

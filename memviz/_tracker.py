@@ -160,7 +160,9 @@ class Tracker:
         self.trace_path = os.fspath(trace) if trace is not None else None
         self.precise = bool(precise)
         self.torch_integration = torch
-        self.autograd = bool(precise) if autograd is None else bool(autograd)
+        if autograd is None:
+            autograd = bool(precise) and torch is not False
+        self.autograd = bool(autograd)
         if self.autograd and torch is False:
             raise ValueError("autograd=True needs the PyTorch integration; do not pass torch=False with it")
         #: per-step records (see step()); filled by memviz._steps

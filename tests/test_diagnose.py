@@ -166,6 +166,24 @@ def test_counters_in_step_info_are_not_input_sizes():
     assert _input_keys(recs) == []
 
 
+def test_fragmentation_fires_when_reserved_stays_far_above_any_real_need():
+    # Shaped like examples/fragmenting_loop.py on an H200 (2026-11-29): reserved reached
+    # 1010 MiB during warm-up and stayed there while allocated stayed at 129 MiB. (The
+    # peak-allocated value below is illustrative; that run did not print it.)
+    recs = steps(30, current=lambda i: 1010 * MiB, reserved=lambda i: min(1010, 546 + 232 * i) * MiB,
+                 allocated=lambda i: 129 * MiB, apeak=lambda i: 380 * MiB)
+    f, = run(recs)
+    assert f.kind == "fragmentation" and "served no request" in f.message
+    assert f.numbers["never_used"] == (1010 - 380) * MiB
+
+
+def test_a_cache_sized_for_the_step_peak_is_not_fragmentation():
+    # Healthy: reserved stays high between steps because activations reuse it at the peak.
+    recs = steps(30, current=lambda i: 3 * GiB, reserved=lambda i: 3 * GiB,
+                 allocated=lambda i: 600 * MiB, apeak=lambda i: 3 * GiB - 100 * MiB)
+    assert run(recs) == []
+
+
 def test_reserved_growing_with_the_real_need_is_not_fragmentation():
     # expandable segments: reserved follows the allocated peak
     recs = steps(30, reserved=lambda i: GiB + i * 40 * MiB, allocated=lambda i: 600 * MiB,
