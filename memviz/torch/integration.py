@@ -200,70 +200,61 @@ class TorchIntegration:
 
     # -- categories --------------------------------------------------------
 
-    def tensor_categories(self) -> Dict[int, str]:
-        """{storage data_ptr: category} of the tensors PyTorch
-        holds now: parameters, gradients, optimizer state, activations."""
+    def _scan(self):
+        """One pass over the objects Python tracks: parameters, optimizers,
+        and the storage address of every reachable tensor."""
         import gc
+        import warnings
 
         import torch
 
-        cats: Dict[tuple, str] = {}
+        tensor, param, optim = torch.Tensor, torch.nn.Parameter, torch.optim.Optimizer
+        params, optimizers, ptrs = [], set(self._optimizers), set()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # isinstance() on deprecated torch aliases warns
+            for obj in gc.get_objects():
+                if isinstance(obj, tensor):
+                    if isinstance(obj, param):
+                        params.append(obj)
+                    try:
+                        ptrs.add(obj.untyped_storage().data_ptr())
+                    except Exception:  # noqa: BLE001 - sparse, meta, subclasses
+                        pass
+                elif isinstance(obj, optim):
+                    optimizers.add(obj)
+        return params, optimizers, ptrs
 
-        # Keyed by address alone: with unified addressing, device and pinned
-        # host pointers never overlap (and CPU tensors can be matched too).
-        def put(t, cat, overwrite=False):
-            if not isinstance(t, torch.Tensor):
-                return
-            try:
-                key = t.untyped_storage().data_ptr()
-            except Exception:  # noqa: BLE001
-                return
-            if overwrite or key not in cats:
-                cats[key] = cat
+    def tensor_categories(self, params, optimizers) -> Dict[int, str]:
+        """{storage data_ptr: category}: parameters, gradients, optimizer
+        state, activations. Keyed by address alone: with unified addressing,
+        device and pinned host pointers never overlap (and CPU tensors can be
+        matched too)."""
+        import torch
+
+        cats: Dict[int, str] = {}
+
+        def put(t, cat):
+            if isinstance(t, torch.Tensor):
+                try:
+                    cats[t.untyped_storage().data_ptr()] = cat
+                except Exception:  # noqa: BLE001
+                    pass
 
         for rec in self.graph.resident():
             if rec.data_ptr:
                 cats[rec.data_ptr] = "activation"
-        optimizers = set(self._optimizers)
-        params = []
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for obj in gc.get_objects():
-                if isinstance(obj, torch.nn.Parameter):
-                    params.append(obj)
-                elif isinstance(obj, torch.optim.Optimizer):
-                    optimizers.add(obj)
+        params = list(params)
         for opt in optimizers:
             for state in opt.state.values():
                 for v in state.values():
-                    put(v, "optimizer_state", overwrite=True)
+                    put(v, "optimizer_state")
             for group in opt.param_groups:
                 params.extend(group["params"])
         for p in params:
-            put(p, "parameter", overwrite=True)
+            put(p, "parameter")
             if p.grad is not None:
-                put(p.grad, "gradient", overwrite=True)
+                put(p.grad, "gradient")
         return cats
-
-    def live_tensor_storages(self) -> set:
-        """data_ptr of every tensor storage Python can reach."""
-        import gc
-        import warnings
-
-        import torch
-
-        out = set()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for obj in gc.get_objects():
-                if isinstance(obj, torch.Tensor):
-                    try:
-                        out.add(obj.untyped_storage().data_ptr())
-                    except Exception:  # noqa: BLE001
-                        pass
-        return out
 
     def torch_segments(self) -> Dict[int, list]:
         """{device: [(address, size)]} of PyTorch's caching-allocator segments."""
@@ -281,8 +272,8 @@ class TorchIntegration:
         marked on autograd labels)."""
         if "torch" not in sys.modules:
             return snap
-        cats = self.tensor_categories()
-        live = self.live_tensor_storages() if cats is not None else set()
+        params, optimizers, live = self._scan()
+        cats = self.tensor_categories(params, optimizers)
         segments = self.torch_segments()
         precise = _precise.active()
         current = None if live_now else {r[0] for r in _core.live()}
