@@ -16,6 +16,7 @@ core = Extension(
         "src/cupti.c",
         "src/frames.c",
         "src/store.c",
+        "src/trace_ring.c",
         "src/region.c",
     ],
     depends=[
@@ -25,6 +26,7 @@ core = Extension(
         "src/frames.h",
         "src/region.h",
         "src/store.h",
+        "src/trace_ring.h",
     ],
     extra_compile_args=extra,
     libraries=["dl", "pthread"],

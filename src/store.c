@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "store.h"
 #include "region.h"
+#include "trace_ring.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -31,13 +32,6 @@ typedef struct {
     uint64_t mark_bytes; /* live bytes at the last step mark */
 } mvz_stack;
 
-/* A trace event as kept in the ring (encoded into mvz_event on drain). */
-typedef struct {
-    uint64_t timestamp, address, size;
-    uint32_t stack_id, thread_idx, label_id;
-    uint8_t op, kind;
-    int16_t slot;
-} mvz_raw_event;
 
 static pthread_mutex_t store_lock = PTHREAD_MUTEX_INITIALIZER;
 static int initialized;
@@ -69,12 +63,6 @@ static uint32_t nthreads;
 static uint64_t last_ts, unmatched_frees, dropped_allocs, dropped_stacks;
 static uint32_t generation = 1;
 
-static mvz_region trace_r;
-static mvz_raw_event *trace_ring;
-static size_t trace_cap, trace_head, trace_len; /* ring: oldest at head */
-static uint64_t trace_dropped;
-static int trace_on;
-
 /* Per-thread registration, initial-exec so reading it never allocates (a
  * dynamically loaded module's general-dynamic TLS may call malloc). */
 static __thread uint32_t tl_thread_plus1 __attribute__((tls_model("initial-exec")));
@@ -82,6 +70,9 @@ static __thread uint32_t tl_generation __attribute__((tls_model("initial-exec"))
 
 #define LOCK() pthread_mutex_lock(&store_lock)
 #define UNLOCK() pthread_mutex_unlock(&store_lock)
+
+void mvz_store_lock(void) { LOCK(); }
+void mvz_store_unlock(void) { UNLOCK(); }
 
 static inline uint64_t mix64(uint64_t x)
 {
@@ -201,9 +192,7 @@ void mvz_store_clear(void ***refs, size_t *nrefs)
     memset(stack_index, 0, stack_index_cap * sizeof(uint32_t));
     ngraves = 0;
     memset(totals, 0, sizeof totals);
-    trace_head = trace_len = 0;
-    trace_dropped = 0;
-    trace_on = 0;
+    mvz_trace_reset_locked();
     nfailures = 0;
     ntimeline = 0;
     timeline_stride = 1;
@@ -531,30 +520,6 @@ static void graves_compact(void)
     ngraves = keep;
 }
 
-/* Lock held; hot path when tracing: one store into the preallocated ring. */
-static inline void trace_record(int op, uint64_t ts, uint64_t address, uint64_t size,
-                                uint32_t stack_id, uint32_t thread_idx, uint32_t label_id,
-                                int kind, int slot)
-{
-    if (!trace_on)
-        return;
-    if (trace_len == trace_cap) {
-        trace_dropped++;
-        return;
-    }
-    mvz_raw_event *e = &trace_ring[(trace_head + trace_len) % trace_cap];
-    e->timestamp = ts;
-    e->address = address;
-    e->size = size;
-    e->stack_id = stack_id;
-    e->thread_idx = thread_idx;
-    e->label_id = label_id;
-    e->op = (uint8_t)op;
-    e->kind = (uint8_t)kind;
-    e->slot = (int16_t)slot;
-    trace_len++;
-}
-
 /* Capture path, no GIL: takes the store lock (a leaf lock, see store.h) and
  * touches only preallocated memory. */
 void mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int slot, int kind,
@@ -626,7 +591,7 @@ void mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int slot,
     if (t->current > t->window_peak)
         t->window_peak = t->current;
     timeline_push(ts, slot);
-    trace_record(MVZ_EV_ALLOC, ts, address, size, stack_id, thread_idx, label_id, kind, slot);
+    mvz_trace_record(MVZ_EV_ALLOC, ts, address, size, stack_id, thread_idx, label_id, kind, slot);
     UNLOCK();
 }
 
@@ -680,7 +645,7 @@ void mvz_store_free(uint64_t address, int kind)
     t->live_count--;
     t->frees++;
     timeline_push(ts, a.slot);
-    trace_record(MVZ_EV_FREE, ts, a.address, a.size, a.stack_id, a.thread_idx, a.label_id, a.kind,
+    mvz_trace_record(MVZ_EV_FREE, ts, a.address, a.size, a.stack_id, a.thread_idx, a.label_id, a.kind,
                  a.slot);
     UNLOCK();
 }
@@ -705,7 +670,7 @@ void mvz_store_failure(uint64_t size, uint64_t stream, int slot, int kind, uint3
     x->kind = (uint8_t)kind;
     nfailures++;
     totals[slot].failed++;
-    trace_record(MVZ_EV_FAILED, x->timestamp, (uint64_t)(int64_t)result, size, x->stack_id,
+    mvz_trace_record(MVZ_EV_FAILED, x->timestamp, (uint64_t)(int64_t)result, size, x->stack_id,
                  thread_idx, label_id, kind, slot);
     UNLOCK();
 }
@@ -921,108 +886,12 @@ long mvz_store_step_mark(mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
     }
 }
 
-/* ---- trace events ------------------------------------------------------ */
-
-int mvz_store_trace_enable(size_t capacity)
-{
-    LOCK();
-    if (trace_r.base == NULL) {
-        if (mvz_region_reserve(&trace_r, capacity * sizeof(mvz_raw_event), 1 << 20)) {
-            UNLOCK();
-            return -1;
-        }
-        trace_cap = capacity;
-        mvz_region_ensure(&trace_r, capacity * sizeof(mvz_raw_event));
-        trace_ring = (mvz_raw_event *)trace_r.base;
-    }
-    trace_head = trace_len = 0;
-    trace_dropped = 0;
-    trace_on = 1;
-    UNLOCK();
-    return 0;
-}
-
-void mvz_store_trace_disable(void)
-{
-    LOCK();
-    trace_on = 0;
-    UNLOCK();
-}
-
 uint32_t mvz_store_stack_count(void)
 {
     LOCK();
     uint32_t n = (uint32_t)nstacks;
     UNLOCK();
     return n;
-}
-
-static void put_event(mvz_event *e, uint64_t *prev_ts, const mvz_raw_event *r)
-{
-    memset(e, 0, sizeof *e);
-    uint64_t d = r->timestamp >= *prev_ts ? r->timestamp - *prev_ts : 0;
-    e->ts_delta = (uint32_t)d;
-    *prev_ts += d;
-    e->op = r->op;
-    e->kind = r->kind;
-    e->device = (int8_t)(r->slot == MVZ_HOST_SLOT ? -1 : r->slot);
-    e->stack_id = r->stack_id;
-    e->thread_idx = (uint16_t)(r->thread_idx > 0xffff ? 0xffff : r->thread_idx);
-    e->label_id = (uint16_t)(r->label_id > 0xffff ? 0xffff : r->label_id);
-    e->address = r->address;
-    e->size = r->size;
-}
-
-long mvz_store_trace_drain(uint8_t **out)
-{
-    *out = NULL;
-    /* Copy the ring out under the lock, encode outside it. */
-    size_t n = __atomic_load_n(&trace_len, __ATOMIC_RELAXED) + 256;
-    mvz_raw_event *raw = malloc(n * sizeof *raw);
-    if (!raw)
-        return -1;
-    LOCK();
-    size_t m = trace_len < n ? trace_len : n;
-    for (size_t k = 0; k < m; k++)
-        raw[k] = trace_ring[(trace_head + k) % trace_cap];
-    trace_head = trace_cap ? (trace_head + m) % trace_cap : 0;
-    trace_len -= m;
-    uint64_t dropped = trace_dropped;
-    trace_dropped = 0;
-    UNLOCK();
-    /* Every drain starts with a TIME record, so each chunk decodes alone; a
-     * new TIME record follows any gap longer than a u32 of nanoseconds. */
-    size_t cap = 2 * m + 2;
-    mvz_event *ev = malloc(cap * sizeof *ev);
-    if (!ev) {
-        free(raw);
-        return -1;
-    }
-    size_t k = 0;
-    uint64_t prev = m ? raw[0].timestamp : mvz_now_ns();
-    memset(&ev[k], 0, sizeof ev[k]);
-    ev[k].op = MVZ_EV_TIME;
-    ev[k].address = prev;
-    k++;
-    if (dropped) {
-        memset(&ev[k], 0, sizeof ev[k]);
-        ev[k].op = MVZ_EV_GAP;
-        ev[k].address = dropped;
-        k++;
-    }
-    for (size_t i = 0; i < m; i++) {
-        if (raw[i].timestamp - prev > 0xffffffffULL && raw[i].timestamp > prev) {
-            memset(&ev[k], 0, sizeof ev[k]);
-            ev[k].op = MVZ_EV_TIME;
-            ev[k].address = raw[i].timestamp;
-            prev = raw[i].timestamp;
-            k++;
-        }
-        put_event(&ev[k++], &prev, &raw[i]);
-    }
-    free(raw);
-    *out = (uint8_t *)ev;
-    return (long)(k * sizeof *ev);
 }
 
 /* ---- fork ------------------------------------------------------------- */
