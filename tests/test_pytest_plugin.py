@@ -209,7 +209,10 @@ def test_graph_runs_on_cpu():
     pass
 """
     r = run(pytester, src, "-rs")
-    r.assert_outcomes(skipped=2, passed=1)
+    import importlib.util
+
+    has_torch = importlib.util.find_spec("torch") is not None  # no_graph_leak skips without it
+    r.assert_outcomes(skipped=2 if has_torch else 3, passed=1 if has_torch else 0)
     out = r.stdout.str()
     assert "this test's GPU memory check (peak='1 GiB') needs GPU capture, which is unavailable here" in out
     assert "(leaks=True)" in out and "no NVIDIA driver or GPU found" in out
