@@ -169,6 +169,8 @@ class Tracker:
         self.steps: List[Any] = []
         #: objects with on_start(tracker) / on_stop(tracker) / on_freeze(tracker)
         self._plugins: List[Any] = []
+        self._started_plugins: List[Any] = []
+        self.precise_how: Optional[str] = None
 
     # -- lifecycle --------------------------------------------------------
 
@@ -200,6 +202,12 @@ class Tracker:
             try:
                 self._start_plugins()
             except BaseException:
+                # Undo what did start: plugins, thread watching, the CUPTI subscription.
+                for plugin in reversed(self._started_plugins):
+                    try:
+                        plugin.on_stop(self)
+                    except Exception:  # noqa: BLE001 - the first error is the one to report
+                        pass
                 self._running = False
                 _watch_threads(False)
                 if self.gpu_enabled:
@@ -284,6 +292,7 @@ class Tracker:
         for plugin in self._plugins:
             if hasattr(plugin, "on_start"):
                 plugin.on_start(self)
+            self._started_plugins.append(plugin)
 
     # -- integrations (each lives in its own module) ----------------------
 

@@ -459,3 +459,37 @@ def test_fork_while_tracking(fake):
         fake.alloc(CBID_cuMemAlloc_v2, MiB)
     assert os.waitstatus_to_exitcode(status) == 0
     assert t.current_bytes() == 2 * MiB
+
+
+def test_a_plugin_that_fails_to_start_leaves_nothing_running(fake, monkeypatch):
+    """A plugin that raises in on_start: the plugins started before it are
+    stopped (here the PyTorch integration's autograd hooks, when torch is
+    installed: conftest checks none are left), and CUPTI is unsubscribed."""
+    import importlib.util
+
+    from memviz import _tracker
+
+    class Boom:
+        stopped = False
+
+        def on_start(self, tracker):
+            raise RuntimeError("plugin failed")
+
+        def on_stop(self, tracker):
+            Boom.stopped = True
+
+    original = _tracker.Tracker._start_plugins
+
+    def start_plugins(self):
+        self._plugins.append(Boom())  # starts after the integration, which goes first
+        original(self)
+
+    monkeypatch.setattr(_tracker.Tracker, "_start_plugins", start_plugins)
+    has_torch = importlib.util.find_spec("torch") is not None
+    t = memviz.track(autograd=True) if has_torch else memviz.track()
+    with pytest.raises(RuntimeError, match="plugin failed"):
+        t.start()
+    assert memviz.active_tracker() is None and not fake.is_subscribed()
+    assert not Boom.stopped  # it never started
+    if has_torch:
+        assert t.torch in t._started_plugins and not t.graph.running
