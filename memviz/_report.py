@@ -223,6 +223,12 @@ def _pytorch(tracker: Any, totals: Dict[int, Dict[str, int]]) -> List[str]:
             lines.append(f"  PyTorch now: {format_size(stats['allocated'])} allocated, "
                          f"{format_size(stats['reserved'])} reserved, {format_size(stats['active'])} active "
                          f"(peak allocated {format_size(stats['peak_allocated'])})")
+            if getattr(tracker, "precise", False):
+                # Precise mode: memviz's tensors are the allocations; the pool's growth
+                # beyond them is the driver's, reported apart.
+                trims = tracker.capture_info().get("store", {}).get("calls", {}).get("pool_trim", 0)
+                lines.append(f"  stream-ordered pool: {format_size(max(0, stats['reserved'] - stats['allocated']))}"
+                             f" held by the pool beyond live tensors; {trims} pool trims")
     oom = getattr(tracker, "oom_report", None)
     if oom is not None:
         lines.append("")
