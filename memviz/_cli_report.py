@@ -39,6 +39,7 @@ import sys
 import warnings
 from typing import Any, Dict, List, Optional
 
+from ._cli_run import _positive
 from ._errors import TraceError
 from ._trace import TraceWarning, step_dict
 from ._units import format_size
@@ -47,16 +48,6 @@ __all__ = ["main", "diff_main", "json_report", "diff_text"]
 
 EXIT_USAGE = 2
 FORMATS = ("text", "json", "html")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _load(path: str, recover: bool, prog: str):

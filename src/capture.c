@@ -275,25 +275,23 @@ static void on_driver_call(void *userdata, int domain, uint32_t cbid, const void
             count(d.op);
         return;
     }
-    int slot = d.kind == MVZ_KIND_HOST ? MVZ_HOST_SLOT : device_of(cb->context);
-    if (d.is_free) {
+    if (d.is_free) { /* the store knows the device of what it frees */
         if (result == 0) {
             count(d.op);
             mvz_store_free(d.address, d.kind);
         }
         return;
     }
+    int slot = d.kind == MVZ_KIND_HOST ? MVZ_HOST_SLOT : device_of(cb->context);
     mvz_frame frames[MVZ_MAX_DEPTH];
     int depth = mvz_capture_frames(frames, __atomic_load_n(&depth_limit, __ATOMIC_RELAXED));
     if (result != 0 || d.address == 0) {
         count(MVZ_OP_FAILED);
         mvz_store_failure(d.size, d.stream, slot, d.kind, tl_label, result, frames, depth);
-        if (mvz_new_stack_hook && mvz_store_has_pending())
-            mvz_new_stack_hook();
-        return;
+    } else {
+        count(d.op);
+        mvz_store_alloc(d.address, d.size, d.stream, slot, d.kind, tl_label, frames, depth);
     }
-    count(d.op);
-    mvz_store_alloc(d.address, d.size, d.stream, slot, d.kind, tl_label, frames, depth);
     if (mvz_new_stack_hook && mvz_store_has_pending())
         mvz_new_stack_hook();
 }

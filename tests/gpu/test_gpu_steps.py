@@ -24,17 +24,8 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
-def _cuda_reason():
-    try:
-        import torch
-    except Exception as e:  # noqa: BLE001
-        return f"torch is not importable ({e.__class__.__name__}); the GPU tests need torch with CUDA"
-    if not torch.cuda.is_available():
-        return "CUDA is not available here (no NVIDIA GPU/driver); the GPU tests need one"
-    return None
+from test_gpu_capture import _REASON  # noqa: E402  (one definition of "no CUDA here")
 
-
-_REASON = _cuda_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
 
 
