@@ -56,7 +56,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", default="none", choices=[
         "none", "precise_untracked", "memviz", "memviz_trace", "memviz_autograd", "memviz_precise",
-        "memviz_precise_noautograd", "torch_history", "torch_profiler_memory"])
+        "memviz_precise_noautograd", "memviz_precise_cbnoop", "torch_history", "torch_profiler_memory"])
     ap.add_argument("--trace-dir", default="/tmp", help="where memviz_trace / torch_history write files")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
@@ -67,7 +67,9 @@ def main():
     tracker = None
     if a.mode.startswith("memviz"):
         import memviz  # started before `import torch` so precise mode can choose the allocator
-        no_autograd = a.mode.endswith("noautograd")
+        no_autograd = a.mode.endswith(("noautograd", "cbnoop"))
+        if no_autograd:  # split the precise cost: memviz's callback timed, or CUPTI alone
+            os.environ["MEMVIZ_CALLBACK_PROFILE"] = "noop" if a.mode.endswith("cbnoop") else "time"
         trace = os.path.join(a.trace_dir, f"bench_{os.getpid()}.memviz") if a.mode == "memviz_trace" else None
         tracker = memviz.track(precise="precise" in a.mode, trace=trace,
                                autograd=False if no_autograd else (True if a.mode == "memviz_autograd" else None),
@@ -117,7 +119,9 @@ def main():
         tracker.stop()
         info = tracker.capture_info()
         extra.update({"calls": info["store"]["calls"], "memviz_bytes": info["store"]["bytes_used"],
-                      "live": info["store"]["live"], "peak": tracker.peak_bytes()})
+                      "live": info["store"]["live"], "peak": tracker.peak_bytes(),
+                      "callback_calls": info["store"]["profile_calls"],
+                      "callback_ns": info["store"]["profile_ns"]})
         if tracker.trace_path:
             extra["trace_bytes"] = os.path.getsize(tracker.trace_path)
             extra["trace_events"] = sum(v for k, v in info["store"]["calls"].items()

@@ -15,13 +15,25 @@ PY=${PY:-python3}
 $PY setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
 grep -E "warning|error" "$OUT/build.log" | grep -v -i "beta\|cannot be found" | head -20
 
-echo "== CPU suite (test double) on $($PY -V)"
-MEMVIZ_FUZZ_SECONDS=${MEMVIZ_FUZZ_SECONDS:-3} $PY -m pytest tests -q --ignore=tests/gpu -p no:cacheprovider > "$OUT/cpu_tests.log" 2>&1
-tail -3 "$OUT/cpu_tests.log"
+if [ -z "${SKIP_CPU:-}" ]; then
+  echo "== CPU suite (test double) on $($PY -V)"
+  MEMVIZ_FUZZ_SECONDS=${MEMVIZ_FUZZ_SECONDS:-3} $PY -m pytest tests -q --ignore=tests/gpu -p no:cacheprovider > "$OUT/cpu_tests.log" 2>&1
+  tail -3 "$OUT/cpu_tests.log"
+fi
 
 echo "== GPU suite"
 $PY -m pytest ${GPU_TESTS:-tests/gpu} -m gpu -v -s -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
 grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|static module" "$OUT/gpu_tests.log" | tail -40
+
+if [ -n "${PROFILE:-}" ]; then
+  # py-spy (carried as a wheel in .whl/) on one precise-mode step loop, native frames included
+  echo "== profile: $PROFILE"
+  SPY=/tmp/pyspy/py_spy-0.4.3.data/scripts/py-spy
+  [ -x "$SPY" ] || { $PY -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/pyspy')" .whl/py_spy-*.whl && chmod +x "$SPY"; }
+  $SPY record --native --rate 500 --format raw -o "$OUT/profile_$PROFILE.txt" -- \
+      $PY benchmarks/bench_train_step.py --mode "$PROFILE" --steps 40 > "$OUT/profile_$PROFILE.log" 2>&1
+  echo "py-spy rc=$?"; tail -3 "$OUT/profile_$PROFILE.log"
+fi
 
 echo "== demo"
 $PY -m memviz run examples/basic.py > "$OUT/demo.log" 2>&1; echo "demo rc=$?"

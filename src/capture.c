@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 const char *const mvz_op_names[MVZ_OP_COUNT] = {
     "alloc",  "alloc_async", "alloc_managed", "alloc_host",   "create",
@@ -40,6 +41,13 @@ static int depth_limit = 32;
 static mvz_CUpti_SubscriberHandle subscriber;
 static uint64_t counts[MVZ_OP_COUNT];
 static int activity_on;
+
+/* Benchmark-only self-measurement (MEMVIZ_CALLBACK_PROFILE=time|noop, read
+ * at start): "time" adds the callback's own wall time to a counter, "noop"
+ * returns at once so that CUPTI's cost can be told from memviz's. */
+enum { PROFILE_OFF, PROFILE_TIME, PROFILE_NOOP };
+static int profile_mode;
+static uint64_t profile_calls, profile_ns;
 
 void (*mvz_new_stack_hook)(void);
 
@@ -257,9 +265,34 @@ static int decode(uint32_t cbid, const void *p, int ok, decoded *d)
  * libraries' locks (PyTorch's allocator mutex), with or without the GIL.
  * Safe because it only reads this thread's frames (frames.c), reads
  * thread-local state, and takes the store's leaf lock (store.h). */
+static void record_call(int domain, uint32_t cbid, const void *data);
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The entry point CUPTI calls; see record_call for why it is GIL-free. */
 static void on_driver_call(void *userdata, int domain, uint32_t cbid, const void *data)
 {
     (void)userdata;
+    int mode = __atomic_load_n(&profile_mode, __ATOMIC_RELAXED);
+    if (mode == PROFILE_OFF) {
+        record_call(domain, cbid, data);
+        return;
+    }
+    __atomic_fetch_add(&profile_calls, 1, __ATOMIC_RELAXED);
+    if (mode == PROFILE_NOOP)
+        return;
+    uint64_t t0 = now_ns();
+    record_call(domain, cbid, data);
+    __atomic_fetch_add(&profile_ns, now_ns() - t0, __ATOMIC_RELAXED);
+}
+
+static void record_call(int domain, uint32_t cbid, const void *data)
+{
     const mvz_CUpti_CallbackData *cb = data;
     if (domain != MVZ_CUPTI_CB_DOMAIN_DRIVER_API || cb->callbackSite != MVZ_CUPTI_API_EXIT)
         return;
@@ -380,6 +413,10 @@ void mvz_capture_configure(int depth)
 int mvz_capture_start(int want_activity, mvz_start_status *st)
 {
     memset(st, 0, sizeof *st);
+    const char *prof = getenv("MEMVIZ_CALLBACK_PROFILE");
+    __atomic_store_n(&profile_mode, !prof ? PROFILE_OFF : !strcmp(prof, "time") ? PROFILE_TIME
+                                    : !strcmp(prof, "noop") ? PROFILE_NOOP : PROFILE_OFF,
+                     __ATOMIC_RELAXED);
     mvz_CUptiResult r;
     if (mvz_api.Subscribe_v2) {
         char old[MVZ_CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN * 2] = {0};
@@ -462,6 +499,12 @@ void mvz_capture_counts(uint64_t out[MVZ_OP_COUNT])
 {
     for (int i = 0; i < MVZ_OP_COUNT; i++)
         out[i] = __atomic_load_n(&counts[i], __ATOMIC_RELAXED);
+}
+
+void mvz_capture_profile(uint64_t *calls, uint64_t *ns)
+{
+    *calls = __atomic_load_n(&profile_calls, __ATOMIC_RELAXED);
+    *ns = __atomic_load_n(&profile_ns, __ATOMIC_RELAXED);
 }
 
 void mvz_capture_forget_counts(void)

@@ -46,6 +46,8 @@ void mvz_capture_stop(void);
 void mvz_capture_flush(void);
 int mvz_capture_active(void);
 void mvz_capture_counts(uint64_t out[MVZ_OP_COUNT]);
+/* MEMVIZ_CALLBACK_PROFILE counters: callbacks seen and ns spent in them. */
+void mvz_capture_profile(uint64_t *calls, uint64_t *ns);
 void mvz_capture_forget_counts(void);
 /* After fork, in the child: capture is off and CUPTI is not touched. */
 void mvz_capture_atfork_child(void);

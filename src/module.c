@@ -501,12 +501,15 @@ static PyObject *core_stats(PyObject *self, PyObject *unused)
     }
     if (!calls)
         return NULL;
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:N,s:s}", "live",
+    uint64_t prof_calls, prof_ns;
+    mvz_capture_profile(&prof_calls, &prof_ns);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:N,s:s,s:K,s:K}", "live",
                          s.live, "stacks", s.stacks, "frames", s.frames, "threads", s.threads,
                          "unmatched_frees", s.unmatched_frees, "dropped_allocs", s.dropped_allocs,
                          "dropped_stacks", s.dropped_stacks, "timeline_points", s.timeline_points,
                          "bytes_used", s.bytes_used, "bytes_reserved", s.bytes_reserved,
-                         "max_live", s.max_live, "calls", calls, "frames_abi", mvz_frames_abi);
+                         "max_live", s.max_live, "calls", calls, "frames_abi", mvz_frames_abi,
+                         "profile_calls", prof_calls, "profile_ns", prof_ns);
 }
 
 /* resolve(ids) -> {id: ((filename, lineno, name), ...)} innermost first. */
