@@ -362,6 +362,9 @@ def _fragmentation(obj, steps, warm, graph) -> List[Finding]:
             high = _stays_high(res, alloc, _series(post, dev, "allocated_peak"))
             if high is not None:
                 high["device"] = dev
+                largest = _largest_free(obj, post, dev)
+                if largest is not None:
+                    high["largest_free_block"] = largest
                 msg = (f"PyTorch's reserved memory on {_dev(dev)} stays at {format_size(res[-1])} while "
                        f"allocated stays near {format_size(alloc[-1])} and the most ever allocated at "
                        f"once is {format_size(high['allocated_peak'])}: {format_size(high['never_used'])} "
@@ -406,7 +409,8 @@ def _stays_high(res, alloc, apeak) -> Optional[dict]:
     high = sum(1 for r, g in zip(res, gaps) if g >= max(FRAG_NEVER_USED, FRAG_NEVER_USED_REL * r))
     if high < 0.8 * len(res) or abs(alloc[-1] - alloc[0]) > 0.25 * min(gaps):
         return None
-    return {"reserved_end": res[-1], "allocated_end": alloc[-1], "allocated_peak": apeak[-1],
+    return {"reserved_start": res[0], "reserved_end": res[-1], "allocated_start": alloc[0],
+            "allocated_end": alloc[-1], "allocated_peak": apeak[-1],
             "never_used": gaps[-1], "reserved_unused": res[-1] - alloc[-1], "steps": len(res)}
 
 

@@ -175,6 +175,8 @@ def test_fragmentation_fires_when_reserved_stays_far_above_any_real_need():
     f, = run(recs)
     assert f.kind == "fragmentation" and "served no request" in f.message
     assert f.numbers["never_used"] == (1010 - 380) * MiB
+    assert f.numbers["allocated_start"] == f.numbers["allocated_end"] == 129 * MiB
+    assert f.numbers["reserved_end"] == 1010 * MiB and "reserved_start" in f.numbers
 
 
 def test_a_cache_sized_for_the_step_peak_is_not_fragmentation():
