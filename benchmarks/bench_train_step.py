@@ -56,7 +56,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", default="none", choices=[
         "none", "precise_untracked", "memviz", "memviz_trace", "memviz_autograd", "memviz_precise",
-        "memviz_precise_noautograd", "memviz_precise_cbnoop", "torch_history", "torch_profiler_memory"])
+        "memviz_precise_noautograd", "memviz_precise_nohooks", "memviz_precise_cbnoop", "torch_history", "torch_profiler_memory"])
     ap.add_argument("--trace-dir", default="/tmp", help="where memviz_trace / torch_history write files")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
@@ -72,7 +72,8 @@ def main():
             os.environ["MEMVIZ_CALLBACK_PROFILE"] = "noop" if a.mode.endswith("cbnoop") else "time"
         trace = os.path.join(a.trace_dir, f"bench_{os.getpid()}.memviz") if a.mode == "memviz_trace" else None
         tracker = memviz.track(precise="precise" in a.mode, trace=trace,
-                               autograd=False if no_autograd else (True if a.mode == "memviz_autograd" else None),
+                               autograd=False if no_autograd or a.mode.endswith("nohooks")
+                               else (True if a.mode == "memviz_autograd" else None),
                                torch=False if no_autograd else None).start()
     elif a.mode == "precise_untracked":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"

@@ -30,14 +30,22 @@ if [ -n "${PROFILE:-}" ]; then
   echo "== profile: $PROFILE"
   SPY=/tmp/pyspy/py_spy-0.4.3.data/scripts/py-spy
   [ -x "$SPY" ] || { $PY -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/pyspy')" .whl/py_spy-*.whl && chmod +x "$SPY"; }
-  $SPY record --native --rate 500 --format raw -o "$OUT/profile_$PROFILE.txt" -- \
+  $SPY record --native --threads --rate 500 --format raw -o /tmp/profile_$PROFILE.txt -- \
       $PY benchmarks/bench_train_step.py --mode "$PROFILE" --steps 40 > "$OUT/profile_$PROFILE.log" 2>&1
   echo "py-spy rc=$?"; tail -3 "$OUT/profile_$PROFILE.log"
+  $PY benchmarks/pyspy_summary.py /tmp/profile_$PROFILE.txt --top 60 --focus memviz --focus _core \
+      --focus cupti --focus Hook --focus hook > "$OUT/profile_summary_$PROFILE.txt" 2>&1
+  head -40 "$OUT/profile_summary_$PROFILE.txt"
 fi
 
 echo "== demo"
 $PY -m memviz run examples/basic.py > "$OUT/demo.log" 2>&1; echo "demo rc=$?"
 tail -40 "$OUT/demo.log"
+
+if [ -n "${MINI_MODES:-}" ]; then
+  echo "== mini benchmark: $MINI_MODES"
+  $PY benchmarks/run_train_bench.py --rounds ${ROUNDS:-2} --modes "$MINI_MODES" --out "$OUT/mini_bench.json" 2>&1 | tail -12
+fi
 
 if [ "${1:-quick}" = full ]; then
   echo "== benchmarks"
