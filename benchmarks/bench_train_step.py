@@ -55,7 +55,7 @@ def build(torch):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", default="none", choices=[
-        "none", "precise_untracked", "memviz", "memviz_trace", "memviz_autograd", "memviz_precise",
+        "none", "precise_untracked", "memviz", "memviz_trace", "memviz_precise_trace", "memviz_autograd", "memviz_precise",
         "memviz_precise_noautograd", "memviz_precise_nohooks", "memviz_precise_cbnoop", "torch_history", "torch_profiler_memory"])
     ap.add_argument("--trace-dir", default="/tmp", help="where memviz_trace / torch_history write files")
     ap.add_argument("--steps", type=int, default=60)
@@ -70,7 +70,7 @@ def main():
         no_autograd = a.mode.endswith(("noautograd", "cbnoop"))
         if no_autograd:  # split the precise cost: memviz's callback timed, or CUPTI alone
             os.environ["MEMVIZ_CALLBACK_PROFILE"] = "noop" if a.mode.endswith("cbnoop") else "time"
-        trace = os.path.join(a.trace_dir, f"bench_{os.getpid()}.memviz") if a.mode == "memviz_trace" else None
+        trace = os.path.join(a.trace_dir, f"bench_{os.getpid()}.memviz") if a.mode.endswith("_trace") else None
         tracker = memviz.track(precise="precise" in a.mode, trace=trace,
                                autograd=False if no_autograd or a.mode.endswith("nohooks")
                                else (True if a.mode == "memviz_autograd" else None),
@@ -125,8 +125,8 @@ def main():
                       "callback_ns": info["store"]["profile_ns"]})
         if tracker.trace_path:
             extra["trace_bytes"] = os.path.getsize(tracker.trace_path)
-            extra["trace_events"] = sum(v for k, v in info["store"]["calls"].items()
-                                        if k.startswith(("alloc", "free", "create", "release")))
+            extra["trace_events"] = memviz.load(tracker.trace_path).event_count
+            os.unlink(tracker.trace_path)
     elif a.mode == "torch_history":
         t0 = time.perf_counter()
         snap = torch.cuda.memory._snapshot()
@@ -135,6 +135,7 @@ def main():
         dump = os.path.join(a.trace_dir, f"bench_{os.getpid()}.pickle")
         torch.cuda.memory._dump_snapshot(dump)
         extra["dump_snapshot_bytes"] = os.path.getsize(dump)
+        os.unlink(dump)
         torch.cuda.memory._record_memory_history(enabled=None)
     print(json.dumps({"mode": a.mode, "median_ms": statistics.median(times), "times_ms": times,
                       "max_allocated": torch.cuda.max_memory_allocated(), **extra}))
