@@ -56,7 +56,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", default="none", choices=[
         "none", "precise_untracked", "memviz", "memviz_trace", "memviz_precise_trace", "memviz_autograd", "memviz_precise",
-        "memviz_precise_noautograd", "memviz_precise_nohooks", "memviz_precise_cbnoop", "torch_history", "torch_profiler_memory"])
+        "memviz_precise_noautograd", "memviz_precise_nohooks", "memviz_precise_packonly",
+        "memviz_precise_walkonly", "memviz_precise_cbnoop", "torch_history", "torch_profiler_memory"])
     ap.add_argument("--trace-dir", default="/tmp", help="where memviz_trace / torch_history write files")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
@@ -79,6 +80,25 @@ def main():
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
 
     import torch
+
+    parts = {"walk_s": 0.0, "walks": 0, "nodes": 0}
+    integ = getattr(tracker, "torch", None)
+    if integ is not None and integ.autograd:
+        # Split the autograd hooks' cost: the saved-tensor hooks alone, or the
+        # per-node pre-hooks (graph walk) alone; the walk is timed either way.
+        if a.mode.endswith("packonly"):
+            integ._hook_graph = lambda roots: None
+        elif a.mode.endswith("walkonly"):
+            integ.graph.stop()
+        walk = integ._hook_graph
+
+        def timed_walk(roots, _walk=walk):
+            t0 = time.perf_counter()
+            _walk(roots)
+            parts["walk_s"] += time.perf_counter() - t0
+            parts["walks"] += 1
+
+        integ._hook_graph = timed_walk
 
     torch.manual_seed(0)
     GPT = build(torch)
@@ -114,6 +134,9 @@ def main():
             times.append((time.perf_counter() - t0) * 1e3)
 
     extra = {"backend": torch.cuda.get_allocator_backend()}
+    if parts["walks"]:
+        extra["walk_ms_per_backward"] = parts["walk_s"] * 1e3 / parts["walks"]
+        extra["hooked_node_kinds"] = len(integ._node_hooks)
     if prof is not None:
         prof.__exit__(None, None, None)
     if tracker is not None:
