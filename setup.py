@@ -13,6 +13,7 @@ core = Extension(
     sources=[
         "src/module.c",
         "src/capture.c",
+        "src/seqmap.c",
         "src/cupti.c",
         "src/frames.c",
         "src/store.c",
@@ -21,6 +22,7 @@ core = Extension(
     ],
     depends=[
         "src/capture.h",
+        "src/seqmap.h",
         "src/cupti.h",
         "src/cupti_abi.h",
         "src/frames.h",

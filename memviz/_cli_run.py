@@ -81,9 +81,10 @@ def build_parser(prog: str = "memviz run") -> argparse.ArgumentParser:
     )
     parser.add_argument("--precise", action="store_true",
                         help="PyTorch on the driver's stream-ordered pool (backend:cudaMallocAsync): "
-                             "every tensor is seen; includes --autograd")
+                             "every tensor is seen; labels backward allocations with their autograd node")
     parser.add_argument("--autograd", action="store_true",
-                        help="label backward allocations with their autograd node and forward line")
+                        help="label backward allocations with their autograd node and forward line, "
+                             "and record what autograd graphs keep (saved-tensor hooks)")
     parser.add_argument("--depth", type=_depth, default=32, metavar="N",
                         help=f"Python frames kept per allocation (1-{_core.MAX_DEPTH}, default 32)")
     parser.add_argument("--no-gpu", action="store_true",
@@ -260,7 +261,7 @@ def _trace_note(tracker: Tracker, path: str) -> None:
 
 def _start(opts: argparse.Namespace) -> Tracker:
     tracker = Tracker(gpu=not opts.no_gpu, depth=opts.depth, trace=opts.output,
-                      precise=opts.precise, autograd=True if opts.autograd or opts.precise else None)
+                      precise=opts.precise, autograd=True if opts.autograd else None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CaptureWarning)  # said below, and in the report
         tracker.start()

@@ -133,15 +133,20 @@ class Tracker:
             figures, out-of-memory reports) when torch is imported; None means
             "if torch is installed". False turns it off.
         autograd: label backward allocations with their autograd node and
-            forward line, and record what autograd graphs keep (saved-tensor
-            and node hooks, a cost per saved tensor and per node). Default: on
+            the forward line that made it (a pre-hook per node). Default: on
             in precise mode, off otherwise (see benchmarks/RESULTS.md).
+        graph: record what autograd graphs keep for backward, and from which
+            line (saved-tensor hooks, a cost per saved tensor): needed by
+            ``snapshot.graph_resident()`` and the graph-leak evidence of
+            ``diagnose``. Default: on when ``autograd=True`` is passed, off
+            when autograd is only implied by precise mode.
     """
 
     def __init__(self, *, gpu: bool = True, depth: int = _DEFAULT_DEPTH,
                  activity: Optional[bool] = None, frame_filter: Optional[FrameFilter] = None,
                  trace: Optional[str] = None, precise: bool = False,
-                 torch: Optional[bool] = None, autograd: Optional[bool] = None) -> None:
+                 torch: Optional[bool] = None, autograd: Optional[bool] = None,
+                 graph: Optional[bool] = None) -> None:
         if not isinstance(depth, int) or not 1 <= depth <= _core.MAX_DEPTH:
             raise ValueError(f"depth must be an int between 1 and {_core.MAX_DEPTH}, got {depth!r}")
         self.gpu_requested = bool(gpu)
@@ -160,11 +165,16 @@ class Tracker:
         self.trace_path = os.fspath(trace) if trace is not None else None
         self.precise = bool(precise)
         self.torch_integration = torch
+        if graph is None:
+            graph = autograd is True
         if autograd is None:
             autograd = bool(precise) and torch is not False
         self.autograd = bool(autograd)
+        self.record_graph = bool(graph)
         if self.autograd and torch is False:
             raise ValueError("autograd=True needs the PyTorch integration; do not pass torch=False with it")
+        if self.record_graph and torch is False:
+            raise ValueError("graph=True needs the PyTorch integration; do not pass torch=False with it")
         #: per-step records (see step()); filled by memviz._steps
         self.steps: List[Any] = []
         #: objects with on_start(tracker) / on_stop(tracker) / on_freeze(tracker)
@@ -519,7 +529,8 @@ def _caller_location() -> str:
 
 def track(**kwargs: Any) -> Tracker:
     """A tracker to use as ``with memviz.track() as t:``; see :class:`Tracker`
-    for the options (gpu, depth, activity, frame_filter, trace, precise, torch, autograd)."""
+    for the options (gpu, depth, activity, frame_filter, trace, precise, torch, autograd,
+    graph)."""
     return Tracker(**kwargs)
 
 

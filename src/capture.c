@@ -7,6 +7,7 @@
 #include "capture.h"
 #include "cupti.h"
 #include "frames.h"
+#include "seqmap.h"
 #include "store.h"
 
 #include <pthread.h>
@@ -323,7 +324,8 @@ static void record_call(int domain, uint32_t cbid, const void *data)
         mvz_store_failure(d.size, d.stream, slot, d.kind, tl_label, result, frames, depth);
     } else {
         count(d.op);
-        mvz_store_alloc(d.address, d.size, d.stream, slot, d.kind, tl_label, frames, depth);
+        uint32_t stack = mvz_store_alloc(d.address, d.size, d.stream, slot, d.kind, tl_label, frames, depth);
+        mvz_seqmap_note(stack); /* the autograd node this line may have just made */
     }
     if (mvz_new_stack_hook && mvz_store_has_pending())
         mvz_new_stack_hook();

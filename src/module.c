@@ -9,10 +9,12 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "capture.h"
 #include "cupti.h"
 #include "frames.h"
+#include "seqmap.h"
 #include "store.h"
 
 static int store_ready;
@@ -320,6 +322,57 @@ static PyObject *core_label_name(PyObject *self, PyObject *arg)
     if (PyErr_Occurred())
         return NULL;
     return label_obj((uint32_t)id);
+}
+
+/* ---- forward lines of autograd nodes (seqmap.h) ------------------------- */
+
+static PyObject *core_seqmap_attach(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    void *p = PyLong_AsVoidPtr(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    mvz_seq_fn fn = NULL;
+    if (p)
+        memcpy(&fn, &p, sizeof fn); /* ctypes hands over an address */
+    mvz_seqmap_attach(fn);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_seqmap_lookup(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    PyObject *seq = PySequence_Fast(arg, "seqmap_lookup() takes a sequence of node numbers");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    uint64_t *in = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *in);
+    uint32_t *out = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *out);
+    PyObject *res = NULL;
+    if (!in || !out) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        in[i] = PyLong_AsUnsignedLongLongMask(PySequence_Fast_GET_ITEM(seq, i));
+        if (PyErr_Occurred())
+            goto done;
+    }
+    mvz_seqmap_lookup(in, out, n);
+    res = PyList_New(n);
+    for (Py_ssize_t i = 0; res && i < n; i++) {
+        PyObject *v = PyLong_FromUnsignedLong(out[i]);
+        if (!v) {
+            Py_CLEAR(res);
+            break;
+        }
+        PyList_SET_ITEM(res, i, v);
+    }
+done:
+    PyMem_Free(in);
+    PyMem_Free(out);
+    Py_DECREF(seq);
+    return res;
 }
 
 static PyObject *core_live(PyObject *self, PyObject *unused)
@@ -737,6 +790,10 @@ static PyMethodDef core_methods[] = {
     {"label_get", core_label_get, METH_NOARGS, "The calling thread's label id."},
     {"label_set", core_label_set, METH_O, "Set the calling thread's label id."},
     {"label_name", core_label_name, METH_O, "The string of a label id."},
+    {"seqmap_attach", core_seqmap_attach, METH_O,
+     "seqmap_attach(address of at::sequence_number::peek, or 0 to detach)."},
+    {"seqmap_lookup", core_seqmap_lookup, METH_O,
+     "seqmap_lookup(node numbers) -> stack ids of the lines that made them (0: unknown)."},
     {"live", core_live, METH_NOARGS, "Rows of the live allocations."},
     {"peak_live", core_peak_live, METH_O, "Rows live at the peak of a device (-1: host)."},
     {"totals", core_totals, METH_NOARGS, "Per-device totals."},

@@ -522,7 +522,7 @@ static void graves_compact(void)
 
 /* Capture path, no GIL: takes the store lock (a leaf lock, see store.h) and
  * touches only preallocated memory. */
-void mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int slot, int kind,
+uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int slot, int kind,
                      uint32_t label_id, const mvz_frame *f, int depth)
 {
     uint32_t thread_idx = mvz_store_thread_index();
@@ -544,13 +544,13 @@ void mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int slot,
         mvz_region_ensure(&allocs_r, (live_count + 1) * sizeof(mvz_alloc))) {
         dropped_allocs++;
         UNLOCK();
-        return;
+        return 0;
     }
     if (2 * (live_count + 1) > live_index_cap) {
         if (live_index_grow()) {
             dropped_allocs++;
             UNLOCK();
-            return;
+            return 0;
         }
         i = live_find(address, kind, &found);
     }
@@ -593,6 +593,7 @@ void mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int slot,
     timeline_push(ts, slot);
     mvz_trace_record(MVZ_EV_ALLOC, ts, address, size, stack_id, thread_idx, label_id, kind, slot);
     UNLOCK();
+    return stack_id;
 }
 
 /* Capture path, no GIL: takes the store lock (leaf) and touches only

@@ -139,8 +139,9 @@ void mvz_store_clear(void ***refs, size_t *nrefs);
 
 /* Hot path (any thread, no GIL). */
 uint32_t mvz_store_thread_index(void);
-void mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int slot,
-                     int kind, uint32_t label_id, const mvz_frame *frames, int depth);
+/* Returns the allocation's stack id (0: no frames, or not recorded). */
+uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int slot,
+                         int kind, uint32_t label_id, const mvz_frame *frames, int depth);
 void mvz_store_free(uint64_t address, int kind);
 void mvz_store_failure(uint64_t size, uint64_t stream, int slot, int kind, uint32_t label_id,
                        int result, const mvz_frame *frames, int depth);

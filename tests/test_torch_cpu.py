@@ -48,13 +48,29 @@ class NoSave(torch.autograd.Function):
         return g
 
 
+class AllocInForward(torch.autograd.Function):
+    """Allocates in forward (after autograd made its node) and in backward."""
+
+    fake = None
+
+    @staticmethod
+    def forward(ctx, x):
+        AllocInForward.fake.alloc(CBID_cuMemAlloc_v2, 16 * KiB)  # FORWARD OUTPUT
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, g):
+        AllocInForward.fake.alloc(CBID_cuMemAlloc_v2, 48 * KiB)
+        return g * 3
+
+
 def _line_of(marker):
     return line_of(THIS, marker)
 
 
 @pytest.fixture
 def ops(fake):
-    Scale.fake = NoSave.fake = fake
+    Scale.fake = NoSave.fake = AllocInForward.fake = fake
     yield fake
 
 
@@ -76,6 +92,48 @@ def test_backward_allocations_carry_node_and_forward_line(ops):
     stats = {s.key: s.size for s in t.snapshot().statistics("autograd_node")}
     assert stats["<not in backward>"] == 8 * KiB
     assert any(k.startswith("ScaleBackward") for k in stats)
+
+
+def test_forward_line_from_node_numbers_without_saved_tensor_hooks(ops):
+    """Precise mode's default: node pre-hooks only; the forward line comes from
+    the line that allocated right after autograd numbered the node."""
+    x = torch.randn(16, requires_grad=True)
+    with memviz.track(autograd=True, graph=False) as t:
+        assert t.torch._seq_attached, "this torch should export at::sequence_number::peek"
+        assert not t.torch.graph.running and getattr(t, "graph", None) is None
+        y = AllocInForward.apply(x)
+        z = NoSave.apply(y)
+        z.sum().backward()
+    by_size = {a.size: a for a in t.snapshot()}
+    assert by_size[16 * KiB].autograd_node is None  # forward
+    a = by_size[48 * KiB]
+    assert a.autograd_node == "AllocInForwardBackward"
+    assert a.forward == f"{THIS}:{_line_of('# FORWARD OUTPUT')}"
+    b = by_size[32 * KiB]  # NoSave's forward allocated nothing: no line to name
+    assert b.autograd_node == "NoSaveBackward" and b.forward is None
+
+
+def test_node_numbers_detach_when_tracking_stops(ops):
+    from memviz import _core
+
+    with memviz.track(autograd=True, graph=False):
+        AllocInForward.apply(torch.randn(4, requires_grad=True))
+    # Detached: a lookup finds nothing, and allocations note nothing.
+    assert _core.seqmap_lookup([0, 1, 2, 2**64 - 1]) == [0, 0, 0, 0]
+
+
+def test_activations_categorised_from_the_graph_itself(ops):
+    """Without saved-tensor hooks (graph=False), what a live graph keeps is read
+    from its nodes when the snapshot is categorised."""
+    a = torch.randn(64, 64)
+    w = torch.randn(64, 64, requires_grad=True)
+    with memviz.track(autograd=True, graph=False) as t:
+        held = (a @ w).sum()  # MmBackward0 keeps `a` for w's gradient
+        s = a.untyped_storage()
+        ops.alloc_at(s.data_ptr(), s.nbytes())
+        cats = {s.key: s.size for s in t.snapshot().statistics("category")}
+    assert cats == {"activation": 64 * 64 * 4}
+    assert held.grad_fn is not None
 
 
 def test_autograd_grad_and_double_backward(ops):

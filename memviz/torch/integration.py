@@ -5,9 +5,17 @@ stops (nothing is left on the user's graph, modules or optimizers).
 Autograd attribution. Backward nodes run on the autograd engine's threads,
 which have no Python frames; before the engine runs, memviz puts a pre-hook
 on each node of the graph that sets the running thread's memviz label to the
-node's name, and the saved-tensor unpack hook (called when the node reads
-what forward saved) refines it with the forward line that saved it. The
-C capture path reads that label from thread-local storage with no lock.
+node's name and the forward line that made the node. The C capture path
+reads that label from thread-local storage with no lock.
+
+The forward line comes from PyTorch's node numbers (src/seqmap.h): the
+capture path notes which line allocated while the per-thread node counter
+stood at each value, and a node numbered k was made by the line that
+allocated with the counter at k+1 (an op creates its node, then allocates
+its output). This needs no saved-tensor hooks, which cost several
+microseconds per saved tensor. When graph residency is recorded
+(``graph=True``), the unpack hook also refines the label with the line that
+saved what the node reads.
 """
 
 from __future__ import annotations
@@ -19,11 +27,82 @@ from typing import Any, Dict, Optional
 from .. import _core
 from .._snapshot import Snapshot, encode_node_label
 from . import precise as _precise
-from .graph import GraphRecorder
+from .graph import _MEMVIZ_DIR, GraphRecorder
 
 __all__ = ["attach", "TorchIntegration"]
 
 _CHECKPOINT_FILE = "torch/utils/checkpoint.py"
+
+
+_PEEK = "_ZN2at15sequence_number4peekEv"  # uint64_t at::sequence_number::peek()
+
+
+def _attach_node_numbers(torch) -> bool:
+    """Hand the capture path PyTorch's node counter (see src/seqmap.h).
+
+    Found with ctypes in the libtorch already loaded, and checked on a tiny
+    graph before use: the node made next must take the number peek() gives.
+    Returns False (forward lines then come only from graph=True) when this
+    build of PyTorch does not export it or numbers nodes differently."""
+    import ctypes
+    import os
+
+    libdir = os.path.join(os.path.dirname(torch.__file__), "lib")
+    for name in ("libtorch_cpu.so", "libtorch.so"):
+        path = os.path.join(libdir, name)
+        if not os.path.exists(path):
+            continue
+        try:
+            peek = getattr(ctypes.CDLL(path), _PEEK)
+        except (OSError, AttributeError):
+            continue
+        peek.restype, peek.argtypes = ctypes.c_uint64, []
+        try:
+            x = torch.zeros(1, requires_grad=True)
+            before = peek()
+            node = (x * 2).grad_fn
+            ok = node is not None and node._sequence_nr() == before and peek() == before + 1
+        except Exception:  # noqa: BLE001 - a check, never an error for the user
+            ok = False
+        if ok:
+            _core.seqmap_attach(ctypes.cast(peek, ctypes.c_void_p).value)
+            return True
+    return False
+
+
+_SAVED_ATTRS: Dict[type, tuple] = {}
+
+
+def _saved_by_graphs(roots) -> set:
+    """Storage addresses of the tensors that the autograd graphs reachable
+    from ``roots`` keep for backward, read from the nodes themselves
+    (``node._saved_*``), with no saved-tensor hooks. Snapshot time only."""
+    out, seen, stack = set(), set(), list(roots)
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        names = _SAVED_ATTRS.get(type(node))
+        if names is None:
+            names = _SAVED_ATTRS[type(node)] = tuple(
+                a for a in dir(node) if a.startswith("_saved_") and not a.startswith("_saved_tensors"))
+        for a in names:
+            try:
+                v = getattr(node, a)
+            except Exception:  # noqa: BLE001 - freed by backward, or not a tensor
+                continue
+            for t in v if isinstance(v, (tuple, list)) else (v,):
+                try:
+                    out.add(t.untyped_storage().data_ptr())
+                except Exception:  # noqa: BLE001 - ints, sizes, None
+                    pass
+        try:
+            nxt = node.next_functions
+        except Exception:  # noqa: BLE001
+            continue
+        stack.extend(fn for fn, _ in nxt if fn is not None and fn not in seen)
+    return out
 
 
 def attach(tracker) -> "TorchIntegration":
@@ -37,9 +116,12 @@ def attach(tracker) -> "TorchIntegration":
 class TorchIntegration:
     def __init__(self, tracker) -> None:
         self.autograd = tracker.autograd
+        self.record_graph = tracker.record_graph
         self.graph = GraphRecorder(on_unpack=self._on_unpack, frame_filter=tracker.frame_filter)
-        if self.autograd:
+        if self.record_graph:
             tracker.graph = self.graph
+        self._seq_attached = False
+        self._stack_lines: Dict[int, Optional[str]] = {0: None}
         self._tracker = weakref.ref(tracker)
         self._node_hooks: Dict[str, Any] = {}
         self._label_ids: Dict[Any, int] = {}
@@ -67,8 +149,10 @@ class TorchIntegration:
         import torch
 
         self._current_node = torch._C._current_autograd_node
-        if self.autograd:
+        if self.record_graph:
             self.graph.start()
+        if self.autograd:
+            self._seq_attached = _attach_node_numbers(torch)
             self._patch_backward(torch)
         try:
             from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -96,6 +180,9 @@ class TorchIntegration:
         if watcher is not None and watcher in sys.meta_path:
             sys.meta_path.remove(watcher)
         self.graph.stop()
+        if self._seq_attached:
+            _core.seqmap_attach(0)
+            self._seq_attached = False
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -112,17 +199,36 @@ class TorchIntegration:
             lid = self._label_ids[key] = _core.label_intern(encode_node_label(node_name, forward))
         return lid
 
-    def _prehook_for(self, name: str):
-        hook = self._node_hooks.get(name)
+    def _prehook_for(self, name: str, forward: Optional[str]):
+        key = (name, forward)
+        hook = self._node_hooks.get(key)
         if hook is None:
-            lid = self._label(name, None)
+            lid = self._label(name, forward)
             label_set = _core.label_set
 
             def hook(grad_outputs, _lid=lid, _set=label_set):
                 _set(_lid)
 
-            self._node_hooks[name] = hook
+            self._node_hooks[key] = hook
         return hook
+
+    def _forward_lines(self, seqs) -> list:
+        """The user line that made each node (by node number), or None."""
+        if not self._seq_attached:
+            return [None] * len(seqs)
+        stacks = _core.seqmap_lookup(seqs)
+        lines = self._stack_lines
+        todo = {sid for sid in stacks if sid not in lines}
+        if todo:
+            flt = self.graph.frame_filter
+            for sid, frames in _core.resolve(todo).items():
+                line = None
+                for filename, lineno, _name in frames or ():
+                    if not filename.startswith(_MEMVIZ_DIR) and not flt.is_library(filename):
+                        line = f"{filename}:{lineno}"
+                        break
+                lines[sid] = line
+        return [lines.get(sid) for sid in stacks]
 
     def _on_unpack(self, packed) -> None:
         # Runs for every saved tensor read in backward, on the node's thread.
@@ -144,18 +250,22 @@ class TorchIntegration:
         hooked again; the hooks set the same label, so that only costs time."""
         seen = set()
         stack = [r for r in roots if r is not None]
-        hooks = self._node_hooks
-        make = self._prehook_for
+        nodes, seqs = [], []
         while stack:
             node = stack.pop()
             if node in seen:
                 continue
             seen.add(node)
-            name = node.name()
-            node.register_prehook(hooks.get(name) or make(name))
+            nodes.append(node)
+            seqs.append(node._sequence_nr())  # AccumulateGrad's is 2**64-1: none
             for fn, _ in node.next_functions:
                 if fn is not None and fn not in seen:
                     stack.append(fn)
+        hooks = self._node_hooks
+        make = self._prehook_for
+        for node, forward in zip(nodes, self._forward_lines(seqs)):
+            name = node.name()
+            node.register_prehook(hooks.get((name, forward)) or make(name, forward))
 
     def _patch_backward(self, torch) -> None:
         import torch.autograd as autograd
@@ -209,7 +319,7 @@ class TorchIntegration:
         import torch
 
         tensor, param, optim = torch.Tensor, torch.nn.Parameter, torch.optim.Optimizer
-        params, optimizers, ptrs = [], set(self._optimizers), set()
+        params, optimizers, ptrs, roots = [], set(self._optimizers), set(), []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # isinstance() on deprecated torch aliases warns
             for obj in gc.get_objects():
@@ -218,10 +328,14 @@ class TorchIntegration:
                         params.append(obj)
                     try:
                         ptrs.add(obj.untyped_storage().data_ptr())
+                        fn = obj.grad_fn
+                        if fn is not None:
+                            roots.append(fn)
                     except Exception:  # noqa: BLE001 - sparse, meta, subclasses
                         pass
                 elif isinstance(obj, optim):
                     optimizers.add(obj)
+        self._saved_ptrs = _saved_by_graphs(roots)
         return params, optimizers, ptrs
 
     def tensor_categories(self, params, optimizers) -> Dict[int, str]:
@@ -240,6 +354,8 @@ class TorchIntegration:
                 except Exception:  # noqa: BLE001
                     pass
 
+        for ptr in getattr(self, "_saved_ptrs", ()):
+            cats[ptr] = "activation"
         for rec in self.graph.resident():
             if rec.data_ptr:
                 cats[rec.data_ptr] = "activation"

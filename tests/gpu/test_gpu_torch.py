@@ -6,7 +6,7 @@ import pytest
 
 import textwrap
 
-from test_gpu_capture import _REASON, run  # noqa: F401  (same runner, same skip)
+from test_gpu_capture import _REASON, PRELUDE, ROOT, run  # noqa: F401  (same runner, same skip)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
 
@@ -79,7 +79,7 @@ def test_precise_mode_attributes_every_tensor_of_a_step_to_a_line():
 
 
 def test_backward_allocations_carry_node_names_and_forward_lines():
-    r = run(script("""
+    body = script("""
         t = memviz.track(precise=True).start()
     """, """
         train_step()
@@ -89,9 +89,14 @@ def test_backward_allocations_carry_node_names_and_forward_lines():
         out(nodes=sorted({a.autograd_node for a in allocs}),
             forwards=sorted({a.forward for a in allocs if a.forward}),
             threads=sorted({a.thread.name for a in allocs}))
-    """))
+    """)
+    r = run(body)
     assert any(n.startswith(("AddmmBackward", "MmBackward")) for n in r["nodes"]), r
-    assert any(f.startswith("<string>:") for f in r["forwards"]), r
+    # Precise mode records no saved tensors: the forward line comes from the
+    # node numbers (src/seqmap.h) and must be the line that ran the model.
+    code = (PRELUDE.format(root=str(ROOT)) + textwrap.dedent(body)).splitlines()
+    fwd = 1 + next(i for i, ln in enumerate(code) if ln.rstrip().endswith("# FORWARD LINE"))
+    assert f"<string>:{fwd}" in r["forwards"], (fwd, r)
 
 
 def test_planted_oom_produces_the_report():

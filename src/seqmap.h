@@ -1,0 +1,29 @@
+/* Forward lines for autograd nodes, without saved-tensor hooks.
+ *
+ * PyTorch numbers autograd nodes from a per-thread counter as forward creates
+ * them (`at::sequence_number`, exported as a plain `uint64_t peek(void)`), and
+ * an op allocates its output right after creating its node. So when an
+ * allocation seen in the callback finds the counter at k+1, node k was made
+ * by the Python line of that allocation. The callback notes (counter, stack)
+ * once per counter value in a ring; before a backward, Python asks for the
+ * stacks of its nodes' numbers (node._sequence_nr()). Python hands the
+ * address of `peek` over (ctypes); memviz is not linked against libtorch. */
+#ifndef MEMVIZ_SEQMAP_H
+#define MEMVIZ_SEQMAP_H
+
+#include <stdint.h>
+
+typedef uint64_t (*mvz_seq_fn)(void);
+
+/* With the GIL; NULL detaches. Forgets what was noted. */
+void mvz_seqmap_attach(mvz_seq_fn fn);
+
+/* Driver callback, no GIL: note the allocation just recorded with stack
+ * `stack_id` (not 0) on this thread. */
+void mvz_seqmap_note(uint32_t stack_id);
+
+/* With the GIL: for each seqs[i] (a node's number k), the stack of the first
+ * allocation made with the counter at k+1, or 0. */
+void mvz_seqmap_lookup(const uint64_t *seqs, uint32_t *stacks, long n);
+
+#endif
