@@ -179,6 +179,29 @@ def test_hooks_are_removed_when_tracking_stops(ops):
     assert memviz._core.label_get() == 0
 
 
+def test_node_hooks_leave_pytorch_hook_machinery_as_it_was(ops):
+    """The walk's fast registration: torch's own _register_hook is back after
+    it, hooks the user adds later to the same nodes run and can be removed,
+    and memviz's hooks go inert when tracking stops (retained graph)."""
+    Function = torch.autograd.Function
+    original = Function._register_hook
+    x = torch.randn(8, requires_grad=True)
+    ran = []
+    with memviz.track(autograd=True, graph=False):
+        y = (x * 2).sin().sum()
+        y.backward(retain_graph=True)  # memviz hooks every node of y's graph
+        assert Function._register_hook is original and "_register_hook" not in Function.__dict__
+        node = y.grad_fn.next_functions[0][0]  # SinBackward0, already hooked by memviz
+        handle = node.register_prehook(lambda g: ran.append("user"))
+        y.backward(retain_graph=True)
+        assert ran == ["user"]
+        handle.remove()
+        label = memviz._core.label_get()
+    y.backward(retain_graph=True)  # after stop: memviz's hooks stay on the graph but do nothing
+    assert ran == ["user"]
+    assert memviz._core.label_get() == label
+
+
 def test_categories_of_a_small_model_match_model_states(ops):
     """fp32 Adam: parameters = gradients = 4P bytes, optimizer state = 8P bytes."""
     torch.manual_seed(0)

@@ -21,6 +21,7 @@ saved what the node reads.
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from typing import Any, Dict, Optional
 
@@ -68,6 +69,13 @@ def _attach_node_numbers(torch) -> bool:
             _core.seqmap_attach(ctypes.cast(peek, ctypes.c_void_p).value)
             return True
     return False
+
+
+class _NodeHooks(dict):
+    """The pre-hook dict memviz gives a node: weak-referenceable, as
+    PyTorch's RemovableHandle needs when the user adds a hook later."""
+
+    __slots__ = ("__weakref__",)
 
 
 _SAVED_ATTRS: Dict[type, tuple] = {}
@@ -121,6 +129,8 @@ class TorchIntegration:
         if self.record_graph:
             tracker.graph = self.graph
         self._seq_attached = False
+        self._hooks_on = [False]
+        self._function_cls = None
         self._stack_lines: Dict[int, Optional[str]] = {0: None}
         self._tracker = weakref.ref(tracker)
         self._node_hooks: Dict[str, Any] = {}
@@ -137,6 +147,7 @@ class TorchIntegration:
 
     def on_start(self, tracker) -> None:
         self._active = True
+        self._hooks_on[0] = True
         if "torch" in sys.modules:
             self._install()
         else:  # e.g. `python -m memviz run`: hook in once the script imports torch
@@ -152,6 +163,7 @@ class TorchIntegration:
         if self.record_graph:
             self.graph.start()
         if self.autograd:
+            self._function_cls = torch.autograd.Function
             self._seq_attached = _attach_node_numbers(torch)
             self._patch_backward(torch)
         try:
@@ -176,6 +188,7 @@ class TorchIntegration:
 
     def on_stop(self, tracker) -> None:
         self._active = False
+        self._hooks_on[0] = False
         watcher = getattr(self, "_watcher", None)
         if watcher is not None and watcher in sys.meta_path:
             sys.meta_path.remove(watcher)
@@ -206,8 +219,9 @@ class TorchIntegration:
             lid = self._label(name, forward)
             label_set = _core.label_set
 
-            def hook(grad_outputs, _lid=lid, _set=label_set):
-                _set(_lid)
+            def hook(grad_outputs, _lid=lid, _set=label_set, _on=self._hooks_on):
+                if _on[0]:  # inert once tracking stops (a retained graph keeps it)
+                    _set(_lid)
 
             self._node_hooks[key] = hook
         return hook
@@ -247,7 +261,16 @@ class TorchIntegration:
 
         Runs before each backward, in Python, once per node (measured in
         benchmarks/RESULTS.md). A graph run again with retain_graph=True is
-        hooked again; the hooks set the same label, so that only costs time."""
+        hooked again; the hooks set the same label, so that only costs time.
+
+        PyTorch registers a node pre-hook through
+        ``torch.autograd.Function._register_hook``, which builds a
+        RemovableHandle per hook: two thirds of the walk. memviz never removes
+        these hooks one by one (they go with the graph, and go inert when
+        tracking stops), so during the walk, on this thread only, that
+        function is replaced by one that gives a node a fresh dict holding
+        the hook and no handle. The dict is weak-referenceable like PyTorch's
+        own, so hooks the user adds later to the same node work as usual."""
         seen = set()
         stack = [r for r in roots if r is not None]
         nodes, seqs = [], []
@@ -263,9 +286,26 @@ class TorchIntegration:
                     stack.append(fn)
         hooks = self._node_hooks
         make = self._prehook_for
-        for node, forward in zip(nodes, self._forward_lines(seqs)):
-            name = node.name()
-            node.register_prehook(hooks.get((name, forward)) or make(name, forward))
+        cls = self._function_cls
+        own = cls.__dict__.get("_register_hook")
+        original = cls._register_hook
+        me = threading.get_ident()
+
+        def register(d, hook, _original=original, _me=me, _ident=threading.get_ident):
+            if d is None and _ident() == _me:
+                return _NodeHooks(memviz=hook), None
+            return _original(d, hook)
+
+        cls._register_hook = staticmethod(register)
+        try:
+            for node, forward in zip(nodes, self._forward_lines(seqs)):
+                name = node.name()
+                node.register_prehook(hooks.get((name, forward)) or make(name, forward))
+        finally:
+            if own is not None:
+                cls._register_hook = own
+            else:
+                del cls._register_hook
 
     def _patch_backward(self, torch) -> None:
         import torch.autograd as autograd
