@@ -136,6 +136,27 @@ def test_activations_categorised_from_the_graph_itself(ops):
     assert held.grad_fn is not None
 
 
+def test_categorising_never_runs_unpack_hooks(ops):
+    """Reading what a graph keeps must not unpack it: that would run the
+    user's hooks, or re-run a checkpointed forward."""
+    from torch.utils.checkpoint import checkpoint
+
+    runs, unpacked = [], []
+    w = torch.randn(32, 32, requires_grad=True)
+
+    def block(x):
+        runs.append(1)
+        return (x @ w).sin()
+
+    with memviz.track(autograd=True, graph=False) as t:
+        ckpt = checkpoint(block, torch.randn(4, 32), use_reentrant=False).sum()
+        with torch.autograd.graph.saved_tensors_hooks(lambda x: x, lambda x: unpacked.append(1) or x):
+            hooked = (torch.randn(4, 32) @ w).sum()
+        t.snapshot()
+    assert runs == [1] and unpacked == []
+    assert ckpt.grad_fn is not None and hooked.grad_fn is not None
+
+
 def test_autograd_grad_and_double_backward(ops):
     x = torch.randn(8, requires_grad=True)
     with memviz.track(autograd=True) as t:

@@ -83,8 +83,18 @@ _SAVED_ATTRS: Dict[type, tuple] = {}
 
 def _saved_by_graphs(roots) -> set:
     """Storage addresses of the tensors that the autograd graphs reachable
-    from ``roots`` keep for backward, read from the nodes themselves
-    (``node._saved_*``), with no saved-tensor hooks. Snapshot time only."""
+    from ``roots`` keep for backward, read from the nodes themselves, with no
+    saved-tensor hooks. Snapshot time only.
+
+    Reads ``node._raw_saved_*`` (PyTorch's SavedTensor objects) and their
+    ``.data``, which returns what is stored without calling any unpack hook:
+    unpacking (``node._saved_*``) could run a user's hook, move offloaded
+    tensors back to the GPU, or re-run a checkpointed forward. A packed
+    object that is not a tensor (an offloading or checkpoint handle) is
+    skipped; one that is a tensor is what the graph holds."""
+    import torch
+
+    tensor = torch.Tensor
     out, seen, stack = set(), set(), list(roots)
     while stack:
         node = stack.pop()
@@ -93,18 +103,16 @@ def _saved_by_graphs(roots) -> set:
         seen.add(node)
         names = _SAVED_ATTRS.get(type(node))
         if names is None:
-            names = _SAVED_ATTRS[type(node)] = tuple(
-                a for a in dir(node) if a.startswith("_saved_") and not a.startswith("_saved_tensors"))
+            names = _SAVED_ATTRS[type(node)] = tuple(a for a in dir(node) if a.startswith("_raw_saved_"))
         for a in names:
             try:
                 v = getattr(node, a)
-            except Exception:  # noqa: BLE001 - freed by backward, or not a tensor
+                for sv in v if isinstance(v, (tuple, list)) else (v,):
+                    t = sv.data
+                    if isinstance(t, tensor):
+                        out.add(t.untyped_storage().data_ptr())
+            except Exception:  # noqa: BLE001 - freed by backward, or not a saved tensor
                 continue
-            for t in v if isinstance(v, (tuple, list)) else (v,):
-                try:
-                    out.add(t.untyped_storage().data_ptr())
-                except Exception:  # noqa: BLE001 - ints, sizes, None
-                    pass
         try:
             nxt = node.next_functions
         except Exception:  # noqa: BLE001
