@@ -67,3 +67,7 @@ def _no_tracker_left():
     agraph = sys.modules.get("torch.autograd.graph")
     if agraph is not None and agraph._engine_run_backward.__module__ == "memviz.torch.integration":
         pytest.fail("a test left memviz's autograd hooks installed")
+    torch = sys.modules.get("torch")
+    top = getattr(getattr(getattr(torch, "_C", None), "_autograd", None), "_top_saved_tensors_default_hooks", None)
+    if top is not None and top(False) is not None:
+        pytest.fail("a test left saved-tensor hooks installed")

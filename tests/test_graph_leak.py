@@ -55,9 +55,14 @@ def train(t, steps, keep_tensor):
 @pytest.fixture
 def graph_tracker():
     with memviz.track(gpu=False) as t:
-        if getattr(t, "graph", None) is None:  # no torch integration: record graphs ourselves
-            t.graph = GraphRecorder().start()
-        yield t
+        own = None
+        if getattr(t, "graph", None) is None:  # graph residency not asked for: record it ourselves
+            own = t.graph = GraphRecorder().start()
+        try:
+            yield t
+        finally:
+            if own is not None:
+                own.stop()
     history.clear()
 
 
