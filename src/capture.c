@@ -56,6 +56,9 @@ void (*mvz_new_stack_hook)(void);
 
 #define MAX_LABELS 65536
 static char *labels[MAX_LABELS];
+/* labels[i] names an autograd node ("\x01..."): written before the id is
+ * published to anyone, read lock-free in the callback. */
+static uint8_t label_is_node[MAX_LABELS];
 static uint32_t nlabels = 1; /* 0 means "no label" */
 static pthread_mutex_t label_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread uint32_t tl_label __attribute__((tls_model("initial-exec")));
@@ -76,6 +79,7 @@ uint32_t mvz_label_intern(const char *name)
         if (copy) {
             id = nlabels++;
             labels[id] = copy;
+            label_is_node[id] = name[0] == '\x01';
         }
     }
     pthread_mutex_unlock(&label_lock);
@@ -325,7 +329,9 @@ static void record_call(int domain, uint32_t cbid, const void *data)
     } else {
         count(d.op);
         uint32_t stack = mvz_store_alloc(d.address, d.size, d.stream, slot, d.kind, tl_label, frames, depth);
-        mvz_seqmap_note(stack); /* the autograd node this line may have just made */
+        uint32_t lab = tl_label;
+        if (lab >= MAX_LABELS || !label_is_node[lab]) /* not inside a backward node (CPU backward) */
+            mvz_seqmap_note(stack);   /* the autograd node this line may have just made */
     }
     if (mvz_new_stack_hook && mvz_store_has_pending())
         mvz_new_stack_hook();

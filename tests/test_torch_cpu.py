@@ -113,6 +113,23 @@ def test_forward_line_from_node_numbers_without_saved_tensor_hooks(ops):
     assert b.autograd_node == "NoSaveBackward" and b.forward is None
 
 
+def test_backward_allocations_are_not_taken_for_forward_lines(ops):
+    """CPU backward runs on the caller's thread, where the node counter still
+    stands just past the last forward node: allocations made inside backward
+    nodes must not become that node's forward line (second backward shows it)."""
+    x = torch.randn(16, requires_grad=True)
+    with memviz.track(autograd=True, graph=False) as t:
+        y = AllocInForward.apply(x)
+        z = NoSave.apply(y)  # the last node made in forward; allocates only in backward
+        for _ in range(2):
+            z.backward(torch.ones_like(z), retain_graph=True)
+        snap = t.snapshot()
+    nosave = [a for a in snap if a.autograd_node == "NoSaveBackward"]
+    assert len(nosave) == 2 and all(a.forward is None for a in nosave), nosave
+    fwd = f"{THIS}:{_line_of('# FORWARD OUTPUT')}"
+    assert [a.forward for a in snap if a.autograd_node == "AllocInForwardBackward"] == [fwd, fwd]
+
+
 def test_node_numbers_detach_when_tracking_stops(ops):
     from memviz import _core
 
