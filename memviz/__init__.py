@@ -11,8 +11,8 @@ Quick start::
 See README.md for the command line (``python -m memviz run script.py``).
 """
 
-from ._errors import (AlreadyTracking, CaptureConflict, CaptureUnavailable, MemvizError, NotTracking,
-                      TraceError)
+from ._errors import (AlreadyTracking, CaptureConflict, CaptureUnavailable, GraphNotRecorded, MemvizError,
+                      NotTracking, TraceError)
 from ._frames import FrameFilter, frames
 from ._snapshot import (Allocation, Frame, Snapshot, Statistic, StatisticDiff, ThreadInfo,
                         Traceback)
@@ -28,7 +28,7 @@ __all__ = [
     "Tracker", "Snapshot", "Statistic", "StatisticDiff", "Allocation", "Frame", "Traceback",
     "ThreadInfo", "FailedAllocation", "FrameFilter", "frames",
     "MemvizError", "CaptureUnavailable", "CaptureConflict", "AlreadyTracking", "NotTracking",
-    "CaptureWarning", "format_size", "parse_size", "load", "TraceError",
+    "CaptureWarning", "format_size", "parse_size", "load", "TraceError", "GraphNotRecorded",
     "watch", "StepRecord", "diagnose", "Finding",
 ]
 from ._ipython import load_ipython_extension  # noqa: E402,F401  (%load_ext memviz)

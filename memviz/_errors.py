@@ -128,6 +128,22 @@ class NotTracking(MemvizError):
         super().__init__(message)
 
 
+class GraphNotRecorded(MemvizError):
+    """``snapshot.graph_resident()`` on a snapshot whose tracker did not
+    record what autograd graphs keep (no saved-tensor hooks were installed)."""
+
+    def __init__(self, message: Optional[str] = None) -> None:
+        if message is None:
+            message = (
+                "this snapshot has no record of what autograd graphs keep for backward: its tracker "
+                "did not install saved-tensor hooks. What to do: track with memviz.track(graph=True) "
+                "(or autograd=True; precise mode leaves them off because they cost several "
+                "microseconds per saved tensor). Tensors that live graphs keep are still in "
+                "snapshot.statistics('category') as 'activation'."
+            )
+        super().__init__(message)
+
+
 class TraceError(MemvizError):
     """A .memviz trace file cannot be read (or written).
 

@@ -320,8 +320,9 @@ class Snapshot:
             self.devices = {d: None for d in devices}
         self.frame_filter = frame_filter
 
-    #: tensors autograd graphs held when the snapshot was taken (PyTorch integration)
-    graph_records: list = []
+    #: tensors autograd graphs held when the snapshot was taken (PyTorch
+    #: integration with graph residency on); None: not recorded
+    graph_records: Optional[list] = None
     #: PyTorch's own figures per device (allocated, reserved, active), when known
     torch_stats: dict = {}
 
@@ -331,7 +332,13 @@ class Snapshot:
 
     def graph_resident(self) -> list:
         """Tensors the autograd graph keeps for backward (any device, CPU too),
-        each with its size and the line that saved it; see memviz.torch.graph."""
+        each with its size and the line that saved it; see memviz.torch.graph.
+
+        Raises GraphNotRecorded when the tracker did not record them
+        (``graph=True``, or ``autograd=True``, turns that on)."""
+        if self.graph_records is None:
+            from ._errors import GraphNotRecorded
+            raise GraphNotRecorded()
         return list(self.graph_records)
 
     # -- container protocol ------------------------------------------------

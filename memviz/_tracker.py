@@ -393,7 +393,7 @@ class Tracker:
         if integ is not None and self._frozen is None:
             snap = integ.categorize(snap, live_now=live_now)
         graph = getattr(self, "graph", None)
-        snap.graph_records = graph.resident() if graph is not None else []
+        snap.graph_records = graph.resident() if graph is not None else None
         return snap
 
     @property
