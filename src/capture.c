@@ -266,10 +266,6 @@ static int decode(uint32_t cbid, const void *p, int ok, decoded *d)
     }
 }
 
-/* Runs on whichever thread made the driver call, possibly holding other
- * libraries' locks (PyTorch's allocator mutex), with or without the GIL.
- * Safe because it only reads this thread's frames (frames.c), reads
- * thread-local state, and takes the store's leaf lock (store.h). */
 static void record_call(int domain, uint32_t cbid, const void *data);
 
 static uint64_t now_ns(void)
@@ -296,6 +292,11 @@ static void on_driver_call(void *userdata, int domain, uint32_t cbid, const void
     __atomic_fetch_add(&profile_ns, now_ns() - t0, __ATOMIC_RELAXED);
 }
 
+/* Runs on whichever thread made the driver call, possibly holding other
+ * libraries' locks (PyTorch's allocator mutex), with or without the GIL.
+ * Safe because it only reads this thread's frames (frames.c), reads
+ * thread-local state, takes the store's leaf lock (store.h), and notes the
+ * autograd node counter lock-free (seqmap.c). */
 static void record_call(int domain, uint32_t cbid, const void *data)
 {
     const mvz_CUpti_CallbackData *cb = data;

@@ -130,6 +130,51 @@ def test_backward_allocations_are_not_taken_for_forward_lines(ops):
     assert [a.forward for a in snap if a.autograd_node == "AllocInForwardBackward"] == [fwd, fwd]
 
 
+def test_node_numbers_attach_when_tracking_starts_under_no_grad(ops):
+    with torch.no_grad():
+        t = memviz.track(autograd=True, graph=False).start()
+    try:
+        assert t.torch._seq_attached
+    finally:
+        t.stop()
+
+
+def test_walks_on_two_threads_leave_register_hook_as_it_was(ops):
+    import threading
+
+    Function = torch.autograd.Function
+    original = Function._register_hook
+    errors = []
+
+    def work():
+        try:
+            for _ in range(20):
+                x = torch.randn(8, requires_grad=True)
+                y = x
+                for _ in range(30):
+                    y = y * 1.01
+                y.sum().backward()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    import sys
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # let the walks interleave
+    try:
+        with memviz.track(autograd=True, graph=False):
+            threads = [threading.Thread(target=work) for _ in range(3)]
+            for th in threads:
+                th.start()
+            work()
+            for th in threads:
+                th.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert Function._register_hook is original and "_register_hook" not in Function.__dict__
+
+
 def test_node_numbers_detach_when_tracking_stops(ops):
     from memviz import _core
 

@@ -59,16 +59,20 @@ def _attach_node_numbers(torch) -> bool:
             continue
         peek.restype, peek.argtypes = ctypes.c_uint64, []
         try:
-            x = torch.zeros(1, requires_grad=True)
-            before = peek()
-            node = (x * 2).grad_fn
-            ok = node is not None and node._sequence_nr() == before and peek() == before + 1
+            with torch.inference_mode(False), torch.enable_grad():  # tracking may start under no_grad
+                x = torch.zeros(1, requires_grad=True)
+                before = peek()
+                node = (x * 2).grad_fn
+                ok = node is not None and node._sequence_nr() == before and peek() == before + 1
         except Exception:  # noqa: BLE001 - a check, never an error for the user
             ok = False
         if ok:
             _core.seqmap_attach(ctypes.cast(peek, ctypes.c_void_p).value)
             return True
     return False
+
+
+_REGISTER_LOCK = threading.Lock()
 
 
 class _NodeHooks(dict):
@@ -141,7 +145,7 @@ class TorchIntegration:
         self._function_cls = None
         self._stack_lines: Dict[int, Optional[str]] = {0: None}
         self._tracker = weakref.ref(tracker)
-        self._node_hooks: Dict[str, Any] = {}
+        self._node_hooks: Dict[Any, Any] = {}  # (node name, forward line) -> pre-hook
         self._label_ids: Dict[Any, int] = {}
         self._unpack_labels: Dict[Any, int] = {}
         self._current_node = None
@@ -294,26 +298,35 @@ class TorchIntegration:
                     stack.append(fn)
         hooks = self._node_hooks
         make = self._prehook_for
+        forwards = self._forward_lines(seqs)
         cls = self._function_cls
-        own = cls.__dict__.get("_register_hook")
-        original = cls._register_hook
-        me = threading.get_ident()
-
-        def register(d, hook, _original=original, _me=me, _ident=threading.get_ident):
-            if d is None and _ident() == _me:
-                return _NodeHooks(memviz=hook), None
-            return _original(d, hook)
-
-        cls._register_hook = staticmethod(register)
-        try:
-            for node, forward in zip(nodes, self._forward_lines(seqs)):
+        if cls is None:  # not installed through _install (no torch.autograd.Function at hand)
+            for node, forward in zip(nodes, forwards):
                 name = node.name()
                 node.register_prehook(hooks.get((name, forward)) or make(name, forward))
-        finally:
-            if own is not None:
-                cls._register_hook = own
-            else:
-                del cls._register_hook
+            return
+        # Backwards on two threads walk one after the other, so that each
+        # puts back exactly what it found.
+        with _REGISTER_LOCK:
+            own = cls.__dict__.get("_register_hook")
+            original = cls._register_hook
+            me = threading.get_ident()
+
+            def register(d, hook, _original=original, _me=me, _ident=threading.get_ident):
+                if d is None and _ident() == _me:
+                    return _NodeHooks(memviz=hook), None
+                return _original(d, hook)
+
+            cls._register_hook = staticmethod(register)
+            try:
+                for node, forward in zip(nodes, forwards):
+                    name = node.name()
+                    node.register_prehook(hooks.get((name, forward)) or make(name, forward))
+            finally:
+                if own is not None:
+                    cls._register_hook = own
+                else:
+                    del cls._register_hook
 
     def _patch_backward(self, torch) -> None:
         import torch.autograd as autograd
