@@ -136,10 +136,10 @@ class GraphNotRecorded(MemvizError):
         if message is None:
             message = (
                 "this snapshot has no record of what autograd graphs keep for backward: its tracker "
-                "did not install saved-tensor hooks. What to do: track with memviz.track(graph=True) "
-                "(or autograd=True; precise mode leaves them off because they cost several "
-                "microseconds per saved tensor). Tensors that live graphs keep are still in "
-                "snapshot.statistics('category') as 'activation'."
+                "did not install saved-tensor hooks (they need PyTorch, and are off unless asked for). "
+                "What to do: track with memviz.track(graph=True) (or autograd=True; precise mode "
+                "leaves them off because they cost several microseconds per saved tensor). Tensors "
+                "that live graphs keep are still in snapshot.statistics('category') as 'activation'."
             )
         super().__init__(message)
 
