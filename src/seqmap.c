@@ -1,10 +1,9 @@
 /* See seqmap.h. */
 #include "seqmap.h"
 
-#include <stdlib.h>
-#include <string.h>
+#include <stddef.h>
 
-#define RING (1u << 15) /* about 30 training steps of forward ops */
+#define RING (1u << 15) /* a slot per counter value, modulo: 32,768 nodes back */
 
 typedef struct {
     uint64_t seq;   /* counter value + 1; 0 = empty */
@@ -13,7 +12,6 @@ typedef struct {
 
 static mvz_seq_fn seq_fn;
 static note ring[RING];
-static uint64_t head;
 static __thread uint64_t tl_last __attribute__((tls_model("initial-exec")));
 
 void mvz_seqmap_attach(mvz_seq_fn fn)
@@ -29,9 +27,10 @@ void mvz_seqmap_attach(mvz_seq_fn fn)
 /* Hot path, no GIL: calls PyTorch's sequence_number::peek (it reads a C++
  * thread-local counter: no lock, no Python, no CUDA; a thread's first call
  * may let the C library set up that library's thread-local block), reads
- * this thread's TLS, and claims a ring slot with one atomic add. Entries are
- * two relaxed 64-bit stores; a reader racing a writer 32,768 notes later can
- * only see a stale pair, which names a wrong line, never a bad pointer. */
+ * this thread's TLS, and writes the counter's slot: three relaxed/release
+ * 64-bit stores. Two threads whose counters meet in a slot, or a reader
+ * racing a writer, can only see a stale or the other thread's pair, which
+ * names a wrong line, never a bad pointer (the reader checks the value). */
 void mvz_seqmap_note(uint32_t stack_id)
 {
     mvz_seq_fn fn = __atomic_load_n(&seq_fn, __ATOMIC_ACQUIRE);
@@ -41,59 +40,25 @@ void mvz_seqmap_note(uint32_t stack_id)
     if (v == tl_last)
         return;
     tl_last = v;
-    uint64_t i = __atomic_fetch_add(&head, 1, __ATOMIC_RELAXED) % RING;
-    __atomic_store_n(&ring[i].seq, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&ring[i].stack, stack_id, __ATOMIC_RELAXED);
-    __atomic_store_n(&ring[i].seq, v, __ATOMIC_RELEASE);
+    note *e = &ring[v % RING];
+    __atomic_store_n(&e->seq, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->stack, stack_id, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->seq, v, __ATOMIC_RELEASE);
 }
 
-/* With the GIL. The wanted numbers go into a small open-addressing table;
- * one pass over the ring, oldest to newest, fills in their stacks (a number
- * noted twice, by two threads, keeps the newer note). */
+/* With the GIL: one slot read per node. */
 void mvz_seqmap_lookup(const uint64_t *seqs, uint32_t *stacks, long n)
 {
-    memset(stacks, 0, (size_t)n * sizeof *stacks);
-    if (n <= 0)
-        return;
-    size_t cap = 16;
-    while (cap < (size_t)n * 2)
-        cap *= 2;
-    long *slot = malloc(cap * sizeof *slot); /* index into seqs, -1 = empty */
-    if (!slot)
-        return;
-    for (size_t i = 0; i < cap; i++)
-        slot[i] = -1;
     for (long i = 0; i < n; i++) {
+        stacks[i] = 0;
         if (seqs[i] >> 63)
             continue; /* no number (AccumulateGrad: UINT64_MAX) */
         uint64_t want = seqs[i] + 2; /* stored as counter + 1; node k -> counter k + 1 */
-        size_t j = (size_t)(want * 0x9E3779B97F4A7C15ull >> 32) & (cap - 1);
-        while (slot[j] >= 0 && seqs[slot[j]] + 2 != want)
-            j = (j + 1) & (cap - 1);
-        if (slot[j] < 0)
-            slot[j] = i;
-    }
-    uint64_t h = __atomic_load_n(&head, __ATOMIC_RELAXED);
-    for (uint64_t k = 0; k < RING; k++) {
-        const note *e = &ring[(h + k) % RING];
-        uint64_t s = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE);
-        if (!s)
+        const note *e = &ring[want % RING];
+        if (__atomic_load_n(&e->seq, __ATOMIC_ACQUIRE) != want)
             continue;
-        size_t j = (size_t)(s * 0x9E3779B97F4A7C15ull >> 32) & (cap - 1);
-        while (slot[j] >= 0 && seqs[slot[j]] + 2 != s)
-            j = (j + 1) & (cap - 1);
-        if (slot[j] >= 0)
-            stacks[slot[j]] = (uint32_t)__atomic_load_n(&e->stack, __ATOMIC_RELAXED);
+        uint64_t stack = __atomic_load_n(&e->stack, __ATOMIC_RELAXED);
+        if (__atomic_load_n(&e->seq, __ATOMIC_ACQUIRE) == want) /* not rewritten meanwhile */
+            stacks[i] = (uint32_t)stack;
     }
-    /* Duplicates in seqs share the first one's answer. */
-    for (long i = 0; i < n; i++) {
-        if (seqs[i] >> 63)
-            continue;
-        uint64_t want = seqs[i] + 2;
-        size_t j = (size_t)(want * 0x9E3779B97F4A7C15ull >> 32) & (cap - 1);
-        while (seqs[slot[j]] + 2 != want)
-            j = (j + 1) & (cap - 1);
-        stacks[i] = stacks[slot[j]];
-    }
-    free(slot);
 }

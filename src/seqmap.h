@@ -5,7 +5,8 @@
  * an op allocates its output right after creating its node. So when an
  * allocation seen in the callback finds the counter at k+1, node k was made
  * by the Python line of that allocation. The callback notes (counter, stack)
- * once per counter value in a ring; before a backward, Python asks for the
+ * once per counter value in a table indexed by the counter (modulo its
+ * size); before a backward, Python asks for the
  * stacks of its nodes' numbers (node._sequence_nr()). Python hands the
  * address of `peek` over (ctypes); memviz is not linked against libtorch. */
 #ifndef MEMVIZ_SEQMAP_H
