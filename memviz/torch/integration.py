@@ -277,7 +277,7 @@ class TorchIntegration:
 
         PyTorch registers a node pre-hook through
         ``torch.autograd.Function._register_hook``, which builds a
-        RemovableHandle per hook: two thirds of the walk. memviz never removes
+        RemovableHandle per hook: over half of the walk. memviz never removes
         these hooks one by one (they go with the graph, and go inert when
         tracking stops), so during the walk, on this thread only, that
         function is replaced by one that gives a node a fresh dict holding
