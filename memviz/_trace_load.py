@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import _trace as F
 from ._errors import TraceError
+from ._outputs import Outputs
 from ._snapshot import Snapshot, snapshot_from_raw
 from ._trace_parse import TraceFile
 
@@ -62,7 +63,7 @@ def _column(planes: List[bytes], lo: int, width: int, code: str) -> array:
     return col
 
 
-class LoadedTrace(TraceFile):
+class LoadedTrace(TraceFile, Outputs):
     """A trace file read back, with the reading API of a stopped Tracker.
 
     Attributes:
@@ -373,25 +374,6 @@ class LoadedTrace(TraceFile):
     def threads(self) -> Dict[int, tuple]:
         """{thread index: (native id, ident in the recording process, name)}."""
         return dict(self._threads)
-
-    def to_perfetto(self, path: str) -> None:
-        """Chrome trace JSON for Perfetto / chrome://tracing (memviz.export)."""
-        from .export.perfetto import write
-        write(self, path)
-
-    def to_torch_snapshot(self, path: str) -> None:
-        """A pickle in torch.cuda.memory._dump_snapshot's format (memviz.export)."""
-        from .export.torch_snapshot import write
-        write(self, path)
-
-    def _repr_html_(self) -> str:
-        from .report.html import tracker_repr_html
-        return tracker_repr_html(self)
-
-    def to_html(self, path: str) -> str:
-        """Write the self-contained HTML report; returns the path."""
-        from .report.html import write
-        return write(self, path)
 
     def __repr__(self) -> str:
         state = "truncated" if self.truncated else ("saved" if self.saved else "complete")

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional
 from . import _capture, _core
 from ._errors import AlreadyTracking, CaptureConflict, CaptureUnavailable, NotTracking
 from ._frames import FrameFilter
+from ._outputs import Outputs
 from ._snapshot import KIND_NAMES, SEEN_THREADS, Snapshot, Traceback, snapshot_from_raw
 from ._units import format_size
 
@@ -111,7 +112,7 @@ class _Frozen:
         return {i: self.stacks[i] for i in ids if i in self.stacks}
 
 
-class Tracker:
+class Tracker(Outputs):
     """Captures GPU allocations between :meth:`start` and :meth:`stop`.
 
     Args:
@@ -326,25 +327,6 @@ class Tracker:
         """Write what this tracker recorded to a .memviz trace file."""
         from ._trace import save
         save(self, path)
-
-    def to_perfetto(self, path: str) -> None:
-        """Chrome trace JSON for Perfetto / chrome://tracing."""
-        from .export.perfetto import write
-        write(self, path)
-
-    def to_torch_snapshot(self, path: str) -> None:
-        """A pickle in torch.cuda.memory._dump_snapshot's format (PyTorch's memory_viz)."""
-        from .export.torch_snapshot import write
-        write(self, path)
-
-    def _repr_html_(self) -> str:
-        from .report.html import tracker_repr_html
-        return tracker_repr_html(self)
-
-    def to_html(self, path: str) -> str:
-        """Write the self-contained HTML report (works offline); returns the path."""
-        from .report.html import write
-        return write(self, path)
 
     def __enter__(self) -> "Tracker":
         return self.start()

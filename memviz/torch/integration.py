@@ -26,9 +26,9 @@ import weakref
 from typing import Any, Dict, Optional
 
 from .. import _core
-from .._snapshot import Snapshot, encode_node_label
+from .._snapshot import Frame, Snapshot, encode_node_label
 from . import precise as _precise
-from .graph import _MEMVIZ_DIR, GraphRecorder
+from .graph import GraphRecorder
 
 __all__ = ["attach", "TorchIntegration"]
 
@@ -246,14 +246,10 @@ class TorchIntegration:
         lines = self._stack_lines
         todo = {sid for sid in stacks if sid not in lines}
         if todo:
-            flt = self.graph.frame_filter
+            pick = self.graph.frame_filter.pick  # the same choice as Traceback.user_frame
             for sid, frames in _core.resolve(todo).items():
-                line = None
-                for filename, lineno, _name in frames or ():
-                    if not filename.startswith(_MEMVIZ_DIR) and not flt.is_library(filename):
-                        line = f"{filename}:{lineno}"
-                        break
-                lines[sid] = line
+                frame = pick([Frame(*f) for f in frames or ()])
+                lines[sid] = f"{frame.filename}:{frame.lineno}" if frame else None
         return [lines.get(sid) for sid in stacks]
 
     def _on_unpack(self, packed) -> None:

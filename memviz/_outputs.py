@@ -1,0 +1,25 @@
+"""What a live Tracker and a loaded trace both write: exports and HTML."""
+
+
+class Outputs:
+    """Mixin: to_perfetto, to_torch_snapshot, to_html and notebook display,
+    for any object the exporters and the report read (Tracker, LoadedTrace)."""
+
+    def to_perfetto(self, path: str) -> None:
+        """Chrome trace JSON for Perfetto / chrome://tracing."""
+        from .export.perfetto import write
+        write(self, path)
+
+    def to_torch_snapshot(self, path: str) -> None:
+        """A pickle in torch.cuda.memory._dump_snapshot's format (PyTorch's memory_viz)."""
+        from .export.torch_snapshot import write
+        write(self, path)
+
+    def _repr_html_(self) -> str:
+        from .report.html import tracker_repr_html
+        return tracker_repr_html(self)
+
+    def to_html(self, path: str) -> str:
+        """Write the self-contained HTML report (works offline); returns the path."""
+        from .report.html import write
+        return write(self, path)
