@@ -14,6 +14,7 @@ core = Extension(
         "src/module.c",
         "src/capture.c",
         "src/seqmap.c",
+        "src/nodes.c",
         "src/cupti.c",
         "src/frames.c",
         "src/store.c",
@@ -23,6 +24,7 @@ core = Extension(
     depends=[
         "src/capture.h",
         "src/seqmap.h",
+        "src/nodes.h",
         "src/cupti.h",
         "src/cupti_abi.h",
         "src/frames.h",

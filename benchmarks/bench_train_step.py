@@ -57,7 +57,7 @@ def main():
     ap.add_argument("--mode", default="none", choices=[
         "none", "precise_untracked", "memviz", "memviz_trace", "memviz_precise_trace", "memviz_autograd", "memviz_precise",
         "memviz_precise_noautograd", "memviz_precise_nohooks", "memviz_precise_packonly",
-        "memviz_precise_walkonly", "memviz_precise_cbnoop", "torch_history", "torch_profiler_memory"])
+        "memviz_precise_walkonly", "memviz_precise_cbnoop", "memviz_precise_hooks", "torch_history", "torch_profiler_memory"])
     ap.add_argument("--trace-dir", default="/tmp", help="where memviz_trace / torch_history write files")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
@@ -71,6 +71,8 @@ def main():
         no_autograd = a.mode.endswith(("noautograd", "cbnoop"))
         if no_autograd:  # split the precise cost: memviz's callback timed, or CUPTI alone
             os.environ["MEMVIZ_CALLBACK_PROFILE"] = "noop" if a.mode.endswith("cbnoop") else "time"
+        if a.mode.endswith("_hooks"):  # labels from per-node pre-hooks, as before the callback named nodes
+            os.environ["MEMVIZ_AUTOGRAD_LABELS"] = "hooks"
         trace = os.path.join(a.trace_dir, f"bench_{os.getpid()}.memviz") if a.mode.endswith("_trace") else None
         tracker = memviz.track(precise="precise" in a.mode, trace=trace,
                                autograd=False if no_autograd or a.mode.endswith("nohooks")
@@ -134,6 +136,8 @@ def main():
             times.append((time.perf_counter() - t0) * 1e3)
 
     extra = {"backend": torch.cuda.get_allocator_backend()}
+    if integ is not None and integ.autograd:
+        extra["nodes_attached"] = integ._nodes_attached  # the callback names nodes (src/nodes.h)
     if parts["walks"]:
         extra["walk_ms_per_backward"] = parts["walk_s"] * 1e3 / parts["walks"]
         extra["hooked_node_kinds"] = len(integ._node_hooks)

@@ -17,7 +17,7 @@ grep -E "warning|error" "$OUT/build.log" | grep -v -i "beta\|cannot be found" | 
 
 if [ -z "${SKIP_CPU:-}" ]; then
   echo "== CPU suite (test double) on $($PY -V)"
-  MEMVIZ_FUZZ_SECONDS=${MEMVIZ_FUZZ_SECONDS:-3} $PY -m pytest tests -q --ignore=tests/gpu -p no:cacheprovider > "$OUT/cpu_tests.log" 2>&1
+  MEMVIZ_FUZZ_SECONDS=${MEMVIZ_FUZZ_SECONDS:-3} $PY -m pytest ${CPU_TESTS:-tests} -q --ignore=tests/gpu -p no:cacheprovider > "$OUT/cpu_tests.log" 2>&1
   tail -3 "$OUT/cpu_tests.log"
 fi
 

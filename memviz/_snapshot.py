@@ -36,7 +36,9 @@ from ._frames import FrameFilter, frames as _default_filter
 from ._units import format_size
 
 #: Labels set by the autograd integration start with this character and
-#: carry "node\x1fforward line"; everything else is a user label.
+#: carry "node\x1fforward line"; everything else is a user label. Labels the
+#: C callback makes itself (src/nodes.c) carry "#<stack id>" as the forward
+#: line, resolved to the stack's user line when a snapshot is built.
 AUTOGRAD_LABEL = "\x01"
 
 
@@ -593,7 +595,14 @@ def snapshot_from_raw(
     :class:`Traceback` object.
     """
     rows = raw_allocs if isinstance(raw_allocs, (list, tuple)) else list(raw_allocs)
-    stack_ids = {r[8] for r in rows}
+    decoded: Dict[Optional[str], Tuple[Optional[str], Optional[str], Optional[str]]] = {}
+    forward_stacks = set()
+    for r in rows:
+        if r[6] not in decoded:
+            d = decoded[r[6]] = decode_label(r[6])
+            if d[2] and d[2][0] == "#":  # labelled in the callback: the forward line's stack id
+                forward_stacks.add(int(d[2][1:]))
+    stack_ids = {r[8] for r in rows} | forward_stacks
     stack_ids.discard(0)
     resolved = resolve_stacks(set(stack_ids)) if stack_ids else {}
 
@@ -621,10 +630,11 @@ def snapshot_from_raw(
     kind_map = _KindMap(enumerate(KIND_NAMES))
     new = tuple.__new__
     A = Allocation
-    decoded: Dict[Optional[str], Tuple[Optional[str], Optional[str], Optional[str]]] = {}
-    for r in rows:
-        if r[6] not in decoded:
-            decoded[r[6]] = decode_label(r[6])
+    for label, (user, node, forward) in list(decoded.items()):
+        if forward and forward[0] == "#":
+            tb = tb_by_id.get(int(forward[1:]))
+            uf = tb.user_frame if tb is not None and tb is not _UNRESOLVED else None
+            decoded[label] = (user, node, f"{uf.filename}:{uf.lineno}" if uf else None)
     allocations = [
         new(A, (addr, size, dev, kind_map[kc], stream, thread_map[tidx], decoded[label][0], ts,
                 tb_by_id[sid], seq, decoded[label][1], decoded[label][2], None))

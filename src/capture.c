@@ -7,6 +7,7 @@
 #include "capture.h"
 #include "cupti.h"
 #include "frames.h"
+#include "nodes.h"
 #include "seqmap.h"
 #include "store.h"
 
@@ -99,7 +100,35 @@ const char *mvz_label_name(uint32_t id)
 /* Thread-local, initial-exec: reading it is one load from this thread's
  * own TLS block, safe in the callback. */
 uint32_t mvz_label_get(void) { return tl_label; }
-void mvz_label_set(uint32_t id) { tl_label = id; }
+
+/* A node label set from Python inside a node (a saved tensor's unpack hook
+ * names its pack line) holds only while that same node runs: the callback
+ * otherwise names the node it finds itself (nodes.h). */
+static __thread const void *tl_label_node __attribute__((tls_model("initial-exec")));
+static __thread uint64_t tl_label_seq __attribute__((tls_model("initial-exec")));
+
+void mvz_label_set(uint32_t id)
+{
+    tl_label = id;
+    const void *node = id < MAX_LABELS && label_is_node[id] ? mvz_nodes_current() : NULL;
+    tl_label_node = node;
+    tl_label_seq = mvz_nodes_seq(node);
+}
+
+/* Hot path, no GIL: this thread's label for an allocation made now. Inside
+ * an autograd node (when nodes.c is attached), the node's own label, unless
+ * Python set a node label during this very node. */
+static uint32_t current_label(const void *node)
+{
+    uint32_t lab = tl_label;
+    if (!node)
+        return lab;
+    if (lab && lab < MAX_LABELS && label_is_node[lab] && tl_label_node == node &&
+        tl_label_seq == mvz_nodes_seq(node))
+        return lab;
+    uint32_t id = mvz_nodes_label(node);
+    return id ? id : lab;
+}
 
 /* ---- devices ---------------------------------------------------------- */
 
@@ -295,7 +324,9 @@ static void on_driver_call(void *userdata, int domain, uint32_t cbid, const void
 /* Runs on whichever thread made the driver call, possibly holding other
  * libraries' locks (PyTorch's allocator mutex), with or without the GIL.
  * Safe because it only reads this thread's frames (frames.c), reads
- * thread-local state, takes the store's leaf lock (store.h), and notes the
+ * thread-local state (its own and, read-only, PyTorch's current autograd
+ * node: nodes.c), takes the store's leaf lock (store.h) and, once per new
+ * node label, nodes.c's and the label table's leaf locks, and notes the
  * autograd node counter lock-free (seqmap.c). */
 static void record_call(int domain, uint32_t cbid, const void *data)
 {
@@ -324,14 +355,15 @@ static void record_call(int domain, uint32_t cbid, const void *data)
     int slot = d.kind == MVZ_KIND_HOST ? MVZ_HOST_SLOT : device_of(cb->context);
     mvz_frame frames[MVZ_MAX_DEPTH];
     int depth = mvz_capture_frames(frames, __atomic_load_n(&depth_limit, __ATOMIC_RELAXED));
+    const void *node = mvz_nodes_current();
+    uint32_t lab = current_label(node);
     if (result != 0 || d.address == 0) {
         count(MVZ_OP_FAILED);
-        mvz_store_failure(d.size, d.stream, slot, d.kind, tl_label, result, frames, depth);
+        mvz_store_failure(d.size, d.stream, slot, d.kind, lab, result, frames, depth);
     } else {
         count(d.op);
-        uint32_t stack = mvz_store_alloc(d.address, d.size, d.stream, slot, d.kind, tl_label, frames, depth);
-        uint32_t lab = tl_label;
-        if (lab >= MAX_LABELS || !label_is_node[lab]) /* not inside a backward node (CPU backward) */
+        uint32_t stack = mvz_store_alloc(d.address, d.size, d.stream, slot, d.kind, lab, frames, depth);
+        if (!node && (lab >= MAX_LABELS || !label_is_node[lab])) /* not inside a backward node */
             mvz_seqmap_note(stack);   /* the autograd node this line may have just made */
     }
     if (mvz_new_stack_hook && mvz_store_has_pending())

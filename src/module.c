@@ -14,6 +14,7 @@
 #include "capture.h"
 #include "cupti.h"
 #include "frames.h"
+#include "nodes.h"
 #include "seqmap.h"
 #include "store.h"
 
@@ -322,6 +323,115 @@ static PyObject *core_label_name(PyObject *self, PyObject *arg)
     if (PyErr_Occurred())
         return NULL;
     return label_obj((uint32_t)id);
+}
+
+/* ---- the autograd node of this thread (nodes.h) ------------------------- */
+
+static PyObject *core_nodes_supported(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyBool_FromLong(mvz_nodes_supported());
+}
+
+static PyObject *core_nodes_module(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *suffix = PyUnicode_AsUTF8(arg);
+    if (!suffix)
+        return NULL;
+    size_t modid, memsz;
+    if (!mvz_nodes_module(suffix, &modid, &memsz))
+        Py_RETURN_NONE;
+    return Py_BuildValue("(nn)", (Py_ssize_t)modid, (Py_ssize_t)memsz);
+}
+
+static PyObject *core_nodes_block(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_ssize_t modid, memsz;
+    if (!PyArg_ParseTuple(args, "nn", &modid, &memsz))
+        return NULL;
+    if (modid <= 0 || memsz < 0 || memsz > (1 << 24)) {
+        PyErr_SetString(PyExc_ValueError, "nodes_block(): bad module id or size");
+        return NULL;
+    }
+    const void *base = mvz_nodes_block((size_t)modid);
+    if (!base)
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize(base, memsz);
+}
+
+static PyObject *core_nodes_inspect(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *addr_obj;
+    int nwords;
+    if (!PyArg_ParseTuple(args, "Oi", &addr_obj, &nwords))
+        return NULL;
+    const void *addr = PyLong_AsVoidPtr(addr_obj);
+    if (PyErr_Occurred())
+        return NULL;
+    if (nwords < 1 || nwords > 512) {
+        PyErr_SetString(PyExc_ValueError, "nodes_inspect(): 1 to 512 words");
+        return NULL;
+    }
+    uint64_t words[512];
+    char name[256];
+    if (!addr || mvz_nodes_safe_read(addr, words, (size_t)nwords * sizeof *words))
+        Py_RETURN_NONE;
+    PyObject *tup = PyTuple_New(nwords);
+    for (int i = 0; tup && i < nwords; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(words[i]);
+        if (!v) {
+            Py_CLEAR(tup);
+            break;
+        }
+        PyTuple_SET_ITEM(tup, i, v);
+    }
+    if (!tup)
+        return NULL;
+    if (mvz_nodes_class_name(addr, name, sizeof name))
+        return Py_BuildValue("(ON)", Py_None, tup);
+    return Py_BuildValue("(sN)", name, tup);
+}
+
+static PyObject *core_nodes_attach(PyObject *self, PyObject *args)
+{
+    (void)self;
+    if (PyTuple_GET_SIZE(args) == 1 && PyTuple_GET_ITEM(args, 0) == Py_None) {
+        mvz_nodes_attach(NULL);
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t modid, tls_off, seq_off, pyobj_off;
+    PyObject *vptr_obj;
+    if (!PyArg_ParseTuple(args, "nnnOn", &modid, &tls_off, &seq_off, &vptr_obj, &pyobj_off))
+        return NULL;
+    const void *vptr = PyLong_AsVoidPtr(vptr_obj);
+    if (PyErr_Occurred())
+        return NULL;
+    if (modid <= 0 || tls_off < 0 || seq_off <= 0 || pyobj_off <= 0 || (tls_off | seq_off | pyobj_off) & 7) {
+        PyErr_SetString(PyExc_ValueError, "nodes_attach(): bad layout");
+        return NULL;
+    }
+    if (!mvz_nodes_supported()) {
+        PyErr_SetString(PyExc_RuntimeError, "nodes_attach(): not supported on this platform");
+        return NULL;
+    }
+    mvz_node_layout l = {(size_t)modid, (size_t)tls_off, (size_t)seq_off, vptr, (size_t)pyobj_off};
+    mvz_nodes_attach(&l);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_nodes_current(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    const void *node = mvz_nodes_current();
+    if (!node)
+        Py_RETURN_NONE;
+    const char *label = mvz_label_name(mvz_nodes_label(node));
+    return Py_BuildValue("(Kz)", (unsigned long long)mvz_nodes_seq(node), label);
 }
 
 /* ---- forward lines of autograd nodes (seqmap.h) ------------------------- */
@@ -790,6 +900,18 @@ static PyMethodDef core_methods[] = {
     {"label_get", core_label_get, METH_NOARGS, "The calling thread's label id."},
     {"label_set", core_label_set, METH_O, "Set the calling thread's label id."},
     {"label_name", core_label_name, METH_O, "The string of a label id."},
+    {"nodes_supported", core_nodes_supported, METH_NOARGS,
+     "Whether the callback can read PyTorch's current autograd node here."},
+    {"nodes_module", core_nodes_module, METH_O,
+     "nodes_module(path suffix) -> (TLS module id, TLS size) of a loaded library, or None."},
+    {"nodes_block", core_nodes_block, METH_VARARGS,
+     "nodes_block(module id, size) -> a copy of this thread's TLS block of that module."},
+    {"nodes_inspect", core_nodes_inspect, METH_VARARGS,
+     "nodes_inspect(address, nwords) -> (C++ class name or None, words) read safely, or None."},
+    {"nodes_attach", core_nodes_attach, METH_VARARGS,
+     "nodes_attach(modid, tls_offset, seq_offset, pynode_vptr, pyobj_offset), or nodes_attach(None)."},
+    {"nodes_current", core_nodes_current, METH_NOARGS,
+     "(sequence number, label) of the autograd node this thread evaluates, or None."},
     {"seqmap_attach", core_seqmap_attach, METH_O,
      "seqmap_attach(address of at::sequence_number::peek, or 0 to detach)."},
     {"seqmap_lookup", core_seqmap_lookup, METH_O,

@@ -46,19 +46,25 @@ void mvz_seqmap_note(uint32_t stack_id)
     __atomic_store_n(&e->seq, v, __ATOMIC_RELEASE);
 }
 
+/* Any thread, no GIL (the driver callback reads it for the node it is in):
+ * two acquire loads around one relaxed load of the counter's slot. */
+uint32_t mvz_seqmap_stack(uint64_t seq)
+{
+    if (seq >> 63)
+        return 0; /* no number (AccumulateGrad: UINT64_MAX) */
+    uint64_t want = seq + 2; /* stored as counter + 1; node k -> counter k + 1 */
+    const note *e = &ring[want % RING];
+    if (__atomic_load_n(&e->seq, __ATOMIC_ACQUIRE) != want)
+        return 0;
+    uint64_t stack = __atomic_load_n(&e->stack, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&e->seq, __ATOMIC_ACQUIRE) != want) /* rewritten meanwhile */
+        return 0;
+    return (uint32_t)stack;
+}
+
 /* With the GIL: one slot read per node. */
 void mvz_seqmap_lookup(const uint64_t *seqs, uint32_t *stacks, long n)
 {
-    for (long i = 0; i < n; i++) {
-        stacks[i] = 0;
-        if (seqs[i] >> 63)
-            continue; /* no number (AccumulateGrad: UINT64_MAX) */
-        uint64_t want = seqs[i] + 2; /* stored as counter + 1; node k -> counter k + 1 */
-        const note *e = &ring[want % RING];
-        if (__atomic_load_n(&e->seq, __ATOMIC_ACQUIRE) != want)
-            continue;
-        uint64_t stack = __atomic_load_n(&e->stack, __ATOMIC_RELAXED);
-        if (__atomic_load_n(&e->seq, __ATOMIC_ACQUIRE) == want) /* not rewritten meanwhile */
-            stacks[i] = (uint32_t)stack;
-    }
+    for (long i = 0; i < n; i++)
+        stacks[i] = mvz_seqmap_stack(seqs[i]);
 }

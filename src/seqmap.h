@@ -23,6 +23,10 @@ void mvz_seqmap_attach(mvz_seq_fn fn);
  * `stack_id` (not 0) on this thread. */
 void mvz_seqmap_note(uint32_t stack_id);
 
+/* Any thread, no GIL: the stack of the first allocation made with the
+ * counter at seq+1 (node seq's forward line), or 0. */
+uint32_t mvz_seqmap_stack(uint64_t seq);
+
 /* With the GIL: for each seqs[i] (a node's number k), the stack of the first
  * allocation made with the counter at k+1, or 0. */
 void mvz_seqmap_lookup(const uint64_t *seqs, uint32_t *stacks, long n);

@@ -68,10 +68,124 @@ def _line_of(marker):
     return line_of(THIS, marker)
 
 
-@pytest.fixture
-def ops(fake):
+@pytest.fixture(params=["callback", "hooks"])
+def ops(fake, request, monkeypatch):
+    """The double, with autograd labels made by the capture callback itself
+    (src/nodes.h) or, as where PyTorch's layout does not check out, by
+    per-node pre-hooks."""
+    if request.param == "hooks":
+        monkeypatch.setenv("MEMVIZ_AUTOGRAD_LABELS", "hooks")
     Scale.fake = NoSave.fake = AllocInForward.fake = fake
+    fake.labels = request.param
     yield fake
+
+
+def _callback_mode(ops):
+    if ops.labels != "callback":
+        pytest.skip("about the callback's own node labels")
+    if not memviz._core.nodes_supported():
+        pytest.skip("reading PyTorch's thread-local node needs x86-64 glibc")
+
+
+def test_callback_names_nodes_with_no_hooks_and_no_walk(ops, monkeypatch):
+    _callback_mode(ops)
+    from memviz.torch import integration
+
+    walks = []
+    monkeypatch.setattr(integration.TorchIntegration, "_hook_graph", lambda self, roots: walks.append(roots))
+    x = torch.randn(16, requires_grad=True)
+    with memviz.track(autograd=True, graph=False) as t:
+        assert t.torch._nodes_attached, "PyTorch's node layout should check out on this torch"
+        y = AllocInForward.apply(x)
+        NoSave.apply(y).sum().backward()
+    assert walks == []
+    by_size = {a.size: a for a in t.snapshot()}
+    assert by_size[48 * KiB].autograd_node == "AllocInForwardBackward"
+    assert by_size[48 * KiB].forward == f"{THIS}:{_line_of('# FORWARD OUTPUT')}"
+    assert by_size[32 * KiB].autograd_node == "NoSaveBackward"
+    with torch.enable_grad():  # after stop the callback no longer reads PyTorch's node
+        z = (torch.ones(2, requires_grad=True) * 2).sum()
+        seen = []
+        z.grad_fn.register_prehook(lambda g: seen.append(memviz._core.nodes_current()))
+        z.backward()
+    assert seen == [None]
+
+
+class Tagged(torch.autograd.Function):
+    """Backward allocates a size that names the thread that ran it."""
+
+    fake = None
+
+    @staticmethod
+    def forward(ctx, x, size):
+        ctx.size = size
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        Tagged.fake.alloc(CBID_cuMemAlloc_v2, ctx.size)
+        return g, None
+
+
+def test_backward_on_many_threads_names_each_threads_node(ops):
+    """Each thread's allocations carry the node that thread runs (CPU backward
+    runs on the calling thread), never a node of another thread."""
+    import sys
+    import threading
+
+    Tagged.fake = ops
+    subclasses = [type(f"Tagged{i}", (Tagged,), {}) for i in range(4)]
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(25):
+                x = torch.randn(4, requires_grad=True)
+                y = subclasses[i].apply(x.sin(), (i + 1) * KiB)
+                y.cos().sum().backward()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with memviz.track(autograd=True, graph=False) as t:
+            threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            snap = t.snapshot()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    allocs = [a for a in snap if a.size <= 4 * KiB]
+    assert len(allocs) == 100
+    for a in allocs:
+        assert a.autograd_node == f"Tagged{a.size // KiB - 1}Backward", a
+
+
+def test_layout_that_does_not_check_out_falls_back_to_hooks(ops, monkeypatch):
+    _callback_mode(ops)
+    from memviz.torch import integration
+
+    real = memviz._core.nodes_inspect
+
+    def wrong_class(addr, n):
+        got = real(addr, n)
+        return None if got is None else ("SomethingElse", got[1])
+
+    monkeypatch.setattr(integration, "_NODE_LAYOUT", None)
+    monkeypatch.setattr(integration._core, "nodes_inspect", wrong_class)
+    x = torch.randn(16, requires_grad=True)
+    with memviz.track(autograd=True, graph=False) as t:
+        assert not t.torch._nodes_attached
+        NoSave.apply(AllocInForward.apply(x)).sum().backward()
+    assert integration._NODE_LAYOUT is False
+    assert memviz._core.nodes_current() is None
+    by_size = {a.size: a for a in t.snapshot()}
+    assert by_size[48 * KiB].autograd_node == "AllocInForwardBackward"  # from the pre-hooks
+    assert by_size[48 * KiB].forward == f"{THIS}:{_line_of('# FORWARD OUTPUT')}"
 
 
 def test_backward_allocations_carry_node_and_forward_line(ops):

@@ -3,10 +3,14 @@ and out-of-memory reports, installed when tracking starts and removed when it
 stops (nothing is left on the user's graph, modules or optimizers).
 
 Autograd attribution. Backward nodes run on the autograd engine's threads,
-which have no Python frames; before the engine runs, memviz puts a pre-hook
-on each node of the graph that sets the running thread's memviz label to the
-node's name and the forward line that made the node. The C capture path
-reads that label from thread-local storage with no lock.
+which have no Python frames. Where PyTorch's node layout checks out (probed
+once per process, see _probe_node_layout and src/nodes.h), the C capture
+path reads the node the allocating thread is evaluating straight from
+PyTorch's thread-local and names it itself: no hooks, no graph walk, nothing
+per backward. Elsewhere, before the engine runs, memviz puts a pre-hook on
+each node of the graph that sets the running thread's memviz label to the
+node's name and forward line; the capture path reads that label from
+thread-local storage with no lock.
 
 The forward line comes from PyTorch's node numbers (src/seqmap.h): the
 capture path notes which line allocated while the per-thread node counter
@@ -20,13 +24,14 @@ saved what the node reads.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import weakref
 from typing import Any, Dict, Optional
 
 from .. import _core
-from .._snapshot import Frame, Snapshot, encode_node_label
+from .._snapshot import Frame, Snapshot, decode_label, encode_node_label
 from . import precise as _precise
 from .graph import GraphRecorder
 
@@ -70,6 +75,156 @@ def _attach_node_numbers(torch) -> bool:
             _core.seqmap_attach(ctypes.cast(peek, ctypes.c_void_p).value)
             return True
     return False
+
+
+#: PyTorch's node layout as found by _probe_node_layout: None (not probed
+#: yet), False (not usable here), or the arguments of _core.nodes_attach.
+_NODE_LAYOUT: Any = None
+_NODE_LOCK = threading.Lock()
+
+
+def _attach_nodes(torch) -> bool:
+    """Let the capture path name the autograd node it runs in by itself
+    (src/nodes.h): no pre-hooks and no graph walk before each backward.
+
+    The layout of PyTorch's node is probed once per process and checked end
+    to end; where any check fails (or MEMVIZ_AUTOGRAD_LABELS=hooks), returns
+    False and memviz uses per-node pre-hooks instead."""
+    global _NODE_LAYOUT
+    if os.environ.get("MEMVIZ_AUTOGRAD_LABELS", "").strip().lower() == "hooks":
+        return False
+    if not _core.nodes_supported():
+        return False
+    with _NODE_LOCK:
+        if _NODE_LAYOUT is None:
+            try:
+                layout = _probe_node_layout(torch)
+                if layout is not None:
+                    _core.nodes_attach(*layout)
+                    if not _nodes_agree_with_torch(torch):
+                        layout = None
+            except Exception:  # noqa: BLE001 - a probe, never an error for the user
+                layout = None
+            finally:
+                _core.nodes_attach(None)
+            _NODE_LAYOUT = layout or False
+        if not _NODE_LAYOUT:
+            return False
+        _core.nodes_attach(*_NODE_LAYOUT)
+        return True
+
+
+def _probe_graph(torch):
+    """A tiny CPU graph with a generated node, a Python Function and an
+    AccumulateGrad: (loss, nodes)."""
+
+    class _MemvizProbe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    x = torch.ones(2, requires_grad=True)
+    loss = _MemvizProbe.apply(x * 2).sin().sum()
+    nodes, stack = [], [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in nodes:
+            nodes.append(node)
+            stack.extend(fn for fn, _ in node.next_functions)
+    return loss, nodes
+
+
+def _run_with_prehooks(torch, on_node):
+    """Backward of a fresh probe graph with ``on_node(node)`` run inside
+    each node; the graph's nodes."""
+    saved = _core.label_get()  # an unpack hook may label this thread meanwhile
+    with torch.inference_mode(False), torch.enable_grad():
+        loss, nodes = _probe_graph(torch)
+        handles = [n.register_prehook(lambda g, _n=n: on_node(_n)) for n in nodes]
+        try:
+            loss.backward()
+        finally:
+            for h in handles:
+                h.remove()
+            _core.label_set(saved)
+    return nodes
+
+
+def _probe_node_layout(torch):
+    """Find where libtorch keeps the node being evaluated and what a node
+    holds: inside each node of a probe backward, look at every slot of this
+    thread's TLS block that is set only there (while what it points to is
+    alive), and keep the slot whose targets match PyTorch's own answers for
+    every node (node.name(), node._sequence_nr(), the Function's ctx)."""
+    import struct
+
+    found = _core.nodes_module("/libtorch_cpu.so")
+    if found is None:
+        return None
+    modid, memsz = found
+    n = memsz // 8
+    words = lambda block: struct.unpack_from(f"{n}Q", block)  # noqa: E731
+    outside = words(_core.nodes_block(modid, memsz))
+    inside = []  # per node: (node, {slot: (class name, fields)})
+
+    def look(node):
+        now = words(_core.nodes_block(modid, memsz))
+        seen = {}
+        for i in range(n):
+            if now[i] and not outside[i]:
+                got = _core.nodes_inspect(now[i], 64)
+                if got is not None and got[0] is not None:
+                    seen[i] = got
+        inside.append((node, seen))
+
+    nodes = _run_with_prehooks(torch, look)
+    after = words(_core.nodes_block(modid, memsz))
+    if len(inside) != len(nodes) or len(nodes) < 4:
+        return None
+    function_type = torch.autograd.function.BackwardCFunction
+    for i in sorted(set.intersection(*(set(seen) for _, seen in inside))):
+        if after[i]:
+            continue
+        seq_offsets, pynode_vptr, pyobj_offset = None, None, None
+        for node, seen in inside:
+            cls, fields = seen[i]
+            if isinstance(node, function_type):
+                matches = [k * 8 for k, f in enumerate(fields) if k and f == id(node)]
+                if cls != "torch::autograd::PyNode" or not matches:
+                    break
+                pynode_vptr, pyobj_offset = fields[0], matches[-1]  # PyNode::obj comes after Node's own fields
+            else:
+                seq = node._sequence_nr() & 0xFFFFFFFFFFFFFFFF
+                here = {k * 8 for k, f in enumerate(fields) if k and f == seq}
+                if cls != node.name() or not here:
+                    break
+                seq_offsets = here if seq_offsets is None else seq_offsets & here
+        else:
+            if seq_offsets and pynode_vptr:
+                return (modid, i * 8, min(seq_offsets), pynode_vptr, pyobj_offset)
+    return None
+
+
+def _nodes_agree_with_torch(torch) -> bool:
+    """With the layout attached: inside every node of a fresh probe backward
+    the capture path names that node and its number, and outside none."""
+    if _core.nodes_current() is not None:
+        return False
+    seen = []
+    nodes = _run_with_prehooks(torch, lambda node: seen.append((node, _core.nodes_current())))
+    if len(seen) != len(nodes) or _core.nodes_current() is not None:
+        return False
+    for node, got in seen:
+        if got is None:
+            return False
+        seq, label = got
+        if seq != node._sequence_nr() & 0xFFFFFFFFFFFFFFFF or decode_label(label)[1] != node.name():
+            return False
+    return True
 
 
 _REGISTER_LOCK = threading.Lock()
@@ -141,6 +296,7 @@ class TorchIntegration:
         if self.record_graph:
             tracker.graph = self.graph
         self._seq_attached = False
+        self._nodes_attached = False
         self._hooks_on = [False]
         self._function_cls = None
         self._stack_lines: Dict[int, Optional[str]] = {0: None}
@@ -172,12 +328,13 @@ class TorchIntegration:
         import torch
 
         self._current_node = torch._C._current_autograd_node
-        if self.record_graph:
-            self.graph.start()
-        if self.autograd:
+        if self.autograd:  # before the graph hooks: the probes run a tiny backward
             self._function_cls = torch.autograd.Function
             self._seq_attached = _attach_node_numbers(torch)
+            self._nodes_attached = _attach_nodes(torch)
             self._patch_backward(torch)
+        if self.record_graph:
+            self.graph.start()
         try:
             from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -205,6 +362,9 @@ class TorchIntegration:
         if watcher is not None and watcher in sys.meta_path:
             sys.meta_path.remove(watcher)
         self.graph.stop()
+        if self._nodes_attached:
+            _core.nodes_attach(None)
+            self._nodes_attached = False
         if self._seq_attached:
             _core.seqmap_attach(0)
             self._seq_attached = False
@@ -332,7 +492,7 @@ class TorchIntegration:
         integ = self
 
         def _engine_run_backward(t_outputs, *args, **kwargs):
-            if integ._active:
+            if integ._active and not integ._nodes_attached:  # else the callback names nodes itself
                 try:
                     roots = [agraph._get_grad_fn_or_grad_acc(t) for t in t_outputs]
                     integ._hook_graph(roots)

@@ -78,7 +78,11 @@ def test_precise_mode_attributes_every_tensor_of_a_step_to_a_line():
     assert len(r["lines"]) >= 2 and r["nodes"], r
 
 
-def test_backward_allocations_carry_node_names_and_forward_lines():
+@pytest.mark.parametrize("labels", ["callback", "hooks"])
+def test_backward_allocations_carry_node_names_and_forward_lines(labels):
+    """The engine thread's allocations carry the node and the line that ran
+    forward, named by the capture callback itself (src/nodes.h) or, with
+    MEMVIZ_AUTOGRAD_LABELS=hooks, by per-node pre-hooks."""
     body = script("""
         t = memviz.track(precise=True).start()
     """, """
@@ -88,9 +92,12 @@ def test_backward_allocations_carry_node_names_and_forward_lines():
         t.stop()
         out(nodes=sorted({a.autograd_node for a in allocs}),
             forwards=sorted({a.forward for a in allocs if a.forward}),
-            threads=sorted({a.thread.name for a in allocs}))
+            threads=sorted({a.thread.name for a in allocs}),
+            nodes_attached=t.torch._nodes_attached)
     """)
-    r = run(body)
+    r = run(body, env={"MEMVIZ_AUTOGRAD_LABELS": labels})
+    print("labels", labels, r)
+    assert r["nodes_attached"] == (labels == "callback"), r
     assert any(n.startswith(("AddmmBackward", "MmBackward")) for n in r["nodes"]), r
     # Precise mode records no saved tensors: the forward line comes from the
     # node numbers (src/seqmap.h) and must be the line that ran the model.

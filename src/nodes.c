@@ -1,0 +1,319 @@
+/* See nodes.h. */
+#define _GNU_SOURCE
+#include "nodes.h"
+
+#include <Python.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "capture.h"
+#include "seqmap.h"
+
+#if defined(__x86_64__) && defined(__GLIBC__)
+#define HAVE_TLS_READ 1
+typedef struct {
+    unsigned long ti_module;
+    unsigned long ti_offset;
+} tls_index_t;
+extern void *__tls_get_addr(tls_index_t *ti); /* glibc's x86-64 TLS ABI */
+#else
+#define HAVE_TLS_READ 0
+#endif
+
+/* Layouts are never freed or rewritten once published, so a callback that
+ * loaded the pointer just before a detach still reads valid numbers. */
+#define MAX_LAYOUTS 8
+static mvz_node_layout layouts[MAX_LAYOUTS];
+static int nlayouts;
+static const mvz_node_layout *current_layout;
+
+int mvz_nodes_supported(void) { return HAVE_TLS_READ; }
+
+void mvz_nodes_attach(const mvz_node_layout *layout)
+{
+    if (!layout || !HAVE_TLS_READ) {
+        __atomic_store_n(&current_layout, NULL, __ATOMIC_RELEASE);
+        return;
+    }
+    const mvz_node_layout *use = NULL;
+    for (int i = 0; i < nlayouts && !use; i++)
+        if (memcmp(&layouts[i], layout, sizeof *layout) == 0)
+            use = &layouts[i];
+    if (!use && nlayouts < MAX_LAYOUTS) {
+        layouts[nlayouts] = *layout;
+        use = &layouts[nlayouts++];
+    }
+    __atomic_store_n(&current_layout, use, __ATOMIC_RELEASE);
+}
+
+int mvz_nodes_attached(void) { return __atomic_load_n(&current_layout, __ATOMIC_ACQUIRE) != NULL; }
+
+/* Hot path, no GIL: one TLS lookup (glibc's fast path: libtorch's block on
+ * this thread already exists because PyTorch wrote the slot; on a thread
+ * PyTorch never ran on, glibc allocates the block once, as PyTorch's own
+ * first access would) and one load. Only this thread's own slot is read. */
+const void *mvz_nodes_current(void)
+{
+#if HAVE_TLS_READ
+    const mvz_node_layout *L = __atomic_load_n(&current_layout, __ATOMIC_ACQUIRE);
+    if (!L)
+        return NULL;
+    tls_index_t ti = {L->modid, L->tls_offset};
+    return *(const void *const *)__tls_get_addr(&ti);
+#else
+    return NULL;
+#endif
+}
+
+/* Hot path, no GIL: `node` is the one this thread is evaluating, so the
+ * engine holds a reference to it for as long as we can be here. */
+uint64_t mvz_nodes_seq(const void *node)
+{
+    const mvz_node_layout *L = __atomic_load_n(&current_layout, __ATOMIC_ACQUIRE);
+    if (!L || !node)
+        return 0;
+    return *(const uint64_t *)((const char *)node + L->seq_offset);
+}
+
+/* ---- class names ------------------------------------------------------- */
+
+typedef char *(*demangle_fn)(const char *, char *, size_t *, int *);
+
+/* "N5torch8autograd9generated12MmBackward0E" -> "MmBackward0";
+ * "N5torch8autograd14AccumulateGradE" -> "torch::autograd::AccumulateGrad"
+ * (PyTorch's own Node::name() for both). Anything else (templates) goes to
+ * the C++ runtime's demangler when one is loaded, else stays mangled. */
+static void pretty_class(const char *m, char *out, size_t n)
+{
+    if (m[0] == '*') /* GCC marks local-linkage type names so */
+        m++;
+    char tmp[256];
+    size_t len = 0;
+    int parts = 0, ok = 1;
+    const char *p = m;
+    int nested = *p == 'N';
+    if (nested)
+        p++;
+    while (ok && *p && *p != 'E') {
+        if (*p < '0' || *p > '9') {
+            ok = 0;
+            break;
+        }
+        char *end;
+        long k = strtol(p, &end, 10);
+        if (k <= 0 || (size_t)k > strlen(end) || len + (size_t)k + 3 >= sizeof tmp) {
+            ok = 0;
+            break;
+        }
+        if (parts++)
+            tmp[len++] = ':', tmp[len++] = ':';
+        memcpy(tmp + len, end, (size_t)k);
+        len += (size_t)k;
+        p = end + k;
+        if (!nested)
+            break;
+    }
+    if (ok && parts && (nested ? *p == 'E' && p[1] == 0 : *p == 0)) {
+        tmp[len] = 0;
+        const char *s = tmp;
+        static const char gen[] = "torch::autograd::generated::";
+        if (strncmp(s, gen, sizeof gen - 1) == 0)
+            s += sizeof gen - 1;
+        snprintf(out, n, "%s", s);
+        return;
+    }
+    demangle_fn dm = (demangle_fn)dlsym(RTLD_DEFAULT, "__cxa_demangle");
+    int status = -1;
+    char *d = dm ? dm(m, NULL, NULL, &status) : NULL;
+    snprintf(out, n, "%s", d && status == 0 ? d : m);
+    free(d);
+}
+
+/* With a live node (hot path) or after safe reads (probe). */
+static const char *mangled_of(const void *obj)
+{
+    const void *const *vptr = *(const void *const *const *)obj;
+    const void *const *ti = (const void *const *)vptr[-1];
+    return (const char *)ti[1];
+}
+
+int mvz_nodes_safe_read(const void *addr, void *buf, size_t n)
+{
+    int fds[2];
+    if (n == 0 || n > 4096 || pipe(fds) != 0)
+        return -1;
+    /* The kernel copies (EFAULT, not a fault, if unreadable). A raw syscall,
+     * so that sanitizers do not take a probe's deliberate read past a small
+     * object for a bug. */
+    ssize_t w = syscall(SYS_write, fds[1], addr, n);
+    ssize_t r = w == (ssize_t)n ? read(fds[0], buf, n) : -1;
+    close(fds[0]);
+    close(fds[1]);
+    return r == (ssize_t)n ? 0 : -1;
+}
+
+int mvz_nodes_class_name(const void *addr, char *buf, size_t n)
+{
+    const void *vptr, *ti, *name;
+    char mangled[256];
+    if (mvz_nodes_safe_read(addr, &vptr, sizeof vptr) || (uintptr_t)vptr < 4096 ||
+        mvz_nodes_safe_read((const char *)vptr - sizeof(void *), &ti, sizeof ti) || !ti ||
+        mvz_nodes_safe_read((const char *)ti + sizeof(void *), &name, sizeof name) || !name)
+        return -1;
+    size_t len = 0;
+    while (len < sizeof mangled - 1) { /* byte by byte: the name may end near a page end */
+        if (mvz_nodes_safe_read((const char *)name + len, mangled + len, 1))
+            return -1;
+        if (!mangled[len])
+            break;
+        len++;
+    }
+    mangled[len] = 0;
+    pretty_class(mangled, buf, n);
+    return 0;
+}
+
+/* ---- labels ------------------------------------------------------------ */
+
+/* (class or ctx type name, forward stack) -> label id. Entries are written
+ * once under `cache_lock` with the key published last, and never change, so
+ * readers need no lock. The lock is a leaf except for the label table's
+ * lock taken inside it (never the other way round). */
+#define CACHE (1u << 12)
+#define PROBES 16
+typedef struct {
+    const void *key; /* vtable, or the ctx type's name for a Python Function */
+    uint32_t stack;
+    uint32_t label;
+    const char *name; /* our copy of a Python name, to catch a reused address */
+} entry;
+static entry cache[CACHE];
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint32_t slot_of(const void *key, uint32_t stack)
+{
+    uint64_t h = ((uint64_t)(uintptr_t)key >> 3) * 0x9E3779B97F4A7C15ull ^ (uint64_t)stack * 0xC2B2AE3D27D4EB4Full;
+    return (uint32_t)(h >> 40) & (CACHE - 1);
+}
+
+static uint32_t cached(const void *key, uint32_t stack, const char *pyname)
+{
+    uint32_t s = slot_of(key, stack);
+    for (uint32_t i = 0; i < PROBES; i++) {
+        entry *e = &cache[(s + i) & (CACHE - 1)];
+        const void *k = __atomic_load_n(&e->key, __ATOMIC_ACQUIRE);
+        if (!k)
+            return 0;
+        if (k == key && e->stack == stack && (!pyname || strcmp(e->name, pyname) == 0))
+            return e->label;
+    }
+    return 0;
+}
+
+/* Hot path, no GIL. Reads the live node this thread evaluates (see
+ * mvz_nodes_seq) and, for a Python Function, its ctx object's type name:
+ * the node holds a reference to the ctx, and a type's tp_name is a plain C
+ * string, so no Python API runs. A miss (once per class and forward line)
+ * takes cache_lock and the label table's lock, both leaf locks. */
+uint32_t mvz_nodes_label(const void *node)
+{
+    const mvz_node_layout *L = __atomic_load_n(&current_layout, __ATOMIC_ACQUIRE);
+    if (!L || !node)
+        return 0;
+    const void *vptr = *(const void *const *)node;
+    uint32_t stack = mvz_seqmap_stack(*(const uint64_t *)((const char *)node + L->seq_offset));
+    const void *key = vptr;
+    const char *pyname = NULL;
+    if (vptr == L->pynode_vptr) {
+        PyObject *ctx = *(PyObject *const *)((const char *)node + L->pyobj_offset);
+        if (ctx) {
+            pyname = Py_TYPE(ctx)->tp_name;
+            key = pyname;
+        }
+    }
+    uint32_t id = cached(key, stack, pyname);
+    if (id)
+        return id;
+
+    char name[256], label[300];
+    if (pyname)
+        snprintf(name, sizeof name, "%s", pyname);
+    else
+        pretty_class(mangled_of(node), name, sizeof name);
+    if (stack)
+        snprintf(label, sizeof label, "\x01%s\x1f#%u", name, stack);
+    else
+        snprintf(label, sizeof label, "\x01%s\x1f", name);
+
+    pthread_mutex_lock(&cache_lock);
+    id = cached(key, stack, pyname);
+    if (!id) {
+        id = mvz_label_intern(label);
+        char *copy = pyname ? strdup(pyname) : NULL;
+        uint32_t s = slot_of(key, stack);
+        for (uint32_t i = 0; id && i < PROBES && (copy || !pyname); i++) {
+            entry *e = &cache[(s + i) & (CACHE - 1)];
+            if (e->key)
+                continue;
+            e->stack = stack;
+            e->label = id;
+            e->name = copy;
+            copy = NULL;
+            __atomic_store_n(&e->key, key, __ATOMIC_RELEASE);
+            break;
+        }
+        free(copy); /* not cached (table full): the next call interns again */
+    }
+    pthread_mutex_unlock(&cache_lock);
+    return id;
+}
+
+/* ---- probing ----------------------------------------------------------- */
+
+typedef struct {
+    const char *suffix;
+    size_t modid, memsz;
+} find_ctx;
+
+static int find_module(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    find_ctx *c = data;
+    size_t nl = strlen(info->dlpi_name), sl = strlen(c->suffix);
+    if (nl < sl || strcmp(info->dlpi_name + nl - sl, c->suffix) != 0 || !info->dlpi_tls_modid)
+        return 0;
+    for (int i = 0; i < info->dlpi_phnum; i++)
+        if (info->dlpi_phdr[i].p_type == PT_TLS) {
+            c->modid = info->dlpi_tls_modid;
+            c->memsz = info->dlpi_phdr[i].p_memsz;
+            return 1;
+        }
+    return 0;
+}
+
+int mvz_nodes_module(const char *suffix, size_t *modid, size_t *memsz)
+{
+    find_ctx c = {suffix, 0, 0};
+    dl_iterate_phdr(find_module, &c);
+    *modid = c.modid;
+    *memsz = c.memsz;
+    return c.modid != 0;
+}
+
+void *mvz_nodes_block(size_t modid)
+{
+#if HAVE_TLS_READ
+    tls_index_t ti = {modid, 0};
+    return __tls_get_addr(&ti);
+#else
+    (void)modid;
+    return NULL;
+#endif
+}
