@@ -89,11 +89,12 @@ def test_backward_allocations_carry_node_names_and_forward_lines(labels):
         train_step()
         torch.cuda.synchronize()
         allocs = [a for a in t.peak_snapshot(0) if a.autograd_node]
+        attached = t.torch._nodes_attached  # (stop detaches)
         t.stop()
         out(nodes=sorted({a.autograd_node for a in allocs}),
             forwards=sorted({a.forward for a in allocs if a.forward}),
             threads=sorted({a.thread.name for a in allocs}),
-            nodes_attached=t.torch._nodes_attached)
+            nodes_attached=attached)
     """)
     r = run(body, env={"MEMVIZ_AUTOGRAD_LABELS": labels})
     print("labels", labels, r)
