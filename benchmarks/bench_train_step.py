@@ -57,7 +57,7 @@ def main():
     ap.add_argument("--mode", default="none", choices=[
         "none", "precise_untracked", "memviz", "memviz_trace", "memviz_precise_trace", "memviz_autograd", "memviz_precise",
         "memviz_precise_noautograd", "memviz_precise_nohooks", "memviz_precise_packonly",
-        "memviz_precise_walkonly", "memviz_precise_cbnoop", "memviz_precise_hooks", "torch_history", "torch_profiler_memory"])
+        "memviz_precise_walkonly", "memviz_precise_cbnoop", "memviz_precise_noasync", "memviz_precise_hooks", "torch_history", "torch_profiler_memory"])
     ap.add_argument("--trace-dir", default="/tmp", help="where memviz_trace / torch_history write files")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
@@ -68,9 +68,10 @@ def main():
     tracker = None
     if a.mode.startswith("memviz"):
         import memviz  # started before `import torch` so precise mode can choose the allocator
-        no_autograd = a.mode.endswith(("noautograd", "cbnoop"))
-        if no_autograd:  # split the precise cost: memviz's callback timed, or CUPTI alone
-            os.environ["MEMVIZ_CALLBACK_PROFILE"] = "noop" if a.mode.endswith("cbnoop") else "time"
+        no_autograd = a.mode.endswith(("noautograd", "cbnoop", "noasync"))
+        if no_autograd:  # split the precise cost: memviz's callback timed, CUPTI alone, or subscribed only
+            os.environ["MEMVIZ_CALLBACK_PROFILE"] = ("noop" if a.mode.endswith("cbnoop") else "noasync"
+                                                     if a.mode.endswith("noasync") else "time")
         if a.mode.endswith("_hooks"):  # labels from per-node pre-hooks, as before the callback named nodes
             os.environ["MEMVIZ_AUTOGRAD_LABELS"] = "hooks"
         trace = os.path.join(a.trace_dir, f"bench_{os.getpid()}.memviz") if a.mode.endswith("_trace") else None

@@ -46,7 +46,9 @@ static int activity_on;
 
 /* Benchmark-only self-measurement (MEMVIZ_CALLBACK_PROFILE=time|noop, read
  * at start): "time" adds the callback's own wall time to a counter, "noop"
- * returns at once so that CUPTI's cost can be told from memviz's. */
+ * returns at once so that CUPTI's cost can be told from memviz's, and
+ * "noasync" leaves the stream-ordered cbids off (precise-mode allocations go
+ * unseen) to tell CUPTI's per-callback cost from its subscription's. */
 enum { PROFILE_OFF, PROFILE_TIME, PROFILE_NOOP };
 static int profile_mode;
 static uint64_t profile_calls, profile_ns;
@@ -474,7 +476,12 @@ int mvz_capture_start(int want_activity, mvz_start_status *st)
         subscriber = NULL;
         return -1;
     }
+    int noasync = prof && !strcmp(prof, "noasync");
     for (size_t i = 0; i < N_CBIDS; i++) {
+        uint32_t cbid = memory_cbids[i];
+        if (noasync && (cbid == MVZ_CBID_cuMemAllocAsync || cbid == MVZ_CBID_cuMemAllocAsync_ptsz ||
+                        cbid == MVZ_CBID_cuMemFreeAsync || cbid == MVZ_CBID_cuMemFreeAsync_ptsz))
+            continue;
         r = mvz_api.EnableCallback(1, subscriber, MVZ_CUPTI_CB_DOMAIN_DRIVER_API, memory_cbids[i]);
         if (r != MVZ_CUPTI_SUCCESS) {
             st->result = r;
