@@ -57,7 +57,7 @@ def main():
     ap.add_argument("--mode", default="none", choices=[
         "none", "precise_untracked", "memviz", "memviz_trace", "memviz_precise_trace", "memviz_autograd", "memviz_precise",
         "memviz_precise_noautograd", "memviz_precise_nohooks", "memviz_precise_packonly",
-        "memviz_precise_walkonly", "memviz_precise_cbnoop", "memviz_precise_noasync", "memviz_precise_hooks", "torch_history", "torch_profiler_memory"])
+        "memviz_precise_walkonly", "memviz_precise_cbnoop", "memviz_precise_noasync", "memviz_precise_hooks", "memviz_precise_cupti", "torch_history", "torch_profiler_memory"])
     ap.add_argument("--trace-dir", default="/tmp", help="where memviz_trace / torch_history write files")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
@@ -72,6 +72,8 @@ def main():
         if no_autograd:  # split the precise cost: memviz's callback timed, CUPTI alone, or subscribed only
             os.environ["MEMVIZ_CALLBACK_PROFILE"] = ("noop" if a.mode.endswith("cbnoop") else "noasync"
                                                      if a.mode.endswith("noasync") else "time")
+        if a.mode.endswith("_cupti"):  # precise mode's allocations through CUPTI's callbacks, not the wrappers
+            os.environ["MEMVIZ_PRECISE_CAPTURE"] = "cupti"
         if a.mode.endswith("_hooks"):  # labels from per-node pre-hooks, as before the callback named nodes
             os.environ["MEMVIZ_AUTOGRAD_LABELS"] = "hooks"
         trace = os.path.join(a.trace_dir, f"bench_{os.getpid()}.memviz") if a.mode.endswith("_trace") else None
@@ -139,6 +141,8 @@ def main():
     extra = {"backend": torch.cuda.get_allocator_backend()}
     if integ is not None and integ.autograd:
         extra["nodes_attached"] = integ._nodes_attached  # the callback names nodes (src/nodes.h)
+    if integ is not None and integ.precise_capture:
+        extra["precise_capture"] = integ.precise_capture
     if parts["walks"]:
         extra["walk_ms_per_backward"] = parts["walk_s"] * 1e3 / parts["walks"]
         extra["hooked_node_kinds"] = len(integ._node_hooks)

@@ -7,10 +7,12 @@
 #include "capture.h"
 #include "cupti.h"
 #include "frames.h"
+#include "interpose.h"
 #include "nodes.h"
 #include "seqmap.h"
 #include "store.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +66,9 @@ static char *labels[MAX_LABELS];
 static uint8_t label_is_node[MAX_LABELS];
 static uint32_t nlabels = 1; /* 0 means "no label" */
 static pthread_mutex_t label_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Label strings, never freed: 4 MiB of zero pages until used. */
+static char arena[4u << 20];
+static size_t arena_used;
 static __thread uint32_t tl_label __attribute__((tls_model("initial-exec")));
 
 uint32_t mvz_label_intern(const char *name)
@@ -77,13 +82,14 @@ uint32_t mvz_label_intern(const char *name)
             id = i;
             break;
         }
-    if (!id && nlabels < MAX_LABELS) {
-        char *copy = strdup(name);
-        if (copy) {
-            id = nlabels++;
-            labels[id] = copy;
-            label_is_node[id] = name[0] == '\x01';
-        }
+    size_t len = strlen(name) + 1;
+    if (!id && nlabels < MAX_LABELS && arena_used + len <= sizeof arena) {
+        char *copy = arena + arena_used; /* the callback interns too: no malloc */
+        memcpy(copy, name, len);
+        arena_used += len;
+        id = nlabels++;
+        labels[id] = copy;
+        label_is_node[id] = name[0] == '\x01';
     }
     pthread_mutex_unlock(&label_lock);
     return id;
@@ -330,6 +336,8 @@ static void on_driver_call(void *userdata, int domain, uint32_t cbid, const void
  * node: nodes.c), takes the store's leaf lock (store.h) and, once per new
  * node label, nodes.c's and the label table's leaf locks, and notes the
  * autograd node counter lock-free (seqmap.c). */
+static void record(const decoded *d, int result, int slot);
+
 static void record_call(int domain, uint32_t cbid, const void *data)
 {
     const mvz_CUpti_CallbackData *cb = data;
@@ -347,6 +355,17 @@ static void record_call(int domain, uint32_t cbid, const void *data)
             count(d.op);
         return;
     }
+    if ((cbid == MVZ_CBID_cuMemAllocAsync || cbid == MVZ_CBID_cuMemFreeAsync) && mvz_interpose_inside())
+        return; /* the wrapper around this very call records it (interpose.h) */
+    record(&d, result, d.kind == MVZ_KIND_HOST ? MVZ_HOST_SLOT : device_of(cb->context));
+}
+
+/* Hot path, no GIL, any thread: the common tail of the CUPTI callback and
+ * the stream-ordered wrappers (interpose.c). Same guarantees as
+ * record_call: this thread's frames and TLS, leaf locks only. */
+static void record(const decoded *dp, int result, int slot)
+{
+    decoded d = *dp;
     if (d.is_free) { /* the store knows the device of what it frees */
         if (result == 0) {
             count(d.op);
@@ -354,7 +373,6 @@ static void record_call(int domain, uint32_t cbid, const void *data)
         }
         return;
     }
-    int slot = d.kind == MVZ_KIND_HOST ? MVZ_HOST_SLOT : device_of(cb->context);
     mvz_frame frames[MVZ_MAX_DEPTH];
     int depth = mvz_capture_frames(frames, __atomic_load_n(&depth_limit, __ATOMIC_RELAXED));
     const void *node = mvz_nodes_current();
@@ -370,6 +388,60 @@ static void record_call(int domain, uint32_t cbid, const void *data)
     }
     if (mvz_new_stack_hook && mvz_store_has_pending())
         mvz_new_stack_hook();
+}
+
+static int (*ctx_get_current)(void **ctx); /* libcuda's cuCtxGetCurrent, when loaded */
+
+/* The wrappers' path (interpose.c): a cudaMallocAsync/cudaFreeAsync that
+ * PyTorch just made on this thread. The device is the current context's
+ * (the one the runtime allocated on). Hot path, no GIL: as record(), plus
+ * one call to the driver's cuCtxGetCurrent (a thread-local read) or,
+ * without libcuda at hand, CUPTI's device of the current context. */
+void mvz_capture_async(int is_free, int result, uint64_t address, uint64_t size, uint64_t stream)
+{
+    if (!__atomic_load_n(&capturing, __ATOMIC_ACQUIRE))
+        return;
+    decoded d = {is_free ? MVZ_OP_FREE_ASYNC : MVZ_OP_ALLOC_ASYNC, MVZ_KIND_DEVICE, is_free,
+                 address, size, stream};
+    if (is_free) {
+        record(&d, result, 0);
+        return;
+    }
+    int slot = 0;
+    void *ctx = NULL;
+    uint32_t dev = 0;
+    int (*get)(void **) = __atomic_load_n(&ctx_get_current, __ATOMIC_ACQUIRE);
+    if (get && get(&ctx) == 0 && ctx)
+        slot = device_of(ctx);
+    else if (mvz_api.GetDeviceId && mvz_api.GetDeviceId(NULL, &dev) == MVZ_CUPTI_SUCCESS)
+        slot = (int)dev;
+    record(&d, result, slot);
+}
+
+/* With the GIL: CUPTI callbacks for the plain stream-ordered calls on or off
+ * (off while the wrappers record PyTorch's). Returns 0, or CUPTI's error. */
+int mvz_capture_async_callbacks(int on)
+{
+    if (!subscriber || !mvz_api.EnableCallback)
+        return -1;
+    if (!on && !ctx_get_current) {
+        /* The driver library the runtime will load at CUDA's first use (it
+         * may not be loaded yet: loading it initialises nothing). Kept
+         * open. Before cuInit, cuCtxGetCurrent fails and CUPTI answers. */
+        void *h = dlopen("libcuda.so.1", RTLD_LAZY);
+        void *f = h ? dlsym(h, "cuCtxGetCurrent") : NULL;
+        int (*fn)(void **) = NULL;
+        if (f)
+            memcpy(&fn, &f, sizeof f);
+        __atomic_store_n(&ctx_get_current, fn, __ATOMIC_RELEASE); /* wrappers may run already */
+    }
+    static const uint32_t cbids[] = {MVZ_CBID_cuMemAllocAsync, MVZ_CBID_cuMemFreeAsync};
+    for (size_t i = 0; i < 2; i++) {
+        mvz_CUptiResult r = mvz_api.EnableCallback(on ? 1 : 0, subscriber, MVZ_CUPTI_CB_DOMAIN_DRIVER_API, cbids[i]);
+        if (r != MVZ_CUPTI_SUCCESS)
+            return (int)r;
+    }
+    return 0;
 }
 
 void mvz_capture_synthetic(uint64_t address, uint64_t size, int free_it)

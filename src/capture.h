@@ -67,6 +67,13 @@ extern void (*mvz_new_stack_hook)(void);
 
 /* Fires the same path as a driver allocation, from the calling thread: used
  * by the benchmarks to time capture without CUPTI in the loop. */
+/* interpose.h's wrappers: a stream-ordered allocation (is_free 0) or free
+ * that PyTorch just made on this thread; result is the runtime's. */
+void mvz_capture_async(int is_free, int result, uint64_t address, uint64_t size, uint64_t stream);
+
+/* With the GIL: CUPTI callbacks of cuMemAllocAsync/cuMemFreeAsync on or off. */
+int mvz_capture_async_callbacks(int on);
+
 void mvz_capture_synthetic(uint64_t address, uint64_t size, int free_it);
 
 #endif

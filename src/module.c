@@ -14,6 +14,7 @@
 #include "capture.h"
 #include "cupti.h"
 #include "frames.h"
+#include "interpose.h"
 #include "nodes.h"
 #include "seqmap.h"
 #include "store.h"
@@ -323,6 +324,42 @@ static PyObject *core_label_name(PyObject *self, PyObject *arg)
     if (PyErr_Occurred())
         return NULL;
     return label_obj((uint32_t)id);
+}
+
+/* ---- precise mode's wrappers (interpose.h) ------------------------------ */
+
+static PyObject *core_interpose_attach(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *suffix = PyUnicode_AsUTF8(arg);
+    if (!suffix)
+        return NULL;
+    char err[512] = "";
+    int n = mvz_interpose_attach(suffix, err, sizeof err);
+    return Py_BuildValue("(is)", n, err);
+}
+
+static PyObject *core_interpose_commit(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    if (!mvz_interpose_attached())
+        Py_RETURN_FALSE;
+    if (mvz_capture_async_callbacks(0) != 0) { /* both routes would record: undo */
+        mvz_interpose_detach();
+        mvz_capture_async_callbacks(1);
+        Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
+static PyObject *core_interpose_detach(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    mvz_interpose_detach();
+    mvz_capture_async_callbacks(1); /* no-op once CUPTI is unsubscribed */
+    Py_RETURN_NONE;
 }
 
 /* ---- the autograd node of this thread (nodes.h) ------------------------- */
@@ -900,6 +937,12 @@ static PyMethodDef core_methods[] = {
     {"label_get", core_label_get, METH_NOARGS, "The calling thread's label id."},
     {"label_set", core_label_set, METH_O, "Set the calling thread's label id."},
     {"label_name", core_label_name, METH_O, "The string of a label id."},
+    {"interpose_attach", core_interpose_attach, METH_O,
+     "interpose_attach(library path suffix) -> (GOT slots patched, reason when 0)."},
+    {"interpose_commit", core_interpose_commit, METH_NOARGS,
+     "Switch CUPTI's stream-ordered callbacks off once libraries are wrapped; False undoes all."},
+    {"interpose_detach", core_interpose_detach, METH_NOARGS,
+     "Put the patched GOT slots back and CUPTI's stream-ordered callbacks on."},
     {"nodes_supported", core_nodes_supported, METH_NOARGS,
      "Whether the callback can read PyTorch's current autograd node here."},
     {"nodes_module", core_nodes_module, METH_O,

@@ -3,12 +3,10 @@
 #include "nodes.h"
 
 #include <Python.h>
-#include <dlfcn.h>
 #include <errno.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -84,12 +82,11 @@ uint64_t mvz_nodes_seq(const void *node)
 
 /* ---- class names ------------------------------------------------------- */
 
-typedef char *(*demangle_fn)(const char *, char *, size_t *, int *);
-
 /* "N5torch8autograd9generated12MmBackward0E" -> "MmBackward0";
  * "N5torch8autograd14AccumulateGradE" -> "torch::autograd::AccumulateGrad"
- * (PyTorch's own Node::name() for both). Anything else (templates) goes to
- * the C++ runtime's demangler when one is loaded, else stays mangled. */
+ * (PyTorch's own Node::name() for both). Anything else (templates, such as
+ * a C++ extension's CppNode<T>) stays mangled: demangling would allocate,
+ * and this runs in the driver callback. No allocation, bounded loops. */
 static void pretty_class(const char *m, char *out, size_t n)
 {
     if (m[0] == '*') /* GCC marks local-linkage type names so */
@@ -106,17 +103,18 @@ static void pretty_class(const char *m, char *out, size_t n)
             ok = 0;
             break;
         }
-        char *end;
-        long k = strtol(p, &end, 10);
-        if (k <= 0 || (size_t)k > strlen(end) || len + (size_t)k + 3 >= sizeof tmp) {
+        size_t k = 0;
+        while (*p >= '0' && *p <= '9' && k < 100000)
+            k = k * 10 + (size_t)(*p++ - '0');
+        if (k == 0 || strnlen(p, k) < k || len + k + 3 >= sizeof tmp) {
             ok = 0;
             break;
         }
         if (parts++)
             tmp[len++] = ':', tmp[len++] = ':';
-        memcpy(tmp + len, end, (size_t)k);
-        len += (size_t)k;
-        p = end + k;
+        memcpy(tmp + len, p, k);
+        len += k;
+        p += k;
         if (!nested)
             break;
     }
@@ -129,11 +127,7 @@ static void pretty_class(const char *m, char *out, size_t n)
         snprintf(out, n, "%s", s);
         return;
     }
-    demangle_fn dm = (demangle_fn)dlsym(RTLD_DEFAULT, "__cxa_demangle");
-    int status = -1;
-    char *d = dm ? dm(m, NULL, NULL, &status) : NULL;
-    snprintf(out, n, "%s", d && status == 0 ? d : m);
-    free(d);
+    snprintf(out, n, "%s", m);
 }
 
 /* With a live node (hot path) or after safe reads (probe). */
@@ -192,7 +186,7 @@ typedef struct {
     const void *key; /* vtable, or the ctx type's name for a Python Function */
     uint32_t stack;
     uint32_t label;
-    const char *name; /* our copy of a Python name, to catch a reused address */
+    const char *name; /* a Python name: the interned label's copy, to catch a reused address */
 } entry;
 static entry cache[CACHE];
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -203,6 +197,13 @@ static uint32_t slot_of(const void *key, uint32_t stack)
     return (uint32_t)(h >> 40) & (CACHE - 1);
 }
 
+/* `label_name` is "<name>\x1f..." (the interned label past its marker). */
+static int same_name(const char *label_name, const char *name)
+{
+    size_t n = strlen(name);
+    return strncmp(label_name, name, n) == 0 && label_name[n] == '\x1f';
+}
+
 static uint32_t cached(const void *key, uint32_t stack, const char *pyname)
 {
     uint32_t s = slot_of(key, stack);
@@ -211,7 +212,7 @@ static uint32_t cached(const void *key, uint32_t stack, const char *pyname)
         const void *k = __atomic_load_n(&e->key, __ATOMIC_ACQUIRE);
         if (!k)
             return 0;
-        if (k == key && e->stack == stack && (!pyname || strcmp(e->name, pyname) == 0))
+        if (k == key && e->stack == stack && (!pyname || same_name(e->name, pyname)))
             return e->label;
     }
     return 0;
@@ -221,7 +222,8 @@ static uint32_t cached(const void *key, uint32_t stack, const char *pyname)
  * mvz_nodes_seq) and, for a Python Function, its ctx object's type name:
  * the node holds a reference to the ctx, and a type's tp_name is a plain C
  * string, so no Python API runs. A miss (once per class and forward line)
- * takes cache_lock and the label table's lock, both leaf locks. */
+ * takes cache_lock and the label table's lock, both leaf locks, and
+ * allocates nothing. */
 uint32_t mvz_nodes_label(const void *node)
 {
     const mvz_node_layout *L = __atomic_load_n(&current_layout, __ATOMIC_ACQUIRE);
@@ -241,6 +243,8 @@ uint32_t mvz_nodes_label(const void *node)
     uint32_t id = cached(key, stack, pyname);
     if (id)
         return id;
+    /* Miss: once per class (or Function) and forward line. Formats on the
+     * stack, interns into the label table's static arena: no allocation. */
 
     char name[256], label[300];
     if (pyname)
@@ -256,20 +260,18 @@ uint32_t mvz_nodes_label(const void *node)
     id = cached(key, stack, pyname);
     if (!id) {
         id = mvz_label_intern(label);
-        char *copy = pyname ? strdup(pyname) : NULL;
+        const char *interned = id ? mvz_label_name(id) : NULL; /* never freed */
         uint32_t s = slot_of(key, stack);
-        for (uint32_t i = 0; id && i < PROBES && (copy || !pyname); i++) {
+        for (uint32_t i = 0; interned && i < PROBES; i++) {
             entry *e = &cache[(s + i) & (CACHE - 1)];
             if (e->key)
                 continue;
             e->stack = stack;
             e->label = id;
-            e->name = copy;
-            copy = NULL;
+            e->name = interned + 1;
             __atomic_store_n(&e->key, key, __ATOMIC_RELEASE);
             break;
-        }
-        free(copy); /* not cached (table full): the next call interns again */
+        } /* table full: not cached, the next call interns again */
     }
     pthread_mutex_unlock(&cache_lock);
     return id;

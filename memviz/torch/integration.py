@@ -297,6 +297,10 @@ class TorchIntegration:
             tracker.graph = self.graph
         self._seq_attached = False
         self._nodes_attached = False
+        self._precise = tracker.precise
+        self._wrapped = False
+        #: How precise mode captures PyTorch's allocations (None outside it).
+        self.precise_capture: Optional[str] = None
         self._hooks_on = [False]
         self._function_cls = None
         self._stack_lines: Dict[int, Optional[str]] = {0: None}
@@ -328,6 +332,9 @@ class TorchIntegration:
         import torch
 
         self._current_node = torch._C._current_autograd_node
+        if self._precise and _precise.active():
+            self.precise_capture = _precise.attach_wrappers()
+            self._wrapped = self.precise_capture.startswith("wrappers")
         if self.autograd:  # before the graph hooks: the probes run a tiny backward
             self._function_cls = torch.autograd.Function
             self._seq_attached = _attach_node_numbers(torch)
@@ -362,6 +369,9 @@ class TorchIntegration:
         if watcher is not None and watcher in sys.meta_path:
             sys.meta_path.remove(watcher)
         self.graph.stop()
+        if self._wrapped:
+            _precise.detach_wrappers()
+            self._wrapped = False
         if self._nodes_attached:
             _core.nodes_attach(None)
             self._nodes_attached = False

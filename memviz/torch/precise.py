@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import sys
 
+from .. import _core
 from .._errors import MemvizError
 
-__all__ = ["PreciseModeTooLate", "enable", "merged_conf", "active"]
+__all__ = ["PreciseModeTooLate", "enable", "merged_conf", "active", "attach_wrappers", "detach_wrappers"]
 
 BACKEND = "cudaMallocAsync"
 _ENV_NAMES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
@@ -74,3 +75,40 @@ def enable() -> str:
     name = _env_name()
     os.environ[name] = merged_conf(os.environ.get(name, ""))
     return f"{name}={os.environ[name]}"
+
+
+#: The library whose stream-ordered calls memviz wraps in precise mode.
+LIBRARY = "/libc10_cuda.so"
+
+
+def attach_wrappers(library: str = LIBRARY) -> str:
+    """See PyTorch's cudaMallocAsync/cudaFreeAsync at the call instead of
+    through CUPTI's callbacks (src/interpose.h): the callbacks' dispatch is
+    most of precise mode's cost. ``library`` (PyTorch's allocator) must be
+    wrapped; PyTorch's other loaded libraries that call these functions are
+    wrapped too. Returns how allocations are captured: "wrappers (...)" or
+    "CUPTI callbacks (reason)". CUPTI keeps everything else;
+    MEMVIZ_PRECISE_CAPTURE=cupti keeps the CUPTI route for these calls too
+    (then other libraries' plain cuMemAllocAsync calls are seen as well)."""
+    if os.environ.get("MEMVIZ_PRECISE_CAPTURE", "").strip().lower() == "cupti":
+        return "CUPTI callbacks (MEMVIZ_PRECISE_CAPTURE=cupti)"
+    n, reason = _core.interpose_attach(library)
+    if not n:
+        return f"CUPTI callbacks ({reason})"
+    names = [library.rsplit("/", 1)[-1]]
+    torch = sys.modules.get("torch")
+    libdir = os.path.join(os.path.dirname(getattr(torch, "__file__", "") or ""), "lib")
+    for name in sorted(os.listdir(libdir)) if torch is not None and os.path.isdir(libdir) else ():
+        if name.endswith(".so") and name != names[0]:
+            more, _ = _core.interpose_attach(f"/torch/lib/{name}")  # most import neither: skipped
+            if more:
+                n += more
+                names.append(name)
+    if not _core.interpose_commit():
+        return "CUPTI callbacks (CUPTI would not switch its stream-ordered callbacks off)"
+    return f"wrappers around cudaMallocAsync/cudaFreeAsync in {', '.join(names)} ({n} GOT slots)"
+
+
+def detach_wrappers() -> None:
+    """Undo attach_wrappers (a no-op when nothing is attached)."""
+    _core.interpose_detach()

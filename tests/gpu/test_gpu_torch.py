@@ -52,7 +52,11 @@ def test_precise_mode_model_states_match_the_zero_accounting(autocast):
         assert abs(cats.get(cat, 0) - expected) <= 0.01 * expected, (cat, cats, P)
 
 
-def test_precise_mode_attributes_every_tensor_of_a_step_to_a_line():
+@pytest.mark.parametrize("route", ["wrappers", "cupti"])
+def test_precise_mode_attributes_every_tensor_of_a_step_to_a_line(route):
+    """Both capture routes of precise mode (src/interpose.h): memviz's
+    wrappers around PyTorch's cudaMallocAsync/cudaFreeAsync (the default),
+    and CUPTI's callbacks (MEMVIZ_PRECISE_CAPTURE=cupti)."""
     r = run(script("""
         t = memviz.track(precise=True).start()
     """, """
@@ -68,11 +72,18 @@ def test_precise_mode_attributes_every_tensor_of_a_step_to_a_line():
         unexplained = [a for a in peak if not a.traceback and not a.autograd_node]
         script_lines = sorted({a.traceback.user_frame.lineno for a in peak if a.traceback
                                and a.traceback.user_frame.filename == "<string>"})
+        live = t.current_bytes(0)
+        allocated = torch.cuda.memory_allocated(0)
+        capture = t.torch.precise_capture
         t.stop()
-        out(missing=len(storages - addresses), tensors=len(storages), peak=len(peak),
+        out(live=live, allocated=allocated, capture=capture,
+            missing=len(storages - addresses), tensors=len(storages), peak=len(peak),
             unexplained=len(unexplained), lines=script_lines,
             nodes=sorted({a.autograd_node for a in peak if a.autograd_node})[:20])
-    """))
+    """), env={"MEMVIZ_PRECISE_CAPTURE": route})
+    print(route, {k: r[k] for k in ("capture", "live", "allocated", "peak")})
+    assert r["capture"].startswith("wrappers" if route == "wrappers" else "CUPTI"), r
+    assert abs(r["live"] - r["allocated"]) <= 0.01 * r["allocated"], r  # no allocation or free lost
     assert r["missing"] == 0 and r["tensors"] > 0, r  # every parameter/grad/state tensor is its own allocation
     assert r["unexplained"] == 0, r  # each allocation has a line or an autograd node
     assert len(r["lines"]) >= 2 and r["nodes"], r
