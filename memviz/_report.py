@@ -218,6 +218,10 @@ def _pytorch(tracker: Any, totals: Dict[int, Dict[str, int]]) -> List[str]:
         if cats:
             lines += ["", f"By category at the peak of {_device_name(dev)}:"]
             lines += [f"  {format_size(s.size):>10}  {_count(s.count):<10}  {s.key}" for s in cats]
+        fns = [s for s in snap.statistics("op") if s.key != "<no torch function>"][:8]
+        if fns:
+            lines += ["", f"By torch function at the peak of {_device_name(dev)} (forward allocations):"]
+            lines += [f"  {format_size(s.size):>10}  {_count(s.count):<10}  {s.key}" for s in fns]
         stats = getattr(snap, "torch_stats", {}).get(dev)
         if stats:
             lines.append(f"  PyTorch now: {format_size(stats['allocated'])} allocated, "

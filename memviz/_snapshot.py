@@ -35,6 +35,9 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Name
 from ._frames import FrameFilter, frames as _default_filter
 from ._units import format_size
 
+#: Labels set by the torch-function labels (memviz/torch/ops.py) start with
+#: this character and carry "torch function\x1fuser label".
+OP_LABEL = "\x02"
 #: Labels set by the autograd integration start with this character and
 #: carry "node\x1fforward line"; everything else is a user label. Labels the
 #: C callback makes itself (src/nodes.c) carry "#<stack id>" as the forward
@@ -46,23 +49,29 @@ def encode_node_label(node: str, forward: Optional[str]) -> str:
     return f"{AUTOGRAD_LABEL}{node}\x1f{forward or ''}"
 
 
-def decode_label(label: Optional[str]) -> Tuple[Optional[str], Optional[str], Optional[str]]:
-    """(user label, autograd node, forward line) of a raw label."""
-    if not label or label[0] != AUTOGRAD_LABEL:
-        return label, None, None
-    node, _, forward = label[1:].partition("\x1f")
-    return None, node or None, forward or None
+def encode_op_label(op: str, user: Optional[str]) -> str:
+    return f"{OP_LABEL}{op}\x1f{user or ''}"
+
+
+def decode_label(label: Optional[str]) -> Tuple[Optional[str], Optional[str], Optional[str], Optional[str]]:
+    """(user label, autograd node, forward line, torch function) of a raw label."""
+    if not label or label[0] not in (AUTOGRAD_LABEL, OP_LABEL):
+        return label, None, None, None
+    head, _, tail = label[1:].partition("\x1f")
+    if label[0] == OP_LABEL:
+        return tail or None, None, None, head or None
+    return None, head or None, tail or None, None
 
 __all__ = [
     "Frame", "Traceback", "ThreadInfo", "Allocation", "Statistic", "StatisticDiff",
-    "Snapshot", "snapshot_from_raw", "KIND_NAMES", "KEY_TYPES",
+    "Snapshot", "snapshot_from_raw", "KIND_NAMES", "KEY_TYPES", "encode_op_label",
 ]
 
 #: kind_code of a raw row -> Allocation.kind
 KIND_NAMES: Tuple[str, ...] = ("device", "host", "managed", "static", "physical")
 #: key types accepted by Snapshot.statistics() and compare_to()
 KEY_TYPES: Tuple[str, ...] = ("lineno", "filename", "traceback", "label", "device", "kind", "thread",
-                               "category", "autograd_node")
+                               "category", "autograd_node", "op")
 _FRAME_KEYS = ("lineno", "filename", "traceback")
 _CUMULATIVE_KEYS = ("lineno", "filename")
 
@@ -195,6 +204,9 @@ class Allocation(NamedTuple):
             ``"optimizer_state"``, ``"activation"``, ``"temporary"``,
             ``"other_pytorch"``, ``"outside_pytorch"``...), when the PyTorch
             integration could tell; else None.
+        op: the torch function that was running when it was made
+            (``"torch.nn.functional.linear"``), when torch-function labels
+            are on (precise mode's default, ``track(ops=True)``); else None.
     """
 
     address: int
@@ -210,6 +222,7 @@ class Allocation(NamedTuple):
     autograd_node: Optional[str] = None
     forward: Optional[str] = None
     category: Optional[str] = None
+    op: Optional[str] = None
 
     @property
     def user_frame(self) -> Optional[Frame]:
@@ -289,6 +302,7 @@ _SIMPLE_KEYS: Dict[str, Callable[[Allocation], Any]] = {
     "category": lambda a: a.category or "<unknown>",
     "autograd_node": lambda a: (f"{a.autograd_node} ({a.forward})" if a.forward else a.autograd_node)
     if a.autograd_node else "<not in backward>",
+    "op": lambda a: a.op or "<no torch function>",
 }
 
 
@@ -595,7 +609,7 @@ def snapshot_from_raw(
     :class:`Traceback` object.
     """
     rows = raw_allocs if isinstance(raw_allocs, (list, tuple)) else list(raw_allocs)
-    decoded: Dict[Optional[str], Tuple[Optional[str], Optional[str], Optional[str]]] = {}
+    decoded: Dict[Optional[str], Tuple[Optional[str], Optional[str], Optional[str], Optional[str]]] = {}
     forward_stacks = set()
     for r in rows:
         if r[6] not in decoded:
@@ -630,14 +644,14 @@ def snapshot_from_raw(
     kind_map = _KindMap(enumerate(KIND_NAMES))
     new = tuple.__new__
     A = Allocation
-    for label, (user, node, forward) in list(decoded.items()):
+    for label, (user, node, forward, op) in list(decoded.items()):
         if forward and forward[0] == "#":
             tb = tb_by_id.get(int(forward[1:]))
             uf = tb.user_frame if tb is not None and tb is not _UNRESOLVED else None
-            decoded[label] = (user, node, f"{uf.filename}:{uf.lineno}" if uf else None)
+            decoded[label] = (user, node, f"{uf.filename}:{uf.lineno}" if uf else None, op)
     allocations = [
         new(A, (addr, size, dev, kind_map[kc], stream, thread_map[tidx], decoded[label][0], ts,
-                tb_by_id[sid], seq, decoded[label][1], decoded[label][2], None))
+                tb_by_id[sid], seq, decoded[label][1], decoded[label][2], None, decoded[label][3]))
         for addr, size, dev, kc, stream, tidx, label, ts, sid, seq in rows
     ]
     return Snapshot(allocations, timestamp_ns=timestamp_ns, devices=devices, frame_filter=frame_filter)

@@ -53,7 +53,7 @@ def _alloc_args(a: Any, size: int) -> Dict[str, Any]:
     thread = getattr(a, "thread", None)
     if thread is not None:
         args["thread"] = getattr(thread, "name", None) or str(thread)
-    for key in ("label", "category", "autograd_node", "forward"):
+    for key in ("label", "category", "autograd_node", "forward", "op"):
         v = getattr(a, key, None)
         if v:
             args[key] = v

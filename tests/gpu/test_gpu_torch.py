@@ -140,3 +140,20 @@ def test_planted_oom_produces_the_report():
     assert r["line"] == f"<string>:{r['expected']}", r
     assert r["msg_kept"], r  # the user's exception is untouched
     print(r["text"])
+
+
+def test_forward_allocations_name_the_torch_function():
+    """track(ops=True): forward allocations carry the torch function that
+    made them (the model's nn.Linear layers call torch.nn.functional.linear)."""
+    r = run(script("""
+        t = memviz.track(precise=True, ops=True).start()
+    """, """
+        train_step()
+        torch.cuda.synchronize()
+        peak = t.peak_snapshot(0)
+        t.stop()
+        out(ops=sorted({a.op for a in peak if a.op}),
+            fwd_with_op=sum(1 for a in peak if a.op), fwd=sum(1 for a in peak if not a.autograd_node))
+    """))
+    print("ops", r)
+    assert "torch.nn.functional.linear" in r["ops"], r
