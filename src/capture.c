@@ -355,7 +355,7 @@ static void record_call(int domain, uint32_t cbid, const void *data)
             count(d.op);
         return;
     }
-    if ((cbid == MVZ_CBID_cuMemAllocAsync || cbid == MVZ_CBID_cuMemFreeAsync) && mvz_interpose_inside())
+    if ((d.op == MVZ_OP_ALLOC_ASYNC || d.op == MVZ_OP_FREE_ASYNC) && mvz_interpose_inside())
         return; /* the wrapper around this very call records it (interpose.h) */
     record(&d, result, d.kind == MVZ_KIND_HOST ? MVZ_HOST_SLOT : device_of(cb->context));
 }
@@ -396,7 +396,9 @@ static int (*ctx_get_current)(void **ctx); /* libcuda's cuCtxGetCurrent, when lo
  * PyTorch just made on this thread. The device is the current context's
  * (the one the runtime allocated on). Hot path, no GIL: as record(), plus
  * one call to the driver's cuCtxGetCurrent (a thread-local read) or,
- * without libcuda at hand, CUPTI's device of the current context. */
+ * without libcuda at hand, CUPTI's device of the current context. Unlike
+ * the CUPTI callback this runs after the driver call returned, not inside
+ * it, so calling the driver here cannot re-enter it. */
 void mvz_capture_async(int is_free, int result, uint64_t address, uint64_t size, uint64_t stream)
 {
     if (!__atomic_load_n(&capturing, __ATOMIC_ACQUIRE))
@@ -424,7 +426,7 @@ int mvz_capture_async_callbacks(int on)
 {
     if (!subscriber || !mvz_api.EnableCallback)
         return -1;
-    if (!on && !ctx_get_current) {
+    if (!on && !__atomic_load_n(&ctx_get_current, __ATOMIC_ACQUIRE)) {
         /* The driver library the runtime will load at CUDA's first use (it
          * may not be loaded yet: loading it initialises nothing). Kept
          * open. Before cuInit, cuCtxGetCurrent fails and CUPTI answers. */
