@@ -212,3 +212,34 @@ def test_several_libraries_wrapped_at_once(libs, fake):
             assert live == [1 << 20] and list(t.snapshot()) == []
     finally:
         memviz._core.interpose_detach()
+
+
+def test_a_torch_library_that_cannot_be_wrapped_keeps_cupti_for_all(libs, fake, tmp_path, monkeypatch):
+    """Another library of PyTorch's that calls cudaMallocAsync from a second
+    runtime cannot share the wrappers: rather than lose its calls once
+    CUPTI's callbacks are off, memviz keeps the CUPTI route for everything."""
+    import types
+
+    from memviz.torch import precise
+
+    d, built = libs
+    (tmp_path / "rt2.c").write_text(RUNTIME.replace("fakert_", "fakert2_"))
+    _cc([str(tmp_path / "rt2.c"), "-o", str(tmp_path / "libfakert2.so")])
+    libdir = tmp_path / "torch" / "lib"
+    libdir.mkdir(parents=True)
+    (tmp_path / "torch" / "__init__.py").write_text("")
+    _cc([str(d / "torch.c"), "-o", str(libdir / "libother_cuda.so"), f"-L{tmp_path}", "-lfakert2",
+         f"-Wl,-rpath,{tmp_path}"])
+    ctypes.CDLL(str(d / "libfakert.so"))
+    ctypes.CDLL(str(built["now"]))
+    ctypes.CDLL(str(libdir / "libother_cuda.so"))
+    monkeypatch.setitem(__import__("sys").modules, "torch",
+                        types.SimpleNamespace(__file__=str(tmp_path / "torch" / "__init__.py")))
+    try:
+        with memviz.track(torch=False):
+            how = precise.attach_wrappers("/now/libc10_cuda.so")
+            assert how.startswith("CUPTI callbacks (") and "another CUDA runtime" in how, how
+            assert fake.is_enabled(DOMAIN_DRIVER_API, CBID_cuMemAllocAsync)
+            assert memviz._core.interpose_attach("/now/libc10_cuda.so")[0] >= 2  # it was undone
+    finally:
+        memviz._core.interpose_detach()

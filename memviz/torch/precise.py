@@ -100,10 +100,15 @@ def attach_wrappers(library: str = LIBRARY) -> str:
     libdir = os.path.join(os.path.dirname(getattr(torch, "__file__", "") or ""), "lib")
     for name in sorted(os.listdir(libdir)) if torch is not None and os.path.isdir(libdir) else ():
         if name.endswith(".so") and name != names[0]:
-            more, _ = _core.interpose_attach(f"/torch/lib/{name}")  # most import neither: skipped
+            more, why = _core.interpose_attach(f"/torch/lib/{name}")
             if more:
                 n += more
                 names.append(name)
+            elif "imports neither" not in why and "no loaded library" not in why:
+                # It calls them but cannot be wrapped: its calls would be lost
+                # once CUPTI's callbacks are off, so keep CUPTI for all.
+                _core.interpose_detach()
+                return f"CUPTI callbacks ({why})"
     if not _core.interpose_commit():
         return "CUPTI callbacks (CUPTI would not switch its stream-ordered callbacks off)"
     return f"wrappers around cudaMallocAsync/cudaFreeAsync in {', '.join(names)} ({n} GOT slots)"
