@@ -3,7 +3,6 @@
 #include "interpose.h"
 
 #include <dlfcn.h>
-#include <limits.h>
 #include <link.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -65,30 +64,38 @@ static int wrap_free_async(void *ptr, void *stream)
     return r;
 }
 
-#if HAVE_INTERPOSE
 typedef struct {
     const char *suffix;
+    struct dl_phdr_info *out;
+    int found;
+} lookup;
+
+static int match(struct dl_phdr_info *info, size_t size, void *data)
+{
+    lookup *l = data;
+    size_t nl = strlen(info->dlpi_name), sl = strlen(l->suffix);
+    if (nl < sl || strcmp(info->dlpi_name + nl - sl, l->suffix) != 0)
+        return 0;
+    memset(l->out, 0, sizeof *l->out);
+    memcpy(l->out, info, size < sizeof *l->out ? size : sizeof *l->out);
+    l->found = 1;
+    return 1;
+}
+
+int mvz_find_library(const char *suffix, struct dl_phdr_info *out)
+{
+    lookup l = {suffix, out, 0};
+    dl_iterate_phdr(match, &l);
+    return l.found;
+}
+
+#if HAVE_INTERPOSE
+typedef struct {
     ElfW(Addr) base;
     const ElfW(Phdr) *phdr;
     ElfW(Half) phnum;
-    char name[PATH_MAX];
-    int found;
+    const char *name; /* the loader's string: valid while the library is loaded */
 } module;
-
-static int find(struct dl_phdr_info *info, size_t size, void *data)
-{
-    (void)size;
-    module *m = data;
-    size_t nl = strlen(info->dlpi_name), sl = strlen(m->suffix);
-    if (nl < sl || strcmp(info->dlpi_name + nl - sl, m->suffix) != 0)
-        return 0;
-    m->base = info->dlpi_addr;
-    m->phdr = info->dlpi_phdr;
-    m->phnum = info->dlpi_phnum;
-    snprintf(m->name, sizeof m->name, "%s", info->dlpi_name);
-    m->found = 1;
-    return 1;
-}
 
 /* glibc rewrites the address entries of a loaded library's dynamic section
  * to absolute addresses; an entry still below the load base is relative. */
@@ -115,12 +122,12 @@ int mvz_interpose_attach(const char *suffix, char *err, size_t errlen)
     snprintf(err, errlen, "not supported on this platform (x86-64 glibc only)");
     return 0;
 #else
-    module m = {.suffix = suffix};
-    dl_iterate_phdr(find, &m);
-    if (!m.found) {
+    struct dl_phdr_info info;
+    if (!mvz_find_library(suffix, &info)) {
         snprintf(err, errlen, "no loaded library ends with %s", suffix);
         return 0;
     }
+    module m = {info.dlpi_addr, info.dlpi_phdr, info.dlpi_phnum, info.dlpi_name};
     for (int i = 0; i < nmodules; i++)
         if (modules[i] == m.base) {
             snprintf(err, errlen, "%s is already wrapped", m.name);

@@ -17,7 +17,13 @@
 #ifndef MEMVIZ_INTERPOSE_H
 #define MEMVIZ_INTERPOSE_H
 
+#include <link.h>
 #include <stddef.h>
+
+/* The loaded library whose path ends with `suffix` (the first one), copied
+ * into *out (its pointers stay valid while the library is loaded); 0 when
+ * none. Takes the loader's lock: never on the capture path. */
+int mvz_find_library(const char *suffix, struct dl_phdr_info *out);
 
 /* With the GIL: patch the loaded library whose path ends with `suffix` (it
  * must import cudaMallocAsync or cudaFreeAsync; several libraries may be

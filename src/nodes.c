@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "capture.h"
+#include "interpose.h"
 #include "seqmap.h"
 
 #if defined(__x86_64__) && defined(__GLIBC__)
@@ -279,34 +280,19 @@ uint32_t mvz_nodes_label(const void *node)
 
 /* ---- probing ----------------------------------------------------------- */
 
-typedef struct {
-    const char *suffix;
-    size_t modid, memsz;
-} find_ctx;
-
-static int find_module(struct dl_phdr_info *info, size_t size, void *data)
+int mvz_nodes_module(const char *suffix, size_t *modid, size_t *memsz)
 {
-    (void)size;
-    find_ctx *c = data;
-    size_t nl = strlen(info->dlpi_name), sl = strlen(c->suffix);
-    if (nl < sl || strcmp(info->dlpi_name + nl - sl, c->suffix) != 0 || !info->dlpi_tls_modid)
+    struct dl_phdr_info info;
+    *modid = *memsz = 0;
+    if (!mvz_find_library(suffix, &info) || !info.dlpi_tls_modid)
         return 0;
-    for (int i = 0; i < info->dlpi_phnum; i++)
-        if (info->dlpi_phdr[i].p_type == PT_TLS) {
-            c->modid = info->dlpi_tls_modid;
-            c->memsz = info->dlpi_phdr[i].p_memsz;
+    for (int i = 0; i < info.dlpi_phnum; i++)
+        if (info.dlpi_phdr[i].p_type == PT_TLS) {
+            *modid = info.dlpi_tls_modid;
+            *memsz = info.dlpi_phdr[i].p_memsz;
             return 1;
         }
     return 0;
-}
-
-int mvz_nodes_module(const char *suffix, size_t *modid, size_t *memsz)
-{
-    find_ctx c = {suffix, 0, 0};
-    dl_iterate_phdr(find_module, &c);
-    *modid = c.modid;
-    *memsz = c.memsz;
-    return c.modid != 0;
 }
 
 void *mvz_nodes_block(size_t modid)

@@ -171,7 +171,6 @@ def test_precise_mode_attaches_the_wrappers_and_stop_removes_them(torchlib, fake
     from memviz.torch import precise
 
     monkeypatch.setattr(precise, "LIBRARY", torchlib.suffix)
-    monkeypatch.setattr(precise.attach_wrappers, "__defaults__", (torchlib.suffix,))
     monkeypatch.setattr(precise, "active", lambda: True)
     monkeypatch.setattr(precise, "enable", lambda: "already active")
     with memviz.track(precise=True) as t:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Optional
 
 from .. import _core
 from .._errors import MemvizError
@@ -81,10 +82,11 @@ def enable() -> str:
 LIBRARY = "/libc10_cuda.so"
 
 
-def attach_wrappers(library: str = LIBRARY) -> str:
+def attach_wrappers(library: Optional[str] = None) -> str:
     """See PyTorch's cudaMallocAsync/cudaFreeAsync at the call instead of
     through CUPTI's callbacks (src/interpose.h): the callbacks' dispatch is
-    most of precise mode's cost. ``library`` (PyTorch's allocator) must be
+    most of precise mode's cost. ``library`` (PyTorch's allocator; default
+    LIBRARY) must be
     wrapped; PyTorch's other loaded libraries that call these functions are
     wrapped too. Returns how allocations are captured: "wrappers (...)" or
     "CUPTI callbacks (reason)". CUPTI keeps everything else;
@@ -92,6 +94,7 @@ def attach_wrappers(library: str = LIBRARY) -> str:
     (then other libraries' plain cuMemAllocAsync calls are seen as well)."""
     if os.environ.get("MEMVIZ_PRECISE_CAPTURE", "").strip().lower() == "cupti":
         return "CUPTI callbacks (MEMVIZ_PRECISE_CAPTURE=cupti)"
+    library = library or LIBRARY
     n, reason = _core.interpose_attach(library)
     if not n:
         return f"CUPTI callbacks ({reason})"
