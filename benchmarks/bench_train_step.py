@@ -57,7 +57,7 @@ def main():
     ap.add_argument("--mode", default="none", choices=[
         "none", "precise_untracked", "memviz", "memviz_trace", "memviz_precise_trace", "memviz_autograd", "memviz_precise",
         "memviz_precise_noautograd", "memviz_precise_nohooks", "memviz_precise_packonly",
-        "memviz_precise_walkonly", "memviz_precise_cbnoop", "memviz_precise_noasync", "memviz_precise_hooks", "memviz_precise_cupti", "memviz_precise_ops", "torch_history", "torch_profiler_memory"])
+        "memviz_precise_walkonly", "memviz_precise_cbnoop", "memviz_precise_noasync", "memviz_precise_hooks", "memviz_precise_cupti", "torch_history", "torch_profiler_memory"])
     ap.add_argument("--trace-dir", default="/tmp", help="where memviz_trace / torch_history write files")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
@@ -80,8 +80,7 @@ def main():
         tracker = memviz.track(precise="precise" in a.mode, trace=trace,
                                autograd=False if no_autograd or a.mode.endswith("nohooks")
                                else (True if a.mode == "memviz_autograd" else None),
-                               torch=False if no_autograd else None,
-                               ops=a.mode.endswith("_ops")).start()
+                               torch=False if no_autograd else None).start()
     elif a.mode == "precise_untracked":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
 
@@ -150,7 +149,12 @@ def main():
     if prof is not None:
         prof.__exit__(None, None, None)
     if tracker is not None:
-        tracker.stop()
+        t0 = time.perf_counter()
+        tracker.stop()  # freezes the store's data: resolves stacks and names their calls
+        t1 = time.perf_counter()
+        peak = tracker.peak_snapshot()
+        extra.update({"stop_s": t1 - t0, "peak_snapshot_s": time.perf_counter() - t1,
+                      "peak_ops": [(s.key, s.size, s.count) for s in peak.statistics("op")[:8]]})
         info = tracker.capture_info()
         extra.update({"calls": info["store"]["calls"], "memviz_bytes": info["store"]["bytes_used"],
                       "live": info["store"]["live"], "peak": tracker.peak_bytes(),

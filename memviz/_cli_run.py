@@ -72,7 +72,7 @@ def build_parser(prog: str = "memviz run") -> argparse.ArgumentParser:
     """The parser of memviz's own options (everything before the script)."""
     parser = argparse.ArgumentParser(
         prog=prog,
-        usage=f"{prog} [--precise] [--autograd] [--ops] [--depth N] [--no-gpu] [--top N] [--report-file PATH] [-o TRACE] "
+        usage=f"{prog} [--precise] [--autograd] [--depth N] [--no-gpu] [--top N] [--report-file PATH] [-o TRACE] "
               "(-m module | script.py) [args ...]",
         description="Run a Python script (or -m module) with every CUDA allocation tracked, "
                     "then print a memory report to stderr.",
@@ -82,9 +82,6 @@ def build_parser(prog: str = "memviz run") -> argparse.ArgumentParser:
     parser.add_argument("--precise", action="store_true",
                         help="PyTorch on the driver's stream-ordered pool (backend:cudaMallocAsync): "
                              "every tensor is seen; labels backward allocations with their autograd node")
-    parser.add_argument("--ops", action="store_true",
-                        help="label forward allocations with the torch function that made them "
-                             "(torch.nn.functional.linear...; about 1.7 us per torch call)")
     parser.add_argument("--autograd", action="store_true",
                         help="label backward allocations with their autograd node and forward line, "
                              "and record what autograd graphs keep (saved-tensor hooks)")
@@ -264,8 +261,7 @@ def _trace_note(tracker: Tracker, path: str) -> None:
 
 def _start(opts: argparse.Namespace) -> Tracker:
     tracker = Tracker(gpu=not opts.no_gpu, depth=opts.depth, trace=opts.output,
-                      precise=opts.precise, autograd=True if opts.autograd else None,
-                      ops=True if opts.ops else None)
+                      precise=opts.precise, autograd=True if opts.autograd else None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CaptureWarning)  # said below, and in the report
         tracker.start()

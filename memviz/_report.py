@@ -218,9 +218,10 @@ def _pytorch(tracker: Any, totals: Dict[int, Dict[str, int]]) -> List[str]:
         if cats:
             lines += ["", f"By category at the peak of {_device_name(dev)}:"]
             lines += [f"  {format_size(s.size):>10}  {_count(s.count):<10}  {s.key}" for s in cats]
-        fns = [s for s in snap.statistics("op") if s.key != "<no torch function>"][:8]
+        fns = [s for s in snap.statistics("op") if s.key != "<no call>"][:8]
         if fns:
-            lines += ["", f"By torch function at the peak of {_device_name(dev)} (forward allocations):"]
+            lines += ["", f"By call at the peak of {_device_name(dev)} (what the innermost Python "
+                          f"frame was calling):"]
             lines += [f"  {format_size(s.size):>10}  {_count(s.count):<10}  {s.key}" for s in fns]
         stats = getattr(snap, "torch_stats", {}).get(dev)
         if stats:

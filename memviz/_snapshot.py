@@ -35,9 +35,6 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Name
 from ._frames import FrameFilter, frames as _default_filter
 from ._units import format_size
 
-#: Labels set by the torch-function labels (memviz/torch/ops.py) start with
-#: this character and carry "torch function\x1fuser label".
-OP_LABEL = "\x02"
 #: Labels set by the autograd integration start with this character and
 #: carry "node\x1fforward line"; everything else is a user label. Labels the
 #: C callback makes itself (src/nodes.c) carry "#<stack id>" as the forward
@@ -49,22 +46,16 @@ def encode_node_label(node: str, forward: Optional[str]) -> str:
     return f"{AUTOGRAD_LABEL}{node}\x1f{forward or ''}"
 
 
-def encode_op_label(op: str, user: Optional[str]) -> str:
-    return f"{OP_LABEL}{op}\x1f{user or ''}"
-
-
-def decode_label(label: Optional[str]) -> Tuple[Optional[str], Optional[str], Optional[str], Optional[str]]:
-    """(user label, autograd node, forward line, torch function) of a raw label."""
-    if not label or label[0] not in (AUTOGRAD_LABEL, OP_LABEL):
-        return label, None, None, None
+def decode_label(label: Optional[str]) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+    """(user label, autograd node, forward line) of a raw label."""
+    if not label or label[0] != AUTOGRAD_LABEL:
+        return label, None, None
     head, _, tail = label[1:].partition("\x1f")
-    if label[0] == OP_LABEL:
-        return tail or None, None, None, head or None
-    return None, head or None, tail or None, None
+    return None, head or None, tail or None
 
 __all__ = [
     "Frame", "Traceback", "ThreadInfo", "Allocation", "Statistic", "StatisticDiff",
-    "Snapshot", "snapshot_from_raw", "KIND_NAMES", "KEY_TYPES", "encode_op_label",
+    "Snapshot", "snapshot_from_raw", "KIND_NAMES", "KEY_TYPES",
 ]
 
 #: kind_code of a raw row -> Allocation.kind
@@ -204,9 +195,12 @@ class Allocation(NamedTuple):
             ``"optimizer_state"``, ``"activation"``, ``"temporary"``,
             ``"other_pytorch"``, ``"outside_pytorch"``...), when the PyTorch
             integration could tell; else None.
-        op: the torch function that was running when it was made
-            (``"torch.nn.functional.linear"``), when torch-function labels
-            are on (precise mode's default, ``track(ops=True)``); else None.
+        op: what the innermost Python frame was calling when it was made:
+            ``"torch.nn.functional.linear"``, ``"torch.matmul"``, ``".float"``
+            (a method), ``"operator @"``; None with no Python frames (backward
+            on the engine's threads), on Python 3.10, or where the source
+            cannot be read. Named when the snapshot is built, from the
+            frame's instruction (no cost while the program runs).
     """
 
     address: int
@@ -302,7 +296,7 @@ _SIMPLE_KEYS: Dict[str, Callable[[Allocation], Any]] = {
     "category": lambda a: a.category or "<unknown>",
     "autograd_node": lambda a: (f"{a.autograd_node} ({a.forward})" if a.forward else a.autograd_node)
     if a.autograd_node else "<not in backward>",
-    "op": lambda a: a.op or "<no torch function>",
+    "op": lambda a: a.op or "<no call>",
 }
 
 
@@ -599,6 +593,8 @@ def snapshot_from_raw(
             ``{stack_id: ((filename, lineno, name), ...)}`` innermost first.
             Stack id 0 means "no Python frames". A missing id becomes the
             pseudo-frame ``<unresolved stack>``. lineno None/-1 becomes 0.
+            A ``calls`` attribute on the result (``{stack_id: name}``,
+            :class:`memviz._callsite.Resolved`) gives ``Allocation.op``.
         threads: ``{thread_idx: (native_tid, pthread_ident, native_name)}``.
             Names of live Python threads (``threading``) are preferred.
         frame_filter: stored on the snapshot and its tracebacks.
@@ -609,7 +605,7 @@ def snapshot_from_raw(
     :class:`Traceback` object.
     """
     rows = raw_allocs if isinstance(raw_allocs, (list, tuple)) else list(raw_allocs)
-    decoded: Dict[Optional[str], Tuple[Optional[str], Optional[str], Optional[str], Optional[str]]] = {}
+    decoded: Dict[Optional[str], Tuple[Optional[str], Optional[str], Optional[str]]] = {}
     forward_stacks = set()
     for r in rows:
         if r[6] not in decoded:
@@ -619,6 +615,7 @@ def snapshot_from_raw(
     stack_ids = {r[8] for r in rows} | forward_stacks
     stack_ids.discard(0)
     resolved = resolve_stacks(set(stack_ids)) if stack_ids else {}
+    calls = getattr(resolved, "calls", None) or {}
 
     frame_cache: Dict[tuple, Frame] = {}
     tb_by_id: Dict[int, Traceback] = {0: EMPTY_TRACEBACK}
@@ -644,14 +641,14 @@ def snapshot_from_raw(
     kind_map = _KindMap(enumerate(KIND_NAMES))
     new = tuple.__new__
     A = Allocation
-    for label, (user, node, forward, op) in list(decoded.items()):
+    for label, (user, node, forward) in list(decoded.items()):
         if forward and forward[0] == "#":
             tb = tb_by_id.get(int(forward[1:]))
             uf = tb.user_frame if tb is not None and tb is not _UNRESOLVED else None
-            decoded[label] = (user, node, f"{uf.filename}:{uf.lineno}" if uf else None, op)
+            decoded[label] = (user, node, f"{uf.filename}:{uf.lineno}" if uf else None)
     allocations = [
         new(A, (addr, size, dev, kind_map[kc], stream, thread_map[tidx], decoded[label][0], ts,
-                tb_by_id[sid], seq, decoded[label][1], decoded[label][2], None, decoded[label][3]))
+                tb_by_id[sid], seq, decoded[label][1], decoded[label][2], None, calls.get(sid)))
         for addr, size, dev, kc, stream, tidx, label, ts, sid, seq in rows
     ]
     return Snapshot(allocations, timestamp_ns=timestamp_ns, devices=devices, frame_filter=frame_filter)

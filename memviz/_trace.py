@@ -40,6 +40,9 @@ END         9  JSON object written when tracking stops: totals, failure
                allocations; a trace without it was cut short
 TIMELINE   10  JSON list of [timestamp_ns, device, live bytes] (saved
                traces only: streamed traces derive it from the events)
+CALLS      11  JSON object {stack id: call name}: what the stack's innermost
+               frame was calling (``Allocation.op``); written with the
+               skippable bit, so readers that predate it load the rest
 =========  ==  ===========================================================
 
 An event record is the C core's ``struct.Struct("<IBBbBIHHQQ")``: ts_delta
@@ -72,7 +75,7 @@ import weakref
 import zlib
 from typing import Any, Dict, Iterable, List, Optional
 
-from . import _core
+from . import _callsite, _core
 from ._errors import TraceError
 
 __all__ = ["TraceWriter", "save", "load", "TraceWarning", "MAGIC", "FORMAT_VERSION", "EVENT"]
@@ -85,10 +88,10 @@ CRC = struct.Struct("<I")
 EVENT = struct.Struct("<IBBbBIHHQQ")
 EVENTS_HEAD = struct.Struct("<IB")
 
-META, STRINGS, FRAMES, STACKS, THREADS, LABELS, EVENTS, STEPS, END, TIMELINE = range(1, 11)
+META, STRINGS, FRAMES, STACKS, THREADS, LABELS, EVENTS, STEPS, END, TIMELINE, CALLS = range(1, 12)
 CHUNK_NAMES = {META: "META", STRINGS: "STRINGS", FRAMES: "FRAMES", STACKS: "STACKS",
                THREADS: "THREADS", LABELS: "LABELS", EVENTS: "EVENTS", STEPS: "STEPS",
-               END: "END", TIMELINE: "TIMELINE"}
+               END: "END", TIMELINE: "TIMELINE", CALLS: "CALLS"}
 KIND_MASK, OPTIONAL, COMPRESSED = 0x3F, 0x40, 0x80
 
 OP_ALLOC, OP_FREE, OP_FAILED, OP_TIME, OP_GAP = 1, 2, 3, 4, 5
@@ -243,6 +246,9 @@ class _Tables:
             self._new_frames = []
         if stacks:
             out.append(chunk(STACKS, json_bytes(stacks)))
+        calls = getattr(resolved, "calls", None)
+        if calls:
+            out.append(chunk(CALLS | OPTIONAL, json_bytes({str(k): v for k, v in sorted(calls.items())})))
         return out
 
     def label_chunk(self, names: Dict[int, str]) -> List[bytes]:
@@ -426,7 +432,7 @@ class TraceWriter:
         count = _core.stack_count()
         if count <= self._next_stack:
             return []
-        resolved = _core.resolve(list(range(self._next_stack, count)))
+        resolved = _callsite.resolve(range(self._next_stack, count))
         self._next_stack = count
         return self._tables.stack_chunks(resolved)
 

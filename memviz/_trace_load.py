@@ -18,6 +18,7 @@ from array import array
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _trace as F
+from ._callsite import Resolved
 from ._errors import TraceError
 from ._outputs import Outputs
 from ._snapshot import Snapshot, snapshot_from_raw
@@ -239,9 +240,10 @@ class LoadedTrace(TraceFile, Outputs):
                  (labels.get(lab[j], f"<label {lab[j]}>") if lab[j] else None), ts[j], st[j], j)
                 for j in idx]
 
-    def _resolve(self, ids: set) -> Dict[int, tuple]:
-        frames = self._frames
-        return {i: tuple(frames[f] for f in self._stacks[i]) for i in ids if i in self._stacks}
+    def _resolve(self, ids: set) -> Resolved:
+        frames, calls = self._frames, self._calls
+        return Resolved({i: tuple(frames[f] for f in self._stacks[i]) for i in ids if i in self._stacks},
+                        {i: calls[i] for i in ids if i in calls})
 
     def _thread_map(self) -> Dict[int, tuple]:
         # ident None: the recording process's idents mean nothing in this one,
@@ -313,7 +315,7 @@ class LoadedTrace(TraceFile, Outputs):
             result = self._addr[j]
             result = result - (1 << 64) if result >= 1 << 63 else result
             out.append(FailedAllocation(a.size, a.device, a.kind, 0, a.thread, a.label,
-                                        a.timestamp_ns, a.traceback, result))
+                                        a.timestamp_ns, a.traceback, result, a.op))
         return out
 
     def timeline(self) -> List[tuple]:

@@ -101,6 +101,7 @@ class TraceFile:
         self._strings: List[str] = []
         self._frames: List[Tuple[str, int, str]] = []
         self._stacks: Dict[int, Tuple[int, ...]] = {}
+        self._calls: Dict[int, str] = {}
         self._threads: Dict[int, Tuple[Optional[int], Optional[int], str]] = {}
         self._labels: Dict[int, str] = {}
         self._timeline: Optional[List[tuple]] = None
@@ -236,6 +237,12 @@ class TraceFile:
             sid = _int(s[0], 1, 0xFFFFFFFF, "stack id")
             self._stacks[sid] = tuple(_int(i, 0, nf - 1, "frame id") for i in s[1])
 
+    def _h_calls(self, payload: bytes) -> None:
+        for k, v in _json(payload, dict).items():
+            if type(v) is not str:
+                raise _Bad(f"call name {str(v)[:40]} is not a string")
+            self._calls[_key(k, 1, 0xFFFFFFFF, "stack id")] = v
+
     def _h_threads(self, payload: bytes) -> None:
         for k, v in _json(payload, dict).items():
             idx = _key(k, 0, 0xFFFF, "thread index")
@@ -316,4 +323,4 @@ class TraceFile:
     _HANDLERS = {F.META: _h_meta, F.STRINGS: _h_strings, F.FRAMES: _h_frames,
                  F.STACKS: _h_stacks, F.THREADS: _h_threads, F.LABELS: _h_labels,
                  F.EVENTS: _h_events, F.STEPS: _h_steps, F.END: _h_end,
-                 F.TIMELINE: _h_timeline}
+                 F.TIMELINE: _h_timeline, F.CALLS: _h_calls}

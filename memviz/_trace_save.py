@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional
 
-from . import _core
+from . import _callsite, _core
 from ._errors import TraceError
 from ._trace import (END, EVENT, EVENT_LEVEL, EVENTS, FLAG_SYNTHETIC, META, OP_FAILED, OP_FREE,
                      OP_TIME, STEPS, THREADS, TIMELINE, _alloc_events, _event, _meta,
@@ -46,7 +46,7 @@ def save(tracker: Any, path: str) -> None:
     timeline = src.timeline if src is not None else _core.timeline()
     threads = src.threads if src is not None else _core.threads()
     stats = src.stats if src is not None else _core.stats()
-    resolve = src.resolve if src is not None else _core.resolve
+    resolve = src.resolve if src is not None else _callsite.resolve
 
     labels: Dict[Optional[str], int] = {None: 0}
     all_rows = list(live) + [r for rows in peaks.values() for r in rows]

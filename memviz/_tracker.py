@@ -17,7 +17,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from . import _capture, _core
+from . import _callsite, _capture, _core
 from ._errors import AlreadyTracking, CaptureConflict, CaptureUnavailable, NotTracking
 from ._frames import FrameFilter
 from ._outputs import Outputs
@@ -52,9 +52,13 @@ class FailedAllocation:
     timestamp_ns: int
     traceback: Traceback
     result: int
+    #: what the innermost Python frame was calling (see ``Allocation.op``)
+    op: Optional[str] = None
 
     def __str__(self) -> str:
         where = str(self.traceback) if self.traceback else f"<thread {self.thread.name}>"
+        if self.op:
+            where += f" ({self.op})"
         return (f"{where}: failed to allocate {format_size(self.size)} on "
                 f"{'host' if self.device < 0 else f'cuda:{self.device}'} (CUDA error {self.result})")
 
@@ -106,10 +110,12 @@ class _Frozen:
         for rows in self.peaks.values():
             ids |= {r[8] for r in rows}
         ids.discard(0)
-        self.stacks = _core.resolve(ids) if ids else {}
+        self.stacks = _callsite.resolve(ids) if ids else _callsite.Resolved()
 
     def resolve(self, ids):
-        return {i: self.stacks[i] for i in ids if i in self.stacks}
+        calls = self.stacks.calls
+        return _callsite.Resolved({i: self.stacks[i] for i in ids if i in self.stacks},
+                                  {i: calls[i] for i in ids if i in calls})
 
 
 class Tracker(Outputs):
@@ -134,25 +140,22 @@ class Tracker(Outputs):
             figures, out-of-memory reports) when torch is imported; None means
             "if torch is installed". False turns it off.
         autograd: label backward allocations with their autograd node and
-            the forward line that made it (a pre-hook per node). Default: on
-            in precise mode, off otherwise (see benchmarks/RESULTS.md).
+            the forward line that made it (read by the capture callback from
+            PyTorch's engine, or a pre-hook per node where PyTorch's layout
+            does not check out). Default: on in precise mode, off otherwise
+            (see benchmarks/RESULTS.md).
         graph: record what autograd graphs keep for backward, and from which
             line (saved-tensor hooks, a cost per saved tensor): needed by
             ``snapshot.graph_resident()`` and the graph-leak evidence of
             ``diagnose``. Default: on when ``autograd=True`` is passed, off
             when autograd is only implied by precise mode.
-        ops: label forward allocations with the torch function that made
-            them (``allocation.op``; a ``TorchFunctionMode`` on the thread
-            that starts tracking, about 1.7 µs per torch-function call on the
-            CPU machine, ~1.5% of the GPT step by estimate). Default: off
-            (not yet measured on a GPU).
     """
 
     def __init__(self, *, gpu: bool = True, depth: int = _DEFAULT_DEPTH,
                  activity: Optional[bool] = None, frame_filter: Optional[FrameFilter] = None,
                  trace: Optional[str] = None, precise: bool = False,
                  torch: Optional[bool] = None, autograd: Optional[bool] = None,
-                 graph: Optional[bool] = None, ops: Optional[bool] = None) -> None:
+                 graph: Optional[bool] = None) -> None:
         if not isinstance(depth, int) or not 1 <= depth <= _core.MAX_DEPTH:
             raise ValueError(f"depth must be an int between 1 and {_core.MAX_DEPTH}, got {depth!r}")
         self.gpu_requested = bool(gpu)
@@ -181,9 +184,6 @@ class Tracker(Outputs):
             raise ValueError("autograd=True needs the PyTorch integration; do not pass torch=False with it")
         if self.record_graph and torch is False:
             raise ValueError("graph=True needs the PyTorch integration; do not pass torch=False with it")
-        self.record_ops = bool(ops)
-        if self.record_ops and torch is False:
-            raise ValueError("ops=True needs the PyTorch integration; do not pass torch=False with it")
         #: per-step records (see step()); filled by memviz._steps
         self.steps: List[Any] = []
         #: objects with on_start(tracker) / on_stop(tracker) / on_freeze(tracker)
@@ -362,7 +362,7 @@ class Tracker(Outputs):
             return src.live, src.resolve, src.threads
         if self._running and self.gpu_enabled:
             _core.flush()
-        return _core.live(), _core.resolve, _core.threads()
+        return _core.live(), _callsite.resolve, _core.threads()
 
     def snapshot_raw(self) -> Snapshot:
         """The live allocations, without the PyTorch integration's categories."""
@@ -407,7 +407,7 @@ class Tracker(Outputs):
         rows: List[tuple] = []
         for dev in devices:
             rows.extend(src.peaks.get(dev, []) if src is not None else _core.peak_live(dev))
-        resolve = src.resolve if src is not None else _core.resolve
+        resolve = src.resolve if src is not None else _callsite.resolve
         threads = src.threads if src is not None else _core.threads()
         ts = max((totals[d]["peak_timestamp_ns"] for d in devices if d in totals), default=None)
         snap = snapshot_from_raw(rows, resolve, threads, self.frame_filter, timestamp_ns=ts)
@@ -437,7 +437,7 @@ class Tracker(Outputs):
         """Allocations the driver refused (the last 256), oldest first."""
         src = self._source()
         rows = src.failures if src is not None else _core.failures()
-        resolve = src.resolve if src is not None else _core.resolve
+        resolve = src.resolve if src is not None else _callsite.resolve
         threads = src.threads if src is not None else _core.threads()
         ids = {r[7] for r in rows} - {0}
         stacks = resolve(ids) if ids else {}
@@ -445,7 +445,7 @@ class Tracker(Outputs):
         fake = [(0, r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], 0) for r in rows]
         snap = snapshot_from_raw(fake, lambda _ids: stacks, threads, self.frame_filter)
         return [FailedAllocation(r[0], r[1], KIND_NAMES[r[2]], r[3], a.thread, a.label, r[6],
-                                 a.traceback, r[8]) for r, a in zip(rows, snap.allocations)]
+                                 a.traceback, r[8], a.op) for r, a in zip(rows, snap.allocations)]
 
     def timeline(self) -> List[tuple]:
         """(timestamp_ns, device, live bytes) points; bounded, peaks kept."""
@@ -520,7 +520,7 @@ def _caller_location() -> str:
 def track(**kwargs: Any) -> Tracker:
     """A tracker to use as ``with memviz.track() as t:``; see :class:`Tracker`
     for the options (gpu, depth, activity, frame_filter, trace, precise, torch, autograd,
-    graph, ops)."""
+    graph)."""
     return Tracker(**kwargs)
 
 

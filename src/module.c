@@ -796,6 +796,50 @@ error:
     return NULL;
 }
 
+/* call_sites(ids) -> {id: (code, offset)}: the code object and byte offset
+ * of each stack's innermost frame, for naming the call that frame was making
+ * (memviz/_callsite.py). Stacks with no frames, or whose innermost code
+ * object was already destroyed (its frame resolved to a tuple), are left out. */
+static PyObject *core_call_sites(PyObject *self, PyObject *ids)
+{
+    (void)self;
+    if (ensure_store())
+        return NULL;
+    adopt_pending(); /* every code object we are about to hand out is kept alive */
+    PyObject *it = PyObject_GetIter(ids);
+    if (!it)
+        return NULL;
+    PyObject *out = PyDict_New();
+    PyObject *item;
+    if (!out)
+        goto error;
+    while ((item = PyIter_Next(it))) {
+        unsigned long id = PyLong_AsUnsignedLong(item);
+        mvz_frame top;
+        if (PyErr_Occurred() || mvz_store_stack_frames((uint32_t)id, &top, 1) < 1 ||
+            (top.flags & MVZ_FRAME_RESOLVED) || !top.code) {
+            Py_DECREF(item);
+            if (PyErr_Occurred())
+                goto error;
+            continue;
+        }
+        PyObject *site = Py_BuildValue("(Oi)", (PyObject *)top.code, top.offset);
+        int rc = site ? PyDict_SetItem(out, item, site) : -1;
+        Py_XDECREF(site);
+        Py_DECREF(item);
+        if (rc < 0)
+            goto error;
+    }
+    if (PyErr_Occurred())
+        goto error;
+    Py_DECREF(it);
+    return out;
+error:
+    Py_DECREF(it);
+    Py_XDECREF(out);
+    return NULL;
+}
+
 /* step_mark() -> ({device: (current, window_peak, live_count)},
  *                [(stack_id, live_bytes, live_count, delta_bytes, delta_count)])
  * Costs O(stacks), not O(live allocations): the per-step hook's budget. */
@@ -968,6 +1012,7 @@ static PyMethodDef core_methods[] = {
     {"threads", core_threads, METH_NOARGS, "{thread index: (native id, ident, name)}."},
     {"stats", core_stats, METH_NOARGS, "Counters and memviz's own memory."},
     {"resolve", core_resolve, METH_O, "Frames of stacks by id, innermost first."},
+    {"call_sites", core_call_sites, METH_O, "(code, offset) of each stack's innermost frame."},
     {"step_mark", core_step_mark, METH_NOARGS,
      "Per-device (current, window peak, live count) and stacks changed since the last mark."},
     {"trace_enable", core_trace_enable, METH_O, "Log events into a ring of this many entries."},

@@ -405,16 +405,3 @@ def test_nvml_process_entries_are_parsed_with_their_stride(stride):
     other = 24 if stride != 24 else 32
     assert _device._find_own(bytes(buf), 3, [other, stride], {os.getpid()}) == 300 * MiB
     assert _device._find_own(bytes(buf), 3, [stride], {4242}) is None
-
-
-def test_ops_flag_turns_torch_function_labels_on(tmp_path):
-    script(tmp_path, "ops.py", """\
-        import memviz
-        t = memviz.active_tracker()
-        print("ops", t.record_ops)
-    """)
-    p = run_cli(tmp_path, "--ops", "ops.py")
-    assert p.returncode == 0, p.stderr
-    assert p.stdout == "ops True\n"
-    p = run_cli(tmp_path, "ops.py")
-    assert p.stdout == "ops False\n"

@@ -298,10 +298,6 @@ class TorchIntegration:
         self._seq_attached = False
         self._nodes_attached = False
         self._precise = tracker.precise
-        self._record_ops = getattr(tracker, "record_ops", False)
-        self._ops = None
-        #: Why torch-function labels could not be taken off at stop (None: they were).
-        self.ops_left: Optional[str] = None
         self._wrapped = False
         #: How precise mode captures PyTorch's allocations (None outside it).
         self.precise_capture: Optional[str] = None
@@ -346,12 +342,6 @@ class TorchIntegration:
             self._patch_backward(torch)
         if self.record_graph:
             self.graph.start()
-        if self._record_ops:
-            from .ops import OpLabels
-
-            self._ops = OpLabels()
-            if not self._ops.install():
-                self._ops = None
         try:
             from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -379,9 +369,6 @@ class TorchIntegration:
         if watcher is not None and watcher in sys.meta_path:
             sys.meta_path.remove(watcher)
         self.graph.stop()
-        if self._ops is not None:
-            self.ops_left = self._ops.remove()
-            self._ops = None
         if self._wrapped:
             _precise.detach_wrappers()
             self._wrapped = False

@@ -1,0 +1,195 @@
+"""Naming the call behind an allocation, from its innermost Python frame.
+
+When memory is allocated from Python, the innermost Python frame of the
+allocating thread is in the middle of one instruction: the call into native
+code that asked for the memory (``F.linear(input, self.weight, self.bias)``
+in ``torch/nn/modules/linear.py``), or an operator (``q @ k``). The capture
+callback already records that frame's code object and instruction offset, so
+the name costs nothing while the program runs: it is worked out here, when a
+snapshot or a trace needs it, from the instruction's source span (Python
+3.11+ keeps column positions per instruction):
+
+* ``CALL`` and friends: a function reached through a module, with the
+  module's own name (``F.linear`` -> ``torch.nn.functional.linear``,
+  ``torch.matmul``); a method of some other object as ``.name``
+  (``x.float()`` -> ``.float``: memviz never evaluates user expressions, so
+  the object's type is not known); a plain name as written (``linear``);
+* ``BINARY_OP``: ``operator @`` (``+``, ``*=``, ...); ``BINARY_SUBSCR``:
+  ``operator []``; ``STORE_SUBSCR``: ``operator []=``;
+* anything else, Python 3.10 (no column positions), or source that cannot
+  be read: no name (None).
+
+Names are cached per (code object, offset).
+"""
+
+from __future__ import annotations
+
+import ast
+import dis
+import linecache
+import sys
+from types import CodeType, ModuleType
+from typing import Dict, Iterable, Mapping, Optional, Tuple
+
+from . import _core
+
+__all__ = ["call_name", "calls_of", "Resolved", "resolve"]
+
+_CALL_OPS = frozenset(("CALL", "CALL_KW", "CALL_FUNCTION_EX", "PRECALL"))
+_SUBSCR = {"BINARY_SUBSCR": "operator []", "STORE_SUBSCR": "operator []="}
+_NB_OPS = getattr(dis, "_nb_ops", ())  # [(name, symbol)] by BINARY_OP's argument (3.11+)
+_MAX_NAME = 80
+_CACHE_LIMIT = 20000
+
+_names: Dict[Tuple[CodeType, int], Optional[str]] = {}
+_positions: Dict[CodeType, list] = {}
+_modules: Dict[str, Optional[ModuleType]] = {}
+_modules_seen = [0]
+
+
+class Resolved(dict):
+    """``{stack id: frames}`` as the C core's ``resolve`` returns them, plus
+    ``calls``: ``{stack id: call name}`` for the stacks whose innermost call
+    could be named."""
+
+    calls: Dict[int, str]
+
+    def __init__(self, frames: Mapping = (), calls: Optional[Dict[int, str]] = None) -> None:
+        super().__init__(frames)
+        self.calls = calls if calls is not None else {}
+
+
+def resolve(ids: Iterable[int]) -> Resolved:
+    """The C core's ``resolve(ids)``, with the innermost calls named."""
+    ids = list(ids)
+    return Resolved(_core.resolve(ids), calls_of(ids))
+
+
+def calls_of(ids: Iterable[int]) -> Dict[int, str]:
+    """``{stack id: call name}`` for stacks of the live store."""
+    out = {}
+    for sid, (code, offset) in _core.call_sites(ids).items():
+        name = call_name(code, offset)
+        if name:
+            out[sid] = name
+    return out
+
+
+def call_name(code: CodeType, offset: int) -> Optional[str]:
+    """The name of what the instruction at ``offset`` of ``code`` calls (see
+    the module's docstring), or None."""
+    key = (code, offset)
+    try:
+        return _names[key]
+    except KeyError:
+        pass
+    except TypeError:  # pragma: no cover - an unhashable stand-in for a code object
+        return None
+    try:
+        name = _name(code, offset)
+    except Exception:  # never let naming break a snapshot: source may be odd or changed
+        name = None
+    if len(_names) >= _CACHE_LIMIT:
+        _names.clear()
+        _positions.clear()
+    _names[key] = name
+    return name
+
+
+def _name(code: CodeType, offset: int) -> Optional[str]:
+    raw = code.co_code
+    if not 0 <= offset < len(raw) or offset % 2:
+        return None
+    while offset > 0 and dis.opname[raw[offset]] == "CACHE":
+        offset -= 2
+    opname = dis.opname[raw[offset]]
+    if opname == "BINARY_OP":
+        arg = raw[offset + 1]
+        return f"operator {_NB_OPS[arg][1]}" if arg < len(_NB_OPS) else "operator"
+    if opname in _SUBSCR:
+        return _SUBSCR[opname]
+    if opname not in _CALL_OPS and not opname.startswith("CALL_FUNCTION") and opname != "CALL_METHOD":
+        return None
+    seg = _segment(code, offset)
+    if seg is None:
+        return None
+    source, after_dot = seg
+    tree = ast.parse(f"(\n{source}\n)", mode="eval").body
+    if not isinstance(tree, ast.Call):
+        return None
+    if after_dot and isinstance(tree.func, ast.Name):
+        # a method call across lines: Python starts its span at the name
+        return "." + tree.func.id
+    return _called(tree.func, code)
+
+
+def _segment(code: CodeType, offset: int) -> Optional[Tuple[str, bool]]:
+    """The source text of the instruction at ``offset`` (3.11+ positions),
+    and whether a ``.`` comes right before it."""
+    positions = _positions.get(code)
+    if positions is None:
+        if not hasattr(code, "co_positions"):
+            return None  # Python 3.10: line numbers only
+        positions = _positions[code] = list(code.co_positions())
+    start, end, col, end_col = positions[offset // 2]
+    if start is None or end is None or col is None or end_col is None:
+        return None
+    lines = linecache.getlines(code.co_filename)
+    if not lines or end > len(lines):
+        return None
+    # column offsets count UTF-8 bytes
+    chunk = [ln.encode("utf-8") for ln in lines[start - 1:end]]
+    before = chunk[0][:col].rstrip()
+    if not before and start >= 2:
+        before = lines[start - 2].rstrip()
+    after_dot = before.endswith(b".") if isinstance(before, bytes) else before.endswith(".")
+    if len(chunk) == 1:
+        return chunk[0][col:end_col].decode("utf-8", "replace"), after_dot
+    chunk[0] = chunk[0][col:]
+    chunk[-1] = chunk[-1][:end_col]
+    return b"".join(chunk).decode("utf-8", "replace"), after_dot
+
+
+def _called(func: ast.expr, code: CodeType) -> str:
+    parts = []
+    node = func
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        root = node.id
+        if not parts:
+            return root  # a plain function: linear(...), cb(...)
+        local = root in code.co_varnames or root in code.co_cellvars or root in code.co_freevars
+        mod = None if local else _global_module(code, root)
+        if mod is not None:
+            return ".".join([mod] + parts[::-1])
+    if parts:
+        return "." + parts[0]  # a method of some object: x.float(...) -> .float
+    text = ast.unparse(func)
+    return text if len(text) <= _MAX_NAME else text[:_MAX_NAME - 3] + "..."
+
+
+def _global_module(code: CodeType, name: str) -> Optional[str]:
+    """The module name a global ``name`` of ``code``'s module is bound to
+    (``F`` -> ``torch.nn.functional``), or None. Reads module dicts only."""
+    module = _module_of(code.co_filename)
+    if module is None:
+        return None
+    value = vars(module).get(name)
+    if isinstance(value, ModuleType):
+        return getattr(value, "__name__", None)
+    return None
+
+
+def _module_of(filename: str) -> Optional[ModuleType]:
+    mod = _modules.get(filename)
+    if mod is not None or (filename in _modules and _modules_seen[0] == len(sys.modules)):
+        return mod
+    _modules_seen[0] = len(sys.modules)
+    for m in list(sys.modules.values()):
+        f = vars(m).get("__file__") if isinstance(m, ModuleType) else None
+        if isinstance(f, str) and _modules.get(f) is None:
+            _modules[f] = m
+    _modules.setdefault(filename, None)
+    return _modules[filename]
