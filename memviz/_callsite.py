@@ -9,11 +9,12 @@ the name costs nothing while the program runs: it is worked out here, when a
 snapshot or a trace needs it, from the instruction's source span (Python
 3.11+ keeps column positions per instruction):
 
-* ``CALL`` and friends: a function reached through a module, with the
-  module's own name (``F.linear`` -> ``torch.nn.functional.linear``,
-  ``torch.matmul``); a method of some other object as ``.name``
-  (``x.float()`` -> ``.float``: memviz never evaluates user expressions, so
-  the object's type is not known); a plain name as written (``linear``);
+* ``CALL`` and friends: the called expression as written (``x.float``,
+  ``linear``), except that a global bound to a module is spelled out with
+  the module's own name (``F.linear`` -> ``torch.nn.functional.linear``);
+  a method of a computed object keeps its name only (``f(x).float`` ->
+  ``.float``). memviz never evaluates user expressions, so the type of
+  ``x`` is not known;
 * ``BINARY_OP``: ``operator @`` (``+``, ``*=``, ...); ``BINARY_SUBSCR``:
   ``operator []``; ``STORE_SUBSCR``: ``operator []=``;
 * anything else, Python 3.10 (no column positions), or source that cannot
@@ -158,15 +159,13 @@ def _called(func: ast.expr, code: CodeType) -> str:
         node = node.value
     if isinstance(node, ast.Name):
         root = node.id
-        if not parts:
-            return root  # a plain function: linear(...), cb(...)
         local = root in code.co_varnames or root in code.co_cellvars or root in code.co_freevars
-        mod = None if local else _global_module(code, root)
-        if mod is not None:
-            return ".".join([mod] + parts[::-1])
-    if parts:
-        return "." + parts[0]  # a method of some object: x.float(...) -> .float
-    text = ast.unparse(func)
+        mod = _global_module(code, root) if parts and not local else None
+        text = ".".join([mod or root] + parts[::-1])
+    elif parts:
+        text = "." + parts[0]  # a method of a computed object: f(x).float(...) -> .float
+    else:
+        text = ast.unparse(func)
     return text if len(text) <= _MAX_NAME else text[:_MAX_NAME - 3] + "..."
 
 

@@ -196,8 +196,8 @@ class Allocation(NamedTuple):
             ``"other_pytorch"``, ``"outside_pytorch"``...), when the PyTorch
             integration could tell; else None.
         op: what the innermost Python frame was calling when it was made:
-            ``"torch.nn.functional.linear"``, ``"torch.matmul"``, ``".float"``
-            (a method), ``"operator @"``; None with no Python frames (backward
+            ``"torch.nn.functional.linear"``, ``"torch.matmul"``, ``"x.float"``
+            (as written), ``"operator @"``; None with no Python frames (backward
             on the engine's threads), on Python 3.10, or where the source
             cannot be read. Named when the snapshot is built, from the
             frame's instruction (no cost while the program runs).

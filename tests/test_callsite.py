@@ -24,6 +24,7 @@ KiB = 1024
 CB = CBID_cuMemAlloc_v2
 gpu_ops = types.ModuleType("gpu_ops")  # a module of native functions, as torch.nn.functional
 G = gpu_ops  # bound under another name, as `import torch.nn.functional as F`
+torch = types.SimpleNamespace()  # a global named like a module, bound to something else
 
 
 class Zero:
@@ -34,9 +35,9 @@ class Zero:
 
 @pytest.fixture
 def dbl(fake):
-    gpu_ops.alloc = fake._c.fake_alloc
+    gpu_ops.alloc = torch.fake_alloc = fake._c.fake_alloc
     yield fake
-    del gpu_ops.alloc
+    del gpu_ops.alloc, torch.fake_alloc
 
 
 def test_snapshot_names_the_call_each_allocation_came_from(dbl):
@@ -47,6 +48,7 @@ def test_snapshot_names_the_call_each_allocation_came_from(dbl):
         # (a partial is no descriptor: the operator passes only the other operand)
         __matmul__ = functools.partial(c.fake_alloc, CB, 7 * KiB, 0)
         __getitem__ = functools.partial(c.fake_alloc, CB, 8 * KiB, 0)
+        lib = staticmethod(lambda c: c)
 
     a = Tensorish()
     with memviz.track() as t:
@@ -60,14 +62,16 @@ def test_snapshot_names_the_call_each_allocation_came_from(dbl):
         dbl.alloc(CB, 6 * KiB)  # the double's helper makes the call: its line is innermost
         a @ a
         a[Zero()]
+        torch.fake_alloc(CB, 9 * KiB, 0, 0)  # a global that is no module here: as written
+        Tensorish.lib(c).fake_alloc(CB, 10 * KiB, 0, 0)  # a method of a computed object
         snap = t.snapshot()
     assert s
     got = {a.size // KiB: a.op for a in snap}
-    assert got == {1: "gpu_ops.alloc", 2: ".fake_alloc", 3: "alloc", 4: "gpu_ops.alloc",
-                   5: ".fake_alloc", 6: ".fake_alloc", 7: "operator @", 8: "operator []"}, got
+    assert got == {1: "gpu_ops.alloc", 2: "c.fake_alloc", 3: "alloc", 4: "gpu_ops.alloc",
+                   5: ".fake_alloc", 6: "self._c.fake_alloc", 7: "operator @", 8: "operator []",
+                   9: "torch.fake_alloc", 10: ".fake_alloc"}, got
     by_op = {st.key: st.size // KiB for st in snap.statistics("op")}
-    assert by_op == {".fake_alloc": 13, "gpu_ops.alloc": 5, "operator []": 8, "operator @": 7,
-                     "alloc": 3}, by_op
+    assert by_op["gpu_ops.alloc"] == 5 and by_op[".fake_alloc"] == 15, by_op
 
 
 def test_names_survive_stop_traces_saves_and_failures(dbl, tmp_path):
@@ -136,3 +140,23 @@ def test_no_name_without_source_or_a_call():
     code = compile("x = 1", "<s>", "exec")
     assert _callsite.call_name(code, 0) is None  # not a call
     assert _callsite.call_name(code, 10_000) is None  # past the end
+
+
+def test_module_alias_of_a_module_no_longer_importable_stays_as_written():
+    """`python -m memviz run script.py` runs the script in a module that is
+    gone from sys.modules by report time: its aliases cannot be looked up."""
+    import linecache
+
+    seen = []
+
+    def cb(*args):
+        seen.append(_site())
+        return 0
+
+    src = "import builtins as B\nB.list(B.map(cb, [1]))\n"
+    linecache.cache["<gone module>"] = (len(src), None, src.splitlines(True), "<gone module>")
+    try:
+        exec(compile(src, "<gone module>", "exec"), {"cb": cb})
+    finally:
+        del linecache.cache["<gone module>"]
+    assert seen == ["B.list"]

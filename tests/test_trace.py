@@ -321,6 +321,10 @@ def test_chunk_level_problems(good_trace):
     # data after the END chunk
     with pytest.raises(memviz.TraceError, match="after the end"):
         from_bytes(good_trace + F.chunk(F.STRINGS, b"[]"))
+    # a call-name table whose names are not strings, or whose keys are no stack ids
+    for bad, what in ((b'{"1": 5}', "is not a string"), (b'{"x": "f"}', "stack id")):
+        with pytest.raises(memviz.TraceError, match=what):
+            from_bytes(good_trace[:at] + F.chunk(F.CALLS | F.OPTIONAL, bad) + good_trace[at:])
     # an event count that does not match the payload (valid CRC)
     bogus = F.chunk(F.EVENTS, struct.pack("<IB", 1 << 31, 1) + b"\0" * 64, compress=None)
     with pytest.raises(memviz.TraceError, match="says 2,147,483,648 events"):
