@@ -8,6 +8,7 @@ import os
 import platform
 import shlex
 import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -137,6 +138,7 @@ def test_failed_call_through_a_wrapper_is_a_failure_not_an_allocation(torchlib, 
         report = t.oom_report
     assert totals["failed"] == 1, totals
     assert report is not None and report.requested == 7 << 20 and report.line.endswith(f":{line}"), report
+    assert report.call == ("torchlib.torch_alloc" if sys.version_info >= (3, 11) else None), report
 
 
 def test_detach_puts_the_library_back(torchlib, fake):

@@ -472,6 +472,8 @@ def test_oom_report_from_a_failed_driver_call(ops):
     assert r is not None and r.requested == 1 << 40 and r.line == f"{THIS}:{line}"
     assert r.by_line and r.by_line[0][1] == 1 << 20
     assert "Out of memory on cuda:0: 1 TiB requested" in str(r)
+    if sys.version_info >= (3, 11):  # the double's helper made the failing call
+        assert r.call == "self._c.fake_alloc" and f":{line} by self._c.fake_alloc (" in str(r), str(r)
 
 
 def test_integration_installs_when_torch_is_imported_later():

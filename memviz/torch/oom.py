@@ -7,8 +7,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from .._callsite import call_name
 from .._units import format_size
-from .graph import user_line
+from .graph import _MEMVIZ_DIR, user_line
 
 __all__ = ["OomReport", "capture_oom", "from_failure"]
 
@@ -32,6 +33,8 @@ class OomReport:
     outside_pytorch: Optional[int] = None
     device_total: Optional[int] = None
     device_free: Optional[int] = None
+    #: what the innermost Python frame was calling (``torch.nn.functional.linear``)
+    call: Optional[str] = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -39,7 +42,8 @@ class OomReport:
     def __str__(self) -> str:
         fs = format_size
         lines = [f"Out of memory on cuda:{self.device}: {fs(self.requested)} requested at "
-                 f"{self.line or '<unknown line>'} ({self.source})"]
+                 f"{self.line or '<unknown line>'}" + (f" by {self.call}" if self.call else "")
+                 + f" ({self.source})"]
         if self.device_total is not None:
             lines.append(f"  device: {fs(self.device_total)} total, {fs(self.device_free or 0)} free")
         if self.torch_reserved is not None:
@@ -92,9 +96,13 @@ def capture_oom(tracker, integ, device, alloc, device_total, device_free) -> Oom
     """Called from PyTorch's out-of-memory observer (the failing thread, with
     the GIL): copy what is live now, before the user's handler frees it."""
     uf = user_line(2)
+    f = sys._getframe(1)
+    while f is not None and f.f_code.co_filename.startswith(_MEMVIZ_DIR):
+        f = f.f_back  # the op's caller: the innermost frame that is not memviz's observer
     report = OomReport(alloc, device, f"{uf.filename}:{uf.lineno}" if uf else None,
                        "PyTorch out-of-memory observer", time.monotonic_ns(),
-                       device_total=device_total, device_free=device_free)
+                       device_total=device_total, device_free=device_free,
+                       call=call_name(f.f_code, f.f_lasti) if f is not None else None)
     snap = integ.categorize(tracker.snapshot_raw(), live_now=True)
     _fill(report, snap.filter(lambda a: a.device == device))
     _torch_pool(report, device)
@@ -113,7 +121,7 @@ def from_failure(tracker) -> Optional[OomReport]:
     f = failures[-1]
     uf = f.traceback.user_frame if f.traceback else None
     report = OomReport(f.size, f.device, f"{uf.filename}:{uf.lineno}" if uf else None,
-                       "failed driver call", f.timestamp_ns)
+                       "failed driver call", f.timestamp_ns, call=f.op)
     _fill(report, tracker.peak_snapshot(f.device))
     _torch_pool(report, f.device)
     return report

@@ -142,6 +142,25 @@ def test_planted_oom_produces_the_report():
     print(r["text"])
 
 
+def test_oom_report_names_the_call_that_failed():
+    """torch.cdist is Python (torch/functional.py) calling _VF.cdist: the
+    failing call is named from that frame, with the module spelled out."""
+    r = run("""
+        import torch
+        a = torch.ones(1 << 20, 1, device="cuda")
+        with memviz.track() as t:
+            try:
+                torch.cdist(a, a)  # a 4 TiB result
+            except torch.OutOfMemoryError:
+                pass
+        rep = t.oom_report
+        out(call=rep.call if rep else None, requested=rep.requested if rep else None, text=str(rep))
+    """)
+    print("oom call", r)
+    assert r["call"] and "cdist" in r["call"], r
+    assert r["requested"] >= 1 << 42, r
+
+
 @pytest.mark.parametrize("precise", [True, False], ids=["precise", "default"])
 def test_allocations_name_the_call_that_made_them(precise):
     """Allocation.op: the model's nn.Linear layers call F.linear, named with
