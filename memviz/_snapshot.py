@@ -296,7 +296,7 @@ _SIMPLE_KEYS: Dict[str, Callable[[Allocation], Any]] = {
     "category": lambda a: a.category or "<unknown>",
     "autograd_node": lambda a: (f"{a.autograd_node} ({a.forward})" if a.forward else a.autograd_node)
     if a.autograd_node else "<not in backward>",
-    "op": lambda a: a.op or "<no call>",
+    "op": lambda a: getattr(a, "op", None) or "<no call>",  # duck-typed report sources may lack it
 }
 
 

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import threading
 import time
 
@@ -113,6 +114,9 @@ def test_page_is_one_offline_file_with_all_sections(run):
     assert len(d["failures"]) == 1 and d["failures"][0][1] == 80 << 30
     assert "test_html_report.py" in d["failures"][0][4]
     assert {r[0] for r in d["tables"]["labels"]["rows"]} >= {"<no label>"}
+    calls = {r[0]: r[1] for r in d["tables"]["calls"]["rows"]}  # what the innermost frames called
+    if sys.version_info >= (3, 11):
+        assert calls.get("self._c.fake_alloc", 0) > 0, calls
     end_labels = {r[0] for r in d["tables"]["live at end"]["rows"]}
     assert any("pt_autograd_0" in r for r in end_labels)
 

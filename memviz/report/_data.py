@@ -276,7 +276,7 @@ def _line_table(snap: Any, total: int, rows: int) -> Dict[str, Any]:
 
 def _tables(peak: Any, buckets: List[list], total: int, end: Any, rows: int) -> Dict[str, Any]:
     out = {"lines": _line_table(peak, total, rows)}
-    for name, key in (("autograd nodes", "autograd_node"), ("categories", "category"),
+    for name, key in (("autograd nodes", "autograd_node"), ("calls", "op"), ("categories", "category"),
                       ("labels", "label"), ("threads", "thread"), ("kinds", "kind")):
         out[name] = _table(_grouped(buckets, key), total, key.replace("_", " "), rows)
     if end is not None:

@@ -342,7 +342,7 @@
     if (spec.more) { parent.appendChild(el('p', {'class': 'note'}, '\u2026 and ' + fmtInt(spec.more) + ' more rows, not included in this report.')); }
     return state;
   }
-  var TABLE_TITLES = {'lines': 'By line (at the peak)', 'autograd nodes': 'By autograd node', 'categories': 'By category',
+  var TABLE_TITLES = {'lines': 'By line (at the peak)', 'autograd nodes': 'By autograd node', 'calls': 'By call', 'categories': 'By category',
     'labels': 'By label', 'threads': 'By thread', 'kinds': 'By kind', 'live at end': 'Live at the end (by line)'};
   function tables() {
     var s = section('Where the memory is', 'mvz-tables');
