@@ -69,8 +69,8 @@ def resolve(ids: Iterable[int]) -> Resolved:
 def calls_of(ids: Iterable[int]) -> Dict[int, str]:
     """``{stack id: call name}`` for stacks of the live store."""
     out = {}
-    for sid, (code, offset) in _core.call_sites(ids).items():
-        name = call_name(code, offset)
+    for sid, site in _core.call_sites(ids).items():
+        name = site if isinstance(site, str) else call_name(*site)  # a str: named when its code died
         if name:
             out[sid] = name
     return out
@@ -97,7 +97,17 @@ def call_name(code: CodeType, offset: int) -> Optional[str]:
     return name
 
 
-def _name(code: CodeType, offset: int) -> Optional[str]:
+def _name_dying(code: CodeType, offset: int) -> Optional[str]:
+    """``call_name`` for a code object being destroyed (the C core's code
+    watcher, Python 3.12+): nothing may keep a reference to it, so nothing is
+    cached."""
+    try:
+        return _name(code, offset, cache=False)
+    except Exception:
+        return None
+
+
+def _name(code: CodeType, offset: int, cache: bool = True) -> Optional[str]:
     raw = code.co_code
     if not 0 <= offset < len(raw) or offset % 2:
         return None
@@ -111,7 +121,7 @@ def _name(code: CodeType, offset: int) -> Optional[str]:
         return _SUBSCR[opname]
     if opname not in _CALL_OPS and not opname.startswith("CALL_FUNCTION") and opname != "CALL_METHOD":
         return None
-    seg = _segment(code, offset)
+    seg = _segment(code, offset, cache)
     if seg is None:
         return None
     source, after_dot = seg
@@ -124,14 +134,16 @@ def _name(code: CodeType, offset: int) -> Optional[str]:
     return _called(tree.func, code)
 
 
-def _segment(code: CodeType, offset: int) -> Optional[Tuple[str, bool]]:
+def _segment(code: CodeType, offset: int, cache: bool = True) -> Optional[Tuple[str, bool]]:
     """The source text of the instruction at ``offset`` (3.11+ positions),
     and whether a ``.`` comes right before it."""
-    positions = _positions.get(code)
+    positions = _positions.get(code) if cache else None
     if positions is None:
         if not hasattr(code, "co_positions"):
             return None  # Python 3.10: line numbers only
-        positions = _positions[code] = list(code.co_positions())
+        positions = list(code.co_positions())
+        if cache:
+            _positions[code] = positions
     start, end, col, end_col = positions[offset // 2]
     if start is None or end is None or col is None or end_col is None:
         return None
@@ -192,3 +204,6 @@ def _module_of(filename: str) -> Optional[ModuleType]:
             _modules[f] = m
     _modules.setdefault(filename, None)
     return _modules[filename]
+
+
+_core.set_call_namer(_name_dying)

@@ -132,7 +132,8 @@ def _top_lines(tracker: Any, totals: Dict[int, Dict[str, int]], top: int) -> Lis
     for dev in sorted(totals, key=lambda d: (d < 0, d)):
         if totals[dev]["peak"] <= 0:
             continue
-        stats = tracker.peak_snapshot(dev).statistics("lineno")
+        snap = tracker.peak_snapshot(dev)
+        stats = snap.statistics("lineno")
         lines += ["", f"Top lines at the peak of {_device_name(dev)} "
                       f"({format_size(totals[dev]['peak'])}):"]
         if not stats:
@@ -149,6 +150,11 @@ def _top_lines(tracker: Any, totals: Dict[int, Dict[str, int]], top: int) -> Lis
         if rest:
             lines.append(f"  ... {len(rest):,} more line(s) holding "
                          f"{format_size(sum(s.size for s in rest))}")
+        calls = [s for s in snap.statistics("op") if s.key != "<no call>"][:top]
+        if calls:
+            lines += ["", f"By call at the peak of {_device_name(dev)} (what the innermost Python "
+                          f"frame was calling):"]
+            lines += [f"  {format_size(s.size):>10}  {_count(s.count):<11} {s.key}" for s in calls]
     return lines
 
 
@@ -218,11 +224,6 @@ def _pytorch(tracker: Any, totals: Dict[int, Dict[str, int]]) -> List[str]:
         if cats:
             lines += ["", f"By category at the peak of {_device_name(dev)}:"]
             lines += [f"  {format_size(s.size):>10}  {_count(s.count):<10}  {s.key}" for s in cats]
-        fns = [s for s in snap.statistics("op") if s.key != "<no call>"][:8]
-        if fns:
-            lines += ["", f"By call at the peak of {_device_name(dev)} (what the innermost Python "
-                          f"frame was calling):"]
-            lines += [f"  {format_size(s.size):>10}  {_count(s.count):<10}  {s.key}" for s in fns]
         stats = getattr(snap, "torch_stats", {}).get(dev)
         if stats:
             lines.append(f"  PyTorch now: {format_size(stats['allocated'])} allocated, "

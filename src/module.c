@@ -53,21 +53,48 @@ static void schedule_adopt(void)
 }
 #else
 /* Python 3.12+: when a code object that a not-yet-adopted stack refers to is
- * destroyed, its frames are resolved to (filename, lineno, name) first. */
+ * destroyed, its frames are resolved to (filename, lineno, name, call) first;
+ * `call` is what memviz._callsite names the instruction's call (None if it
+ * cannot), so Allocation.op survives the code object (a notebook cell's). */
 static int code_watcher_id = -1;
+static PyObject *call_namer; /* memviz._callsite._name_dying, or NULL */
+static void *last_code;      /* one on_code_event's last (code, offset) and tuple */
+static int32_t last_offset;
+static PyObject *last_tuple;
 
 static PyObject *frame_tuple(PyCodeObject *co, int offset)
 {
     int line = PyCode_Addr2Line(co, offset);
     PyObject *name = co->co_qualname ? co->co_qualname : co->co_name;
-    return Py_BuildValue("(OiO)", co->co_filename, line, name);
+#if PY_VERSION_HEX >= 0x030D0000
+    int finalizing = Py_IsFinalizing();
+#else
+    int finalizing = _Py_IsFinalizing();
+#endif
+    /* no Python naming while the interpreter tears its modules down */
+    PyObject *call = call_namer && !finalizing
+                         ? PyObject_CallFunction(call_namer, "Oi", (PyObject *)co, offset)
+                         : NULL;
+    if (!call) {
+        PyErr_Clear(); /* naming is best effort: the frame itself must resolve */
+        call = Py_NewRef(Py_None);
+    }
+    PyObject *t = Py_BuildValue("(OiON)", co->co_filename, line, name, call);
+    return t;
 }
 
 static void *resolve_dying(void *code, int32_t offset)
 {
+    if (last_tuple && last_code == code && last_offset == offset)
+        return Py_NewRef(last_tuple); /* the same frame in another stack */
     PyObject *t = frame_tuple((PyCodeObject *)code, offset);
-    if (!t)
+    if (!t) {
         PyErr_Clear();
+        return NULL;
+    }
+    Py_XSETREF(last_tuple, Py_NewRef(t));
+    last_code = code;
+    last_offset = offset;
     return t;
 }
 
@@ -78,10 +105,27 @@ static int on_code_event(PyCodeEvent event, PyCodeObject *co)
     PyObject *exc = PyErr_GetRaisedException();
     if (mvz_store_mark_dying(co))
         mvz_store_resolve_dying(co, resolve_dying);
+    Py_CLEAR(last_tuple);
+    last_code = NULL;
     PyErr_SetRaisedException(exc);
     return 0;
 }
 #endif
+
+/* set_call_namer(fn or None): what names a dying code object's calls (3.12+;
+ * a no-op before, where stacks keep their code objects alive). */
+static PyObject *core_set_call_namer(PyObject *self, PyObject *fn)
+{
+    (void)self;
+    if (fn != Py_None && !PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "set_call_namer() takes a callable or None");
+        return NULL;
+    }
+#if PY_VERSION_HEX >= 0x030C0000
+    Py_XSETREF(call_namer, fn == Py_None ? NULL : Py_NewRef(fn));
+#endif
+    Py_RETURN_NONE;
+}
 
 /* ---- helpers ---------------------------------------------------------- */
 
@@ -748,8 +792,8 @@ static PyObject *core_resolve(PyObject *self, PyObject *ids)
                 fr = buf[i].code ? (PyObject *)buf[i].code : Py_None;
                 if (fr == Py_None)
                     fr = Py_BuildValue("(sis)", "<unknown>", 0, "<unknown>");
-                else
-                    Py_INCREF(fr);
+                else /* (filename, lineno, name[, call]): frames are the first three */
+                    fr = PyTuple_GetSlice(fr, 0, 3);
             } else {
                 PyObject *key = Py_BuildValue("(ni)", (Py_ssize_t)buf[i].code, buf[i].offset);
                 fr = key ? PyDict_GetItemWithError(cache, key) : NULL;
@@ -796,10 +840,10 @@ error:
     return NULL;
 }
 
-/* call_sites(ids) -> {id: (code, offset)}: the code object and byte offset
- * of each stack's innermost frame, for naming the call that frame was making
- * (memviz/_callsite.py). Stacks with no frames, or whose innermost code
- * object was already destroyed (its frame resolved to a tuple), are left out. */
+/* call_sites(ids) -> {id: (code, offset) or name}: the code object and byte
+ * offset of each stack's innermost frame, for naming the call that frame was
+ * making (memviz/_callsite.py); where that code object was already destroyed,
+ * the name made then. Stacks with no frames, or no name, are left out. */
 static PyObject *core_call_sites(PyObject *self, PyObject *ids)
 {
     (void)self;
@@ -816,14 +860,24 @@ static PyObject *core_call_sites(PyObject *self, PyObject *ids)
     while ((item = PyIter_Next(it))) {
         unsigned long id = PyLong_AsUnsignedLong(item);
         mvz_frame top;
-        if (PyErr_Occurred() || mvz_store_stack_frames((uint32_t)id, &top, 1) < 1 ||
-            (top.flags & MVZ_FRAME_RESOLVED) || !top.code) {
+        if (PyErr_Occurred() || mvz_store_stack_frames((uint32_t)id, &top, 1) < 1 || !top.code) {
             Py_DECREF(item);
             if (PyErr_Occurred())
                 goto error;
             continue;
         }
-        PyObject *site = Py_BuildValue("(Oi)", (PyObject *)top.code, top.offset);
+        PyObject *site;
+        if (top.flags & MVZ_FRAME_RESOLVED) {
+            /* its code object died: the name made then, if any (3.12+) */
+            PyObject *t = (PyObject *)top.code;
+            if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 4 || !PyUnicode_Check(PyTuple_GET_ITEM(t, 3))) {
+                Py_DECREF(item);
+                continue;
+            }
+            site = Py_NewRef(PyTuple_GET_ITEM(t, 3));
+        } else {
+            site = Py_BuildValue("(Oi)", (PyObject *)top.code, top.offset);
+        }
         int rc = site ? PyDict_SetItem(out, item, site) : -1;
         Py_XDECREF(site);
         Py_DECREF(item);
@@ -1013,6 +1067,7 @@ static PyMethodDef core_methods[] = {
     {"stats", core_stats, METH_NOARGS, "Counters and memviz's own memory."},
     {"resolve", core_resolve, METH_O, "Frames of stacks by id, innermost first."},
     {"call_sites", core_call_sites, METH_O, "(code, offset) of each stack's innermost frame."},
+    {"set_call_namer", core_set_call_namer, METH_O, "What names the calls of dying code objects."},
     {"step_mark", core_step_mark, METH_NOARGS,
      "Per-device (current, window peak, live count) and stacks changed since the last mark."},
     {"trace_enable", core_trace_enable, METH_O, "Log events into a ring of this many entries."},

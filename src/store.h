@@ -34,8 +34,8 @@ enum mvz_kind {
 
 /* One Python frame as captured: the code object and the byte offset of the
  * instruction. With MVZ_FRAME_RESOLVED, `code` is instead a tuple
- * (filename, lineno, name) that memviz owns (made when the code object died
- * before it could be kept alive). */
+ * (filename, lineno, name, call) that memviz owns (made when the code object
+ * died before it could be kept alive; `call` is a str or None). */
 #define MVZ_FRAME_RESOLVED 1u
 #define MVZ_FRAME_DYING 2u
 typedef struct {

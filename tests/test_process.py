@@ -136,3 +136,25 @@ def test_code_object_that_dies_before_the_snapshot(fake):
         gc.collect()
     a, = t.snapshot().allocations
     assert (a.traceback[1].filename, a.traceback[1].lineno, a.traceback[1].name) == ("<generated>", 3, "dyn")
+
+
+def test_call_of_a_code_object_that_dies_before_the_snapshot(fake):
+    """A notebook cell's code object is gone by the time the next cell looks
+    at the tracker: the call its frame was making keeps its name (3.11 keeps
+    the code object alive; 3.12+ names the call as the code object dies)."""
+    import linecache
+
+    name = "<cell 1>"
+    src = "x = 1\nfake._c.fake_alloc(%d, 1 << 20, 0, 0)\n" % CBID_cuMemAlloc_v2
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    try:
+        with memviz.track() as t:
+            exec(compile(src, name, "exec"), {"fake": fake})
+            gc.collect()
+        if sys.version_info >= (3, 12):
+            del linecache.cache[name]  # named as the code object died: the source is not needed now
+        a, = t.snapshot().allocations
+    finally:
+        linecache.cache.pop(name, None)
+    assert (a.traceback[0].filename, a.traceback[0].lineno) == (name, 2)
+    assert a.op == ("fake._c.fake_alloc" if sys.version_info >= (3, 11) else None)
