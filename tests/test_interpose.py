@@ -65,6 +65,13 @@ def _cc(args):
     assert p.returncode == 0, p.stderr
 
 
+def _load(path):
+    """A stand-in torch library, bound to its own stand-in runtime even where
+    a real libcudart is in the global scope (torch's CUDA build puts one
+    there, and a plain dlopen would bind the stand-in to it)."""
+    return ctypes.CDLL(str(path), mode=os.RTLD_DEEPBIND | ctypes.RTLD_LOCAL)
+
+
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory):
     """{"now"/"lazy": the stand-in libc10_cuda.so}, bound eagerly (its GOT
@@ -89,7 +96,7 @@ def torchlib(libs, fake, request):
     rt = ctypes.CDLL(str(d / "libfakert.so"))
     rt.fakert_init(ctypes.cast(fake.lib.fake_alloc, ctypes.c_void_p),
                    ctypes.cast(fake.lib.fake_free, ctypes.c_void_p))
-    lib = ctypes.CDLL(str(built[request.param]))
+    lib = _load(built[request.param])
     lib.torch_alloc.restype = ctypes.c_uint64
     lib.torch_alloc.argtypes = [ctypes.c_uint64]
     lib.torch_free.argtypes = [ctypes.c_uint64]
@@ -196,7 +203,7 @@ def test_several_libraries_wrapped_at_once(libs, fake):
     rt = ctypes.CDLL(str(d / "libfakert.so"))
     rt.fakert_init(ctypes.cast(fake.lib.fake_alloc, ctypes.c_void_p),
                    ctypes.cast(fake.lib.fake_free, ctypes.c_void_p))
-    a, b = (ctypes.CDLL(str(built[k])) for k in ("now", "lazy"))
+    a, b = (_load(built[k]) for k in ("now", "lazy"))
     a.torch_alloc.restype = ctypes.c_uint64
     a.torch_alloc.argtypes = [ctypes.c_uint64]
     b.torch_free.argtypes = [ctypes.c_uint64]
@@ -232,8 +239,8 @@ def test_a_torch_library_that_cannot_be_wrapped_keeps_cupti_for_all(libs, fake, 
     _cc([str(d / "torch.c"), "-o", str(libdir / "libother_cuda.so"), f"-L{tmp_path}", "-lfakert2",
          f"-Wl,-rpath,{tmp_path}"])
     ctypes.CDLL(str(d / "libfakert.so"))
-    ctypes.CDLL(str(built["now"]))
-    ctypes.CDLL(str(libdir / "libother_cuda.so"))
+    _load(built["now"])
+    _load(libdir / "libother_cuda.so")
     monkeypatch.setitem(__import__("sys").modules, "torch",
                         types.SimpleNamespace(__file__=str(tmp_path / "torch" / "__init__.py")))
     try:
