@@ -194,6 +194,8 @@ def _global_module(code: CodeType, name: str) -> Optional[str]:
 
 
 def _module_of(filename: str) -> Optional[ModuleType]:
+    if filename.startswith("<"):
+        return None  # <string>, <stdin>, <frozen ...>: no module file to match
     mod = _modules.get(filename)
     if mod is not None or (filename in _modules and _modules_seen[0] == len(sys.modules)):
         return mod
