@@ -11,7 +11,9 @@ snapshot or a trace needs it, from the instruction's source span (Python
 
 * ``CALL`` and friends: the called expression as written (``x.float``,
   ``linear``), except that a global bound to a module is spelled out with
-  the module's own name (``F.linear`` -> ``torch.nn.functional.linear``);
+  the module's own name (``F.linear`` -> ``torch.nn.functional.linear``;
+  globals are read from the code's module, from what ``memviz run`` kept
+  of its script's, or, for a notebook cell, from ``__main__``);
   a method of a computed object keeps its name only (``f(x).float`` ->
   ``.float``). memviz never evaluates user expressions, so the type of
   ``x`` is not known;
@@ -34,7 +36,7 @@ from typing import Dict, Iterable, Mapping, Optional, Tuple
 
 from . import _core
 
-__all__ = ["call_name", "calls_of", "Resolved", "resolve"]
+__all__ = ["add_namespace", "call_name", "calls_of", "Resolved", "resolve"]
 
 _CALL_OPS = frozenset(("CALL", "CALL_KW", "CALL_FUNCTION_EX", "PRECALL"))
 _SUBSCR = {"BINARY_SUBSCR": "operator []", "STORE_SUBSCR": "operator []="}
@@ -46,6 +48,7 @@ _names: Dict[Tuple[CodeType, int], Optional[str]] = {}
 _positions: Dict[CodeType, list] = {}
 _modules: Dict[str, Optional[ModuleType]] = {}
 _modules_seen = [0]
+_namespaces: Dict[str, dict] = {}  # file name -> globals of code that ran outside any module
 
 
 class Resolved(dict):
@@ -181,13 +184,27 @@ def _called(func: ast.expr, code: CodeType) -> str:
     return text if len(text) <= _MAX_NAME else text[:_MAX_NAME - 3] + "..."
 
 
+def add_namespace(filename: str, namespace: dict) -> None:
+    """The globals that the code of ``filename`` ran with, for naming its
+    calls after its module is gone (``memviz run`` runs a script in a
+    temporary ``__main__``)."""
+    _namespaces[filename] = namespace
+
+
 def _global_module(code: CodeType, name: str) -> Optional[str]:
     """The module name a global ``name`` of ``code``'s module is bound to
-    (``F`` -> ``torch.nn.functional``), or None. Reads module dicts only."""
-    module = _module_of(code.co_filename)
-    if module is None:
-        return None
-    value = vars(module).get(name)
+    (``F`` -> ``torch.nn.functional``), or None. Reads module dicts only.
+
+    Code whose file is no module's (a notebook cell, exec'd source) is
+    looked up in ``__main__``, where IPython keeps the user's names."""
+    filename = code.co_filename
+    ns = _namespaces.get(filename)
+    if ns is None:
+        module = _module_of(filename)
+        if module is None:
+            module = sys.modules.get("__main__")
+        ns = vars(module) if isinstance(module, ModuleType) else {}
+    value = ns.get(name)
     if isinstance(value, ModuleType):
         return getattr(value, "__name__", None)
     return None

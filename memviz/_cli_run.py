@@ -30,7 +30,7 @@ import traceback
 import warnings
 from typing import List, Optional, Tuple
 
-from . import _core
+from . import _callsite, _core
 from ._errors import CaptureConflict, CaptureUnavailable, MemvizError
 from ._report import text_report
 from ._tracker import CaptureWarning, Tracker
@@ -218,15 +218,29 @@ def _wait_for_threads() -> None:
 
 
 def _execute(script: Optional[str], module: Optional[str], args: List[str]) -> None:
-    """Run the target with ``sys.argv``/``sys.path[0]`` set like python does."""
-    if module is not None:
-        sys.argv = [module] + args  # run_module(alter_sys=True) sets argv[0] to the file
-        sys.path[0:1] = [os.getcwd()]
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = [script] + args
-        sys.path[0:1] = [os.path.dirname(os.path.realpath(script))]
-        runpy.run_path(os.path.abspath(script), run_name="__main__")  # __file__ absolute, as in 3.9+
+    """Run the target with ``sys.argv``/``sys.path[0]`` set like python does.
+
+    The target runs in a temporary ``__main__`` that is gone when the report
+    is written; its globals are handed to memviz._callsite, which names
+    calls through the target's module aliases (``F.linear``)."""
+    try:
+        if module is not None:
+            sys.argv = [module] + args  # run_module(alter_sys=True) sets argv[0] to the file
+            sys.path[0:1] = [os.getcwd()]
+            ns = runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [script] + args
+            sys.path[0:1] = [os.path.dirname(os.path.realpath(script))]
+            ns = runpy.run_path(os.path.abspath(script), run_name="__main__")  # __file__ absolute, as in 3.9+
+    except BaseException as e:
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_globals.get("__name__") != "__main__":
+            tb = tb.tb_next
+        if tb is not None:  # the target's own frame: its globals as they were
+            _callsite.add_namespace(tb.tb_frame.f_code.co_filename, tb.tb_frame.f_globals)
+        raise
+    if isinstance(ns.get("__file__"), str):
+        _callsite.add_namespace(ns["__file__"], ns)
 
 
 def _emit(report: str, report_file: Optional[str]) -> None:

@@ -329,6 +329,30 @@ def test_cli_report_names_the_cupti_library(tmp_path, fake_path):
     assert "Failed allocations (1):" in report and "CUDA error 2: out of memory" in report
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="call names need column positions (3.11+)")
+@pytest.mark.parametrize("ending", ["", "raise RuntimeError('boom')"], ids=["returns", "raises"])
+def test_cli_report_names_calls_through_the_scripts_module_aliases(tmp_path, fake_path, ending):
+    """The script ran in a temporary __main__ that is gone by report time:
+    its alias G still names the call's module, whether it returns or raises."""
+    script(tmp_path, "gpu_ops.py", f"""\
+        import sys
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        from fake_cupti import FakeCupti
+        alloc = FakeCupti({fake_path!r}).lib.fake_alloc
+    """)
+    script(tmp_path, "names.py", f"""\
+        import gpu_ops as G
+        from fake_cupti import CBID_cuMemAlloc_v2
+        weights = G.alloc(CBID_cuMemAlloc_v2, 256 << 20, 0, 0)
+        {ending}
+    """)
+    p = run_cli(tmp_path, "names.py", env={_capture.ENV_LIBRARY: fake_path}, gpu_flag=False)
+    assert p.returncode == (1 if ending else 0), p.stderr
+    lines = assert_one_report(p.stderr).splitlines()
+    at = lines.index("By call at the peak of cuda:0 (what the innermost Python frame was calling):")
+    assert "256 MiB" in lines[at + 1] and lines[at + 1].endswith(" gpu_ops.alloc"), lines[at:at + 3]
+
+
 # ---- text_report in process ----------------------------------------------------------
 
 

@@ -3,6 +3,7 @@ through the test double), and in a real Jupyter kernel driven by nbclient
 (pip install nbclient ipykernel nbformat; skipped where they are absent)."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,23 @@ def test_cell_magic_tracks_the_cell_and_shows_the_report(shell, fake):
     assert isinstance(t, memviz.Tracker) and not t.running and t.current_bytes() == 8 * MiB
     lines = {s.key.lineno for s in t.snapshot().statistics("lineno")}
     assert lines == {1, 2}  # the cell's own lines
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="call names need column positions (3.11+)")
+def test_calls_in_a_cell_are_named_through_the_notebooks_aliases(shell, fake):
+    """A cell's code object is gone when the next cell reads the tracker, and
+    cells belong to no module file: their globals are IPython's __main__."""
+    import types
+
+    from fake_cupti import CBID_cuMemAlloc_v2
+
+    ops = types.ModuleType("gpu_ops")
+    ops.alloc = fake._c.fake_alloc
+    shell.user_ns.update(G=ops, CBID=CBID_cuMemAlloc_v2)
+    result, _, _ = run_cell(shell, "%%memviz\nw = G.alloc(CBID, 4 << 20, 0, 0)\n")
+    assert result.success
+    result, _, _ = run_cell(shell, "import gc; gc.collect(); ops = [a.op for a in _memviz.snapshot()]\n")
+    assert result.success and shell.user_ns["ops"] == ["gpu_ops.alloc"], shell.user_ns["ops"]
 
 
 def test_cell_that_raises_still_stops_tracking_and_reports(shell, fake):
