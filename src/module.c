@@ -79,8 +79,7 @@ static PyObject *frame_tuple(PyCodeObject *co, int offset)
         PyErr_Clear(); /* naming is best effort: the frame itself must resolve */
         call = Py_NewRef(Py_None);
     }
-    PyObject *t = Py_BuildValue("(OiON)", co->co_filename, line, name, call);
-    return t;
+    return Py_BuildValue("(OiON)", co->co_filename, line, name, call);
 }
 
 static void *resolve_dying(void *code, int32_t offset)
@@ -1066,7 +1065,8 @@ static PyMethodDef core_methods[] = {
     {"threads", core_threads, METH_NOARGS, "{thread index: (native id, ident, name)}."},
     {"stats", core_stats, METH_NOARGS, "Counters and memviz's own memory."},
     {"resolve", core_resolve, METH_O, "Frames of stacks by id, innermost first."},
-    {"call_sites", core_call_sites, METH_O, "(code, offset) of each stack's innermost frame."},
+    {"call_sites", core_call_sites, METH_O,
+     "(code, offset) of each stack's innermost frame, or the call name made when its code died."},
     {"set_call_namer", core_set_call_namer, METH_O, "What names the calls of dying code objects."},
     {"step_mark", core_step_mark, METH_NOARGS,
      "Per-device (current, window peak, live count) and stacks changed since the last mark."},

@@ -45,9 +45,9 @@ def test_snapshot_names_the_call_each_allocation_came_from(dbl):
 
     class Tensorish(Zero):
         # native code behind an operator: `a @ b` calls fake_alloc(CB, 7 KiB, 0, b)
-        # (a partial is no descriptor: the operator passes only the other operand)
-        __matmul__ = functools.partial(c.fake_alloc, CB, 7 * KiB, 0)
-        __getitem__ = functools.partial(c.fake_alloc, CB, 8 * KiB, 0)
+        # (a static partial: the operator passes only the other operand)
+        __matmul__ = staticmethod(functools.partial(c.fake_alloc, CB, 7 * KiB, 0))
+        __getitem__ = staticmethod(functools.partial(c.fake_alloc, CB, 8 * KiB, 0))
         lib = staticmethod(lambda c: c)
 
     a = Tensorish()
@@ -112,8 +112,7 @@ def test_call_name_of_instructions():
         return 0
 
     class Box:
-        __matmul__ = __imul__ = __getitem__ = functools.partial(cb)
-        __setitem__ = functools.partial(cb)
+        __matmul__ = __imul__ = __getitem__ = __setitem__ = staticmethod(functools.partial(cb))
 
     b = Box()
     list(map(cb, [1]))
