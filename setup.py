@@ -3,7 +3,9 @@ import sys
 
 from setuptools import Extension, setup
 
-extra = ["-std=c11", "-Wall", "-Wextra", "-O2", "-fvisibility=hidden"]
+# -fexceptions: PyTorch may throw (out of memory) through the allocator
+# route's wrappers (src/allocator.c), which must be unwindable.
+extra = ["-std=c11", "-Wall", "-Wextra", "-O2", "-fvisibility=hidden", "-fexceptions"]
 if "--memviz-sanitize" in sys.argv:  # developer builds: ASan + UBSan
     sys.argv.remove("--memviz-sanitize")
     extra += ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"]
@@ -16,6 +18,7 @@ core = Extension(
         "src/seqmap.c",
         "src/nodes.c",
         "src/interpose.c",
+        "src/allocator.c",
         "src/cupti.c",
         "src/frames.c",
         "src/store.c",
@@ -27,6 +30,7 @@ core = Extension(
         "src/seqmap.h",
         "src/nodes.h",
         "src/interpose.h",
+        "src/allocator.h",
         "src/cupti.h",
         "src/cupti_abi.h",
         "src/frames.h",

@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 #: kind_code of a raw row -> Allocation.kind
-KIND_NAMES: Tuple[str, ...] = ("device", "host", "managed", "static", "physical")
+KIND_NAMES: Tuple[str, ...] = ("device", "host", "managed", "static", "physical", "block")
 #: key types accepted by Snapshot.statistics() and compare_to()
 KEY_TYPES: Tuple[str, ...] = ("lineno", "filename", "traceback", "label", "device", "kind", "thread",
                                "category", "autograd_node", "op")
@@ -180,7 +180,10 @@ class Allocation(NamedTuple):
         size: bytes.
         device: CUDA device index.
         kind: ``"device"``, ``"host"`` (pinned), ``"managed"``, ``"static"``
-            (module globals) or ``"physical"`` (``cuMemCreate`` handle).
+            (module globals), ``"physical"`` (``cuMemCreate`` handle) or
+            ``"block"`` (a block PyTorch's caching allocator handed out: a
+            tensor's storage, or raw memory such as a cuBLAS workspace; it
+            lies inside a segment, a ``"device"`` allocation).
         stream: the stream handle for stream-ordered allocations, else 0.
         thread: :class:`ThreadInfo` of the allocating thread.
         label: the label active when it was made (``memviz`` labels), or None.
@@ -201,6 +204,10 @@ class Allocation(NamedTuple):
             on the engine's threads), on Python 3.10, or where the source
             cannot be read. Named when the snapshot is built, from the
             frame's instruction (no cost while the program runs).
+        segment: for a ``"block"``, the address of the segment it lies in,
+            when known.
+        before_tracking: made before tracking started (read from PyTorch's
+            own ``memory_snapshot()``: no line, no thread).
     """
 
     address: int
@@ -217,6 +224,8 @@ class Allocation(NamedTuple):
     forward: Optional[str] = None
     category: Optional[str] = None
     op: Optional[str] = None
+    segment: Optional[int] = None
+    before_tracking: bool = False
 
     @property
     def user_frame(self) -> Optional[Frame]:
@@ -588,7 +597,7 @@ def snapshot_from_raw(
     Args:
         raw_allocs: rows ``(address, size, device, kind_code, stream,
             thread_idx, label_or_None, timestamp_ns, stack_id, seq)``;
-            kind_code 0=device, 1=host, 2=managed, 3=static, 4=physical.
+            kind_code 0=device, 1=host, 2=managed, 3=static, 4=physical, 5=block.
         resolve_stacks: called once with the set of non-zero stack ids; returns
             ``{stack_id: ((filename, lineno, name), ...)}`` innermost first.
             Stack id 0 means "no Python frames". A missing id becomes the
@@ -648,7 +657,8 @@ def snapshot_from_raw(
             decoded[label] = (user, node, f"{uf.filename}:{uf.lineno}" if uf else None)
     allocations = [
         new(A, (addr, size, dev, kind_map[kc], stream, thread_map[tidx], decoded[label][0], ts,
-                tb_by_id[sid], seq, decoded[label][1], decoded[label][2], None, calls.get(sid)))
+                tb_by_id[sid], seq, decoded[label][1], decoded[label][2], None, calls.get(sid),
+                None, False))
         for addr, size, dev, kc, stream, tidx, label, ts, sid, seq in rows
     ]
     return Snapshot(allocations, timestamp_ns=timestamp_ns, devices=devices, frame_filter=frame_filter)

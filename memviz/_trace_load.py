@@ -21,7 +21,7 @@ from . import _trace as F
 from ._callsite import Resolved
 from ._errors import TraceError
 from ._outputs import Outputs
-from ._snapshot import Snapshot, snapshot_from_raw
+from ._snapshot import KIND_NAMES, Snapshot, snapshot_from_raw
 from ._trace_parse import TraceFile
 
 __all__ = ["load", "LoadedTrace"]
@@ -29,6 +29,7 @@ __all__ = ["load", "LoadedTrace"]
 _U32, _U64 = ("I" if array("I").itemsize == 4 else "L"), "Q"
 _BIG = sys.byteorder != "little"
 _TIMELINE_POINTS = 16384
+_BLOCK_KIND = KIND_NAMES.index("block")
 
 
 def _table(*ops: int) -> bytes:
@@ -176,6 +177,7 @@ class LoadedTrace(TraceFile, Outputs):
         live: Dict[int, int] = {}
         cur, peak, peak_i = [0] * 256, [0] * 256, [-1] * 256
         i = -1
+        block = _BLOCK_KIND  # PyTorch's blocks lie inside segments: not in device totals
         for o, a, k, s, d in zip(op, addr, kind, size, dev):
             i += 1
             if o == 1:
@@ -183,8 +185,11 @@ class LoadedTrace(TraceFile, Outputs):
                 j = live.get(key)
                 if j is not None:  # its free was not seen
                     end[j] = i
-                    cur[dev[j]] -= size[j]
+                    if k != block:
+                        cur[dev[j]] -= size[j]
                 live[key] = i
+                if k == block:
+                    continue
                 c = cur[d] + s
                 cur[d] = c
                 if c > peak[d]:
@@ -194,7 +199,8 @@ class LoadedTrace(TraceFile, Outputs):
                 j = live.pop((a << 8) | k, None)
                 if j is not None:
                     end[j] = i
-                    cur[dev[j]] -= size[j]
+                    if k != block:
+                        cur[dev[j]] -= size[j]
         alloc_idx = list(itertools.compress(range(n), op.translate(_IS_ALLOC)))
         fail_idx = list(itertools.compress(range(n), op.translate(_IS_FAILED)))
         devices = sorted(set(itertools.compress(dev, op.translate(_IS_ALLOC_OR_FAILED))))

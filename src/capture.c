@@ -23,7 +23,7 @@ const char *const mvz_op_names[MVZ_OP_COUNT] = {
     "alloc",  "alloc_async", "alloc_managed", "alloc_host",   "create",
     "free",   "free_async",  "free_host",     "release",      "map",
     "unmap",  "reserve",     "address_free",  "pool_trim",    "failed",
-    "static_alloc", "static_free", "activity_records",
+    "static_alloc", "static_free", "activity_records", "block_alloc", "block_free",
 };
 
 static const uint32_t memory_cbids[] = {
@@ -336,7 +336,7 @@ static void on_driver_call(void *userdata, int domain, uint32_t cbid, const void
  * node: nodes.c), takes the store's leaf lock (store.h) and, once per new
  * node label, nodes.c's and the label table's leaf locks, and notes the
  * autograd node counter lock-free (seqmap.c). */
-static void record(const decoded *d, int result, int slot);
+static void record(const decoded *d, int result, int slot, uint64_t stamp);
 
 static void record_call(int domain, uint32_t cbid, const void *data)
 {
@@ -357,13 +357,13 @@ static void record_call(int domain, uint32_t cbid, const void *data)
     }
     if ((d.op == MVZ_OP_ALLOC_ASYNC || d.op == MVZ_OP_FREE_ASYNC) && mvz_interpose_inside())
         return; /* the wrapper around this very call records it (interpose.h) */
-    record(&d, result, d.kind == MVZ_KIND_HOST ? MVZ_HOST_SLOT : device_of(cb->context));
+    record(&d, result, d.kind == MVZ_KIND_HOST ? MVZ_HOST_SLOT : device_of(cb->context), 0);
 }
 
 /* Hot path, no GIL, any thread: the common tail of the CUPTI callback and
  * the stream-ordered wrappers (interpose.c). Same guarantees as
  * record_call: this thread's frames and TLS, leaf locks only. */
-static void record(const decoded *dp, int result, int slot)
+static void record(const decoded *dp, int result, int slot, uint64_t stamp)
 {
     decoded d = *dp;
     if (d.is_free) { /* the store knows the device of what it frees */
@@ -382,7 +382,8 @@ static void record(const decoded *dp, int result, int slot)
         mvz_store_failure(d.size, d.stream, slot, d.kind, lab, result, frames, depth);
     } else {
         count(d.op);
-        uint32_t stack = mvz_store_alloc(d.address, d.size, d.stream, slot, d.kind, lab, frames, depth);
+        uint32_t stack = mvz_store_alloc_at(stamp, d.address, d.size, d.stream, slot, d.kind, lab,
+                                            frames, depth);
         if (!node && (lab >= MAX_LABELS || !label_is_node[lab])) /* not inside a backward node */
             mvz_seqmap_note(stack);   /* the autograd node this line may have just made */
     }
@@ -406,7 +407,7 @@ void mvz_capture_async(int is_free, int result, uint64_t address, uint64_t size,
     decoded d = {is_free ? MVZ_OP_FREE_ASYNC : MVZ_OP_ALLOC_ASYNC, MVZ_KIND_DEVICE, is_free,
                  address, size, stream};
     if (is_free) {
-        record(&d, result, 0);
+        record(&d, result, 0, 0);
         return;
     }
     int slot = 0;
@@ -417,8 +418,52 @@ void mvz_capture_async(int is_free, int result, uint64_t address, uint64_t size,
         slot = device_of(ctx);
     else if (mvz_api.GetDeviceId && mvz_api.GetDeviceId(NULL, &dev) == MVZ_CUPTI_SUCCESS)
         slot = (int)dev;
-    record(&d, result, slot);
+    record(&d, result, slot, 0);
 }
+
+/* The allocator route's path (allocator.c): a block PyTorch's caching
+ * allocator handed out (or took back) on this thread, from inside its
+ * allocate/raw_alloc/deleter. Hot path, no GIL: as record(); the device is
+ * the DataPtr's, or (slot < 0) the current context's, found as in
+ * mvz_capture_async. */
+void mvz_capture_block(int is_free, uint64_t address, uint64_t size, uint64_t stream, int slot,
+                       uint64_t stamp)
+{
+    if (!__atomic_load_n(&capturing, __ATOMIC_ACQUIRE))
+        return;
+    decoded d = {is_free ? MVZ_OP_BLOCK_FREE : MVZ_OP_BLOCK_ALLOC, MVZ_KIND_BLOCK, is_free,
+                 address, size, stream};
+    if (!is_free && slot < 0) {
+        void *ctx = NULL;
+        uint32_t dev = 0;
+        int (*get)(void **) = __atomic_load_n(&ctx_get_current, __ATOMIC_ACQUIRE);
+        slot = 0;
+        if (get && get(&ctx) == 0 && ctx)
+            slot = device_of(ctx);
+        else if (mvz_api.GetDeviceId && mvz_api.GetDeviceId(NULL, &dev) == MVZ_CUPTI_SUCCESS)
+            slot = (int)dev;
+    }
+    record(&d, 0, slot < 0 ? 0 : slot, stamp);
+}
+
+/* With the GIL: make sure the driver's cuCtxGetCurrent is at hand for the
+ * paths that run after a driver call returned (wrappers). */
+static void load_ctx_get_current(void)
+{
+    if (__atomic_load_n(&ctx_get_current, __ATOMIC_ACQUIRE))
+        return;
+    /* The driver library the runtime will load at CUDA's first use (it may
+     * not be loaded yet: loading it initialises nothing). Kept open. Before
+     * cuInit, cuCtxGetCurrent fails and CUPTI answers. */
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY);
+    void *f = h ? dlsym(h, "cuCtxGetCurrent") : NULL;
+    int (*fn)(void **) = NULL;
+    if (f)
+        memcpy(&fn, &f, sizeof f);
+    __atomic_store_n(&ctx_get_current, fn, __ATOMIC_RELEASE); /* wrappers may run already */
+}
+
+void mvz_capture_prepare_wrappers(void) { load_ctx_get_current(); }
 
 /* With the GIL: CUPTI callbacks for the plain stream-ordered calls on or off
  * (off while the wrappers record PyTorch's). Returns 0, or CUPTI's error. */
@@ -426,17 +471,8 @@ int mvz_capture_async_callbacks(int on)
 {
     if (!subscriber || !mvz_api.EnableCallback)
         return -1;
-    if (!on && !__atomic_load_n(&ctx_get_current, __ATOMIC_ACQUIRE)) {
-        /* The driver library the runtime will load at CUDA's first use (it
-         * may not be loaded yet: loading it initialises nothing). Kept
-         * open. Before cuInit, cuCtxGetCurrent fails and CUPTI answers. */
-        void *h = dlopen("libcuda.so.1", RTLD_LAZY);
-        void *f = h ? dlsym(h, "cuCtxGetCurrent") : NULL;
-        int (*fn)(void **) = NULL;
-        if (f)
-            memcpy(&fn, &f, sizeof f);
-        __atomic_store_n(&ctx_get_current, fn, __ATOMIC_RELEASE); /* wrappers may run already */
-    }
+    if (!on)
+        load_ctx_get_current();
     static const uint32_t cbids[] = {MVZ_CBID_cuMemAllocAsync, MVZ_CBID_cuMemFreeAsync};
     for (size_t i = 0; i < 2; i++) {
         mvz_CUptiResult r = mvz_api.EnableCallback(on ? 1 : 0, subscriber, MVZ_CUPTI_CB_DOMAIN_DRIVER_API, cbids[i]);

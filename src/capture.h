@@ -25,6 +25,8 @@ enum mvz_op {
     MVZ_OP_STATIC_ALLOC,   /* MEMORY2 activity records, DEVICE_STATIC */
     MVZ_OP_STATIC_FREE,
     MVZ_OP_ACTIVITY_RECORDS,
+    MVZ_OP_BLOCK_ALLOC,    /* PyTorch caching-allocator blocks (allocator.h) */
+    MVZ_OP_BLOCK_FREE,
     MVZ_OP_COUNT
 };
 extern const char *const mvz_op_names[MVZ_OP_COUNT];
@@ -70,6 +72,15 @@ extern void (*mvz_new_stack_hook)(void);
 /* interpose.h's wrappers: a stream-ordered allocation (is_free 0) or free
  * that PyTorch just made on this thread; result is the runtime's. */
 void mvz_capture_async(int is_free, int result, uint64_t address, uint64_t size, uint64_t stream);
+
+/* allocator.h's wrappers: a block of PyTorch's caching allocator handed out
+ * (is_free 0) or taken back on this thread. slot: the device, or -1 for the
+ * current context's; stamp: mvz_store_stamp() taken before the allocator
+ * ran (0: now). */
+void mvz_capture_block(int is_free, uint64_t address, uint64_t size, uint64_t stream, int slot,
+                       uint64_t stamp);
+/* With the GIL, before wrappers that run after driver calls are installed. */
+void mvz_capture_prepare_wrappers(void);
 
 /* With the GIL: CUPTI callbacks of cuMemAllocAsync/cuMemFreeAsync on or off. */
 int mvz_capture_async_callbacks(int on);

@@ -14,6 +14,7 @@
 #include "capture.h"
 #include "cupti.h"
 #include "frames.h"
+#include "allocator.h"
 #include "interpose.h"
 #include "nodes.h"
 #include "seqmap.h"
@@ -590,6 +591,8 @@ static PyObject *core_peak_live(PyObject *self, PyObject *arg)
     return alloc_rows(rows, n);
 }
 
+static PyObject *totals_dict(const mvz_totals *t);
+
 static PyObject *core_totals(PyObject *self, PyObject *unused)
 {
     (void)self;
@@ -598,6 +601,22 @@ static PyObject *core_totals(PyObject *self, PyObject *unused)
         return NULL;
     mvz_totals t[MVZ_NSLOTS];
     mvz_store_totals(t);
+    return totals_dict(t);
+}
+
+static PyObject *core_block_totals(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    if (ensure_store())
+        return NULL;
+    mvz_totals t[MVZ_NSLOTS];
+    mvz_store_block_totals(t);
+    return totals_dict(t);
+}
+
+static PyObject *totals_dict(const mvz_totals *t)
+{
     PyObject *d = PyDict_New();
     for (int s = 0; d && s < MVZ_NSLOTS; s++) {
         if (!t[s].allocs && !t[s].failed)
@@ -1059,6 +1078,8 @@ static PyMethodDef core_methods[] = {
     {"live", core_live, METH_NOARGS, "Rows of the live allocations."},
     {"peak_live", core_peak_live, METH_O, "Rows live at the peak of a device (-1: host)."},
     {"totals", core_totals, METH_NOARGS, "Per-device totals."},
+    {"block_totals", core_block_totals, METH_NOARGS,
+     "Per-device totals of PyTorch's caching-allocator blocks (inside the device's)."},
     {"sites", core_sites, METH_NOARGS, "Per-stack aggregates."},
     {"failures", core_failures, METH_NOARGS, "The last failed allocations, oldest first."},
     {"timeline", core_timeline, METH_NOARGS, "(timestamp_ns, device, bytes) points."},
@@ -1108,6 +1129,8 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "KIND_MANAGED", MVZ_KIND_MANAGED) ||
         PyModule_AddIntConstant(m, "KIND_STATIC", MVZ_KIND_STATIC) ||
         PyModule_AddIntConstant(m, "KIND_PHYSICAL", MVZ_KIND_PHYSICAL) ||
+        PyModule_AddIntConstant(m, "KIND_BLOCK", MVZ_KIND_BLOCK) ||
+        PyModule_AddFunctions(m, mvz_allocator_methods) ||
         PyModule_AddIntConstant(m, "MAX_DEPTH", MVZ_MAX_DEPTH) ||
         PyModule_AddIntConstant(m, "ERROR_MULTIPLE_SUBSCRIBERS",
                                 MVZ_CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) ||

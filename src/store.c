@@ -53,6 +53,14 @@ static mvz_grave *graves;
 static size_t ngraves;
 
 static mvz_totals totals[MVZ_NSLOTS];
+/* PyTorch's blocks: inside segments `totals` already counts, so apart. Peak
+ * sets stay those of the device's peak (totals[].peak_timestamp). */
+static mvz_totals btotals[MVZ_NSLOTS];
+
+static inline mvz_totals *totals_of(int kind, int slot)
+{
+    return kind == MVZ_KIND_BLOCK ? &btotals[slot] : &totals[slot];
+}
 static mvz_failure failures[MVZ_FAILURES];
 static uint64_t nfailures;
 static mvz_point timeline[MVZ_TIMELINE_POINTS];
@@ -84,14 +92,22 @@ static inline uint64_t mix64(uint64_t x)
     return x;
 }
 
+/* Keys: an address lives once per key space. Physical handles are not
+ * addresses, and a PyTorch block may start where its segment starts. */
+static inline int key_space(int kind)
+{
+    return kind == MVZ_KIND_PHYSICAL ? 1 : kind == MVZ_KIND_BLOCK ? 2 : 0;
+}
+
 static inline uint64_t key_hash(uint64_t address, int kind)
 {
-    return mix64(address ^ (kind == MVZ_KIND_PHYSICAL ? 0x9e3779b97f4a7c15ULL : 0));
+    static const uint64_t salt[3] = {0, 0x9e3779b97f4a7c15ULL, 0xc2b2ae3d27d4eb4fULL};
+    return mix64(address ^ salt[key_space(kind)]);
 }
 
 static inline int key_eq(const mvz_alloc *a, uint64_t address, int kind)
 {
-    return a->address == address && ((a->kind == MVZ_KIND_PHYSICAL) == (kind == MVZ_KIND_PHYSICAL));
+    return a->address == address && key_space(a->kind) == key_space(kind);
 }
 
 uint64_t mvz_now_ns(void)
@@ -192,6 +208,7 @@ void mvz_store_clear(void ***refs, size_t *nrefs)
     memset(stack_index, 0, stack_index_cap * sizeof(uint32_t));
     ngraves = 0;
     memset(totals, 0, sizeof totals);
+    memset(btotals, 0, sizeof btotals);
     mvz_trace_reset_locked();
     nfailures = 0;
     ntimeline = 0;
@@ -525,11 +542,29 @@ static void graves_compact(void)
 uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int slot, int kind,
                      uint32_t label_id, const mvz_frame *f, int depth)
 {
+    return mvz_store_alloc_at(0, address, size, stream, slot, kind, label_id, f, depth);
+}
+
+/* Capture path, no GIL: the leaf lock around one clock read. */
+uint64_t mvz_store_stamp(void)
+{
+    LOCK();
+    uint64_t ts = next_ts();
+    UNLOCK();
+    return ts;
+}
+
+/* Capture path, no GIL: takes the store lock (a leaf lock, see store.h) and
+ * touches only preallocated memory. */
+uint32_t mvz_store_alloc_at(uint64_t stamp, uint64_t address, uint64_t size, uint64_t stream,
+                            int slot, int kind, uint32_t label_id, const mvz_frame *f, int depth)
+{
     uint32_t thread_idx = mvz_store_thread_index();
     if (slot < 0 || slot >= MVZ_NSLOTS)
         slot = MVZ_HOST_SLOT;
     LOCK();
-    uint64_t ts = next_ts();
+    uint64_t now = next_ts();
+    uint64_t ts = stamp && stamp < now ? stamp : now; /* stamps are unique: next_ts made them */
     int found;
     size_t i = live_find(address, kind, &found);
     if (found) {
@@ -577,7 +612,7 @@ uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int s
     if (s->live_bytes > s->peak_bytes)
         s->peak_bytes = s->live_bytes;
 
-    mvz_totals *t = &totals[slot];
+    mvz_totals *t = totals_of(kind, slot);
     t->current += size;
     t->live_count++;
     t->allocs++;
@@ -590,8 +625,9 @@ uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int s
     }
     if (t->current > t->window_peak)
         t->window_peak = t->current;
-    timeline_push(ts, slot);
-    mvz_trace_record(MVZ_EV_ALLOC, ts, address, size, stack_id, thread_idx, label_id, kind, slot);
+    if (kind != MVZ_KIND_BLOCK)
+        timeline_push(ts, slot);
+    mvz_trace_record(MVZ_EV_ALLOC, now, address, size, stack_id, thread_idx, label_id, kind, slot);
     UNLOCK();
     return stack_id;
 }
@@ -611,8 +647,8 @@ void mvz_store_free(uint64_t address, int kind)
     }
     uint32_t k = live_index[i] - 1;
     mvz_alloc a = allocs[k];
-    mvz_totals *t = &totals[a.slot];
-    if (a.timestamp <= t->peak_timestamp) {
+    mvz_totals *t = totals_of(a.kind, a.slot);
+    if (a.timestamp <= totals[a.slot].peak_timestamp) {
         if (ngraves >= max_live) {
             graves_compact();
         }
@@ -645,7 +681,8 @@ void mvz_store_free(uint64_t address, int kind)
     t->current -= a.size;
     t->live_count--;
     t->frees++;
-    timeline_push(ts, a.slot);
+    if (a.kind != MVZ_KIND_BLOCK)
+        timeline_push(ts, a.slot);
     mvz_trace_record(MVZ_EV_FREE, ts, a.address, a.size, a.stack_id, a.thread_idx, a.label_id, a.kind,
                  a.slot);
     UNLOCK();
@@ -822,6 +859,13 @@ void mvz_store_totals(mvz_totals out[MVZ_NSLOTS])
     UNLOCK();
 }
 
+void mvz_store_block_totals(mvz_totals out[MVZ_NSLOTS])
+{
+    LOCK();
+    memcpy(out, btotals, sizeof btotals);
+    UNLOCK();
+}
+
 void mvz_store_get_stats(mvz_store_stats *o)
 {
     memset(o, 0, sizeof *o);
@@ -879,8 +923,10 @@ long mvz_store_step_mark(mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
             m++;
         }
         memcpy(out, totals, sizeof totals);
-        for (int d = 0; d < MVZ_NSLOTS; d++)
+        for (int d = 0; d < MVZ_NSLOTS; d++) {
             totals[d].window_peak = totals[d].current;
+            btotals[d].window_peak = btotals[d].current;
+        }
         UNLOCK();
         *changes = buf;
         return (long)m;

@@ -30,6 +30,9 @@ enum mvz_kind {
     MVZ_KIND_MANAGED = 2,  /* cuMemAllocManaged */
     MVZ_KIND_STATIC = 3,   /* module globals (activity records) */
     MVZ_KIND_PHYSICAL = 4, /* cuMemCreate handles (virtual memory management) */
+    MVZ_KIND_BLOCK = 5,    /* a block of PyTorch's caching allocator (allocator.h): it
+                            * lies inside a segment the driver handed out, so it
+                            * counts in the block totals, not the device's */
 };
 
 /* One Python frame as captured: the code object and the byte offset of the
@@ -142,6 +145,15 @@ uint32_t mvz_store_thread_index(void);
 /* Returns the allocation's stack id (0: no frames, or not recorded). */
 uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int slot,
                          int kind, uint32_t label_id, const mvz_frame *frames, int depth);
+/* As mvz_store_alloc, dated `stamp` (a value mvz_store_stamp returned
+ * earlier on this thread; 0: now). A block is dated when it was asked for,
+ * so that the segment the allocator created for it, recorded in between,
+ * never makes a peak the block is missing from. */
+uint32_t mvz_store_alloc_at(uint64_t stamp, uint64_t address, uint64_t size, uint64_t stream,
+                            int slot, int kind, uint32_t label_id, const mvz_frame *frames,
+                            int depth);
+/* A unique store timestamp, taken now (leaf lock, no allocation). */
+uint64_t mvz_store_stamp(void);
 void mvz_store_free(uint64_t address, int kind);
 void mvz_store_failure(uint64_t size, uint64_t stream, int slot, int kind, uint32_t label_id,
                        int result, const mvz_frame *frames, int depth);
@@ -156,6 +168,8 @@ long mvz_store_failures(mvz_failure **out);
 long mvz_store_timeline(mvz_point **out);
 long mvz_store_threads(mvz_thread **out);
 void mvz_store_totals(mvz_totals out[MVZ_NSLOTS]);
+/* The same figures for PyTorch's blocks alone (kind MVZ_KIND_BLOCK). */
+void mvz_store_block_totals(mvz_totals out[MVZ_NSLOTS]);
 void mvz_store_get_stats(mvz_store_stats *out);
 
 /* Stacks (with the GIL). `adopt` receives each code object of stacks seen
