@@ -215,6 +215,11 @@ def _pytorch(tracker: Any, totals: Dict[int, Dict[str, int]]) -> List[str]:
     if getattr(tracker, "torch", None) is None:
         return []
     lines: List[str] = []
+    route = getattr(tracker.torch, "route", None)
+    if route is not None:
+        lines += [""] + _wrap(f"PyTorch memory seen through: {route.route}"
+                              + (f" ({route.reason})" if route.reason else " (every block of its caching allocator)")
+                              + ".", first="", indent="  ")
     for dev in sorted(d for d in totals if d >= 0):
         try:
             snap = tracker.peak_snapshot(dev)
@@ -224,6 +229,11 @@ def _pytorch(tracker: Any, totals: Dict[int, Dict[str, int]]) -> List[str]:
         if cats:
             lines += ["", f"By category at the peak of {_device_name(dev)}:"]
             lines += [f"  {format_size(s.size):>10}  {_count(s.count):<10}  {s.key}" for s in cats]
+        frag = snap.fragmentation(dev).get(dev)
+        if frag:
+            lines.append(f"  PyTorch's segments then: {frag['segments']} holding {format_size(frag['reserved'])}, "
+                         f"{format_size(frag['unused'])} unused in {frag['free_gaps']} gaps "
+                         f"(largest {format_size(frag['largest_free'])})")
         stats = getattr(snap, "torch_stats", {}).get(dev)
         if stats:
             lines.append(f"  PyTorch now: {format_size(stats['allocated'])} allocated, "

@@ -55,7 +55,7 @@ def decode_label(label: Optional[str]) -> Tuple[Optional[str], Optional[str], Op
 
 __all__ = [
     "Frame", "Traceback", "ThreadInfo", "Allocation", "Statistic", "StatisticDiff",
-    "Snapshot", "snapshot_from_raw", "KIND_NAMES", "KEY_TYPES",
+    "Snapshot", "snapshot_from_raw", "KIND_NAMES", "KEY_TYPES", "Segment",
 ]
 
 #: kind_code of a raw row -> Allocation.kind
@@ -246,6 +246,36 @@ def _key_str(key: Any) -> str:
     return str(key)
 
 
+class Segment(NamedTuple):
+    """A segment of PyTorch's caching allocator and the blocks live in it.
+
+    Attributes:
+        device: CUDA device index.
+        address, size: the segment's range.
+        allocated: bytes of its live blocks.
+        unused: ``size - allocated``: reserved by PyTorch, held by no block.
+        largest_free: the largest gap between live blocks (what the next
+            allocation in this segment can get at most).
+        free_gaps: how many gaps there are.
+        blocks: the live blocks (``Allocation`` of kind ``"block"``), by address.
+        traceback: where the segment was made (empty before tracking).
+        before_tracking: made before tracking started.
+        expandable: an expandable segment (``expandable_segments:True``).
+    """
+
+    device: int
+    address: int
+    size: int
+    allocated: int
+    unused: int
+    largest_free: int
+    free_gaps: int
+    blocks: Tuple["Allocation", ...]
+    traceback: "Traceback"
+    before_tracking: bool = False
+    expandable: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Statistic:
     """Total size and count of the allocations that share a key.
@@ -344,6 +374,29 @@ class Snapshot:
     graph_records: Optional[list] = None
     #: PyTorch's own figures per device (allocated, reserved, active), when known
     torch_stats: dict = {}
+    #: PyTorch's caching-allocator segments with their live blocks (the
+    #: allocator route), or None where memviz saw no blocks
+    segments: Optional[List[Segment]] = None
+    #: how memviz saw PyTorch's memory: {"route": ..., "reason": ...}, or None
+    pytorch: Optional[dict] = None
+
+    def fragmentation(self, device: Optional[int] = None) -> Dict[int, Dict[str, int]]:
+        """Per device: ``reserved``, ``allocated``, ``unused`` bytes of
+        PyTorch's segments, the ``largest_free`` gap and the number of
+        ``free_gaps``, and ``segments``; {} without segments."""
+        out: Dict[int, Dict[str, int]] = {}
+        for seg in self.segments or ():
+            if device is not None and seg.device != device:
+                continue
+            d = out.setdefault(seg.device, {"segments": 0, "reserved": 0, "allocated": 0, "unused": 0,
+                                            "largest_free": 0, "free_gaps": 0})
+            d["segments"] += 1
+            d["reserved"] += seg.size
+            d["allocated"] += seg.allocated
+            d["unused"] += seg.unused
+            d["largest_free"] = max(d["largest_free"], seg.largest_free)
+            d["free_gaps"] += seg.free_gaps
+        return out
 
     def _repr_html_(self) -> str:
         from .report.html import snapshot_repr_html

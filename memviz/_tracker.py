@@ -620,7 +620,26 @@ def capture_info(probe: bool = True) -> Dict[str, Any]:
     core = _core.cupti_info()
     if core:
         info["subscribe_v2"] = core["subscribe_v2"]
+    info["pytorch"] = _pytorch_route()
     return info
+
+
+def _pytorch_route() -> Dict[str, Any]:
+    """How the running (or last) tracker sees PyTorch's memory: "route" is
+    "allocator" (every block of its caching allocator), "cudaMallocAsync"
+    (PyTorch on the driver's pool) or "segments", with "reason" whenever it
+    is not "allocator"."""
+    t = _active or (_latest() if _latest is not None else None)
+    integ = getattr(t, "torch", None) if t is not None else None
+    route = getattr(integ, "route", None)
+    if route is None:
+        alloc = sys.modules.get("memviz.torch.allocator")
+        route = alloc.last_route() if alloc is not None else None
+    if route is None:
+        why = ("no tracker has attached to PyTorch yet" if "torch" in sys.modules
+               else "PyTorch is not imported")
+        return {"route": None, "reason": why}
+    return route.as_dict()
 
 
 def _at_exit() -> None:

@@ -98,6 +98,12 @@ __asm__(".text\n"
 
 static void wrap_delete(void *ctx);
 
+/* PyTorch's caching allocator rounds every request up to a multiple of 512
+ * bytes (kMinBlockSize), and counts those in memory_allocated(). A block may
+ * still be larger (a remainder too small to split stays with it): snapshots
+ * take PyTorch's own block sizes (memviz/torch/segments.py). */
+static inline uint64_t block_size(size_t n) { return n < 512 ? 512 : ((uint64_t)n + 511) / 512 * 512; }
+
 static inline int device_of_word(uintptr_t w)
 {
     /* c10::Device: DeviceType (int8) then DeviceIndex (int8). */
@@ -121,7 +127,7 @@ static void *wrap_allocate(void *sret, void *self, size_t n)
     }
     if (w[A.data_w] && w[A.deleter_w] == (uintptr_t)A.orig_deleter) {
         w[A.deleter_w] = (uintptr_t)wrap_delete;
-        mvz_capture_block(0, w[A.data_w], n, 0, device_of_word(w[A.device_w]), stamp);
+        mvz_capture_block(0, w[A.data_w], block_size(n), 0, device_of_word(w[A.device_w]), stamp);
     }
     return r;
 }
@@ -174,7 +180,8 @@ static void *wrap_raw_alloc_stream(void *self, size_t n, void *stream)
     uint64_t stamp = mvz_capture_active() ? mvz_store_stamp() : 0;
     void *p = ((raw_alloc_stream_fn)A.orig[A.raw_alloc_slot])(self, n, stream);
     if (p)
-        mvz_capture_block(0, (uint64_t)(uintptr_t)p, n, (uint64_t)(uintptr_t)stream, -1, stamp);
+        mvz_capture_block(0, (uint64_t)(uintptr_t)p, block_size(n), (uint64_t)(uintptr_t)stream, -1,
+                          stamp);
     return p;
 }
 
@@ -475,6 +482,23 @@ static PyObject *allocator_detach(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* allocator_reset(): forget everything (tests only, which attach to several
+ * stand-in allocators in one process). Refused while attached; the caller
+ * must have freed every block made while attached (their deleter is
+ * memviz's and reads what this clears). */
+static PyObject *allocator_reset(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    if (A.attached) {
+        PyErr_SetString(PyExc_RuntimeError, "allocator_reset(): detach first");
+        return NULL;
+    }
+    memset(&A, 0, sizeof A);
+    A.rs_slot[0] = A.rs_slot[1] = A.raw_alloc_slot = A.raw_delete_slot = -1;
+    Py_RETURN_NONE;
+}
+
 /* allocator_state() -> dict, for capture_info and tests. */
 static PyObject *allocator_state(PyObject *self, PyObject *unused)
 {
@@ -506,5 +530,6 @@ PyMethodDef mvz_allocator_methods[] = {
      "allocator_commit(data, deleter, ctx, device, (rs0, rs1), raw_alloc, raw_delete)."},
     {"allocator_detach", allocator_detach, METH_NOARGS, "Put PyTorch's vtable back."},
     {"allocator_state", allocator_state, METH_NOARGS, "What the allocator route knows."},
+    {"allocator_reset", allocator_reset, METH_NOARGS, "Forget the route (tests only)."},
     {NULL, NULL, 0, NULL},
 };

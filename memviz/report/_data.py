@@ -337,7 +337,16 @@ def _meta(obj: Any, title: Optional[str], t0: int, t1: int) -> Dict[str, Any]:
         "depth": getattr(obj, "depth", info.get("depth")),
         "dropped": int(store.get("dropped_allocs", 0) or 0) + int(store.get("dropped_stacks", 0) or 0),
         "unmatched_frees": int(store.get("unmatched_frees", 0) or 0),
+        "pytorch": _route(info.get("pytorch")),
     }
+
+
+def _route(route: Any) -> Optional[Dict[str, Optional[str]]]:
+    """How PyTorch's memory was seen ({"route", "reason"}), or None."""
+    if not isinstance(route, dict) or not isinstance(route.get("route"), str):
+        return None
+    reason = route.get("reason")
+    return {"route": route["route"], "reason": reason if isinstance(reason, str) else None}
 
 
 def collect(obj: Any, title: Optional[str] = None, *, points: int = TIMELINE_POINTS,

@@ -32,7 +32,9 @@ from typing import Any, Dict, Optional
 
 from .. import _core
 from .._snapshot import Frame, Snapshot, decode_label, encode_node_label
+from . import allocator as _alloc
 from . import precise as _precise
+from . import segments as _segments
 from .graph import GraphRecorder
 
 __all__ = ["attach", "TorchIntegration"]
@@ -314,6 +316,10 @@ class TorchIntegration:
         self._patched = []
         self._active = False
         self.oom_report = None
+        #: how PyTorch's memory is seen (memviz.torch.allocator.Route)
+        self.route: Optional[_alloc.Route] = None
+        self._answers = None  # the allocator route's answers while attached
+        self._pool_segments: set = set()  # (device, address) of segments PyTorch showed
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -335,6 +341,7 @@ class TorchIntegration:
         if self._precise and _precise.active():
             self.precise_capture = _precise.attach_wrappers()
             self._wrapped = self.precise_capture.startswith("wrappers")
+        self._choose_route(torch)
         if self.autograd:  # before the graph hooks: the probes run a tiny backward
             self._function_cls = torch.autograd.Function
             self._seq_attached = _attach_node_numbers(torch)
@@ -362,9 +369,63 @@ class TorchIntegration:
             except Exception:  # noqa: BLE001 - e.g. an allocator without observers
                 pass
 
+    # -- how PyTorch's memory is seen ----------------------------------------
+
+    def _choose_route(self, torch) -> None:
+        """The allocator route where it can be had (memviz.torch.allocator),
+        else why not."""
+        if _precise.active():
+            self.route = _alloc.Route(
+                "cudaMallocAsync", "PyTorch runs its cudaMallocAsync backend: every tensor is a "
+                "driver call memviz sees" + (f" ({self.precise_capture})" if self.precise_capture else ""))
+            return
+        try:
+            available = torch.cuda.is_available()
+            backend = torch.cuda.get_allocator_backend() if available else None
+        except Exception as e:  # noqa: BLE001 - a CPU build
+            available, backend = False, f"{type(e).__name__}: {e}"
+        if not available:
+            self.route = _alloc.Route("segments", "this PyTorch sees no CUDA device")
+        elif backend != "native":
+            self.route = _alloc.Route("segments", f"PyTorch runs the {backend!r} allocator backend, "
+                                      "which memviz cannot see block by block")
+        elif not torch.cuda.is_initialized():
+            # Probing allocates; let the user's first CUDA use initialise CUDA.
+            self.route = _alloc.Route("segments", "waiting for PyTorch to initialise CUDA "
+                                      "(memviz attaches to its allocator then)")
+            ref = weakref.ref(self)
+
+            def attach_later(_ref=ref, _torch=torch):
+                me = _ref()
+                if me is not None and me._active and me._answers is None:
+                    me._attach_route(_torch)
+
+            torch.cuda._lazy_call(attach_later)
+        else:
+            self._attach_route(torch)
+
+    def _attach_route(self, torch) -> None:
+        try:
+            answers = _alloc.TorchAnswers(torch)
+        except Exception as e:  # noqa: BLE001
+            self.route = _alloc.Route("segments", f"cannot find PyTorch's allocator: {e}")
+            return
+        self.use_answers(answers)
+
+    def use_answers(self, answers) -> "_alloc.Route":
+        """Attach the allocator route through ``answers`` (PyTorch's, or a
+        stand-in's in the tests)."""
+        self.route = _alloc.attach(answers)
+        if self.route.route == "allocator":
+            self._answers = answers
+        return self.route
+
     def on_stop(self, tracker) -> None:
         self._active = False
         self._hooks_on[0] = False
+        if self._answers is not None:
+            _alloc.detach()
+            self._answers = None
         watcher = getattr(self, "_watcher", None)
         if watcher is not None and watcher in sys.meta_path:
             sys.meta_path.remove(watcher)
@@ -550,7 +611,11 @@ class TorchIntegration:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # isinstance() on deprecated torch aliases warns
             for obj in gc.get_objects():
-                if isinstance(obj, tensor):
+                try:
+                    is_tensor = isinstance(obj, tensor)
+                except ReferenceError:  # a weakref.proxy whose referent died (torch.compile makes them)
+                    continue
+                if is_tensor:
                     if isinstance(obj, param):
                         params.append(obj)
                     try:
@@ -560,8 +625,12 @@ class TorchIntegration:
                             roots.append(fn)
                     except Exception:  # noqa: BLE001 - sparse, meta, subclasses
                         pass
-                elif isinstance(obj, optim):
-                    optimizers.add(obj)
+                else:
+                    try:
+                        if isinstance(obj, optim):
+                            optimizers.add(obj)
+                    except ReferenceError:
+                        continue
         self._saved_ptrs = _saved_by_graphs(roots)
         return params, optimizers, ptrs
 
@@ -617,11 +686,15 @@ class TorchIntegration:
             return snap
         params, optimizers, live = self._scan()
         cats = self.tensor_categories(params, optimizers)
+        allocations, pool = list(snap.allocations), None
+        if self._answers is not None or self._pool_segments or any(a.kind == "block" for a in allocations):
+            view = self._answers.view() if (live_now and self._answers is not None) else None
+            allocations, pool, _counts = _segments.reconcile(allocations, view, self._pool_segments)
         segments = self.torch_segments()
         precise = _precise.active()
         current = None if live_now else {r[0] for r in _core.live()}
         out = []
-        for a in snap.allocations:
+        for a in allocations:
             cat = _category(a, cats, live, segments, precise, current)
             node, fwd = a.autograd_node, a.forward
             if node and a.traceback and any(_CHECKPOINT_FILE in f.filename for f in a.traceback):
@@ -634,6 +707,8 @@ class TorchIntegration:
         new = Snapshot(out, timestamp_ns=snap.timestamp_ns, devices=snap.devices,
                        frame_filter=snap.frame_filter)
         new.torch_stats = torch_stats()
+        new.segments = pool
+        new.pytorch = self.route.as_dict() if self.route is not None else None
         return new
 
 
@@ -682,7 +757,24 @@ def _library_of(a) -> Optional[str]:
     return None
 
 
+#: calls (Allocation.op) and backward nodes that take a cuBLAS/cuBLASLt
+#: workspace from PyTorch's allocator the first time they run on a thread
+#: and stream; the workspace then lives as long as the handle
+_BLAS_CALLS = ("linear", "matmul", "mm", "addmm", "bmm", "baddbmm", "addbmm", "einsum",
+               "operator @", "_scaled_mm", "tensordot", "scaled_dot_product")
+_BLAS_NODES = ("MmBackward", "AddmmBackward", "BmmBackward", "BaddbmmBackward", "LinearBackward",
+               "MatmulBackward", "AddbmmBackward", "ScaledDotProduct")
+
+
+def _is_blas_workspace(a) -> bool:
+    op = (a.op or "").rsplit(".", 1)[-1].lower()
+    node = a.autograd_node or ""
+    return any(op == c or op.endswith(c) for c in _BLAS_CALLS) or node.startswith(_BLAS_NODES)
+
+
 def _category(a, cats, live, segments, precise, current) -> str:
+    if a.category:  # set when put together with its segment (unused_pool)
+        return a.category
     if a.kind == "static":
         return "outside_pytorch/CUDA module globals"
     lib = _library_of(a)
@@ -694,9 +786,11 @@ def _category(a, cats, live, segments, precise, current) -> str:
         return cat
     if a.kind == "host":
         return "pinned_host"
-    if precise:
+    if precise or a.kind == "block":
         if key in live:
             return "other_pytorch"
+        if (current is None or key in current) and _is_blas_workspace(a):
+            return "workspace/cublas"  # live, reached by no Python object, made by a matmul
         if current is not None and key not in current:
             return "temporary"  # a past snapshot (the peak): freed since, not saved for backward
         if a.autograd_node or a.stream:

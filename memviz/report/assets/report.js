@@ -68,6 +68,10 @@
     parts.push(m.gpu_enabled ? 'GPU capture on' + (m.library ? ' (' + m.library + ')' : '')
       : 'GPU capture off' + (m.gpu_off_reason ? ': ' + m.gpu_off_reason : ''));
     if (m.depth) { parts.push('up to ' + m.depth + ' frames per allocation'); }
+    if (m.pytorch) {
+      parts.push('PyTorch memory seen through: ' + m.pytorch.route +
+        (m.pytorch.reason ? ' (' + m.pytorch.reason + ')' : ''));
+    }
     parts.push('generated ' + m.generated);
     s.appendChild(el('p', {'class': 'sub'}, parts.join(' \u00b7 ')));
     if (m.dropped) {

@@ -1,0 +1,233 @@
+"""The allocator route (src/allocator.h, memviz/torch/allocator.py) on the
+CPU: the real probe and the real C wrappers against a stand-in library shaped
+like PyTorch's caching allocator (tests/stand_in_allocator), whose segments
+come from the libcupti test double's "driver", as PyTorch's come from
+cudaMalloc."""
+
+import gc
+import platform
+import threading
+
+import pytest
+
+import memviz
+from conftest import ROOT, here
+
+torch = pytest.importorskip("torch")  # the integration attaches with torch imported
+
+import stand_in_allocator as sa  # noqa: E402
+from memviz import _core  # noqa: E402
+from memviz.torch import allocator as route_mod  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not (platform.machine() == "x86_64" and platform.libc_ver()[0] == "glibc"),
+    reason="the allocator route patches a C++ vtable on x86-64 glibc only")
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stand_in_allocator")
+    return lambda name, **defines: sa.build(root / name, **defines)
+
+
+@pytest.fixture
+def standin(builds, fake):
+    """A tracker attached to the default stand-in through the real probe."""
+    memviz.frames.add_library_path(str(ROOT / "tests" / "stand_in_allocator"))
+    made = []
+
+    def make(name="default", attach=True, **defines):
+        ans = sa.StandInAnswers(builds(name, **defines), fake.lib.fake_alloc)
+        made.append(ans)
+        return ans
+
+    yield make
+    t = memviz.active_tracker()
+    if t is not None:
+        t.stop()
+    gc.collect()
+    route_mod._reset_for_tests()
+
+
+def _attach(t, ans):
+    r = t.torch.use_answers(ans)
+    assert r.route == "allocator", r.reason
+    return r
+
+
+def test_every_block_has_its_line_and_pytorch_counts_agree(standin):
+    ans = standin()
+    with memviz.track() as t:
+        _attach(t, ans)
+        a, _ = ans.alloc(10_000); la = here()  # noqa: E702
+        b, _ = ans.alloc(300); lb = here()  # noqa: E702
+        raw = ans.raw_alloc(5000); lr = here()  # noqa: E702
+        snap = t.snapshot()
+        blocks = [x for x in snap.allocations if x.kind == "block"]
+        lines = {x.user_frame.lineno: x.size for x in blocks}
+        assert lines == {la: 10240, lb: 512, lr: 5120}
+        assert sum(x.size for x in blocks) == ans.allocated()
+        assert memviz.capture_info()["pytorch"] == {"route": "allocator", "reason": None, "slots": 128}
+        assert snap.pytorch["route"] == "allocator"
+        # Both levels, every byte once: the blocks and what they leave of the segment.
+        (seg,) = snap.segments
+        assert seg.allocated == ans.allocated() and seg.unused == seg.size - seg.allocated
+        unused = [x for x in snap.allocations if x.category == "unused_pool"]
+        assert [x.size for x in unused] == [seg.unused]
+        assert snap.total_bytes() == seg.size
+        assert all(x.segment == seg.address for x in blocks)
+        ans.raw_free(raw)
+        del a
+        assert {x.user_frame.lineno for x in t.snapshot().allocations if x.kind == "block"} == {lb}
+        del b
+    assert t.snapshot().fragmentation()[0]["allocated"] == 0
+
+
+def test_fragmentation_figures_come_from_the_live_blocks(standin):
+    ans = standin()
+    with memviz.track() as t:
+        _attach(t, ans)
+        held = [ans.alloc(4096)[0] for _ in range(8)]
+        first = held[0].data_ptr()
+        del held[1::2]  # four 4 KiB holes between live blocks
+        # the stand-in reuses exact sizes only: a 2 KiB block does not go into a hole
+        snap = t.snapshot()
+        (seg,) = snap.segments
+        live = sorted(x.data_ptr() for x in held)
+        assert [b.address for b in seg.blocks] == live
+        tail = seg.address + seg.size - (live[-1] + 4096)
+        probe_gap = first - seg.address  # the probe's own blocks, freed, at the start
+        gaps = [g for g in (probe_gap, 4096, 4096, 4096, tail) if g]
+        assert seg.free_gaps == len(gaps) and seg.largest_free == max(gaps)
+        assert snap.fragmentation(0) == {0: {"segments": 1, "reserved": seg.size, "allocated": 4 * 4096,
+                                             "unused": seg.size - 4 * 4096, "largest_free": max(gaps),
+                                             "free_gaps": len(gaps)}}
+        held.clear()
+
+
+def test_attach_after_tensors_exist_and_their_frees(standin):
+    ans = standin()
+    before = [ans.alloc(1 << 20)[0] for _ in range(3)]  # made before tracking: no line
+    with memviz.track() as t:
+        _attach(t, ans)
+        mine, _ = ans.alloc(2048); line = here()  # noqa: E702
+        snap = t.snapshot()
+        old = {x.address: x for x in snap.allocations if x.before_tracking and x.kind == "block"}
+        assert set(old) == {x.data_ptr() for x in before}
+        assert all(x.size == 1 << 20 and x.thread.name == "before tracking" for x in old.values())
+        assert sum(x.size for x in snap.allocations if x.kind == "block") == ans.allocated()
+        # Segments made before tracking are there too, marked, with their unused bytes.
+        assert any(s.before_tracking for s in snap.segments)
+        before.pop()  # its free goes through PyTorch's deleter: the next snapshot knows from PyTorch
+        snap = t.snapshot()
+        assert len([x for x in snap.allocations if x.before_tracking and x.kind == "block"]) == 2
+        assert [x.user_frame.lineno for x in snap.allocations if x.kind == "block"
+                and not x.before_tracking] == [line]
+        del mine
+    before.clear()
+
+
+def test_detach_with_tensors_live_leaves_the_allocator_as_it_was(standin):
+    ans = standin()
+    with memviz.track() as t:
+        _attach(t, ans)
+        during, _ = ans.alloc(4096)
+        assert ans.lib.sa_tensor_deleter(during.handle) == _core.allocator_state()["memviz_deleter"]
+        assert ans.lib.sa_has_standard_deleter(during.handle)  # raw_deleter() agrees while attached
+        stream_used, addr = ans.alloc(4096)
+        ans.record_stream(stream_used)  # reaches the stand-in although the deleter is memviz's
+        del stream_used
+        assert ans.lib.sa_state(addr) == 2
+        ans.lib.sa_process_events()
+    assert not _core.allocator_state()["attached"]
+    after, _ = ans.alloc(4096)  # PyTorch's own vtable again: PyTorch's own deleter
+    assert ans.lib.sa_tensor_deleter(after.handle) != _core.allocator_state()["memviz_deleter"]
+    n = ans.allocated()
+    del during  # made while attached, freed after: memviz's deleter still hands it back
+    assert ans.allocated() == n - 4096
+    del after
+    assert ans.allocated() == 0
+
+
+def test_threads_with_and_without_python_frames(standin, fake):
+    ans = standin()
+    errors = []
+
+    def work():
+        try:
+            keep = []
+            for i in range(300):
+                x, _ = ans.alloc(512 * (1 + i % 7))
+                if i % 3 == 0:
+                    keep.append(x)
+            keep_all.extend(keep)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    keep_all = []
+    with memviz.track() as t:
+        _attach(t, ans)
+        threads = [threading.Thread(target=work, name=f"w{i}") for i in range(4)]
+        for th in threads:
+            th.start()
+        ans.lib.sa_native_thread(200, 10, 1024)  # an engine thread: no Python frames
+        for th in threads:
+            th.join()
+        assert not errors
+        assert _core.block_totals()[0]["current"] == ans.allocated()
+        snap = t.snapshot()
+        blocks = [x for x in snap.allocations if x.kind == "block"]
+        assert sum(x.size for x in blocks) == ans.allocated()
+        assert len({x.thread.native_id for x in blocks if x.traceback}) == 4
+        assert sum(1 for x in blocks if not x.traceback) == 10
+        keep_all.clear()
+        assert _core.block_totals()[0]["current"] == ans.allocated() == 10 * 1024
+
+
+def test_the_probe_finds_the_layout_it_does_not_assume_it(standin):
+    ans = standin("shuffled", DATA_W=2, DELETER_W=3, CTX_W=0, DEVICE_W=1, SLOT_RS=23, SLOT_RS_GENERIC=-1,
+                  SLOT_RAW_ALLOC=11, SLOT_RAW_DELETE=31)
+    with memviz.track() as t:
+        _attach(t, ans)
+        st = _core.allocator_state()
+        data_w, deleter_w, ctx_w, device_w = st["words"]
+        # data and context hold the same address here: either order records the same
+        assert (deleter_w, device_w, {data_w, ctx_w}) == (3, 1, {0, 2})
+        assert st["record_stream"] == (23, -1)
+        assert (st["raw_alloc_with_stream"], st["raw_delete"]) == (11, 31)
+        x, _ = ans.alloc(1000); line = here()  # noqa: E702
+        assert [a.user_frame.lineno for a in t.snapshot().allocations if a.kind == "block"] == [line]
+        del x
+
+
+@pytest.mark.parametrize("defines, why", [
+    ({"SLOT_RS": 3}, "is not c10::Allocator's"),  # recordStream where is_simple_data_ptr belongs
+    ({"CTX_W": 1, "DELETER_W": 2, "STAND_IN_CTX_OFFSET": 64}, "context is not its data pointer"),
+    ({"STAND_IN_IGNORE_RECORD_STREAM": 1}, "recordStream could not be told"),
+    ({"STAND_IN_MISCOUNT": 1}, "memviz saw"),
+])
+def test_a_failed_check_falls_back_to_segments_and_says_why(standin, defines, why):
+    ans = standin("bad" + "_".join(f"{k}{v}" for k, v in defines.items()), **defines)
+    with memviz.track() as t:
+        r = t.torch.use_answers(ans)
+        assert r.route == "segments" and why in r.reason, r.reason
+        assert memviz.capture_info()["pytorch"]["route"] == "segments"
+        assert not _core.allocator_state()["attached"]
+        x, _ = ans.alloc(4096)  # PyTorch's vtable and deleter, untouched
+        assert ans.lib.sa_tensor_deleter(x.handle) != _core.allocator_state()["memviz_deleter"]
+        assert not [a for a in t.snapshot().allocations if a.kind == "block"]
+        del x
+    assert ans.allocated() == 0
+
+
+def test_reports_say_which_route(standin, tmp_path):
+    ans = standin()
+    with memviz.track() as t:
+        _attach(t, ans)
+        x, _ = ans.alloc(4096)
+        from memviz._report import text_report
+        text = text_report(t, outside={})
+        html = t.to_html(str(tmp_path / "r.html"))
+        del x
+    assert "PyTorch memory seen through: allocator" in text
+    assert "PyTorch memory seen through" in open(html).read()
