@@ -13,6 +13,7 @@ See README.md for the command line (``python -m memviz run script.py``).
 
 from ._errors import (AlreadyTracking, CaptureConflict, CaptureUnavailable, GraphNotRecorded, MemvizError,
                       NotTracking, TraceError)
+from ._errors import InvalidArgument, InvalidArgumentType, OutputError
 from ._frames import FrameFilter, frames
 from ._snapshot import (Allocation, Frame, Snapshot, Statistic, StatisticDiff, ThreadInfo,
                         Traceback)
@@ -30,6 +31,7 @@ __all__ = [
     "MemvizError", "CaptureUnavailable", "CaptureConflict", "AlreadyTracking", "NotTracking",
     "CaptureWarning", "format_size", "parse_size", "load", "TraceError", "GraphNotRecorded",
     "watch", "StepRecord", "diagnose", "Finding",
+    "InvalidArgument", "InvalidArgumentType", "OutputError",
 ]
 from ._ipython import load_ipython_extension  # noqa: E402,F401  (%load_ext memviz)
 

@@ -37,10 +37,11 @@ import json
 import os
 import sys
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ._cli_run import _positive
-from ._errors import TraceError
+from ._errors import InvalidArgument, OutputError, TraceError
+from ._outputs import refuse_inputs, write_output
 from ._trace import TraceWarning, step_dict
 from ._units import format_size
 
@@ -131,17 +132,23 @@ def _html(trace: Any) -> str:
     return html.render(trace)
 
 
-def _write(text: str, out: Optional[str], prog: str) -> int:
+def _write(text: str, out: Optional[str], prog: str, what: str = "the report",
+           inputs: Tuple[Tuple[str, str], ...] = ()) -> int:
+    """Print ``text``, or write it to ``out`` (never over one of ``inputs``:
+    (name, path) pairs; through a temporary file renamed over ``out``)."""
     if out is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except OSError as e:  # a closed pipe, a full disk behind a redirection
+            print(f"{prog}: cannot write {what} to stdout: {e.strerror or e}. What to do: "
+                  "check where stdout goes, or write to a file with -o PATH.", file=sys.stderr)
+            return EXIT_USAGE
         return 0
     try:
-        with open(out, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        print(f"{prog}: cannot write {out!r}: {e.strerror or e}. Check that the folder exists "
-              "and is writable, or choose another -o path.", file=sys.stderr)
+        write_output(out, text, what, inputs=inputs)
+    except (OutputError, InvalidArgument) as e:  # InvalidArgument: -o ''
+        print(f"{prog}: {e}", file=sys.stderr)
         return EXIT_USAGE
     print(f"{prog}: wrote {out}", file=sys.stderr)
     return 0
@@ -170,6 +177,14 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz report") -> int:
         opts = report_parser(prog).parse_args(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
+    inputs = (("the trace being reported", opts.trace),)
+    what = {"text": "the report", "json": "the JSON report", "html": "the HTML report"}[opts.format]
+    if opts.output is not None:
+        try:  # before reading anything: -o must not name the trace it reports
+            refuse_inputs(opts.output, inputs, what, hint="choose another -o path")
+        except OutputError as e:
+            print(f"{prog}: {e}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         trace = _load(opts.trace, opts.recover, prog)
         if opts.format == "text":
@@ -185,7 +200,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz report") -> int:
     except TraceError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return EXIT_USAGE
-    return _write(text, opts.output, prog)
+    return _write(text, opts.output, prog, what, inputs)
 
 
 # ---- diff ---------------------------------------------------------------------
@@ -269,6 +284,13 @@ def diff_main(argv: Optional[List[str]] = None, prog: str = "memviz diff") -> in
         opts = diff_parser(prog).parse_args(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
+    inputs = (("the older trace (A)", opts.a), ("the newer trace (B)", opts.b))
+    if opts.output is not None:
+        try:  # before reading anything: -o must not name a trace it compares
+            refuse_inputs(opts.output, inputs, "the diff", hint="choose another -o path")
+        except OutputError as e:
+            print(f"{prog}: {e}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         a, b = _load(opts.a, False, prog), _load(opts.b, False, prog)
     except TraceError as e:
@@ -281,4 +303,4 @@ def diff_main(argv: Optional[List[str]] = None, prog: str = "memviz diff") -> in
         if names[0] == names[1]:
             names = (opts.a, opts.b)
         text = diff_text(a, b, names, opts.top, opts.key)
-    return _write(text, opts.output, prog)
+    return _write(text, opts.output, prog, "the diff", inputs)

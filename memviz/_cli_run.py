@@ -28,17 +28,20 @@ import sys
 import threading
 import traceback
 import warnings
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from . import _callsite, _core
-from ._errors import CaptureConflict, CaptureUnavailable, MemvizError
+from ._errors import CaptureConflict, CaptureUnavailable, MemvizError, OutputError
+from ._outputs import same_file, write_output
 from ._report import text_report
+from ._trace import TraceWarning
 from ._tracker import CaptureWarning, Tracker
 
 __all__ = ["main", "build_parser"]
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_OUTPUT = 2  # the script succeeded but a report file or the trace could not be written
 _VALUE_OPTIONS = ("--depth", "--top", "--report-file", "-o", "--output")
 _MEMVIZ_DIR = os.path.dirname(os.path.abspath(__file__))
 _RUNPY_FILES = {"<frozen runpy>", os.path.abspath(runpy.__file__)}
@@ -139,26 +142,43 @@ def _check_script(script: str) -> None:
                          "(ending in .py), or -m module.name to run a module.")
 
 
-def _check_module(module: str) -> None:
-    """The top-level package must exist (looked up without running any code)."""
+def _check_module(module: str) -> List[str]:
+    """The top-level package must exist (looked up without running any code).
+    Returns the files that may be the module's code (what -o must not overwrite)."""
     top = module.split(".")[0]
     saved = sys.path[:1]
     sys.path[0:1] = [os.getcwd()]  # where python -m looks first, as _execute sets it
     try:
-        found = bool(top) and importlib.util.find_spec(top) is not None
+        spec = importlib.util.find_spec(top) if top else None
     except (ImportError, ValueError):
-        found = False
+        spec = None
     finally:
         sys.path[0:1] = saved
-    if not found:
+    if spec is None:
         raise UsageError(f"cannot run module {module!r}: no module named {top!r}. Check the "
                          "name, and that it is importable from this folder.")
+    files = [spec.origin] if spec.origin and os.path.isfile(spec.origin) else []
+    rest = module.split(".")[1:]
+    for folder in spec.submodule_search_locations or ():
+        base = os.path.join(folder, *rest)
+        files += [f for f in (base + ".py", os.path.join(base, "__init__.py"),
+                              os.path.join(base, "__main__.py")) if os.path.isfile(f)]
+    return files
 
 
 def _check_report_file(path: Optional[str], what: str = "the report",
-                       option: str = "--report-file") -> None:
+                       option: str = "--report-file",
+                       inputs: Sequence[Tuple[str, Optional[str]]] = ()) -> None:
+    """Refuse, before the script runs, an output that cannot be written or
+    that is one of ``inputs`` ((name, path) pairs: the script, -o's trace)."""
     if path is None:
         return
+    if not path or "\0" in path:
+        raise UsageError(f"cannot write {what} to {path!r}: not a file name. Give a path with {option}.")
+    for name, file in inputs:
+        if file is not None and same_file(path, file):
+            raise UsageError(f"cannot write {what} to {path!r}: it is {name}, which writing "
+                             f"there would destroy. Choose another {option} path.")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise UsageError(f"cannot write {what} to {path!r}: the folder {folder!r} does "
@@ -166,6 +186,13 @@ def _check_report_file(path: Optional[str], what: str = "the report",
     if os.path.isdir(path):
         raise UsageError(f"cannot write {what} to {path!r}: it is a directory. Give a file "
                          f"name with {option}.")
+    exists = os.path.exists(path)
+    if exists and not os.access(path, os.W_OK):
+        raise UsageError(f"cannot write {what} to {path!r}: permission denied (the file is "
+                         f"read-only). Make it writable or choose another {option}.")
+    if not exists and not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write {what} to {path!r}: permission denied in the folder "
+                         f"{folder!r}. Choose another {option} in a folder you may write to.")
 
 
 def _is_ours(filename: str) -> bool:
@@ -243,24 +270,40 @@ def _execute(script: Optional[str], module: Optional[str], args: List[str]) -> N
         _callsite.add_namespace(ns["__file__"], ns)
 
 
-def _emit(report: str, report_file: Optional[str]) -> None:
+def _emit(report: str, report_file: Optional[str],
+          inputs: Sequence[Tuple[str, Optional[str]]] = ()) -> bool:
+    """Print the report to stderr and write it to ``report_file`` (through a
+    temporary file renamed over it). False when the file could not be written
+    (said on stderr, after the printed report)."""
     try:
         sys.stdout.flush() if sys.stdout else None
     except Exception:  # noqa: BLE001 - the script may have closed stdout
         pass
-    sys.stderr.write("\n" + report)
-    sys.stderr.flush()
+    try:
+        sys.stderr.write("\n" + report)
+        sys.stderr.flush()
+    except (OSError, ValueError):  # stderr closed or full: the file may still get it
+        pass
     if report_file is not None:
         try:
-            with open(report_file, "w", encoding="utf-8") as f:
-                f.write(report)
-        except OSError as e:
-            print(f"memviz: could not write the report to {report_file!r}: {e.strerror or e}",
-                  file=sys.stderr)
+            write_output(report_file, report, "the report", inputs=inputs)
+        except OutputError as e:
+            _say(str(e))  # "memviz cannot write the report to ...: why. What to do: ..."
+            return False
+    return True
 
 
-def _trace_note(tracker: Tracker, path: str) -> None:
-    """One line saying where the trace went and how to read it."""
+def _say(line: str) -> None:
+    """One line on stderr, if stderr still takes it."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _trace_note(tracker: Tracker, path: str) -> bool:
+    """One line saying where the trace went and how to read it; False (and
+    what went wrong, what to do) when writing it stopped early."""
     from ._units import format_size
 
     writer = next((p for p in tracker._plugins if getattr(p, "path", None) == path), None)
@@ -269,8 +312,14 @@ def _trace_note(tracker: Tracker, path: str) -> None:
         size = format_size(os.path.getsize(path))
     except OSError:
         size = "?"
-    print(f"memviz: trace written to {path} ({events}{size}); read it with "
-          f"`python -m memviz report {shlex.quote(path)}`", file=sys.stderr)
+    read = f"read it with `python -m memviz report {shlex.quote(path)}`"
+    if writer is not None and writer.error is not None:
+        _say(f"memviz: the trace {path} is incomplete ({events}{size}): {writer.error} "
+             f"What to do: free some disk space or choose another -o path next time; {read} "
+             "(it loads up to the last complete flush).")
+        return False
+    _say(f"memviz: trace written to {path} ({events}{size}); {read}")
+    return True
 
 
 def _start(opts: argparse.Namespace) -> Tracker:
@@ -303,10 +352,12 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
                              "-m module.name")
         if script is not None:
             _check_script(script)
+            inputs = [("the script to run", script)]
         else:
-            _check_module(module)
-        _check_report_file(opts.report_file)
-        _check_report_file(opts.output, "the trace", "-o")
+            inputs = [("a file of the module to run", f) for f in _check_module(module)]
+        _check_report_file(opts.output, "the trace", "-o", inputs)
+        _check_report_file(opts.report_file, inputs=inputs + [("the trace file given with -o",
+                                                               opts.output)])
     except UsageError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -345,16 +396,21 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
             status = EXIT_INTERRUPTED
     finally:
         if tracker.running:  # the script may have stopped it through memviz.stop()
-            tracker.stop()
+            with warnings.catch_warnings():  # an incomplete trace: said by _trace_note
+                warnings.simplefilter("ignore", TraceWarning)
+                tracker.stop()
         sys.argv, sys.path[:1] = saved_argv, saved_path0
 
+    written = True
     try:
-        _emit(text_report(tracker, top=opts.top, command=command), opts.report_file)
+        written = _emit(text_report(tracker, top=opts.top, command=command), opts.report_file,
+                        inputs)
         if opts.output is not None:
-            _trace_note(tracker, opts.output)
+            written = _trace_note(tracker, opts.output) and written
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception:  # noqa: BLE001 - keep the script's status; show what broke
         print("memviz: internal error while writing the report (please report it):\n"
               + traceback.format_exc(), file=sys.stderr)
-    return status
+    # An output that could not be written fails the command, keeping the script's own failure.
+    return status if status or written else EXIT_OUTPUT

@@ -39,6 +39,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
+from ._args import whole
+from ._errors import InvalidArgumentType
 from ._units import format_size
 
 __all__ = ["Finding", "FindingLine", "diagnose"]
@@ -160,9 +162,7 @@ def _as_records(steps) -> list:
 
 def _warmup(n: int, warmup: Optional[int]) -> int:
     if warmup is not None:
-        if not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"memviz.diagnose(warmup=...) must be a whole number of steps >= 0, got {warmup!r}")
-        return warmup
+        return whole(warmup, "memviz.diagnose(warmup=...)", low=0)  # steps to skip
     return max(3, min(10, n // 10))
 
 
@@ -201,7 +201,7 @@ def diagnose(tracker, *, warmup: Optional[int] = None, graph=None) -> List[Findi
             from (default: ``tracker.graph`` when the torch integration set one).
     """
     if not hasattr(tracker, "steps"):
-        raise TypeError(f"memviz.diagnose() takes a memviz Tracker or a loaded trace (an object with "
+        raise InvalidArgumentType(f"memviz.diagnose() takes a memviz Tracker or a loaded trace (an object with "
                         f"`steps`), got {type(tracker).__name__}")
     steps = _as_records(tracker.steps)
     warm = _warmup(len(steps), warmup)

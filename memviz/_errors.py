@@ -16,6 +16,9 @@ __all__ = [
     "AlreadyTracking",
     "NotTracking",
     "TraceError",
+    "InvalidArgument",
+    "InvalidArgumentType",
+    "OutputError",
 ]
 
 
@@ -176,3 +179,53 @@ class TraceError(MemvizError):
 
     def __reduce__(self):
         return (type(self), (self.reason, self.path, self.offset, self.hint))
+
+
+class InvalidArgument(MemvizError, ValueError):
+    """An argument memviz cannot use: the message names the argument, what
+    was given and what is accepted. Also a :class:`ValueError`, so code that
+    catches ``ValueError`` keeps working."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self),))
+
+
+class InvalidArgumentType(InvalidArgument, TypeError):
+    """An argument of a type memviz does not accept (a :class:`TypeError`
+    too, and an :class:`InvalidArgument`)."""
+
+
+class OutputError(MemvizError, OSError):
+    """memviz cannot write an output file (a report, an export, a step log).
+
+    Also an :class:`OSError` (``errno`` is the system's error number when
+    there is one), so code that catches ``OSError`` keeps working. Nothing is
+    left half-written: a file memviz replaces stays as it was.
+
+    Attributes:
+        what: what was being written (e.g. ``"the HTML report"``).
+        path: the output path.
+        reason: the problem, without the path.
+        hint: what to do about it.
+    """
+
+    def __init__(self, what: str, path: Optional[str], reason: str, hint: Optional[str] = None,
+                 errno: Optional[int] = None) -> None:
+        self.what, self.path, self.reason = what, path, reason
+        self.hint = hint if hint is not None else (
+            "check that the folder exists and that you may write there, that the disk is not "
+            "full, or choose another path")
+        message = f"memviz cannot write {what} to {path!r}: {reason.rstrip('.')}. What to do: {self.hint}"
+        super().__init__(message)
+        self.errno, self.filename = errno, path
+        self.strerror = reason
+        self._message = message
+
+    def __str__(self) -> str:
+        return self._message
+
+    def __reduce__(self):
+        return (type(self), (self.what, self.path, self.reason, self.hint, self.errno))

@@ -36,6 +36,8 @@ import threading
 from types import ModuleType
 from typing import Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
 
+from ._errors import InvalidArgument, InvalidArgumentType
+
 __all__ = ["FrameFilter", "frames"]
 
 PathLike = Union[str, "os.PathLike[str]", ModuleType]
@@ -64,17 +66,21 @@ def _to_path_string(path: PathLike) -> str:
             return list(pkg_path)[0]
         file = getattr(path, "__file__", None)
         if not file:
-            raise ValueError(
+            raise InvalidArgument(
                 f"module {path.__name__!r} has no file on disk (built-in or namespace "
                 f"module); pass its directory or file path instead"
             )
         return file
-    path = os.fspath(path)
-    if not isinstance(path, str):
-        raise TypeError("paths must be str (not bytes)")
-    if not path:
-        raise ValueError("path must not be empty")
-    return path
+    accepted = "a file or folder path (a non-empty str or os.PathLike) or a module"
+    try:
+        text = os.fspath(path)
+    except TypeError:
+        raise InvalidArgumentType(f"a FrameFilter path takes {accepted}, got {path!r}") from None
+    if not isinstance(text, str):
+        raise InvalidArgumentType(f"a FrameFilter path takes {accepted}, got {path!r} (bytes)")
+    if not text:
+        raise InvalidArgument(f"a FrameFilter path takes {accepted}, got an empty path")
+    return text
 
 
 def _prefix_matches(candidate: str, prefix: str) -> bool:

@@ -1,4 +1,176 @@
-"""What a live Tracker and a loaded trace both write: exports and HTML."""
+"""What a live Tracker and a loaded trace both write: exports and HTML; and
+how memviz writes any output file (:func:`output_file`)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno as _errno
+import os
+import secrets
+import stat
+from typing import IO, Any, Iterable, Iterator, List, Optional
+
+from ._args import path as _path_arg
+from ._errors import OutputError
+
+__all__ = ["Outputs", "output_file", "write_output", "same_file", "refuse_inputs", "own_files"]
+
+
+def same_file(a: Any, b: Any) -> bool:
+    """Whether two paths name one file (through symlinks and hard links)."""
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except (OSError, ValueError, TypeError):
+        try:
+            return os.path.realpath(a) == os.path.realpath(b)
+        except (OSError, ValueError, TypeError):
+            return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def refuse_inputs(path: str, inputs: Iterable[Any], what: str, hint: Optional[str] = None) -> None:
+    """Raise OutputError when ``path`` is one of ``inputs`` ((name, file) pairs)."""
+    for name, file in inputs:
+        if file is not None and same_file(path, file):
+            raise OutputError(what, path, f"it is {name}, which writing there would destroy",
+                              hint=hint or "choose another output path")
+
+
+def own_files(obj: Any) -> List[tuple]:
+    """The files a Tracker or a loaded trace reads from (its trace file)."""
+    out = []
+    for attr, name in (("path", "the trace file this was loaded from"),
+                       ("trace_path", "the trace file this tracker streams to")):
+        value = getattr(obj, attr, None)
+        if isinstance(value, (str, os.PathLike)):
+            out.append((name, value))
+    return out
+
+
+def _error(what: str, path: str, e: OSError, hint: Optional[str] = None) -> OutputError:
+    reason = e.strerror or str(e)
+    if hint is None:
+        if e.errno in (_errno.ENOSPC, _errno.EDQUOT):
+            hint = "free some disk space, or choose a path on another disk"
+        elif e.errno == _errno.EFBIG:
+            hint = ("the file is larger than this process may write (ulimit -f) or the file "
+                    "system allows: raise the limit, or choose a path on another disk")
+        elif e.errno in (_errno.EACCES, _errno.EPERM, _errno.EROFS):
+            hint = "choose a path in a folder you may write to"
+        elif e.errno == _errno.EISDIR:
+            hint = "give a file name, not a folder"
+        elif e.errno in (_errno.ENOENT, _errno.ENOTDIR):
+            hint = "create the folder first, or choose another path"
+    return OutputError(what, path, reason, hint=hint, errno=e.errno)
+
+
+def _temp_in(folder: str, base: str) -> "tuple[int, str]":
+    """A new file next to the target, created exclusively (never through a
+    link someone planted), mode 0666 less the umask as open() gives."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+    for _ in range(100):
+        tmp = os.path.join(folder, f".{base[:80]}.{secrets.token_hex(6)}.memviz-tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(_errno.EEXIST, "could not create a temporary file", folder)
+
+
+@contextlib.contextmanager
+def output_file(path: Any, what: str, *, binary: bool = False, inputs: Iterable[Any] = (),
+                hint: Optional[str] = None) -> Iterator[IO[Any]]:
+    """``with output_file(path, "the HTML report") as f: f.write(...)``.
+
+    The data goes to a temporary file created exclusively in the target's
+    folder, which replaces the target only once everything is written; on any
+    failure the temporary file is removed and the target stays as it was. A
+    symlink at ``path`` is followed (its target is replaced); a device or a
+    pipe (``/dev/stdout``) is written into, never replaced. An existing file
+    keeps its permission bits. ``inputs``: (name, path) pairs of files this
+    output must not be. Every OSError becomes an :class:`OutputError`."""
+    path = _path_arg(path, f"the path of {what}")
+    refuse_inputs(path, inputs, what)
+    try:
+        st: Optional[os.stat_result] = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise _error(what, path, e, hint) from e
+    mode = ("w" if not binary else "wb")
+    text_kw = {} if binary else {"encoding": "utf-8"}
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise OutputError(what, path, "it is a folder", hint="give a file name, not a folder",
+                          errno=_errno.EISDIR)
+    if st is not None and not stat.S_ISREG(st.st_mode):  # a device or a pipe: write into it
+        yield from _in_place(path, path, mode, text_kw, what, hint)
+        return
+    real = os.path.realpath(path)
+    if st is not None and not os.access(real, os.W_OK):  # as open() would refuse it
+        raise OutputError(what, path, "the file is read-only (permission denied)",
+                          hint=hint or "make it writable, or choose another path", errno=_errno.EACCES)
+    folder = os.path.dirname(real) or "."
+    if not os.path.isdir(folder):
+        raise OutputError(what, path, f"the folder {folder!r} does not exist",
+                          hint=hint or "create it first, or choose another path", errno=_errno.ENOENT)
+    try:
+        fd, tmp = _temp_in(folder, os.path.basename(real))
+    except OSError as e:
+        if st is not None and e.errno in (_errno.EACCES, _errno.EPERM) and os.access(real, os.W_OK):
+            yield from _in_place(real, path, mode, text_kw, what, hint)  # a writable file in a locked folder
+            return
+        raise _error(what, path, e, hint) from e
+    f = None
+    try:
+        if st is not None:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode))
+        f = os.fdopen(fd, mode, **text_kw)
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+        os.replace(tmp, real)
+    except BaseException as e:
+        if f is not None:
+            _close_quietly(f)
+        else:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(e, OSError) and not isinstance(e, OutputError):
+            raise _error(what, path, e, hint) from e
+        raise
+
+
+def _in_place(real: str, path: str, mode: str, text_kw: dict, what: str,
+              hint: Optional[str]) -> Iterator[IO[Any]]:
+    try:
+        f = open(real, mode, **text_kw)
+    except OSError as e:
+        raise _error(what, path, e, hint) from e
+    try:
+        yield f
+        f.close()
+    except OutputError:
+        raise
+    except OSError as e:
+        raise _error(what, path, e, hint) from e
+    finally:
+        _close_quietly(f)
+
+
+def _close_quietly(f: IO[Any]) -> None:
+    try:
+        f.close()
+    except (OSError, ValueError):
+        pass
+
+
+def write_output(path: Any, data: "str | bytes", what: str, **kwargs: Any) -> None:
+    """Write ``data`` (text as UTF-8, or bytes) with :func:`output_file`."""
+    with output_file(path, what, binary=isinstance(data, bytes), **kwargs) as f:
+        f.write(data)
 
 
 class Outputs:

@@ -17,6 +17,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import _capture, _core
 from ._device import SOURCE_CUMEMGETINFO, process_device_memory
+from ._args import given
+from ._errors import InvalidArgument
 from ._units import format_size
 
 __all__ = ["text_report", "GPU_OFF_SENTENCE", "NO_GPU_SENTENCE"]
@@ -288,8 +290,8 @@ def text_report(tracker: Any, top: int = 10, outside: Optional[Dict[int, Tuple[i
 
     Raises :class:`~memviz.NotTracking` for a tracker that never started.
     """
-    if not isinstance(top, int) or top < 1:
-        raise ValueError(f"top must be a positive int, got {top!r}")
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise InvalidArgument(f"top must be a positive int, got {given(top)}")
     totals = tracker.totals()
     if tracker.gpu_enabled:
         info = tracker.capture_info()

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple,
                     Optional, Sequence, Tuple)
 
+from ._args import bad_type, flag, whole
+from ._errors import InvalidArgument
 from ._frames import FrameFilter, frames as _default_filter
 from ._units import format_size
 
@@ -127,6 +129,8 @@ class Traceback(tuple):
         ``-limit`` oldest. Source lines come from :mod:`linecache` when the file
         is readable.
         """
+        whole(limit, "Traceback.format(limit=...)", none=True)
+        flag(most_recent_first, "Traceback.format(most_recent_first=...)")
         oldest_first = list(reversed(self))
         if limit is not None:
             oldest_first = oldest_first[-limit:] if limit > 0 else oldest_first[:limit]
@@ -432,6 +436,7 @@ class Snapshot:
         """Sum of allocation sizes, on one device index or on all (None)."""
         if device is None:
             return sum(a.size for a in self.allocations)
+        whole(device, "Snapshot.total_bytes(device=...)", none=True)
         return sum(a.size for a in self.allocations if a.device == device)
 
     def by_device(self) -> Dict[int, "Snapshot"]:
@@ -450,6 +455,9 @@ class Snapshot:
 
         Example: ``snap.filter(lambda a: a.kind == "device" and a.size >= 1 << 20)``.
         """
+        if not callable(predicate):
+            raise bad_type("Snapshot.filter(predicate)", predicate,
+                           "a function taking an Allocation and returning true to keep it")
         return Snapshot([a for a in self.allocations if predicate(a)], timestamp_ns=self.timestamp_ns,
                         devices=self.devices, frame_filter=self.frame_filter)
 
@@ -461,9 +469,10 @@ class Snapshot:
     def _group(self, key_type: str, cumulative: bool) -> Dict[Any, list]:
         """key -> [size, count, traceback] for the given key type."""
         if key_type not in KEY_TYPES:
-            raise ValueError(f"unknown key_type {key_type!r}; use one of {', '.join(KEY_TYPES)}")
+            raise InvalidArgument(f"unknown key_type {key_type!r}; use one of {', '.join(KEY_TYPES)}")
+        flag(cumulative, "cumulative")
         if cumulative and key_type not in _CUMULATIVE_KEYS:
-            raise ValueError(
+            raise InvalidArgument(
                 f"cumulative mode cannot be used with key_type {key_type!r}; "
                 f"use it with 'lineno' or 'filename'"
             )
@@ -556,6 +565,8 @@ class Snapshot:
         side. Sorted by the absolute size difference, then size, absolute count
         difference and count, largest first.
         """
+        if not isinstance(old_snapshot, Snapshot):
+            raise bad_type("Snapshot.compare_to(old_snapshot)", old_snapshot, "a memviz Snapshot")
         new = self._group(key_type, cumulative)
         old = old_snapshot._group(key_type, cumulative)
         diffs: List[StatisticDiff] = []

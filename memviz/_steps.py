@@ -23,7 +23,6 @@ import heapq
 import json
 import logging
 import numbers
-import os
 import sys
 import threading
 import time
@@ -32,7 +31,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _core
-from ._errors import NotTracking
+from ._args import path as _path_arg
+from ._errors import InvalidArgument, InvalidArgumentType, NotTracking, OutputError
 from ._frames import frames as _default_filter
 from ._snapshot import Frame
 from ._units import format_size
@@ -375,8 +375,8 @@ class _Sink:
 
 class _JsonLines(_Sink):
     def __init__(self, path) -> None:
-        self.path = os.fspath(path)
-        self.f = _open(self.path, "jsonl")
+        self.f = _open(path, "jsonl")
+        self.path = self.f.name
 
     def emit(self, rec):
         if not self.f.closed:
@@ -396,8 +396,8 @@ class _Csv(_Sink):
     """One row per step and device (long format, so the header never changes)."""
 
     def __init__(self, path) -> None:
-        self.path = os.fspath(path)
-        self.f = _open(self.path, "csv", newline="")
+        self.f = _open(path, "csv", newline="")
+        self.path = self.f.name
         self.w = _csv.writer(self.f)
         self.w.writerow(CSV_COLUMNS)
         self.f.flush()
@@ -440,11 +440,23 @@ class _TensorBoard(_Sink):
 
 
 def _open(path: str, what: str, newline=None):
+    """The step file, written as steps come (so not through a temporary file)."""
+    path = _path_arg(path, f"{what}=")
     try:
         return open(path, "w", encoding="utf-8", newline=newline)
     except OSError as e:
-        raise OSError(e.errno, f"memviz: cannot open the {what} step file {path!r} for writing "
-                               f"({e.strerror}); pass a path in a writable directory") from e
+        raise OutputError(f"the {what} step file", path, e.strerror or str(e),
+                          hint="pass a path in a writable directory", errno=e.errno) from e
+
+
+SINK_NAMES = ("callback", "log", "print_every", "jsonl", "csv", "tensorboard")
+
+
+def _check_sink_names(sinks: Dict[str, Any], where: str) -> None:
+    unknown = sorted(set(sinks) - set(SINK_NAMES))
+    if unknown:
+        raise InvalidArgumentType(f"{where} has no option {unknown[0]!r}; its step sinks are "
+                                  + ", ".join(f"{n}=" for n in SINK_NAMES))
 
 
 def make_sinks(callback=None, log=False, print_every=None, jsonl=None, csv=None,
@@ -463,8 +475,8 @@ def make_sinks(callback=None, log=False, print_every=None, jsonl=None, csv=None,
     sinks: List[_Sink] = []
     if callback is not None:
         if not callable(callback):
-            raise TypeError(f"memviz: callback= must be a function taking a StepRecord, got "
-                            f"{type(callback).__name__}")
+            raise InvalidArgumentType(f"memviz: callback= must be a function taking a StepRecord, "
+                                      f"got {type(callback).__name__}")
         sinks.append(_Sink(callback))
     if log is not False and log is not None:
         if isinstance(log, logging.Logger):
@@ -474,16 +486,16 @@ def make_sinks(callback=None, log=False, print_every=None, jsonl=None, csv=None,
         elif isinstance(log, int):
             logger, level = logging.getLogger(LOGGER_NAME), log
         else:
-            raise TypeError(f"memviz: log= takes True, a logging level or a logging.Logger, got {log!r}")
+            raise InvalidArgumentType(f"memviz: log= takes True, a logging level or a logging.Logger, got {log!r}")
         sinks.append(_Sink(lambda text, lg=logger, lv=level: lg.log(lv, text), every=1))
     if print_every is not None:
         if isinstance(print_every, bool) or not isinstance(print_every, int) or print_every < 1:
-            raise ValueError(f"memviz: print_every= must be a whole number of steps >= 1, got {print_every!r}")
+            raise InvalidArgument(f"memviz: print_every= must be a whole number of steps >= 1, got {print_every!r}")
         sinks.append(_Sink(lambda text: print(text, flush=True), every=print_every))
     if tensorboard is not None:
         if not callable(getattr(tensorboard, "add_scalar", None)):
-            raise TypeError(f"memviz: tensorboard= needs a SummaryWriter (an object with "
-                            f"add_scalar(tag, value, step)), got {type(tensorboard).__name__}")
+            raise InvalidArgumentType(f"memviz: tensorboard= needs a SummaryWriter (an object with "
+                                      f"add_scalar(tag, value, step)), got {type(tensorboard).__name__}")
         sinks.append(_TensorBoard(tensorboard))
     if jsonl is not None:
         sinks.append(_JsonLines(jsonl))
@@ -509,6 +521,7 @@ def on_step(tracker, **sinks) -> _SinkHandle:
     """Send every step ``tracker`` records to the given sinks (see :func:`make_sinks`
     for callback=, log=, print_every=, jsonl=, csv=, tensorboard=). File sinks
     are closed when the tracker stops or the returned handle's ``remove()``."""
+    _check_sink_names(sinks, "Tracker.on_step()")
     built = make_sinks(**sinks)
     st = _state(tracker)
     with st.lock:
@@ -584,10 +597,11 @@ def watch(optimizer, tracker=None, *, info=None, **sinks) -> WatchHandle:
     Returns a :class:`WatchHandle`; call ``remove()`` to stop.
     """
     if not callable(getattr(optimizer, "register_step_post_hook", None)):
-        raise TypeError(
+        raise InvalidArgumentType(
             f"memviz.watch() needs a torch.optim.Optimizer (an object with register_step_post_hook), "
             f"got {type(optimizer).__name__}; for other loops call tracker.step() at the end of each step.")
     if info is not None and not callable(info) and not isinstance(info, dict):
-        raise TypeError(f"memviz.watch(info=...) takes a dict or a function returning one, got "
-                        f"{type(info).__name__}")
+        raise InvalidArgumentType(f"memviz.watch(info=...) takes a dict or a function returning one, "
+                                  f"got {type(info).__name__}")
+    _check_sink_names(sinks, "memviz.watch()")
     return WatchHandle(optimizer, tracker, make_sinks(**sinks), info)

@@ -325,8 +325,12 @@ class TraceWriter:
             # duplicate of a ring event is harmless (an ALLOC at a live
             # address replaces it when the trace is read).
             self._write_rows(_core.live(), synthetic=True)
-        except BaseException:
+        except BaseException as e:
             self._close()
+            if isinstance(e, OSError):  # the first write: a full disk, /dev/full, ...
+                raise TraceError(f"cannot write the trace file: {e.strerror or e}", self.path,
+                                 hint="free some disk space, or choose another trace path "
+                                      "(on a disk with room, in a folder you may write to)") from e
             raise
         _writers.add(self)
         self._thread = threading.Thread(target=self._run, name="memviz-trace-writer",
@@ -412,6 +416,7 @@ class TraceWriter:
         rows = _core.trace_drain()
         out = self._stack_chunks()  # after the drain: covers every drained event's stack
         n = len(rows) // EVENT.size
+        counted = 0
         if n > 1 or (n == 1 and rows[4] != OP_TIME):
             labels = {i: _core.label_name(i) for i in _label_ids(rows)
                       if i not in self._tables.labels}
@@ -422,10 +427,11 @@ class TraceWriter:
                     if rows[k * EVENT.size + 4] == OP_GAP:
                         self.dropped += EVENT.unpack_from(rows, k * EVENT.size)[8]
             out.append(chunk(EVENTS, events_payload(rows), compress=EVENT_LEVEL))
-            self.events_written += n
+            counted = n
         out += self._threads_chunk() + self._steps_chunk()
         if out:
             self._write(b"".join(out))
+        self.events_written += counted  # once written: an error message says what the file holds
 
     def _stack_chunks(self) -> List[bytes]:
         """Strings, frames and stacks interned since the last call."""

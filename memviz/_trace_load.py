@@ -12,12 +12,11 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
-import os
 import sys
 from array import array
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _trace as F
+from . import _args, _trace as F
 from ._callsite import Resolved
 from ._errors import TraceError
 from ._outputs import Outputs
@@ -266,6 +265,7 @@ class LoadedTrace(TraceFile, Outputs):
         """The allocations live at the end of the trace, or at ``at_ns`` (a
         timestamp on the recording process's monotonic clock, as
         ``Allocation.timestamp_ns`` and timeline() use)."""
+        _args.whole(at_ns, "snapshot(at_ns=...)", none=True)
         r = self._replay()
         if at_ns is None:
             return self._snapshot(r["live"], self.stopped_ns)
@@ -276,6 +276,7 @@ class LoadedTrace(TraceFile, Outputs):
     def peak_snapshot(self, device: Optional[int] = None) -> Snapshot:
         """The allocations live at a device's peak; every device at its own
         peak when ``device`` is None."""
+        _args.whole(device, "peak_snapshot(device=...)", none=True)
         peaks = self._replay()["peak_i"]
         devices = [device] if device is not None else sorted(peaks)
         idx: List[int] = []
@@ -297,6 +298,7 @@ class LoadedTrace(TraceFile, Outputs):
 
     def current_bytes(self, device: Optional[int] = None) -> int:
         """Bytes live at the end; all devices (not host memory) when device is None."""
+        _args.whole(device, "current_bytes(device=...)", none=True)
         t = self.totals()
         if device is not None:
             return t.get(device, {}).get("current", 0)
@@ -304,6 +306,7 @@ class LoadedTrace(TraceFile, Outputs):
 
     def peak_bytes(self, device: Optional[int] = None) -> int:
         """Highest live bytes of a device; with None, the largest device peak."""
+        _args.whole(device, "peak_bytes(device=...)", none=True)
         t = self.totals()
         if device is not None:
             return t.get(device, {}).get("peak", 0)
@@ -407,7 +410,8 @@ def _step_records(steps: List[Any]) -> List[Any]:
 
 def load(path: str, *, recover: bool = False) -> LoadedTrace:
     """Read a trace file (see :func:`memviz._trace.load`)."""
-    path = os.fspath(path)
+    path = _args.path(path, "memviz.load(path)")
+    _args.flag(recover, "memviz.load(recover=...)")
     try:
         with open(path, "rb") as f:
             data = f.read()

@@ -9,12 +9,12 @@ same end state.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Dict, List, Optional
 
-from . import _callsite, _core
-from ._errors import TraceError
+from . import _args, _callsite, _core
+from ._errors import OutputError, TraceError
+from ._outputs import own_files, refuse_inputs, write_output
 from ._trace import (END, EVENT, EVENT_LEVEL, EVENTS, FLAG_SYNTHETIC, META, OP_FAILED, OP_FREE,
                      OP_TIME, STEPS, THREADS, TIMELINE, _alloc_events, _event, _meta,
                      _Tables, _thread_names, chunk, events_payload, header, json_bytes,
@@ -34,8 +34,16 @@ def save(tracker: Any, path: str) -> None:
     same snapshot(), peak_snapshot(), totals(), failures and timeline();
     ``snapshot(at_ns=...)`` between the peak and the end is approximate.
     Streams are not stored (``Allocation.stream`` reads 0 when loaded).
+
+    The data goes to a temporary file created exclusively in ``path``'s
+    folder, renamed over ``path`` once complete: a failed save leaves the
+    old file as it was. Raises TraceError saying why and what to do.
     """
-    path = os.fspath(path)
+    path = _args.path(path, "Tracker.save(path)")
+    try:
+        refuse_inputs(path, own_files(tracker), "the trace")
+    except OutputError as e:
+        raise TraceError(f"cannot write the trace file: {e.reason}", path, hint=e.hint) from None
     src = tracker._source()  # raises NotTracking for a tracker that never started
     if src is None and tracker.running and tracker.gpu_enabled:
         _core.flush()
@@ -71,19 +79,10 @@ def save(tracker: Any, path: str) -> None:
         "totals": {str(d): v for d, v in totals.items()},
         "failures": sum(v.get("failed", 0) for v in totals.values()), "stats": stats,
         "outside": {}, "events": len(events) // EVENT.size, "dropped_events": 0})))
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(b"".join(out))
-        os.replace(tmp, path)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise TraceError(f"cannot write the trace file: {e.strerror or e}", path,
-                         hint="check that the folder exists and is writable, or choose "
-                              "another path") from e
+    try:  # a temporary file made exclusively next to the target, then renamed over it
+        write_output(path, b"".join(out), "the trace", inputs=own_files(tracker))
+    except OutputError as e:
+        raise TraceError(f"cannot write the trace file: {e.reason}", path, hint=e.hint) from e
 
 
 def _saved_events(live: List[tuple], peaks: Dict[int, List[tuple]], failures: List[tuple],

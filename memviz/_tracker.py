@@ -17,8 +17,9 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from . import _callsite, _capture, _core
-from ._errors import AlreadyTracking, CaptureConflict, CaptureUnavailable, NotTracking
+from . import _args, _callsite, _capture, _core
+from ._errors import (AlreadyTracking, CaptureConflict, CaptureUnavailable, InvalidArgument,
+                      InvalidArgumentType, NotTracking)
 from ._frames import FrameFilter
 from ._outputs import Outputs
 from ._snapshot import KIND_NAMES, SEEN_THREADS, Snapshot, Traceback, snapshot_from_raw
@@ -156,8 +157,8 @@ class Tracker(Outputs):
                  trace: Optional[str] = None, precise: bool = False,
                  torch: Optional[bool] = None, autograd: Optional[bool] = None,
                  graph: Optional[bool] = None) -> None:
-        if not isinstance(depth, int) or not 1 <= depth <= _core.MAX_DEPTH:
-            raise ValueError(f"depth must be an int between 1 and {_core.MAX_DEPTH}, got {depth!r}")
+        _check_options(gpu=gpu, depth=depth, activity=activity, frame_filter=frame_filter,
+                       trace=trace, precise=precise, torch=torch, autograd=autograd, graph=graph)
         self.gpu_requested = bool(gpu)
         self.depth = depth
         self.activity = (not precise) if activity is None else bool(activity)
@@ -181,9 +182,9 @@ class Tracker(Outputs):
         self.autograd = bool(autograd)
         self.record_graph = bool(graph)
         if self.autograd and torch is False:
-            raise ValueError("autograd=True needs the PyTorch integration; do not pass torch=False with it")
+            raise InvalidArgument("autograd=True needs the PyTorch integration; do not pass torch=False with it")
         if self.record_graph and torch is False:
-            raise ValueError("graph=True needs the PyTorch integration; do not pass torch=False with it")
+            raise InvalidArgument("graph=True needs the PyTorch integration; do not pass torch=False with it")
         #: per-step records (see step()); filled by memviz._steps
         self.steps: List[Any] = []
         #: objects with on_start(tracker) / on_stop(tracker) / on_freeze(tracker)
@@ -401,6 +402,7 @@ class Tracker(Outputs):
 
         With ``device=None``: every device, each at its own peak.
         """
+        _args.whole(device, "peak_snapshot(device=...)", none=True)
         src = self._source()
         totals = src.totals if src is not None else _core.totals()
         devices = [device] if device is not None else sorted(totals)
@@ -420,6 +422,7 @@ class Tracker(Outputs):
 
     def current_bytes(self, device: Optional[int] = None) -> int:
         """Bytes live now; all devices (not host memory) when device is None."""
+        _args.whole(device, "current_bytes(device=...)", none=True)
         t = self.totals()
         if device is not None:
             return t.get(device, {}).get("current", 0)
@@ -427,6 +430,7 @@ class Tracker(Outputs):
 
     def peak_bytes(self, device: Optional[int] = None) -> int:
         """Highest live bytes of a device; with None, the largest device peak."""
+        _args.whole(device, "peak_bytes(device=...)", none=True)
         t = self.totals()
         if device is not None:
             return t.get(device, {}).get("peak", 0)
@@ -517,15 +521,44 @@ def _caller_location() -> str:
     return f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "?"
 
 
+_OPTIONS = ("gpu", "depth", "activity", "frame_filter", "trace", "precise", "torch", "autograd",
+            "graph")
+
+
+def _check_options(**options: Any) -> None:
+    """Tracker()/track()/start() options: names, types and ranges."""
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise InvalidArgumentType(f"memviz.track() has no option {unknown[0]!r} (given "
+                                  f"{_args.given(options[unknown[0]])}); its options are "
+                                  + ", ".join(_OPTIONS))
+    for name in ("gpu", "precise"):
+        if name in options:
+            _args.flag(options[name], f"memviz.track({name}=...)")
+    for name in ("activity", "torch", "autograd", "graph"):
+        if name in options:
+            _args.flag(options[name], f"memviz.track({name}=...)", none=True)
+    if "depth" in options:
+        _args.whole(options["depth"], "memviz.track(depth=...)", 1, _core.MAX_DEPTH)
+    flt = options.get("frame_filter")
+    if flt is not None and not isinstance(flt, FrameFilter):
+        raise _args.bad_type("memviz.track(frame_filter=...)", flt,
+                             "a memviz.FrameFilter (such as memviz.frames) or None")
+    if options.get("trace") is not None:
+        _args.path(options["trace"], "memviz.track(trace=...)")
+
+
 def track(**kwargs: Any) -> Tracker:
     """A tracker to use as ``with memviz.track() as t:``; see :class:`Tracker`
     for the options (gpu, depth, activity, frame_filter, trace, precise, torch, autograd,
     graph)."""
+    _check_options(**kwargs)
     return Tracker(**kwargs)
 
 
 def start(**kwargs) -> Tracker:
     """Start and return a tracker (stop it with :func:`stop` or ``t.stop()``)."""
+    _check_options(**kwargs)
     return Tracker(**kwargs).start()
 
 
@@ -550,7 +583,7 @@ class label:
 
     def __init__(self, name: str) -> None:
         if not isinstance(name, str) or not name:
-            raise TypeError(f"memviz.label() needs a non-empty str, got {name!r}")
+            raise _args.bad_type("memviz.label(name)", name, "a non-empty str")
         self.name = name
         self._id = _core.label_intern(name)
         self._saved = threading.local()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
+from ._errors import InvalidArgument, InvalidArgumentType
+
 __all__ = ["format_size", "parse_size"]
 
 _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -60,7 +62,8 @@ def format_size(n: float, sign: bool = False) -> str:
     Fractional byte counts (averages) are accepted and shown rounded.
     """
     if isinstance(n, bool) or not isinstance(n, (int, float)):
-        raise TypeError(f"format_size() expects a number of bytes, got {type(n).__name__}")
+        raise InvalidArgumentType(f"format_size() expects a number of bytes, got {n!r:.60} "
+                                  f"({type(n).__name__})")
     negative = n < 0
     value = -n if negative else n
     unit_index = 0
@@ -107,44 +110,44 @@ def parse_size(value: "int | float | str") -> int:
     that are neither numbers nor strings.
     """
     if isinstance(value, bool):
-        raise TypeError("parse_size() expects a size such as 1024 or '2 GiB', got a bool")
+        raise InvalidArgumentType("parse_size() expects a size such as 1024 or '2 GiB', got a bool")
     if isinstance(value, int):
         if value < 0:
-            raise ValueError(f"size must not be negative, got {value}")
+            raise InvalidArgument(f"size must not be negative, got {value}")
         return value
     if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
-            raise ValueError(f"size must be a finite number of bytes, got {value}")
+            raise InvalidArgument(f"size must be a finite number of bytes, got {value}")
         if value < 0:
-            raise ValueError(f"size must not be negative, got {value}")
+            raise InvalidArgument(f"size must not be negative, got {value}")
         if not value.is_integer():
-            raise ValueError(
+            raise InvalidArgument(
                 f"size {value} is not a whole number of bytes; pass an int or a "
                 f"string with a unit such as '1.5 GiB'"
             )
         return int(value)
     if not isinstance(value, str):
-        raise TypeError(
+        raise InvalidArgumentType(
             f"parse_size() expects an int or a string such as '2 GiB', got {type(value).__name__}"
         )
     match = _SIZE_RE.match(value)
     if match is None:
-        raise ValueError(
+        raise InvalidArgument(
             f"cannot parse size {value!r}: write a non-negative number with an optional "
             f"unit, e.g. '1024', '512 MiB', '2GiB', '1.5 GB' "
             f"(units: B, KiB, MiB, GiB, TiB, PiB, KB, MB, GB, TB, PB)"
         )
     number_text, unit_text = match.groups()
     if number_text.startswith("-"):
-        raise ValueError(f"size must not be negative, got {value!r}")
+        raise InvalidArgument(f"size must not be negative, got {value!r}")
     multiplier = _PARSE_UNITS.get(unit_text.lower())
     if multiplier is None:
-        raise ValueError(
+        raise InvalidArgument(
             f"unknown size unit {unit_text!r} in {value!r}: use B, KiB, MiB, GiB, TiB, PiB "
             f"(powers of 1024) or KB, MB, GB, TB, PB (powers of 1000)"
         )
     try:
         number = Decimal(number_text.replace("_", ""))
     except InvalidOperation:  # pragma: no cover - the regex already rules this out
-        raise ValueError(f"cannot parse the number in size {value!r}") from None
+        raise InvalidArgument(f"cannot parse the number in size {value!r}") from None
     return int((number * multiplier).to_integral_value(rounding=ROUND_HALF_UP))

@@ -423,9 +423,11 @@ class _Runner:
             return
         ok, why = self.capture()
         data = {"capture_available": ok, "capture_reason": why or None, "tests": self.results}
-        try:
-            with open(path, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1)
-        except OSError as e:
-            raise pytest.UsageError(f"memviz: cannot write --memviz-report={path!r} ({e.strerror}); "
+        from ._errors import OutputError
+        from ._outputs import write_output
+
+        try:  # through a temporary file renamed over the path
+            write_output(path, json.dumps(data, indent=1), "the --memviz-report file")
+        except OutputError as e:
+            raise pytest.UsageError(f"memviz: cannot write --memviz-report={path!r} ({e.reason}); "
                                     f"pass a path in a writable directory") from e

@@ -87,7 +87,7 @@ def test_perfetto_from_a_trace_with_events_categories_and_steps(run, tmp_path):
 def test_tracker_method_and_error_message(run, tmp_path):
     run.to_perfetto(str(tmp_path / "t.json"))
     assert load_events(tmp_path / "t.json")
-    with pytest.raises(OSError, match="could not write the Perfetto trace.*writable path"):
+    with pytest.raises(memviz.OutputError, match="cannot write the Perfetto trace.*What to do"):
         perfetto.write(run, tmp_path / "no" / "such" / "dir.json")
 
 
@@ -192,7 +192,7 @@ def test_torch_snapshot_of_backward_allocations(fake, tmp_path, memory_viz):
 
 
 def test_torch_snapshot_error_message(run, tmp_path):
-    with pytest.raises(OSError, match="could not write the torch snapshot.*writable path"):
+    with pytest.raises(memviz.OutputError, match="cannot write the torch snapshot.*What to do"):
         torch_snapshot.write(run, tmp_path / "no" / "such.pickle")
 
 

@@ -152,7 +152,7 @@ def test_title_is_escaped_and_checked(run):
 def test_write_creates_the_file_and_says_when_it_cannot(run, tmp_path):
     out = write(run, tmp_path / "r.html")
     assert open(out, encoding="utf-8").read().startswith("<!DOCTYPE html>")
-    with pytest.raises(OSError, match="could not write the HTML report.*writable path"):
+    with pytest.raises(memviz.OutputError, match="cannot write the HTML report.*What to do"):
         write(run, tmp_path / "missing" / "r.html")
 
 

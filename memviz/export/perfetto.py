@@ -200,11 +200,9 @@ def write(tracker: Any, path: "str | os.PathLike[str]") -> int:
     """Write the Chrome trace JSON of a Tracker or loaded trace to ``path``.
 
     Open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing.
-    Returns the number of trace events written."""
-    path = os.fspath(path)
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            return _dump(tracker, f)
-    except OSError as e:
-        raise OSError(e.errno, f"memviz could not write the Perfetto trace to {path!r}: "
-                               f"{e.strerror}; choose a writable path") from None
+    Returns the number of trace events written. Raises :class:`memviz.OutputError`
+    (an OSError) when ``path`` cannot be written; an existing file stays as it was."""
+    from .._outputs import output_file, own_files
+
+    with output_file(path, "the Perfetto trace", inputs=own_files(tracker)) as f:
+        return _dump(tracker, f)

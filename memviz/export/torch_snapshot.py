@@ -156,13 +156,11 @@ def write(tracker: Any, path: "str | os.PathLike[str]") -> Dict[str, Any]:
 
     Open it with PyTorch's memory viewer (drag the file onto the memory_viz
     page, or ``python -m torch.cuda._memory_viz trace_plot FILE -o out.html``).
-    Returns what :func:`build` returned."""
+    Returns what :func:`build` returned. Raises :class:`memviz.OutputError`
+    (an OSError) when ``path`` cannot be written; an existing file stays as it was."""
+    from .._outputs import output_file, own_files
+
     data = build(tracker)
-    path = os.fspath(path)
-    try:
-        with open(path, "wb") as f:
-            pickle.dump(data, f, protocol=4)
-    except OSError as e:
-        raise OSError(e.errno, f"memviz could not write the torch snapshot to {path!r}: "
-                               f"{e.strerror}; choose a writable path") from None
+    with output_file(path, "the torch snapshot", binary=True, inputs=own_files(tracker)) as f:
+        pickle.dump(data, f, protocol=4)
     return data

@@ -25,6 +25,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Iterable, List, Optional
 
+from .._args import given
+from .._errors import InvalidArgument, InvalidArgumentType
 from .._report import _short_path
 from .._units import format_size
 from . import _data, _source as src
@@ -107,7 +109,7 @@ def render(tracker_or_trace: Any, title: Optional[str] = None) -> str:
     Raises :class:`~memviz.NotTracking` for a tracker that never started.
     """
     if title is not None and not isinstance(title, str):
-        raise TypeError(f"title must be a str or None, got {type(title).__name__}")
+        raise InvalidArgumentType(f"title must be a str or None, got {given(title)}")
     data = _finite(_data.collect(tracker_or_trace, title))
     js = _asset("report.js")
     digest = base64.b64encode(hashlib.sha256(js.encode("utf-8")).digest()).decode("ascii")
@@ -118,16 +120,16 @@ def render(tracker_or_trace: Any, title: Optional[str] = None) -> str:
 
 
 def write(tracker_or_trace: Any, path: "str | os.PathLike[str]", title: Optional[str] = None) -> str:
-    """Write :func:`render`'s page to ``path`` (UTF-8); returns the path."""
+    """Write :func:`render`'s page to ``path`` (UTF-8); returns the path.
+
+    Written to a temporary file in the same folder, then renamed over
+    ``path``; raises :class:`memviz.OutputError` (an OSError) saying why and
+    what to do when it cannot be written, leaving an existing file as it was."""
+    from .._outputs import own_files, write_output
+
     page = render(tracker_or_trace, title)
-    path = os.fspath(path)
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(page)
-    except OSError as e:
-        raise OSError(e.errno, f"memviz could not write the HTML report to {path!r}: {e.strerror}; "
-                               "choose a writable path") from None
-    return path
+    write_output(path, page, "the HTML report", inputs=own_files(tracker_or_trace))
+    return os.fspath(path)
 
 
 # -- notebook views (no script) -------------------------------------------------
@@ -199,8 +201,8 @@ def _lines_table(stats: List[Any], top: int, total: int) -> str:
 def tracker_repr_html(tracker: Any, top: int = 10) -> str:
     """Compact HTML for a notebook: state, per-device totals with a small
     timeline each, the top lines at the peak and the failures count."""
-    if not isinstance(top, int) or top < 1:
-        raise ValueError(f"top must be a positive int, got {top!r}")
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise InvalidArgument(f"top must be a positive int, got {given(top)}")
     if getattr(tracker, "started_ns", 0) is None:
         return (f'{_NB_STYLE}<div class="mvz-nb"><b>memviz tracker</b> <span class="m">not started: '
                 "use <code>with memviz.track() as t:</code> and run your code in the block</span></div>")
