@@ -57,7 +57,8 @@ def main():
     ap.add_argument("--mode", default="none", choices=[
         "none", "precise_untracked", "memviz", "memviz_trace", "memviz_precise_trace", "memviz_autograd", "memviz_precise",
         "memviz_precise_noautograd", "memviz_precise_nohooks", "memviz_precise_packonly",
-        "memviz_precise_walkonly", "memviz_precise_cbnoop", "memviz_precise_noasync", "memviz_precise_hooks", "memviz_precise_cupti", "torch_history", "torch_profiler_memory"])
+        "memviz_precise_walkonly", "memviz_precise_cbnoop", "memviz_precise_noasync", "memviz_precise_hooks", "memviz_precise_cupti", "torch_history", "torch_profiler_memory",
+        "memviz_after"])
     ap.add_argument("--trace-dir", default="/tmp", help="where memviz_trace / torch_history write files")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
@@ -66,7 +67,7 @@ def main():
     a = ap.parse_args()
 
     tracker = None
-    if a.mode.startswith("memviz"):
+    if a.mode.startswith("memviz") and a.mode != "memviz_after":
         import memviz  # started before `import torch` so precise mode can choose the allocator
         no_autograd = a.mode.endswith(("noautograd", "cbnoop", "noasync"))
         if no_autograd:  # split the precise cost: memviz's callback timed, CUPTI alone, or subscribed only
@@ -110,6 +111,10 @@ def main():
     model = GPT().cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     data = torch.randint(0, 50257, (a.batch, a.seq + 1), device="cuda")
+    if a.mode == "memviz_after":  # a notebook user: torch, CUDA and the model first, then track()
+        import memviz
+        tracker = memviz.track().start()
+        integ = tracker.torch
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -139,6 +144,8 @@ def main():
             times.append((time.perf_counter() - t0) * 1e3)
 
     extra = {"backend": torch.cuda.get_allocator_backend()}
+    if integ is not None and integ.route is not None:
+        extra["pytorch_route"] = integ.route.as_dict()
     if integ is not None and integ.autograd:
         extra["nodes_attached"] = integ._nodes_attached  # the callback names nodes (src/nodes.h)
     if integ is not None and integ.precise_capture:

@@ -143,8 +143,10 @@ class Tracker(Outputs):
         autograd: label backward allocations with their autograd node and
             the forward line that made it (read by the capture callback from
             PyTorch's engine, or a pre-hook per node where PyTorch's layout
-            does not check out). Default: on in precise mode, off otherwise
-            (see benchmarks/RESULTS.md).
+            does not check out). Default: on with PyTorch, where the callback
+            can name nodes itself (no cost measured); the pre-hooks, which cost
+            time, only with ``autograd=True`` or in precise mode (see
+            benchmarks/RESULTS.md).
         graph: record what autograd graphs keep for backward, and from which
             line (saved-tensor hooks, a cost per saved tensor): needed by
             ``snapshot.graph_resident()`` and the graph-leak evidence of
@@ -177,8 +179,12 @@ class Tracker(Outputs):
         self.torch_integration = torch
         if graph is None:
             graph = autograd is True
+        #: autograd=True asked for: per-node pre-hooks where the callback
+        #: cannot name nodes itself (a cost); by default only the callback's
+        #: own naming, which costs nothing measurable
+        self.autograd_requested = autograd is True or bool(precise)
         if autograd is None:
-            autograd = bool(precise) and torch is not False
+            autograd = torch is not False
         self.autograd = bool(autograd)
         self.record_graph = bool(graph)
         if self.autograd and torch is False:

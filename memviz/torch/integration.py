@@ -293,6 +293,7 @@ def attach(tracker) -> "TorchIntegration":
 class TorchIntegration:
     def __init__(self, tracker) -> None:
         self.autograd = tracker.autograd
+        self._hooks_allowed = getattr(tracker, "autograd_requested", True)
         self.record_graph = tracker.record_graph
         self.graph = GraphRecorder(on_unpack=self._on_unpack, frame_filter=tracker.frame_filter)
         if self.record_graph:
@@ -346,7 +347,8 @@ class TorchIntegration:
             self._function_cls = torch.autograd.Function
             self._seq_attached = _attach_node_numbers(torch)
             self._nodes_attached = _attach_nodes(torch)
-            self._patch_backward(torch)
+            if self._hooks_allowed:  # by default the callback alone names nodes: nothing per backward
+                self._patch_backward(torch)
         if self.record_graph:
             self.graph.start()
         try:
@@ -563,7 +565,8 @@ class TorchIntegration:
         integ = self
 
         def _engine_run_backward(t_outputs, *args, **kwargs):
-            if integ._active and not integ._nodes_attached:  # else the callback names nodes itself
+            if integ._active and not integ._nodes_attached and integ._hooks_allowed:
+                # else the callback names nodes itself (or, by default, nobody pays for hooks)
                 try:
                     roots = [agraph._get_grad_fn_or_grad_acc(t) for t in t_outputs]
                     integ._hook_graph(roots)

@@ -1,0 +1,212 @@
+"""The allocator route on a real GPU (pytest -m gpu): PyTorch's native caching
+allocator seen block by block. Every script imports torch and uses CUDA
+first, then starts tracking, as a notebook user does."""
+
+import textwrap
+
+import pytest
+
+from test_gpu_capture import _REASON, run  # noqa: F401  (same runner, same skip)
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
+
+SETUP = textwrap.dedent("""
+import torch
+torch.cuda.init()
+torch.manual_seed(0)
+model = torch.nn.Sequential(
+    torch.nn.Linear(1024, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 1024),
+    torch.nn.ReLU(), torch.nn.Linear(1024, 1024)).cuda()
+opt = torch.optim.AdamW(model.parameters())
+x = torch.randn(256, 1024, device="cuda")
+P = sum(p.numel() for p in model.parameters())
+def train_step():
+    loss = model(x).square().mean()                                     # FORWARD
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+train_step()  # before tracking: the optimizer state exists already
+torch.cuda.synchronize()
+def blocks(snap):
+    return [a for a in snap.allocations if a.kind == "block"]
+def script_line(a):
+    for f in a.traceback:
+        if f.filename == "<string>":
+            return f.lineno
+    return None
+""")
+
+
+def test_route_attaches_after_import_and_totals_equal_memory_allocated():
+    r = run(SETUP + textwrap.dedent("""
+        t = memviz.track().start()
+        info = memviz.capture_info()["pytorch"]
+        state = memviz._core.allocator_state()
+        train_step(); train_step()
+        keep = model(x)
+        torch.cuda.synchronize()
+        snap = t.snapshot()
+        b = blocks(snap)
+        frag = snap.fragmentation()
+        t.stop()
+        out(info=info, state={k: v for k, v in state.items() if k not in ("deleter", "memviz_deleter")},
+            blocks=sum(a.size for a in b), allocated=torch.cuda.memory_allocated(),
+            reserved=torch.cuda.memory_reserved(), seg_reserved=sum(s.size for s in snap.segments),
+            before=sum(a.size for a in b if a.before_tracking), n=len(b),
+            cats={str(s.key): s.size for s in snap.statistics("category")}, frag=frag,
+            total=snap.total_bytes())
+    """))
+    print("allocator route:", r)
+    assert r["info"]["route"] == "allocator", r["info"]
+    assert r["blocks"] == r["allocated"], r
+    assert r["seg_reserved"] == r["reserved"], r
+    assert r["before"] > 0
+
+
+def test_per_line_bytes_equal_pytorchs_own_snapshot():
+    r = run(SETUP + textwrap.dedent("""
+        torch.cuda.memory._record_memory_history(stacks="python")
+        t = memviz.track().start()
+        keep = []
+        for i in range(3):
+            keep.append(model(x + i))                                          # KEEP
+            big = torch.empty(3 << 20, device="cuda"); keep.append(big)          # BIG
+        train_step()
+        torch.cuda.synchronize()
+        snap = t.snapshot()
+        ts = torch.cuda.memory._snapshot()
+        t.stop()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        mine, theirs = {}, {}
+        for a in blocks(snap):
+            ln = script_line(a)
+            if ln is not None:
+                mine[ln] = mine.get(ln, 0) + a.size
+        for seg in ts["segments"]:
+            for blk in seg["blocks"]:
+                if blk["state"] != "active_allocated":
+                    continue
+                lines = [f["line"] for f in blk.get("frames", []) if f["filename"] == "<string>"]
+                if lines:
+                    theirs[lines[0]] = theirs.get(lines[0], 0) + blk["size"]
+        out(mine=mine, theirs=theirs, allocated=torch.cuda.memory_allocated(),
+            total=sum(a.size for a in blocks(snap)))
+    """))
+    print("per line:", r)
+    assert r["mine"] and r["mine"] == r["theirs"], r
+    assert r["total"] == r["allocated"]
+
+
+def test_backward_bytes_carry_node_and_forward_line_and_zero_accounting_holds():
+    r = run(SETUP + textwrap.dedent("""
+        import time
+        t = memviz.track().start()
+        loss = model(x).square().mean()
+        t0 = time.monotonic_ns()
+        loss.backward()
+        torch.cuda.synchronize()
+        snap = t.snapshot()
+        bw = [a for a in blocks(snap) if a.timestamp_ns >= t0]
+        named = sum(a.size for a in bw if a.autograd_node and a.forward)
+        total = sum(a.size for a in bw)
+        nodes = sorted({a.autograd_node for a in bw if a.autograd_node})
+        opt.step()
+        torch.cuda.synchronize()
+        cats = {str(s.key): s.size for s in t.snapshot().statistics("category")}
+        t.stop()
+        out(named=named, total=total, nodes=nodes, cats=cats, P=P)
+    """))
+    print("backward:", r)
+    assert r["total"] > 0 and r["named"] >= 0.99 * r["total"], r
+    P, cats = r["P"], r["cats"]
+    for cat, expected in (("parameter", 4 * P), ("gradient", 4 * P), ("optimizer_state", 8 * P)):
+        assert abs(cats.get(cat, 0) - expected) <= 0.01 * expected, (cat, cats, P)
+
+
+def test_fragmentation_figures_equal_pytorchs_snapshot():
+    r = run(SETUP + textwrap.dedent("""
+        t = memviz.track().start()
+        keep = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in
+                [5 << 20, 700_000, 3 << 20, 12 << 20, 1000, 6 << 20, 2 << 20] * 4]
+        del keep[::3]
+        torch.cuda.synchronize()
+        snap = t.snapshot()
+        ts = torch.cuda.memory.memory_snapshot()
+        t.stop()
+        theirs = {}
+        for seg in ts:
+            free = [b["size"] for b in seg["blocks"] if b["state"] == "inactive"]
+            theirs[seg["address"]] = [seg["allocated_size"], max(free, default=0), len(free)]
+        mine = {s.address: [s.allocated, s.largest_free, s.free_gaps] for s in snap.segments}
+        out(mine={str(k): v for k, v in mine.items()}, theirs={str(k): v for k, v in theirs.items()})
+    """))
+    assert r["mine"] == r["theirs"], r
+
+
+def test_compiled_model_cuda_graph_and_mempool_are_attributed():
+    r = run(SETUP + textwrap.dedent("""
+        t = memviz.track().start()
+        cmodel = torch.compile(model)
+        for _ in range(3):
+            cmodel(x).square().mean().backward()
+        torch.cuda.synchronize()
+        s1 = t.snapshot()
+        compiled_ok = sum(a.size for a in blocks(s1)) == torch.cuda.memory_allocated()
+        static_x = x.clone()
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                model(static_x)
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            static_y = model(static_x)                                       # CAPTURED
+        captured_line = here() - 1
+        g.replay(); g.replay()
+        pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(pool):
+            in_pool = torch.empty(4 << 20, device="cuda")                   # MEMPOOL
+        pool_line = here() - 1
+        ro = torch.compile(model, mode="reduce-overhead")
+        for _ in range(4):
+            with torch.no_grad():
+                ro(x)
+        torch.cuda.synchronize()
+        snap = t.snapshot()
+        b = blocks(snap)
+        by_addr = {a.address: a for a in b}
+        y = by_addr.get(static_y.untyped_storage().data_ptr())
+        p = by_addr.get(in_pool.data_ptr())
+        t.stop()
+        out(compiled_ok=compiled_ok, graph_line=script_line(y) if y else None, captured_line=captured_line,
+            pool_line=script_line(p) if p else None, expected_pool=pool_line,
+            total=sum(a.size for a in b), allocated=torch.cuda.memory_allocated(),
+            route=snap.pytorch)
+    """), timeout=400)
+    print("compiled/graphs:", r)
+    assert r["compiled_ok"], r
+    assert r["graph_line"] == r["captured_line"], r
+    assert r["pool_line"] == r["expected_pool"], r
+    assert r["total"] == r["allocated"], r
+
+
+def test_expandable_segments_and_workspaces():
+    r = run(SETUP + textwrap.dedent("""
+        t = memviz.track().start()
+        keep = [model(x) for _ in range(3)]
+        def side():
+            keep.append(model(x))
+        th = threading.Thread(target=side); th.start(); th.join()
+        torch.cuda.synchronize()
+        snap = t.snapshot()
+        b = blocks(snap)
+        unreached = [(a.size, a.category, a.op, a.autograd_node) for a in b
+                     if a.category not in ("parameter", "gradient", "optimizer_state", "activation")
+                     and a.size >= 1 << 20][:20]
+        t.stop()
+        out(route=snap.pytorch, total=sum(a.size for a in b), allocated=torch.cuda.memory_allocated(),
+            unreached=unreached, cats={str(s.key): s.size for s in snap.statistics("category")})
+    """), env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    print("expandable/workspaces:", r)
+    assert r["route"]["route"] == "allocator", r
+    assert r["total"] == r["allocated"], r
