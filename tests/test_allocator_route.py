@@ -67,7 +67,8 @@ def test_every_block_has_its_line_and_pytorch_counts_agree(standin):
         lines = {x.user_frame.lineno: x.size for x in blocks}
         assert lines == {la: 10240, lb: 512, lr: 5120}
         assert sum(x.size for x in blocks) == ans.allocated()
-        assert memviz.capture_info()["pytorch"] == {"route": "allocator", "reason": None, "slots": 128}
+        assert memviz.capture_info()["pytorch"] == {"route": "allocator", "reason": None, "slots": 128,
+                                                    "record_stream": (9, 17), "raw": (6, 7)}
         assert snap.pytorch["route"] == "allocator"
         # Both levels, every byte once: the blocks and what they leave of the segment.
         (seg,) = snap.segments

@@ -213,6 +213,10 @@ def _probe(answers) -> Dict[str, Any]:
     raw_delete = _tripped(answers, lambda: answers.raw_free(ptrs.pop()), nslots)
     while ptrs:
         answers.raw_free(ptrs.pop())
+    # A slot both calls go through (PyTorch asks initialized() on each) is neither.
+    common = set(raw_alloc) & set(raw_delete)
+    raw_alloc = [s for s in raw_alloc if s not in common]
+    raw_delete = [s for s in raw_delete if s not in common]
     if len(raw_alloc) != 1 or len(raw_delete) != 1 or set(raw_alloc) & set(raw_delete) \
             or set(raw_alloc + raw_delete) & set(streams):
         raise ProbeFailed(f"raw_alloc_with_stream/raw_delete could not be told among the "
@@ -283,7 +287,8 @@ def attach(answers) -> Route:
             _core.allocator_detach()
             _failed = f"probing PyTorch's allocator failed: {type(e).__name__}: {e}"
             return _set_last(Route("segments", _failed))
-    return _set_last(Route("allocator", None, slots=_probed["slots"]))
+    return _set_last(Route("allocator", None, slots=_probed["slots"], record_stream=_probed["record_stream"],
+                           raw=(_probed["raw_alloc"], _probed["raw_delete"])))
 
 
 def detach() -> None:

@@ -51,7 +51,7 @@ def test_route_attaches_after_import_and_totals_equal_memory_allocated():
         t.stop()
         out(info=info, state={k: v for k, v in state.items() if k not in ("deleter", "memviz_deleter")},
             blocks=sum(a.size for a in b), allocated=torch.cuda.memory_allocated(),
-            reserved=torch.cuda.memory_reserved(), seg_reserved=sum(s.size for s in snap.segments),
+            reserved=torch.cuda.memory_reserved(), seg_reserved=sum(s.size for s in snap.segments or ()),
             before=sum(a.size for a in b if a.before_tracking), n=len(b),
             cats={str(s.key): s.size for s in snap.statistics("category")}, frag=frag,
             total=snap.total_bytes())

@@ -15,11 +15,13 @@
  * so CUPTI sees them as it sees PyTorch's cudaMalloc calls. Blocks are
  * rounded to 512 bytes and counted as PyTorch counts memory_allocated().
  */
+#define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifndef DATA_W
 #define DATA_W 0
@@ -44,6 +46,9 @@
 #endif
 #ifndef SLOT_RAW_DELETE
 #define SLOT_RAW_DELETE 7
+#endif
+#ifndef SLOT_COMMON /* a virtual both raw calls ask first (PyTorch's initialized()) */
+#define SLOT_COMMON 21
 #endif
 #ifndef NSLOTS
 #define NSLOTS 40
@@ -299,12 +304,14 @@ int sa_has_standard_deleter(const tensor *t)
 void *sa_raw_alloc(size_t n)
 {
     allocator_object *o = current();
+    ((uintptr_t(*)(void *))o->vptr[SLOT_COMMON])(o);
     return ((void *(*)(void *, size_t, void *))o->vptr[SLOT_RAW_ALLOC])(o, n, (void *)7);
 }
 
 void sa_raw_free(void *p)
 {
     allocator_object *o = current();
+    ((uintptr_t(*)(void *))o->vptr[SLOT_COMMON])(o);
     ((void (*)(void *, void *))o->vptr[SLOT_RAW_DELETE])(o, p);
 }
 
@@ -386,4 +393,16 @@ void sa_native_thread(int count, int keep, size_t size)
     pthread_t th;
     if (pthread_create(&th, NULL, worker, &w) == 0)
         pthread_join(th, NULL);
+}
+
+/* A tight loop of `count` tensor allocations and frees of `size` bytes from
+ * the calling thread (benchmarks/bench_allocator_route.py); returns ns. */
+uint64_t sa_loop(int count, size_t size)
+{
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (int i = 0; i < count; i++)
+        sa_tensor_free(sa_tensor_new(size));
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return (uint64_t)(b.tv_sec - a.tv_sec) * 1000000000u + (uint64_t)(b.tv_nsec - a.tv_nsec);
 }
