@@ -148,11 +148,12 @@ uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int s
 /* As mvz_store_alloc, dated `stamp` (a value mvz_store_stamp returned
  * earlier on this thread; 0: now). A block is dated when it was asked for,
  * so that the segment the allocator created for it, recorded in between,
- * never makes a peak the block is missing from. */
+ * never makes a peak the block is missing from. Such dates are not unique
+ * (store timestamps otherwise are). */
 uint32_t mvz_store_alloc_at(uint64_t stamp, uint64_t address, uint64_t size, uint64_t stream,
                             int slot, int kind, uint32_t label_id, const mvz_frame *frames,
                             int depth);
-/* A unique store timestamp, taken now (leaf lock, no allocation). */
+/* The store's clock now (no lock, no allocation). */
 uint64_t mvz_store_stamp(void);
 void mvz_store_free(uint64_t address, int kind);
 void mvz_store_failure(uint64_t size, uint64_t stream, int slot, int kind, uint32_t label_id,
