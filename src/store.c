@@ -5,6 +5,7 @@
 #include "store.h"
 #include "region.h"
 #include "trace_ring.h"
+#include "window.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -191,6 +192,7 @@ void mvz_store_clear(void ***refs, size_t *nrefs)
     npending = 0;
     memset(stack_index, 0, stack_index_cap * sizeof(uint32_t));
     ngraves = 0;
+    mvz_windows_open = 0;
     memset(totals, 0, sizeof totals);
     mvz_trace_reset_locked();
     nfailures = 0;
@@ -514,7 +516,8 @@ static void graves_compact(void)
     size_t keep = 0;
     for (size_t k = 0; k < ngraves; k++) {
         const mvz_grave *g = &graves[k];
-        if (g->freed > totals[g->a.slot].peak_timestamp)
+        if (g->freed > totals[g->a.slot].peak_timestamp ||
+            (mvz_windows_open && mvz_windows_want_grave(&g->a, g->freed)))
             graves[keep++] = *g;
     }
     ngraves = keep;
@@ -591,6 +594,8 @@ uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int s
     if (t->current > t->window_peak)
         t->window_peak = t->current;
     timeline_push(ts, slot);
+    if (mvz_windows_open)
+        mvz_windows_alloc(a);
     mvz_trace_record(MVZ_EV_ALLOC, ts, address, size, stack_id, thread_idx, label_id, kind, slot);
     UNLOCK();
     return stack_id;
@@ -612,7 +617,8 @@ void mvz_store_free(uint64_t address, int kind)
     uint32_t k = live_index[i] - 1;
     mvz_alloc a = allocs[k];
     mvz_totals *t = &totals[a.slot];
-    if (a.timestamp <= t->peak_timestamp) {
+    if (a.timestamp <= t->peak_timestamp ||
+        (mvz_windows_open && mvz_windows_want_grave(&a, ts))) {
         if (ngraves >= max_live) {
             graves_compact();
         }
@@ -625,6 +631,8 @@ void mvz_store_free(uint64_t address, int kind)
         size_t bound = 0;
         for (int d = 0; d < MVZ_NSLOTS; d++)
             bound += totals[d].peak_count;
+        if (mvz_windows_open)
+            bound += mvz_windows_peak_count();
         if (ngraves > 2 * bound + 1024)
             graves_compact();
     }
@@ -646,6 +654,8 @@ void mvz_store_free(uint64_t address, int kind)
     t->live_count--;
     t->frees++;
     timeline_push(ts, a.slot);
+    if (mvz_windows_open)
+        mvz_windows_free(&a, ts);
     mvz_trace_record(MVZ_EV_FREE, ts, a.address, a.size, a.stack_id, a.thread_idx, a.label_id, a.kind,
                  a.slot);
     UNLOCK();
@@ -671,6 +681,8 @@ void mvz_store_failure(uint64_t size, uint64_t stream, int slot, int kind, uint3
     x->kind = (uint8_t)kind;
     nfailures++;
     totals[slot].failed++;
+    if (mvz_windows_open)
+        mvz_windows_failure(slot);
     mvz_trace_record(MVZ_EV_FAILED, x->timestamp, (uint64_t)(int64_t)result, size, x->stack_id,
                  thread_idx, label_id, kind, slot);
     UNLOCK();
@@ -712,12 +724,12 @@ long mvz_store_live(mvz_alloc **out)
     }
 }
 
-long mvz_store_peak_live(int slot, mvz_alloc **out)
+/* The allocations live at the peak of `slot`, in window w (-1: the store). */
+static long peak_live(int w, int slot, mvz_alloc **out)
 {
-    if (slot < 0 || slot >= MVZ_NSLOTS) {
-        *out = NULL;
+    *out = NULL;
+    if (slot < 0 || slot >= MVZ_NSLOTS)
         return 0;
-    }
     for (;;) {
         size_t n = __atomic_load_n(&live_count, __ATOMIC_RELAXED) +
                    __atomic_load_n(&ngraves, __ATOMIC_RELAXED) + 64;
@@ -730,19 +742,38 @@ long mvz_store_peak_live(int slot, mvz_alloc **out)
             free(buf);
             continue;
         }
-        uint64_t peak_ts = totals[slot].peak_timestamp;
+        const mvz_totals *t = w < 0 ? totals : mvz_window_totals_locked(w);
+        if (!t) {
+            UNLOCK();
+            free(buf);
+            return -1;
+        }
+        uint64_t after = w < 0 ? 0 : mvz_window_start_locked(w); /* store timestamps are > 0 */
+        uint64_t peak_ts = t[slot].peak_timestamp;
         size_t m = 0;
         for (size_t k = 0; k < live_count; k++)
-            if (allocs[k].slot == slot && allocs[k].timestamp <= peak_ts)
+            if (allocs[k].slot == slot && allocs[k].timestamp <= peak_ts &&
+                allocs[k].timestamp > after)
                 buf[m++] = allocs[k];
         for (size_t k = 0; k < ngraves; k++)
             if (graves[k].a.slot == slot && graves[k].a.timestamp <= peak_ts &&
-                graves[k].freed > peak_ts)
+                graves[k].a.timestamp > after && graves[k].freed > peak_ts)
                 buf[m++] = graves[k].a;
         UNLOCK();
         *out = buf;
         return (long)m;
     }
+}
+
+long mvz_store_peak_live(int slot, mvz_alloc **out) { return peak_live(-1, slot, out); }
+
+long mvz_store_window_peak_live(int w, int slot, mvz_alloc **out)
+{
+    if (w < 0) {
+        *out = NULL;
+        return -1;
+    }
+    return peak_live(w, slot, out);
 }
 
 long mvz_store_sites(mvz_site **out)
@@ -851,8 +882,11 @@ void mvz_store_get_stats(mvz_store_stats *o)
 
 /* ---- step marks --------------------------------------------------------- */
 
-long mvz_store_step_mark(mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
+/* The step mark of window w (-1: the store's): its window peaks restart at
+ * the current value; the per-stack marks are the store's. */
+static long step_mark(int w, mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
 {
+    *changes = NULL;
     for (;;) {
         size_t n = __atomic_load_n(&nstacks, __ATOMIC_RELAXED) + 64;
         mvz_site_change *buf = malloc(n * sizeof *buf);
@@ -863,6 +897,12 @@ long mvz_store_step_mark(mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
             UNLOCK();
             free(buf);
             continue;
+        }
+        mvz_totals *t = w < 0 ? totals : mvz_window_totals_locked(w);
+        if (!t) {
+            UNLOCK();
+            free(buf);
+            return -1;
         }
         size_t m = 0;
         for (size_t s = 0; s < nstacks; s++) {
@@ -878,13 +918,40 @@ long mvz_store_step_mark(mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
             st->mark_count = st->live_count;
             m++;
         }
-        memcpy(out, totals, sizeof totals);
+        memcpy(out, t, sizeof totals);
         for (int d = 0; d < MVZ_NSLOTS; d++)
-            totals[d].window_peak = totals[d].current;
+            t[d].window_peak = t[d].current;
         UNLOCK();
         *changes = buf;
         return (long)m;
     }
+}
+
+long mvz_store_step_mark(mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
+{
+    return step_mark(-1, out, changes);
+}
+
+long mvz_store_window_step_mark(int w, mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
+{
+    if (w < 0) {
+        *changes = NULL;
+        return -1;
+    }
+    return step_mark(w, out, changes);
+}
+
+int mvz_store_window_open(uint64_t *start, mvz_totals at_open[MVZ_NSLOTS])
+{
+    LOCK();
+    uint64_t ts = next_ts(); /* every later event has a larger timestamp */
+    int w = mvz_window_open_locked(ts);
+    if (w >= 0) {
+        *start = ts;
+        memcpy(at_open, totals, sizeof totals);
+    }
+    UNLOCK();
+    return w;
 }
 
 uint32_t mvz_store_stack_count(void)
