@@ -87,11 +87,20 @@ class CaptureConflict(MemvizError):
         )
         if detail:
             message += f" ({detail})"
-        message += (
-            " What to do: stop the other profiler before starting memviz (leave the "
-            "torch.profiler context, or do not run under nsys/ncu), or run memviz "
-            "in a separate process."
-        )
+        if holder and "memviz" in holder.lower():
+            message += (
+                " That subscriber is memviz itself: another copy of memviz in this process "
+                "(two installs, or a vendored copy), or the parent process this one was "
+                "fork()ed from while it tracked. What to do: use one memviz and stop its "
+                "tracker first; in a fork()ed child, use the 'spawn' or 'forkserver' start "
+                "method to capture GPU memory."
+            )
+        else:
+            message += (
+                " What to do: stop the other profiler before starting memviz (leave the "
+                "torch.profiler context, or do not run under nsys/ncu), or run memviz "
+                "in a separate process."
+            )
         super().__init__(message)
 
     def __reduce__(self):

@@ -51,6 +51,9 @@ _shared: Dict[str, Any] = {}
 _latest: Optional["weakref.ReferenceType[Tracker]"] = None  # owns the C store's data
 _warned_gpu_off = False
 _initialized = False
+#: in a fork()ed child of a process that had loaded CUPTI: why GPU capture is off here
+_forked_after_cupti: Optional[str] = None
+_warned_fork = False
 
 
 class CaptureWarning(UserWarning):
@@ -400,9 +403,16 @@ class Tracker(Outputs):
                 pass
 
     def _start_gpu(self) -> None:
-        global _warned_gpu_off
+        global _warned_gpu_off, _warned_fork
         if not self.gpu_requested:
             self.gpu_off_reason = "gpu=False was passed"
+            return
+        forked = _fork_reason()
+        if forked is not None:  # never call CUPTI here: its state belongs to the parent
+            self.gpu_off_reason = forked
+            if not _warned_fork:
+                _warned_fork = True
+                warnings.warn(f"memviz: GPU capture is off: {forked}", CaptureWarning, stacklevel=4)
             return
         explicit = os.environ.get(_capture.ENV_LIBRARY)
         present, why = _capture.gpu_present()
@@ -725,6 +735,29 @@ def _share_torch_features(tracker: "Tracker", integ: Any) -> None:
             tracker.graph = owner.graph
 
 
+_FORK_ADVICE = ("CUDA and CUPTI cannot be used in a fork()ed child (their state belongs to the "
+                "parent), so GPU capture is off in this process; memviz's CPU-side features "
+                "(labels, steps, the PyTorch integration on CPU) still work. To capture GPU memory "
+                "in a worker process, start it with the 'spawn' or 'forkserver' method "
+                "(multiprocessing.set_start_method('spawn'), or DataLoader(multiprocessing_context="
+                "'spawn')).")
+
+
+def _fork_reason() -> Optional[str]:
+    """Why this process must not use CUPTI because it is a fork()ed child, or None."""
+    if _forked_after_cupti is not None:
+        return _forked_after_cupti
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    try:
+        bad = bool(cuda._is_in_bad_fork()) if cuda is not None and hasattr(cuda, "_is_in_bad_fork") else False
+    except Exception:  # noqa: BLE001 - a check, never an error for the user
+        bad = False
+    if bad:
+        return ("this process is a fork()ed child of a process that had initialised CUDA "
+                "(PyTorch says so). " + _FORK_ADVICE)
+    return None
+
+
 def _torch_installed() -> bool:
     if "torch" in sys.modules:
         return True
@@ -822,6 +855,8 @@ class label:
 
 def available() -> bool:
     """Whether GPU capture can run here (a GPU is present and CUPTI loads)."""
+    if _fork_reason() is not None:
+        return False
     if not os.environ.get(_capture.ENV_LIBRARY) and not _capture.gpu_present()[0]:
         return False
     try:
@@ -838,8 +873,10 @@ def capture_info(probe: bool = True) -> Dict[str, Any]:
     present and it is not loaded yet, so the answer is definite."""
     present, why = _capture.gpu_present()
     lib = _capture.loaded()
-    reason = None
-    if lib is None:
+    reason = _fork_reason()
+    if reason is not None:
+        lib = None
+    elif lib is None:
         if not probe:
             reason = "libcupti is not loaded (no tracker has captured GPU allocations yet)"
         elif os.environ.get(_capture.ENV_LIBRARY) or present:
@@ -877,6 +914,12 @@ def _at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
+    global _forked_after_cupti, _warned_fork
+    if _capture.loaded() is not None or _forked_after_cupti is not None:
+        was = "was capturing GPU allocations" if _shared.get("gpu_enabled") else "had loaded CUPTI"
+        _forked_after_cupti = (f"this process (pid {os.getpid()}) is a fork()ed child of process "
+                               f"{os.getppid()}, which {was}. " + _FORK_ADVICE)
+        _warned_fork = False
     for t in _running:
         t._forked = True
         t._running = False
