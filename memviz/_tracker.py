@@ -174,22 +174,23 @@ class _NoGpuWindow(_Window):
 
 class _Frozen:
     """A copy of the store's data (or of a nested tracker's window), taken
-    before the store is reused."""
+    before the store is reused. Live allocations, totals, peak sets and the
+    timeline are copied at one instant (``_core.copy``), so the copy adds up
+    even while other trackers' threads go on allocating."""
 
-    def __init__(self, src: Optional[_Window] = None) -> None:
-        if src is None:
-            _core.flush() if _core.active() else None
-            self.live = _core.live()
-            self.totals = _core.totals()
-            self.peaks = {dev: _core.peak_live(dev) for dev in self.totals}
-            self.failures = _core.failures()
-            self.timeline = _core.timeline()
-            self.threads = _core.threads()
-            self.stats = _core.stats()
+    def __init__(self, src: Optional[_Window] = None, *, close: bool = False) -> None:
+        if _core.active():
+            _core.flush()
+        if isinstance(src, _NoGpuWindow):
+            self.live, self.totals, self.peaks, self.timeline, self.failures = [], {}, {}, [], []
         else:
-            self.live, self.totals, self.peaks = src.live, src.totals, src.peaks
-            self.failures, self.timeline = src.failures, src.timeline
-            self.threads, self.stats = src.threads, src.stats
+            wid = -1 if src is None else src.id
+            self.live, self.totals, peak_rows, self.timeline, when = _core.copy(wid, close)
+            self.peaks = {dev: [r for r in peak_rows if r[2] == dev] for dev in self.totals}
+            after = 0 if src is None else src.start
+            self.failures = [r for r in _core.failures() if after < r[6] <= when]
+        self.threads = _core.threads()
+        self.stats = _core.stats()
         ids = {r[8] for r in self.live} | {r[7] for r in self.failures}
         for rows in self.peaks.values():
             ids |= {r[8] for r in rows}
@@ -669,7 +670,8 @@ class Tracker(Outputs):
 
     def _freeze(self) -> None:
         if self._frozen is None:
-            self._frozen = _Frozen(self._view)
+            # A nested tracker freezes only when it stops: its window closes in the same instant.
+            self._frozen = _Frozen(self._view, close=self._view is not None)
             for plugin in self._plugins:
                 if hasattr(plugin, "on_freeze"):
                     plugin.on_freeze(self)

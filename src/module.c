@@ -624,17 +624,8 @@ static PyObject *core_peak_live(PyObject *self, PyObject *args)
     return alloc_rows(rows, n);
 }
 
-static PyObject *core_totals(PyObject *self, PyObject *args)
+static PyObject *totals_dict(const mvz_totals *t)
 {
-    (void)self;
-    int window;
-    if (parse_window(args, "|i", NULL, &window))
-        return NULL;
-    mvz_totals t[MVZ_NSLOTS];
-    if (window < 0)
-        mvz_store_totals(t);
-    else if (mvz_store_window_totals(window, t))
-        return window_closed();
     PyObject *d = PyDict_New();
     for (int s = 0; d && s < MVZ_NSLOTS; s++) {
         if (!t[s].allocs && !t[s].failed)
@@ -653,6 +644,20 @@ static PyObject *core_totals(PyObject *self, PyObject *args)
         Py_XDECREF(v);
     }
     return d;
+}
+
+static PyObject *core_totals(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int window;
+    if (parse_window(args, "|i", NULL, &window))
+        return NULL;
+    mvz_totals t[MVZ_NSLOTS];
+    if (window < 0)
+        mvz_store_totals(t);
+    else if (mvz_store_window_totals(window, t))
+        return window_closed();
+    return totals_dict(t);
 }
 
 static PyObject *core_sites(PyObject *self, PyObject *unused)
@@ -713,6 +718,8 @@ static PyObject *core_failures(PyObject *self, PyObject *unused)
     return list;
 }
 
+static PyObject *timeline_list(mvz_point *rows, long n);
+
 static PyObject *core_timeline(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -723,6 +730,12 @@ static PyObject *core_timeline(PyObject *self, PyObject *args)
         return NULL;
     mvz_point *rows = NULL;
     long n = window < 0 ? mvz_store_timeline(&rows) : mvz_store_window_timeline(window, &rows);
+    return timeline_list(rows, n);
+}
+
+/* Rows of (timestamp_ns, device, bytes); frees `rows`. */
+static PyObject *timeline_list(mvz_point *rows, long n)
+{
     if (n < 0)
         return PyErr_NoMemory();
     PyObject *list = PyList_New(n);
@@ -979,6 +992,35 @@ static PyObject *core_step_mark(PyObject *self, PyObject *args)
     return Py_BuildValue("(NN)", dev, list);
 }
 
+/* copy(window=-1, close=False) -> (live rows, totals, peak rows, timeline,
+ * when_ns): what a tracker reads, at one instant (mvz_store_copy). */
+static PyObject *core_copy(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int window = -1, close = 0;
+    if (!PyArg_ParseTuple(args, "|ip", &window, &close) || ensure_store())
+        return NULL;
+    if (window < -1 || window >= MVZ_MAX_WINDOWS)
+        return window_closed();
+    if (window_check(window))
+        return NULL;
+    mvz_store_copy_t c;
+    if (mvz_store_copy(window, close, &c))
+        return PyErr_NoMemory();
+    PyObject *live = alloc_rows(c.live, (long)c.nlive);
+    PyObject *peaks = alloc_rows(c.peaks, (long)c.npeaks);
+    PyObject *points = timeline_list(c.timeline, (long)c.ntimeline);
+    PyObject *tot = totals_dict(c.totals);
+    if (!live || !peaks || !points || !tot) {
+        Py_XDECREF(live);
+        Py_XDECREF(peaks);
+        Py_XDECREF(points);
+        Py_XDECREF(tot);
+        return NULL;
+    }
+    return Py_BuildValue("(NNNNK)", live, tot, peaks, points, (unsigned long long)c.when);
+}
+
 /* window_open() -> (id, start_ns, {device: current bytes}) or None when all
  * MAX_WINDOWS are open. */
 static PyObject *core_window_open(PyObject *self, PyObject *unused)
@@ -1155,6 +1197,8 @@ static PyMethodDef core_methods[] = {
     {"set_call_namer", core_set_call_namer, METH_O, "What names the calls of dying code objects."},
     {"step_mark", core_step_mark, METH_VARARGS,
      "Per-device (current, window peak, live count) and stacks changed since the last mark."},
+    {"copy", core_copy, METH_VARARGS,
+     "copy(window=-1, close=False) -> (live, totals, peak rows, timeline, when_ns) at one instant."},
     {"window_open", core_window_open, METH_NOARGS,
      "Open a window (a nested tracker's figures): (id, start_ns, {device: live bytes}) or None."},
     {"window_close", core_window_close, METH_O, "Close a window opened by window_open()."},

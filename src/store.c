@@ -941,6 +941,73 @@ long mvz_store_window_step_mark(int w, mvz_totals out[MVZ_NSLOTS], mvz_site_chan
     return step_mark(w, out, changes);
 }
 
+int mvz_store_copy(int w, int close, mvz_store_copy_t *out)
+{
+    memset(out, 0, sizeof *out);
+    _Static_assert(MVZ_TIMELINE_POINTS >= MVZ_WINDOW_POINTS, "one buffer serves both timelines");
+    for (;;) {
+        /* Buffers before the lock (nothing under it allocates); retry if the
+         * tables grew meanwhile. */
+        size_t n = __atomic_load_n(&live_count, __ATOMIC_RELAXED) +
+                   __atomic_load_n(&ngraves, __ATOMIC_RELAXED) + 64;
+        mvz_alloc *live = malloc(n * sizeof(mvz_alloc));
+        mvz_alloc *peaks = malloc(n * sizeof(mvz_alloc));
+        mvz_point *points = malloc(MVZ_TIMELINE_POINTS * sizeof(mvz_point));
+        if (!live || !peaks || !points) {
+            free(live);
+            free(peaks);
+            free(points);
+            return -1;
+        }
+        LOCK();
+        if (live_count + ngraves > n) {
+            UNLOCK();
+            free(live);
+            free(peaks);
+            free(points);
+            continue;
+        }
+        const mvz_totals *t = w < 0 ? totals : mvz_window_totals_locked(w);
+        if (!t) {
+            UNLOCK();
+            free(live);
+            free(peaks);
+            free(points);
+            return -1;
+        }
+        uint64_t after = w < 0 ? 0 : mvz_window_start_locked(w); /* store timestamps are > 0 */
+        memcpy(out->totals, t, sizeof totals);
+        for (size_t k = 0; k < live_count; k++) {
+            const mvz_alloc *a = &allocs[k];
+            if (a->timestamp <= after)
+                continue;
+            live[out->nlive++] = *a;
+            if (a->timestamp <= t[a->slot].peak_timestamp)
+                peaks[out->npeaks++] = *a;
+        }
+        for (size_t k = 0; k < ngraves; k++) {
+            const mvz_grave *g = &graves[k];
+            uint64_t peak_ts = t[g->a.slot].peak_timestamp;
+            if (g->a.timestamp > after && g->a.timestamp <= peak_ts && g->freed > peak_ts)
+                peaks[out->npeaks++] = g->a;
+        }
+        if (w < 0) {
+            memcpy(points, timeline, ntimeline * sizeof(mvz_point));
+            out->ntimeline = ntimeline;
+        } else {
+            out->ntimeline = mvz_window_timeline_locked(w, points);
+        }
+        out->when = next_ts();
+        if (close && w >= 0)
+            mvz_window_close_locked(w);
+        UNLOCK();
+        out->live = live;
+        out->peaks = peaks;
+        out->timeline = points;
+        return 0;
+    }
+}
+
 int mvz_store_window_open(uint64_t *start, mvz_totals at_open[MVZ_NSLOTS])
 {
     LOCK();

@@ -205,6 +205,20 @@ int mvz_store_window_totals(int w, mvz_totals out[MVZ_NSLOTS]);
 long mvz_store_window_peak_live(int w, int slot, mvz_alloc **out);
 long mvz_store_window_timeline(int w, mvz_point **out);
 long mvz_store_window_step_mark(int w, mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes);
+/* Everything a tracker reads, copied at one instant (so the copy adds up
+ * while other threads go on allocating): of window w, or of the store with
+ * w = -1. With `close`, window w closes in the same instant. The buffers are
+ * malloc'd (the caller frees them); returns 0, or -1 when out of memory or w
+ * is not open. */
+typedef struct {
+    mvz_alloc *live;     /* the window's live allocations */
+    mvz_alloc *peaks;    /* the allocations live at their device's peak, every device */
+    mvz_point *timeline;
+    size_t nlive, npeaks, ntimeline;
+    mvz_totals totals[MVZ_NSLOTS];
+    uint64_t when; /* the store timestamp of the copy */
+} mvz_store_copy_t;
+int mvz_store_copy(int w, int close, mvz_store_copy_t *out);
 
 /* Fork support: the child starts with the lock free and the store empty of
  * in-flight state. */

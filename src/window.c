@@ -132,13 +132,26 @@ mvz_totals *mvz_window_totals_locked(int w) { return is_open(w) ? windows[w].tot
 
 uint64_t mvz_window_start_locked(int w) { return is_open(w) ? windows[w].start : 0; }
 
+size_t mvz_window_timeline_locked(int w, mvz_point *out)
+{
+    if (!is_open(w))
+        return 0;
+    memcpy(out, windows[w].timeline, windows[w].ntimeline * sizeof(mvz_point));
+    return windows[w].ntimeline;
+}
+
+void mvz_window_close_locked(int w)
+{
+    if (is_open(w))
+        mvz_windows_open &= ~(1u << w);
+}
+
 /* ---- readers (with the GIL; store.h) ------------------------------------ */
 
 void mvz_store_window_close(int w)
 {
     mvz_store_lock();
-    if (is_open(w))
-        mvz_windows_open &= ~(1u << w);
+    mvz_window_close_locked(w);
     mvz_store_unlock();
 }
 

@@ -29,5 +29,8 @@ int mvz_window_open_locked(uint64_t start);
 mvz_totals *mvz_window_totals_locked(int w);
 /* The opening timestamp of open window w, or 0 when it is not open. */
 uint64_t mvz_window_start_locked(int w);
+/* Copy open window w's timeline into out (MVZ_WINDOW_POINTS room); returns the count. */
+size_t mvz_window_timeline_locked(int w, mvz_point *out);
+void mvz_window_close_locked(int w);
 
 #endif
