@@ -53,6 +53,8 @@ _warned_gpu_off = False
 _initialized = False
 #: in a fork()ed child of a process that had loaded CUPTI: why GPU capture is off here
 _forked_after_cupti: Optional[str] = None
+#: in a fork()ed child: the parent's nested trackers, frozen before the store is reused
+_forked_views: List["weakref.ReferenceType[Tracker]"] = []
 _warned_fork = False
 
 
@@ -317,6 +319,10 @@ class Tracker(Outputs):
         prev = _latest() if _latest is not None else None
         if prev is not None and prev is not self:
             prev._freeze()
+        while _forked_views:  # a fork()ed child: the parent's nested trackers, as at the fork
+            t = _forked_views.pop()()
+            if t is not None and t._frozen is None:
+                t._frozen = _Frozen(t._view)
         _core.clear()
         self._started_where = _caller_location()
         SEEN_THREADS.clear()
@@ -925,6 +931,8 @@ def _after_fork_in_child() -> None:
     for t in _running:
         t._forked = True
         t._running = False
+        if t._view is not None:
+            _forked_views.append(weakref.ref(t))
     _running.clear()
     _shared.clear()
     _sync_active()

@@ -289,3 +289,22 @@ def test_a_conflict_with_memviz_itself_says_so(fake_path):
             out(msg=str(e))
     """, fake_path)
     assert "memviz itself" in r["msg"] and "fork" in r["msg"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_reads_the_parents_nested_tracker_after_starting_its_own(fake):
+    def child():
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", memviz.CaptureWarning)
+            with memviz.track():  # clears the child's copy of the store
+                pass
+        return {"inner": inner.current_bytes(), "outer": outer.current_bytes(),
+                "inner_live": len(inner.snapshot()), "running": inner.running}
+
+    with memviz.track() as outer:
+        fake.alloc(CBID_cuMemAlloc_v2, 1 << 20)
+        with memviz.track() as inner:
+            fake.alloc(CBID_cuMemAlloc_v2, 2 << 20)
+            got = _in_child(child)
+    assert got == {"inner": 2 << 20, "outer": 3 << 20, "inner_live": 1, "running": False}
