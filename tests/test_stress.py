@@ -205,8 +205,8 @@ def test_fork_while_streaming_a_trace(fake_path, tmp_path):
                 if len(ring) > 256:
                     f.free({CBID_cuMemFree_v2}, ring.pop(0))
                     made[1] += 1
-                if made[0] % 64 == 0:
-                    time.sleep(0.0005)
+                if made[0] % 16 == 0:  # paced: the trace's ring must not overflow on a busy machine
+                    time.sleep(0.001)
         th = threading.Thread(target=spin)
         th.start()
         warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads, 3.12+
@@ -253,17 +253,17 @@ def test_interpreter_exit_while_threads_allocate_leaves_a_complete_trace(fake_pa
         t = memviz.track(trace={str(trace)!r}, torch=False).start()
         for i in range(50):
             f.lib.fake_alloc({CBID_cuMemAlloc_v2}, 1 << 20, 0, 0)  # EARLY: this line, not the double's
-        def spin():  # paced, so that the trace's ring never overflows
+        def spin():  # paced (~10k a second), so the trace's ring cannot overflow on a busy machine
             k = 0
             while True:
                 f.free({CBID_cuMemFree_v2}, f.alloc({CBID_cuMemAlloc_v2}, {SIZE}))
                 k += 1
-                if k % 20 == 0:
-                    time.sleep(0.0005)
+                if k % 10 == 0:
+                    time.sleep(0.001)
         def native():  # native threads with no Python frames, started over and over
             while True:
-                f.alloc_many_in_native_threads(2, 2000, {SIZE})
-                time.sleep(0.002)
+                f.alloc_many_in_native_threads(2, 200, {SIZE})
+                time.sleep(0.01)
         for _ in range(4):
             threading.Thread(target=spin, daemon=True).start()
         threading.Thread(target=native, daemon=True).start()
