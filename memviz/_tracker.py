@@ -457,7 +457,7 @@ class Tracker(Outputs):
                 if self._forked:
                     return self
                 raise NotTracking("this tracker is not running: start() it first, or use `with memviz.track() as t:`.")
-            last = _running == [self]
+            last = len(_running) == 1 and _running[0] is self
             try:
                 if last:
                     _watch_threads(False)
@@ -700,7 +700,7 @@ def _share_marks(me: Optional["Tracker"], changed: List[tuple]) -> List[tuple]:
     or its start). Returns ``me``'s changes, its kept ones included."""
     with _state_lock:
         for t in _running:
-            if t is not me and changed:
+            if t is not me and changed and not isinstance(t._view, _NoGpuWindow):
                 _absorb(t._kept_changes, changed)
         mine = me._kept_changes if me is not None else {}
         if me is not None:

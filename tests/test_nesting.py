@@ -336,3 +336,19 @@ def test_nested_autograd_labels_installed_once_and_removed_in_any_order(fake, ou
     second.stop()
     assert agraph._engine_run_backward is original and memviz._core.label_get() == 0
     assert not memviz._core.active()
+
+
+def test_step_marks_of_nested_trackers_do_not_steal_each_others_lines(fake):
+    """Each tracker's step lines are the changes since its own previous step
+    (or its start), whichever tracker marked the store in between."""
+    with memviz.track() as outer:
+        fake.alloc(CBID_cuMemAlloc_v2, 1 * MiB); l1 = here()  # noqa: E702
+        with memviz.track() as inner, memviz.track(gpu=False) as quiet:
+            fake.alloc(CBID_cuMemAlloc_v2, 2 * MiB); l2 = here()  # noqa: E702
+            ri = inner.step()
+            rq = quiet.step()
+        ro = outer.step()
+    assert [(g.location, g.bytes) for g in ri.lines] == [(f"{THIS}:{l2}", 2 * MiB)]
+    assert sorted((g.location, g.bytes) for g in ro.lines) == sorted(
+        [(f"{THIS}:{l1}", 1 * MiB), (f"{THIS}:{l2}", 2 * MiB)])
+    assert rq.lines == [] and rq.devices == {}
