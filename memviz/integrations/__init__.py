@@ -123,7 +123,8 @@ class StepCallbackCore:
             return
         log = logging.getLogger("memviz")
         if why is None:
-            why = f"training raised {type(exc).__name__}: {exc}" if exc is not None else "training did not end"
+            why = (f"training raised {type(exc).__name__}: {exc}" if exc is not None
+                   else "training did not end")
         try:
             t.stop()
         except Exception as e:  # noqa: BLE001 - never replace the training's own exception
