@@ -23,6 +23,7 @@ core = Extension(
         "src/frames.c",
         "src/store.c",
         "src/trace_ring.c",
+        "src/window.c",
         "src/region.c",
     ],
     depends=[
@@ -37,6 +38,7 @@ core = Extension(
         "src/region.h",
         "src/store.h",
         "src/trace_ring.h",
+        "src/window.h",
     ],
     extra_compile_args=extra,
     libraries=["dl", "pthread"],

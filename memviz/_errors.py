@@ -90,11 +90,20 @@ class CaptureConflict(MemvizError):
         )
         if detail:
             message += f" ({detail})"
-        message += (
-            " What to do: stop the other profiler before starting memviz (leave the "
-            "torch.profiler context, or do not run under nsys/ncu), or run memviz "
-            "in a separate process."
-        )
+        if holder and "memviz" in holder.lower():
+            message += (
+                " That subscriber is memviz itself: another copy of memviz in this process "
+                "(two installs, or a vendored copy), or the parent process this one was "
+                "fork()ed from while it tracked. What to do: use one memviz and stop its "
+                "tracker first; in a fork()ed child, use the 'spawn' or 'forkserver' start "
+                "method to capture GPU memory."
+            )
+        else:
+            message += (
+                " What to do: stop the other profiler before starting memviz (leave the "
+                "torch.profiler context, or do not run under nsys/ncu), or run memviz "
+                "in a separate process."
+            )
         super().__init__(message)
 
     def __reduce__(self):
@@ -102,18 +111,22 @@ class CaptureConflict(MemvizError):
 
 
 class AlreadyTracking(MemvizError):
-    """``track()``/``start()`` was called while memviz is already tracking.
+    """A tracker was started twice, or a nested tracker asked for something the
+    running capture fixed.
 
-    Tracking sessions cannot be nested or started twice in one process.
+    Trackers nest (``memviz.track()`` inside a running tracker sees its own
+    window of the shared capture); what cannot be shared is refused: another
+    ``depth``, ``precise=True`` when the outer tracker is not precise, a
+    nested tracker's own ``trace=`` file, and more nested trackers than memviz
+    keeps figures for at once. The message says which and what to do.
     """
 
     def __init__(self, message: Optional[str] = None) -> None:
         if message is None:
             message = (
-                "memviz is already tracking GPU allocations in this process; tracking "
-                "cannot be nested or started twice. What to do: use a single "
-                "memviz.track() block (or start()/stop() pair), and stop the running "
-                "session before starting a new one."
+                "this memviz tracker cannot start here. What to do: create a new tracker "
+                "with memviz.track() for each block, and start nested trackers without "
+                "options that differ from the running one (depth, precise, trace)."
             )
         super().__init__(message)
 

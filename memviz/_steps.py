@@ -302,8 +302,8 @@ def record_step(tracker, **info: Any) -> StepRecord:
     st = _state(tracker)
     with st.lock:
         now = time.monotonic_ns()
-        devs, changed = _core.step_mark()
-        totals = _core.totals()
+        devs, changed = tracker._step_mark()  # a nested tracker's own window
+        totals = tracker.totals()
         seq = _autograd_seq()
         torch_nums = _torch_numbers(st, devs)
         devices: Dict[int, DeviceStep] = {}

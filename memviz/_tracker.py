@@ -3,6 +3,21 @@
 The C store is one per process. A Tracker reads it while it is the latest
 tracker; when a newer tracker starts, the older one's data is first copied
 into Python (``_freeze``), so every Tracker stays readable after its block.
+
+Nesting. A tracker started while another runs (in any thread) is nested: it
+shares the running capture (CUPTI subscription, depth, precise mode) and
+reads a window of the store (src/window.h) opened when it started: what was
+allocated after that, its own peak, peak set, timeline, failures and step
+marks, as if tracking had started there. Memory already live then is known
+(``baseline``; its frees are not the nested tracker's). The enclosing
+tracker keeps everything. A tracker that stops while others run copies its
+figures into Python at once (the store goes on without it); capture ends
+when the last running tracker stops. So stopping an outer tracker while a
+nested one runs is allowed: the outer keeps what it saw until then, the
+nested one goes on. AlreadyTracking remains for what cannot be shared: a
+nested tracker asking for another depth, for precise mode the outer did not
+choose, or for its own streamed trace, and more than MAX_WINDOWS nested
+trackers at once.
 """
 
 from __future__ import annotations
@@ -30,10 +45,18 @@ __all__ = ["Tracker", "track", "start", "stop", "label", "available", "capture_i
 
 _DEFAULT_DEPTH = 32
 _state_lock = threading.RLock()
-_active: Optional["Tracker"] = None
+_active: Optional["Tracker"] = None  # the latest started of the running trackers
+_running: List["Tracker"] = []  # every running tracker, in start order (all threads)
+#: how the running capture was set up by the first tracker (nested ones share it)
+_shared: Dict[str, Any] = {}
 _latest: Optional["weakref.ReferenceType[Tracker]"] = None  # owns the C store's data
 _warned_gpu_off = False
 _initialized = False
+#: in a fork()ed child of a process that had loaded CUPTI: why GPU capture is off here
+_forked_after_cupti: Optional[str] = None
+#: in a fork()ed child: the parent's nested trackers, frozen before the store is reused
+_forked_views: List["weakref.ReferenceType[Tracker]"] = []
+_warned_fork = False
 
 
 class CaptureWarning(UserWarning):
@@ -95,16 +118,80 @@ def _ensure_core() -> None:
         _initialized = True
 
 
-class _Frozen:
-    """A copy of the store's data, taken before the store is reused."""
+class _Window:
+    """A nested tracker's view of the store: what was allocated after `start`
+    (window `wid` of src/window.h keeps its totals, peaks and timeline)."""
+
+    def __init__(self, wid: int, start: int) -> None:
+        self.id, self.start = wid, start
+
+    @property
+    def live(self):
+        if _core.active():
+            _core.flush()
+        return [r for r in _core.live() if r[7] > self.start]
+
+    @property
+    def totals(self):
+        return _core.totals(self.id)
+
+    @property
+    def peaks(self):
+        return {dev: _core.peak_live(dev, self.id) for dev in _core.totals(self.id)}
+
+    @property
+    def failures(self):
+        return [r for r in _core.failures() if r[6] > self.start]
+
+    @property
+    def timeline(self):
+        return _core.timeline(self.id)
+
+    @property
+    def threads(self):
+        return _core.threads()
+
+    @property
+    def stats(self):
+        return _core.stats()
+
+    def resolve(self, ids):
+        return _callsite.resolve(ids)
+
+    def step_mark(self):
+        return _core.step_mark(self.id)
+
+
+class _NoGpuWindow(_Window):
+    """A nested tracker with gpu=False: it sees no GPU memory."""
 
     def __init__(self) -> None:
-        _core.flush() if _core.active() else None
-        self.live = _core.live()
-        self.totals = _core.totals()
-        self.peaks = {dev: _core.peak_live(dev) for dev in self.totals}
-        self.failures = _core.failures()
-        self.timeline = _core.timeline()
+        super().__init__(-1, 0)
+
+    live = failures = timeline = property(lambda self: [])
+    totals = peaks = property(lambda self: {})
+
+    def step_mark(self):
+        return {}, []
+
+
+class _Frozen:
+    """A copy of the store's data (or of a nested tracker's window), taken
+    before the store is reused. Live allocations, totals, peak sets and the
+    timeline are copied at one instant (``_core.copy``), so the copy adds up
+    even while other trackers' threads go on allocating."""
+
+    def __init__(self, src: Optional[_Window] = None, *, close: bool = False) -> None:
+        if _core.active():
+            _core.flush()
+        if isinstance(src, _NoGpuWindow):
+            self.live, self.totals, self.peaks, self.timeline, self.failures = [], {}, {}, [], []
+        else:
+            wid = -1 if src is None else src.id
+            self.live, self.totals, peak_rows, self.timeline, when = _core.copy(wid, close)
+            self.peaks = {dev: [r for r in peak_rows if r[2] == dev] for dev in self.totals}
+            after = 0 if src is None else src.start
+            self.failures = [r for r in _core.failures() if after < r[6] <= when]
         self.threads = _core.threads()
         self.stats = _core.stats()
         ids = {r[8] for r in self.live} | {r[7] for r in self.failures}
@@ -126,7 +213,8 @@ class Tracker(Outputs):
         gpu: capture GPU allocations through CUPTI. With ``gpu=False`` (or on
             a machine without an NVIDIA driver) the tracker still works for
             the features that need no GPU, and says so in its report.
-        depth: Python frames kept per allocation (1-256, default 32).
+        depth: Python frames kept per allocation (1-256, default 32; a
+            nested tracker shares its outer tracker's depth).
         activity: also read CUPTI activity records (static module memory).
             Default: on, except in precise mode, where the driver would emit a
             record for every tensor (measured to cost more than the capture).
@@ -152,13 +240,20 @@ class Tracker(Outputs):
             ``snapshot.graph_resident()`` and the graph-leak evidence of
             ``diagnose``. Default: on when ``autograd=True`` is passed, off
             when autograd is only implied by precise mode.
+
+    Started while another tracker runs, a tracker is nested in it (see the
+    module's docstring): ``outer`` is that tracker, ``baseline`` the bytes
+    per device already live when it started.
     """
 
-    def __init__(self, *, gpu: bool = True, depth: int = _DEFAULT_DEPTH,
+    def __init__(self, *, gpu: bool = True, depth: Optional[int] = None,
                  activity: Optional[bool] = None, frame_filter: Optional[FrameFilter] = None,
                  trace: Optional[str] = None, precise: bool = False,
                  torch: Optional[bool] = None, autograd: Optional[bool] = None,
                  graph: Optional[bool] = None) -> None:
+        self._depth_given = depth is not None
+        if depth is None:
+            depth = _DEFAULT_DEPTH
         _check_options(gpu=gpu, depth=depth, activity=activity, frame_filter=frame_filter,
                        trace=trace, precise=precise, torch=torch, autograd=autograd, graph=graph)
         self.gpu_requested = bool(gpu)
@@ -174,6 +269,13 @@ class Tracker(Outputs):
         self._running = False
         self._frozen: Optional[_Frozen] = None
         self._forked = False
+        self._view: Optional[_Window] = None  # a nested tracker's window of the store
+        self._kept_changes: Dict[int, tuple] = {}  # see _share_marks
+        self._thread: Optional[int] = None
+        #: the tracker this one is nested in (None: it started the capture)
+        self.outer: Optional["Tracker"] = None
+        #: bytes per device live when this tracker started ({} when it started the capture)
+        self.baseline: Dict[int, int] = {}
         self.trace_path = os.fspath(trace) if trace is not None else None
         self.precise = bool(precise)
         self.torch_integration = torch
@@ -201,52 +303,130 @@ class Tracker(Outputs):
     # -- lifecycle --------------------------------------------------------
 
     def start(self) -> "Tracker":
-        """Start capturing; raises AlreadyTracking if any tracker is running."""
-        global _active, _latest
+        """Start capturing; nested in the running tracker if there is one."""
+        global _latest
         with _state_lock:
             if self._running:
                 raise AlreadyTracking("this tracker is already running; stop() it before starting it again.")
-            if _active is not None:
-                raise AlreadyTracking(
-                    "another memviz tracker is already running in this process "
-                    f"(started at {_active._started_where}); stop it first, or use that tracker "
-                    "instead of nesting memviz.track() blocks.")
             if self.started_ns is not None:
                 raise AlreadyTracking("a Tracker can run once; create a new one with memviz.track().")
             _ensure_core()
-            # The store is about to be reused: keep the previous tracker readable.
-            prev = _latest() if _latest is not None else None
-            if prev is not None and prev is not self:
-                prev._freeze()
-            _core.clear()
-            self._started_where = _caller_location()
-            SEEN_THREADS.clear()
-            self._start_gpu()
-            _watch_threads(True)
-            self.started_ns = time.monotonic_ns()
-            self._running = True
-            try:
-                self._start_plugins()
-            except BaseException:
-                # Undo what did start: plugins, thread watching, the CUPTI subscription.
-                for plugin in reversed(self._started_plugins):
-                    try:
-                        plugin.on_stop(self)
-                    except Exception:  # noqa: BLE001 - the first error is the one to report
-                        pass
-                self._running = False
-                _watch_threads(False)
-                if self.gpu_enabled:
-                    _core.stop()
-                raise
-            _active = self
-            _latest = weakref.ref(self)
+            if _running:
+                self._start_nested(active_tracker())
+            else:
+                self._start_first()
+                _latest = weakref.ref(self)
+            self._thread = threading.get_ident()
+            _running.append(self)
+            _sync_active()
         return self
 
+    def _start_first(self) -> None:
+        # The store is about to be reused: keep the previous tracker readable.
+        prev = _latest() if _latest is not None else None
+        if prev is not None and prev is not self:
+            prev._freeze()
+        while _forked_views:  # a fork()ed child: the parent's nested trackers, as at the fork
+            t = _forked_views.pop()()
+            if t is not None and t._frozen is None:
+                t._frozen = _Frozen(t._view)
+        _core.clear()
+        self._started_where = _caller_location()
+        SEEN_THREADS.clear()
+        self._start_gpu()
+        _shared.clear()
+        _shared.update(depth=self.depth, precise=self.precise, gpu_enabled=self.gpu_enabled,
+                        gpu_off_reason=self.gpu_off_reason, activity_enabled=self.activity_enabled,
+                        activity_error=self.activity_error, where=self._started_where)
+        _watch_threads(True)
+        self.started_ns = time.monotonic_ns()
+        self._running = True
+        try:
+            self._start_plugins()
+            _shared["precise_how"] = self.precise_how
+        except BaseException:
+            # Undo what did start: plugins, thread watching, the CUPTI subscription.
+            self._stop_started_plugins()
+            self._running = False
+            _watch_threads(False)
+            if self.gpu_enabled:
+                _core.stop()
+            _shared.clear()
+            raise
+
+    def _start_nested(self, outer: "Tracker") -> None:
+        where = _shared["where"]
+        if self.trace_path is not None:
+            raise AlreadyTracking(
+                f"this tracker would be nested in the one started at {where}, and a nested tracker "
+                "cannot stream its own trace (trace=): the event stream serves one trace file per "
+                "process. Leave out trace= and call t.save(path) after the block, or stream from the "
+                "outermost tracker (memviz run -o FILE).")
+        if self._depth_given and self.depth != _shared["depth"]:
+            raise AlreadyTracking(
+                f"this tracker asks for depth={self.depth}, but it would be nested in the tracker "
+                f"started at {where}, whose capture keeps depth={_shared['depth']} frames, shared by "
+                f"the trackers nested in it. Pass depth={_shared['depth']} or leave depth out, or "
+                "start the outer tracker with the depth you need.")
+        if self.precise and not _shared["precise"]:
+            raise AlreadyTracking(
+                f"precise mode must be chosen by the outer tracker (started at {where}) before CUDA "
+                "initialises; a tracker nested in it cannot switch it on. Start the outer tracker "
+                "with precise=True (memviz run --precise), or leave precise out here.")
+        view: _Window = _NoGpuWindow()
+        if self.gpu_requested:
+            opened = _core.window_open()
+            if opened is None:
+                raise AlreadyTracking(
+                    f"{_core.MAX_WINDOWS} nested trackers are already running in this process, the "
+                    "most memviz keeps figures for at once. Stop one of them first, or read the "
+                    "figures of the tracker they are nested in.")
+            wid, start, self.baseline = opened
+            view = _Window(wid, start)
+            # Step marks start here for this tracker; the others keep theirs.
+            _share_marks(None, view.step_mark()[1])
+            if _shared["gpu_enabled"]:
+                self.gpu_enabled = True
+                self.activity_enabled = _shared["activity_enabled"]
+                self.activity_error = _shared["activity_error"]
+            else:
+                self.gpu_off_reason = (f"it is nested in the tracker started at {where}, which does not "
+                                       f"capture GPU allocations ({_shared['gpu_off_reason']})")
+        else:
+            self.gpu_off_reason = "gpu=False was passed"
+        self.depth = _shared["depth"]
+        self.outer = outer
+        self._view = view
+        self._started_where = _caller_location()
+        self.started_ns = time.monotonic_ns()
+        self._running = True
+        try:
+            self._start_plugins()
+        except BaseException:
+            self._stop_started_plugins()
+            self._running = False
+            self._view = None
+            _core.window_close(view.id)
+            raise
+
+    def _stop_started_plugins(self) -> None:
+        for plugin in reversed(self._started_plugins):
+            try:
+                plugin.on_stop(self)
+            except Exception:  # noqa: BLE001 - the first error is the one to report
+                pass
+
     def _start_gpu(self) -> None:
-        global _warned_gpu_off
+        global _warned_gpu_off, _warned_fork
         if not self.gpu_requested:
             self.gpu_off_reason = "gpu=False was passed"
+            return
+        forked = _fork_reason()
+        if forked is not None:  # never call CUPTI here: its state belongs to the parent
+            self.gpu_off_reason = forked
+            if not _warned_fork:
+                _warned_fork = True
+                warnings.warn(f"memviz: GPU capture is off: {forked}", CaptureWarning, stacklevel=4)
             return
         explicit = os.environ.get(_capture.ENV_LIBRARY)
         present, why = _capture.gpu_present()
@@ -276,18 +456,21 @@ class Tracker(Outputs):
         self.activity_error = activity_error or None
 
     def stop(self) -> "Tracker":
-        """Stop capturing and unsubscribe from CUPTI (so torch.profiler can run)."""
-        global _active
+        """Stop capturing. The last running tracker to stop unsubscribes from
+        CUPTI (so torch.profiler can run); one that stops while others run
+        keeps a copy of what it saw until now."""
         with _state_lock:
             if not self._running:
                 if self._forked:
                     return self
                 raise NotTracking("this tracker is not running: start() it first, or use `with memviz.track() as t:`.")
+            last = len(_running) == 1 and _running[0] is self
             try:
-                _watch_threads(False)
+                if last:
+                    _watch_threads(False)
                 for t in threading.enumerate():
                     _note_thread(t)
-                if self.gpu_enabled and not self._forked:
+                if last and _shared.get("gpu_enabled") and not self._forked:
                     _core.stop()  # first, so plugins (the trace writer) see every event
             finally:
                 errors = []
@@ -296,22 +479,43 @@ class Tracker(Outputs):
                         plugin.on_stop(self)
                     except BaseException as e:  # noqa: BLE001 - stop every plugin, then raise
                         errors.append(e)
-                self._running = False
-                self.stopped_ns = time.monotonic_ns()
-                if _active is self:
-                    _active = None
+                try:
+                    if self._view is not None or not last:
+                        self._freeze()  # the store goes on without this tracker
+                finally:
+                    if self._view is not None:
+                        _core.window_close(self._view.id)
+                        self._view = None
+                    self._running = False
+                    self.stopped_ns = time.monotonic_ns()
+                    if self in _running:
+                        _running.remove(self)
+                    if not _running:
+                        _shared.clear()
+                    _sync_active()
                 if errors:
                     raise errors[0]
         return self
 
+    def _step_mark(self):
+        """The store's step mark (memviz._steps), or this nested tracker's:
+        ({device: (current, window peak, live count)}, changed stacks since
+        this tracker's previous mark)."""
+        devs, changed = self._view.step_mark() if self._view is not None else _core.step_mark()
+        return devs, _share_marks(self, changed)
+
     def _start_plugins(self) -> None:
         # Precise mode must act before PyTorch loads its allocator: first.
-        if self.precise:
+        if self.precise and self.outer is None:
             from .torch import precise
             self.precise_how = precise.enable()
+        elif self.precise:
+            self.precise_how = _shared.get("precise_how")
         if self.torch_integration or (self.torch_integration is None and _torch_installed()):
             from .torch import integration
-            integration.attach(self)
+            integ = integration.attach(self)
+            if self.outer is not None:
+                _share_torch_features(self, integ)
         if self.trace_path is not None:
             from ._trace import TraceWriter
             self._plugins.append(TraceWriter(self, self.trace_path))
@@ -361,7 +565,7 @@ class Tracker(Outputs):
             return self._frozen
         if self.started_ns is None:
             raise NotTracking("this tracker never started: use `with memviz.track() as t:` or t.start().")
-        return None
+        return self._view  # None: the store itself
 
     def _live_rows(self):
         src = self._source()
@@ -482,7 +686,8 @@ class Tracker(Outputs):
 
     def _freeze(self) -> None:
         if self._frozen is None:
-            self._frozen = _Frozen()
+            # A nested tracker freezes only when it stops: its window closes in the same instant.
+            self._frozen = _Frozen(self._view, close=self._view is not None)
             for plugin in self._plugins:
                 if hasattr(plugin, "on_freeze"):
                     plugin.on_freeze(self)
@@ -496,6 +701,82 @@ class Tracker(Outputs):
         except Exception:  # noqa: BLE001 - repr must not raise
             cur = peak = "?"
         return f"<memviz.Tracker {state}, {gpu}, current={cur}, peak={peak}>"
+
+
+def _share_marks(me: Optional["Tracker"], changed: List[tuple]) -> List[tuple]:
+    """The store keeps one step mark per stack for all trackers: the changes
+    one tracker's mark takes are kept for every other running tracker until
+    its own next mark (so each sees the changes since its own previous mark,
+    or its start). Returns ``me``'s changes, its kept ones included."""
+    with _state_lock:
+        for t in _running:
+            if t is not me and changed and not isinstance(t._view, _NoGpuWindow):
+                _absorb(t._kept_changes, changed)
+        mine = me._kept_changes if me is not None else {}
+        if me is not None:
+            me._kept_changes = {}
+    if not mine:
+        return changed
+    _absorb(mine, changed)
+    return list(mine.values())
+
+
+def _absorb(kept: Dict[int, tuple], changed: List[tuple]) -> None:
+    for sid, live_bytes, live_count, d_bytes, d_count in changed:
+        old = kept.get(sid)
+        if old is not None:
+            d_bytes += old[3]
+            d_count += old[4]
+        kept[sid] = (sid, live_bytes, live_count, d_bytes, d_count)
+
+
+def _sync_active() -> None:
+    global _active
+    _active = _running[-1] if _running else None
+
+
+def _share_torch_features(tracker: "Tracker", integ: Any) -> None:
+    """A nested tracker's PyTorch integration: autograd labels and graph
+    recording are installed once per process (PyTorch has one node-counter
+    hook and one saved-tensor hook stack), so a nested tracker uses the ones
+    a running tracker installed, and installs them itself only where none
+    did. They end when the tracker that installed them stops. Precise mode's
+    wrappers and the allocator route belong to the first tracker."""
+    integ._precise = False
+    providers = [t.torch for t in _running if getattr(t, "torch", None) is not None and t.torch._active]
+    route_owner = next((p for p in providers if p.route is not None), None)
+    if route_owner is not None:
+        integ.route_from = route_owner  # one vtable swap per process: the allocator route too
+    if integ.autograd and any(p.autograd for p in providers):
+        integ.autograd = False  # the capture already carries the labels
+    if integ.record_graph:
+        owner = next((p for p in providers if p.record_graph), None)
+        if owner is not None:
+            integ.record_graph = False
+            tracker.graph = owner.graph
+
+
+_FORK_ADVICE = ("CUDA and CUPTI cannot be used in a fork()ed child (their state belongs to the "
+                "parent), so GPU capture is off in this process; memviz's CPU-side features "
+                "(labels, steps, the PyTorch integration on CPU) still work. To capture GPU memory "
+                "in a worker process, start it with the 'spawn' or 'forkserver' method "
+                "(multiprocessing.set_start_method('spawn'), or DataLoader(multiprocessing_context="
+                "'spawn')).")
+
+
+def _fork_reason() -> Optional[str]:
+    """Why this process must not use CUPTI because it is a fork()ed child, or None."""
+    if _forked_after_cupti is not None:
+        return _forked_after_cupti
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    try:
+        bad = bool(cuda._is_in_bad_fork()) if cuda is not None and hasattr(cuda, "_is_in_bad_fork") else False
+    except Exception:  # noqa: BLE001 - a check, never an error for the user
+        bad = False
+    if bad:
+        return ("this process is a fork()ed child of a process that had initialised CUDA "
+                "(PyTorch says so). " + _FORK_ADVICE)
+    return None
 
 
 def _torch_installed() -> bool:
@@ -569,15 +850,22 @@ def start(**kwargs) -> Tracker:
 
 
 def stop() -> Tracker:
-    """Stop the running tracker and return it."""
-    t = _active
+    """Stop the running tracker (see :func:`active_tracker`) and return it."""
+    t = active_tracker()
     if t is None:
         raise NotTracking("no memviz tracker is running: call memviz.start() first.")
     return t.stop()
 
 
 def active_tracker() -> Optional[Tracker]:
-    return _active
+    """The running tracker: the latest one this thread started, else the
+    latest one started (trackers nest, also across threads); None if none runs."""
+    running = list(_running)
+    me = threading.get_ident()
+    for t in reversed(running):
+        if t._thread == me:
+            return t
+    return running[-1] if running else None
 
 
 class label:
@@ -617,6 +905,8 @@ class label:
 
 def available() -> bool:
     """Whether GPU capture can run here (a GPU is present and CUPTI loads)."""
+    if _fork_reason() is not None:
+        return False
     if not os.environ.get(_capture.ENV_LIBRARY) and not _capture.gpu_present()[0]:
         return False
     try:
@@ -633,8 +923,10 @@ def capture_info(probe: bool = True) -> Dict[str, Any]:
     present and it is not loaded yet, so the answer is definite."""
     present, why = _capture.gpu_present()
     lib = _capture.loaded()
-    reason = None
-    if lib is None:
+    reason = _fork_reason()
+    if reason is not None:
+        lib = None
+    elif lib is None:
         if not probe:
             reason = "libcupti is not loaded (no tracker has captured GPU allocations yet)"
         elif os.environ.get(_capture.ENV_LIBRARY) or present:
@@ -682,21 +974,29 @@ def _pytorch_route() -> Dict[str, Any]:
 
 
 def _at_exit() -> None:
-    t = _active
-    if t is not None and t._running:
-        try:
-            t.stop()
-        except Exception:  # noqa: BLE001 - never fail interpreter exit
-            pass
+    for t in reversed(list(_running)):
+        if t._running:
+            try:
+                t.stop()
+            except Exception:  # noqa: BLE001 - never fail interpreter exit
+                pass
 
 
 def _after_fork_in_child() -> None:
-    global _active
-    t = _active
-    if t is not None:
+    global _forked_after_cupti, _warned_fork
+    if _capture.loaded() is not None or _forked_after_cupti is not None:
+        was = "was capturing GPU allocations" if _shared.get("gpu_enabled") else "had loaded CUPTI"
+        _forked_after_cupti = (f"this process (pid {os.getpid()}) is a fork()ed child of process "
+                               f"{os.getppid()}, which {was}. " + _FORK_ADVICE)
+        _warned_fork = False
+    for t in _running:
         t._forked = True
         t._running = False
-        _active = None
+        if t._view is not None:
+            _forked_views.append(weakref.ref(t))
+    _running.clear()
+    _shared.clear()
+    _sync_active()
 
 
 atexit.register(_at_exit)

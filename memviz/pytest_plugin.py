@@ -22,9 +22,10 @@ driver-level peak (with PyTorch's caching allocator: the memory its pool took).
 After the call, ``gc.collect()`` runs and PyTorch's cache is emptied again;
 device memory allocated during the call that is still live is a leak.
 
-Only one memviz tracker runs at a time: a test with ``peak=``/``leaks=`` (or
-any test under ``--memviz``) that starts its own ``memviz.track()`` fails with
-``AlreadyTracking``; such tests should take the ``memviz_tracker`` fixture.
+A test with ``peak=``/``leaks=`` (or any test under ``--memviz``) that starts
+its own ``memviz.track()`` gets a tracker nested in the plugin's (its own
+window of the same capture); the ``memviz_tracker`` fixture gives the
+plugin's tracker itself.
 
 Cost when no marker or option is used: nothing per test (the per-test hooks
 are registered only when a collected test asks for them).

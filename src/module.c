@@ -577,32 +577,55 @@ static PyObject *core_live(PyObject *self, PyObject *unused)
     return alloc_rows(rows, n);
 }
 
-static PyObject *core_peak_live(PyObject *self, PyObject *arg)
+/* The optional `window` argument of the readers: -1 (the store) or the id of
+ * an open window (a nested tracker's figures, see store.h). */
+static int parse_window(PyObject *args, const char *fmt, long *dev, int *window)
+{
+    *window = -1;
+    if (dev ? !PyArg_ParseTuple(args, fmt, dev, window) : !PyArg_ParseTuple(args, fmt, window))
+        return -1;
+    if (*window < -1 || *window >= MVZ_MAX_WINDOWS) {
+        PyErr_Format(PyExc_ValueError, "window must be -1 or below %d", MVZ_MAX_WINDOWS);
+        return -1;
+    }
+    return ensure_store();
+}
+
+static PyObject *window_closed(void)
+{
+    PyErr_SetString(PyExc_ValueError, "this window is not open");
+    return NULL;
+}
+
+/* With the GIL: windows open and close only with the GIL held, so a window
+ * found open here stays open for the caller's read. */
+static int window_check(int window)
+{
+    mvz_totals probe[MVZ_NSLOTS];
+    if (window >= 0 && mvz_store_window_totals(window, probe)) {
+        window_closed();
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *core_peak_live(PyObject *self, PyObject *args)
 {
     (void)self;
-    if (ensure_store())
+    long dev;
+    int window;
+    if (parse_window(args, "l|i", &dev, &window))
         return NULL;
-    long dev = PyLong_AsLong(arg);
-    if (dev == -1 && PyErr_Occurred())
+    if (window_check(window))
         return NULL;
     int slot = dev < 0 ? MVZ_HOST_SLOT : (int)dev;
     mvz_alloc *rows = NULL;
-    long n = mvz_store_peak_live(slot, &rows);
+    long n = window < 0 ? mvz_store_peak_live(slot, &rows)
+                        : mvz_store_window_peak_live(window, slot, &rows);
     return alloc_rows(rows, n);
 }
 
 static PyObject *totals_dict(const mvz_totals *t);
-
-static PyObject *core_totals(PyObject *self, PyObject *unused)
-{
-    (void)self;
-    (void)unused;
-    if (ensure_store())
-        return NULL;
-    mvz_totals t[MVZ_NSLOTS];
-    mvz_store_totals(t);
-    return totals_dict(t);
-}
 
 static PyObject *core_block_totals(PyObject *self, PyObject *unused)
 {
@@ -635,6 +658,20 @@ static PyObject *totals_dict(const mvz_totals *t)
         Py_XDECREF(v);
     }
     return d;
+}
+
+static PyObject *core_totals(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int window;
+    if (parse_window(args, "|i", NULL, &window))
+        return NULL;
+    mvz_totals t[MVZ_NSLOTS];
+    if (window < 0)
+        mvz_store_totals(t);
+    else if (mvz_store_window_totals(window, t))
+        return window_closed();
+    return totals_dict(t);
 }
 
 static PyObject *core_sites(PyObject *self, PyObject *unused)
@@ -695,14 +732,24 @@ static PyObject *core_failures(PyObject *self, PyObject *unused)
     return list;
 }
 
-static PyObject *core_timeline(PyObject *self, PyObject *unused)
+static PyObject *timeline_list(mvz_point *rows, long n);
+
+static PyObject *core_timeline(PyObject *self, PyObject *args)
 {
     (void)self;
-    (void)unused;
-    if (ensure_store())
+    int window;
+    if (parse_window(args, "|i", NULL, &window))
+        return NULL;
+    if (window_check(window))
         return NULL;
     mvz_point *rows = NULL;
-    long n = mvz_store_timeline(&rows);
+    long n = window < 0 ? mvz_store_timeline(&rows) : mvz_store_window_timeline(window, &rows);
+    return timeline_list(rows, n);
+}
+
+/* Rows of (timestamp_ns, device, bytes); frees `rows`. */
+static PyObject *timeline_list(mvz_point *rows, long n)
+{
     if (n < 0)
         return PyErr_NoMemory();
     PyObject *list = PyList_New(n);
@@ -915,15 +962,17 @@ error:
 /* step_mark() -> ({device: (current, window_peak, live_count)},
  *                [(stack_id, live_bytes, live_count, delta_bytes, delta_count)])
  * Costs O(stacks), not O(live allocations): the per-step hook's budget. */
-static PyObject *core_step_mark(PyObject *self, PyObject *unused)
+static PyObject *core_step_mark(PyObject *self, PyObject *args)
 {
     (void)self;
-    (void)unused;
-    if (ensure_store())
+    int window;
+    if (parse_window(args, "|i", NULL, &window))
         return NULL;
     mvz_totals t[MVZ_NSLOTS];
     mvz_site_change *ch = NULL;
-    long n = mvz_store_step_mark(t, &ch);
+    if (window_check(window))
+        return NULL;
+    long n = window < 0 ? mvz_store_step_mark(t, &ch) : mvz_store_window_step_mark(window, t, &ch);
     if (n < 0)
         return PyErr_NoMemory();
     PyObject *dev = PyDict_New();
@@ -955,6 +1004,77 @@ static PyObject *core_step_mark(PyObject *self, PyObject *unused)
         return NULL;
     }
     return Py_BuildValue("(NN)", dev, list);
+}
+
+/* copy(window=-1, close=False) -> (live rows, totals, peak rows, timeline,
+ * when_ns): what a tracker reads, at one instant (mvz_store_copy). */
+static PyObject *core_copy(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int window = -1, close = 0;
+    if (!PyArg_ParseTuple(args, "|ip", &window, &close) || ensure_store())
+        return NULL;
+    if (window < -1 || window >= MVZ_MAX_WINDOWS)
+        return window_closed();
+    if (window_check(window))
+        return NULL;
+    mvz_store_copy_t c;
+    if (mvz_store_copy(window, close, &c))
+        return PyErr_NoMemory();
+    PyObject *live = alloc_rows(c.live, (long)c.nlive);
+    PyObject *peaks = alloc_rows(c.peaks, (long)c.npeaks);
+    PyObject *points = timeline_list(c.timeline, (long)c.ntimeline);
+    PyObject *tot = totals_dict(c.totals);
+    if (!live || !peaks || !points || !tot) {
+        Py_XDECREF(live);
+        Py_XDECREF(peaks);
+        Py_XDECREF(points);
+        Py_XDECREF(tot);
+        return NULL;
+    }
+    return Py_BuildValue("(NNNNK)", live, tot, peaks, points, (unsigned long long)c.when);
+}
+
+/* window_open() -> (id, start_ns, {device: current bytes}) or None when all
+ * MAX_WINDOWS are open. */
+static PyObject *core_window_open(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    if (ensure_store())
+        return NULL;
+    uint64_t start = 0;
+    mvz_totals t[MVZ_NSLOTS];
+    int w = mvz_store_window_open(&start, t);
+    if (w < 0)
+        Py_RETURN_NONE;
+    PyObject *live = PyDict_New();
+    for (int s = 0; live && s < MVZ_NSLOTS; s++) {
+        if (!t[s].current)
+            continue;
+        PyObject *k = PyLong_FromLong(s == MVZ_HOST_SLOT ? -1 : s);
+        PyObject *v = PyLong_FromUnsignedLongLong(t[s].current);
+        if (!k || !v || PyDict_SetItem(live, k, v) < 0)
+            Py_CLEAR(live);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+    }
+    if (!live) {
+        mvz_store_window_close(w);
+        return NULL;
+    }
+    return Py_BuildValue("(iKN)", w, (unsigned long long)start, live);
+}
+
+static PyObject *core_window_close(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    long w = PyLong_AsLong(arg);
+    if (w == -1 && PyErr_Occurred())
+        return NULL;
+    if (store_ready)
+        mvz_store_window_close((int)w);
+    Py_RETURN_NONE;
 }
 
 static PyObject *core_trace_enable(PyObject *self, PyObject *arg)
@@ -1076,21 +1196,27 @@ static PyMethodDef core_methods[] = {
     {"seqmap_lookup", core_seqmap_lookup, METH_O,
      "seqmap_lookup(node numbers) -> stack ids of the lines that made them (0: unknown)."},
     {"live", core_live, METH_NOARGS, "Rows of the live allocations."},
-    {"peak_live", core_peak_live, METH_O, "Rows live at the peak of a device (-1: host)."},
-    {"totals", core_totals, METH_NOARGS, "Per-device totals."},
+    {"peak_live", core_peak_live, METH_VARARGS,
+     "peak_live(device, window=-1): rows live at the peak of a device (-1: host)."},
+    {"totals", core_totals, METH_VARARGS, "totals(window=-1): per-device totals."},
     {"block_totals", core_block_totals, METH_NOARGS,
-     "Per-device totals of PyTorch's caching-allocator blocks (inside the device's)."},
-    {"sites", core_sites, METH_NOARGS, "Per-stack aggregates."},
+     "Per-device totals of PyTorch's caching-allocator blocks (inside the device's)."},    {"sites", core_sites, METH_NOARGS, "Per-stack aggregates."},
     {"failures", core_failures, METH_NOARGS, "The last failed allocations, oldest first."},
-    {"timeline", core_timeline, METH_NOARGS, "(timestamp_ns, device, bytes) points."},
+    {"timeline", core_timeline, METH_VARARGS,
+     "timeline(window=-1): (timestamp_ns, device, bytes) points."},
     {"threads", core_threads, METH_NOARGS, "{thread index: (native id, ident, name)}."},
     {"stats", core_stats, METH_NOARGS, "Counters and memviz's own memory."},
     {"resolve", core_resolve, METH_O, "Frames of stacks by id, innermost first."},
     {"call_sites", core_call_sites, METH_O,
      "(code, offset) of each stack's innermost frame, or the call name made when its code died."},
     {"set_call_namer", core_set_call_namer, METH_O, "What names the calls of dying code objects."},
-    {"step_mark", core_step_mark, METH_NOARGS,
+    {"step_mark", core_step_mark, METH_VARARGS,
      "Per-device (current, window peak, live count) and stacks changed since the last mark."},
+    {"copy", core_copy, METH_VARARGS,
+     "copy(window=-1, close=False) -> (live, totals, peak rows, timeline, when_ns) at one instant."},
+    {"window_open", core_window_open, METH_NOARGS,
+     "Open a window (a nested tracker's figures): (id, start_ns, {device: live bytes}) or None."},
+    {"window_close", core_window_close, METH_O, "Close a window opened by window_open()."},
     {"trace_enable", core_trace_enable, METH_O, "Log events into a ring of this many entries."},
     {"trace_disable", core_trace_disable, METH_NOARGS, "Stop logging trace events."},
     {"trace_drain", core_trace_drain, METH_NOARGS,
@@ -1132,6 +1258,7 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "KIND_BLOCK", MVZ_KIND_BLOCK) ||
         PyModule_AddFunctions(m, mvz_allocator_methods) ||
         PyModule_AddIntConstant(m, "MAX_DEPTH", MVZ_MAX_DEPTH) ||
+        PyModule_AddIntConstant(m, "MAX_WINDOWS", MVZ_MAX_WINDOWS) ||
         PyModule_AddIntConstant(m, "ERROR_MULTIPLE_SUBSCRIBERS",
                                 MVZ_CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) ||
         PyModule_AddStringConstant(m, "FRAMES_ABI", mvz_frames_abi)) {

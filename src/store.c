@@ -5,6 +5,7 @@
 #include "store.h"
 #include "region.h"
 #include "trace_ring.h"
+#include "window.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -207,6 +208,7 @@ void mvz_store_clear(void ***refs, size_t *nrefs)
     npending = 0;
     memset(stack_index, 0, stack_index_cap * sizeof(uint32_t));
     ngraves = 0;
+    mvz_windows_open = 0;
     memset(totals, 0, sizeof totals);
     memset(btotals, 0, sizeof btotals);
     mvz_trace_reset_locked();
@@ -531,7 +533,8 @@ static void graves_compact(void)
     size_t keep = 0;
     for (size_t k = 0; k < ngraves; k++) {
         const mvz_grave *g = &graves[k];
-        if (g->freed > totals[g->a.slot].peak_timestamp)
+        if (g->freed > totals[g->a.slot].peak_timestamp ||
+            (mvz_windows_open && mvz_windows_want_grave(&g->a, g->freed)))
             graves[keep++] = *g;
     }
     ngraves = keep;
@@ -621,8 +624,11 @@ uint32_t mvz_store_alloc_at(uint64_t stamp, uint64_t address, uint64_t size, uin
     }
     if (t->current > t->window_peak)
         t->window_peak = t->current;
-    if (kind != MVZ_KIND_BLOCK)
+    if (kind != MVZ_KIND_BLOCK) { /* blocks lie inside segments the device totals hold */
         timeline_push(ts, slot);
+        if (mvz_windows_open)
+            mvz_windows_alloc(a);
+    }
     mvz_trace_record(MVZ_EV_ALLOC, now, address, size, stack_id, thread_idx, label_id, kind, slot);
     UNLOCK();
     return stack_id;
@@ -644,7 +650,8 @@ void mvz_store_free(uint64_t address, int kind)
     uint32_t k = live_index[i] - 1;
     mvz_alloc a = allocs[k];
     mvz_totals *t = totals_of(a.kind, a.slot);
-    if (a.timestamp <= totals[a.slot].peak_timestamp) {
+    if (a.timestamp <= totals[a.slot].peak_timestamp ||
+        (mvz_windows_open && mvz_windows_want_grave(&a, ts))) {
         if (ngraves >= max_live) {
             graves_compact();
         }
@@ -657,6 +664,8 @@ void mvz_store_free(uint64_t address, int kind)
         size_t bound = 0;
         for (int d = 0; d < MVZ_NSLOTS; d++)
             bound += totals[d].peak_count;
+        if (mvz_windows_open)
+            bound += mvz_windows_peak_count();
         if (ngraves > 2 * bound + 1024)
             graves_compact();
     }
@@ -677,8 +686,11 @@ void mvz_store_free(uint64_t address, int kind)
     t->current -= a.size;
     t->live_count--;
     t->frees++;
-    if (a.kind != MVZ_KIND_BLOCK)
+    if (a.kind != MVZ_KIND_BLOCK) {
         timeline_push(ts, a.slot);
+        if (mvz_windows_open)
+            mvz_windows_free(&a, ts);
+    }
     mvz_trace_record(MVZ_EV_FREE, ts, a.address, a.size, a.stack_id, a.thread_idx, a.label_id, a.kind,
                  a.slot);
     UNLOCK();
@@ -704,6 +716,8 @@ void mvz_store_failure(uint64_t size, uint64_t stream, int slot, int kind, uint3
     x->kind = (uint8_t)kind;
     nfailures++;
     totals[slot].failed++;
+    if (mvz_windows_open)
+        mvz_windows_failure(slot);
     mvz_trace_record(MVZ_EV_FAILED, x->timestamp, (uint64_t)(int64_t)result, size, x->stack_id,
                  thread_idx, label_id, kind, slot);
     UNLOCK();
@@ -745,12 +759,12 @@ long mvz_store_live(mvz_alloc **out)
     }
 }
 
-long mvz_store_peak_live(int slot, mvz_alloc **out)
+/* The allocations live at the peak of `slot`, in window w (-1: the store). */
+static long peak_live(int w, int slot, mvz_alloc **out)
 {
-    if (slot < 0 || slot >= MVZ_NSLOTS) {
-        *out = NULL;
+    *out = NULL;
+    if (slot < 0 || slot >= MVZ_NSLOTS)
         return 0;
-    }
     for (;;) {
         size_t n = __atomic_load_n(&live_count, __ATOMIC_RELAXED) +
                    __atomic_load_n(&ngraves, __ATOMIC_RELAXED) + 64;
@@ -763,19 +777,38 @@ long mvz_store_peak_live(int slot, mvz_alloc **out)
             free(buf);
             continue;
         }
-        uint64_t peak_ts = totals[slot].peak_timestamp;
+        const mvz_totals *t = w < 0 ? totals : mvz_window_totals_locked(w);
+        if (!t) {
+            UNLOCK();
+            free(buf);
+            return -1;
+        }
+        uint64_t after = w < 0 ? 0 : mvz_window_start_locked(w); /* store timestamps are > 0 */
+        uint64_t peak_ts = t[slot].peak_timestamp;
         size_t m = 0;
         for (size_t k = 0; k < live_count; k++)
-            if (allocs[k].slot == slot && allocs[k].timestamp <= peak_ts)
+            if (allocs[k].slot == slot && allocs[k].timestamp <= peak_ts &&
+                allocs[k].timestamp > after)
                 buf[m++] = allocs[k];
         for (size_t k = 0; k < ngraves; k++)
             if (graves[k].a.slot == slot && graves[k].a.timestamp <= peak_ts &&
-                graves[k].freed > peak_ts)
+                graves[k].a.timestamp > after && graves[k].freed > peak_ts)
                 buf[m++] = graves[k].a;
         UNLOCK();
         *out = buf;
         return (long)m;
     }
+}
+
+long mvz_store_peak_live(int slot, mvz_alloc **out) { return peak_live(-1, slot, out); }
+
+long mvz_store_window_peak_live(int w, int slot, mvz_alloc **out)
+{
+    if (w < 0) {
+        *out = NULL;
+        return -1;
+    }
+    return peak_live(w, slot, out);
 }
 
 long mvz_store_sites(mvz_site **out)
@@ -891,8 +924,11 @@ void mvz_store_get_stats(mvz_store_stats *o)
 
 /* ---- step marks --------------------------------------------------------- */
 
-long mvz_store_step_mark(mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
+/* The step mark of window w (-1: the store's): its window peaks restart at
+ * the current value; the per-stack marks are the store's. */
+static long step_mark(int w, mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
 {
+    *changes = NULL;
     for (;;) {
         size_t n = __atomic_load_n(&nstacks, __ATOMIC_RELAXED) + 64;
         mvz_site_change *buf = malloc(n * sizeof *buf);
@@ -903,6 +939,12 @@ long mvz_store_step_mark(mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
             UNLOCK();
             free(buf);
             continue;
+        }
+        mvz_totals *t = w < 0 ? totals : mvz_window_totals_locked(w);
+        if (!t) {
+            UNLOCK();
+            free(buf);
+            return -1;
         }
         size_t m = 0;
         for (size_t s = 0; s < nstacks; s++) {
@@ -918,15 +960,110 @@ long mvz_store_step_mark(mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
             st->mark_count = st->live_count;
             m++;
         }
-        memcpy(out, totals, sizeof totals);
+        memcpy(out, t, sizeof totals);
         for (int d = 0; d < MVZ_NSLOTS; d++) {
-            totals[d].window_peak = totals[d].current;
-            btotals[d].window_peak = btotals[d].current;
+            t[d].window_peak = t[d].current;
+            if (w < 0)
+                btotals[d].window_peak = btotals[d].current;
         }
         UNLOCK();
         *changes = buf;
         return (long)m;
     }
+}
+
+long mvz_store_step_mark(mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
+{
+    return step_mark(-1, out, changes);
+}
+
+long mvz_store_window_step_mark(int w, mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
+{
+    if (w < 0) {
+        *changes = NULL;
+        return -1;
+    }
+    return step_mark(w, out, changes);
+}
+
+int mvz_store_copy(int w, int close, mvz_store_copy_t *out)
+{
+    memset(out, 0, sizeof *out);
+    _Static_assert(MVZ_TIMELINE_POINTS >= MVZ_WINDOW_POINTS, "one buffer serves both timelines");
+    for (;;) {
+        /* Buffers before the lock (nothing under it allocates); retry if the
+         * tables grew meanwhile. */
+        size_t n = __atomic_load_n(&live_count, __ATOMIC_RELAXED) +
+                   __atomic_load_n(&ngraves, __ATOMIC_RELAXED) + 64;
+        mvz_alloc *live = malloc(n * sizeof(mvz_alloc));
+        mvz_alloc *peaks = malloc(n * sizeof(mvz_alloc));
+        mvz_point *points = malloc(MVZ_TIMELINE_POINTS * sizeof(mvz_point));
+        if (!live || !peaks || !points) {
+            free(live);
+            free(peaks);
+            free(points);
+            return -1;
+        }
+        LOCK();
+        if (live_count + ngraves > n) {
+            UNLOCK();
+            free(live);
+            free(peaks);
+            free(points);
+            continue;
+        }
+        const mvz_totals *t = w < 0 ? totals : mvz_window_totals_locked(w);
+        if (!t) {
+            UNLOCK();
+            free(live);
+            free(peaks);
+            free(points);
+            return -1;
+        }
+        uint64_t after = w < 0 ? 0 : mvz_window_start_locked(w); /* store timestamps are > 0 */
+        memcpy(out->totals, t, sizeof totals);
+        for (size_t k = 0; k < live_count; k++) {
+            const mvz_alloc *a = &allocs[k];
+            if (a->timestamp <= after)
+                continue;
+            live[out->nlive++] = *a;
+            if (a->timestamp <= t[a->slot].peak_timestamp)
+                peaks[out->npeaks++] = *a;
+        }
+        for (size_t k = 0; k < ngraves; k++) {
+            const mvz_grave *g = &graves[k];
+            uint64_t peak_ts = t[g->a.slot].peak_timestamp;
+            if (g->a.timestamp > after && g->a.timestamp <= peak_ts && g->freed > peak_ts)
+                peaks[out->npeaks++] = g->a;
+        }
+        if (w < 0) {
+            memcpy(points, timeline, ntimeline * sizeof(mvz_point));
+            out->ntimeline = ntimeline;
+        } else {
+            out->ntimeline = mvz_window_timeline_locked(w, points);
+        }
+        out->when = next_ts();
+        if (close && w >= 0)
+            mvz_window_close_locked(w);
+        UNLOCK();
+        out->live = live;
+        out->peaks = peaks;
+        out->timeline = points;
+        return 0;
+    }
+}
+
+int mvz_store_window_open(uint64_t *start, mvz_totals at_open[MVZ_NSLOTS])
+{
+    LOCK();
+    uint64_t ts = next_ts(); /* every later event has a larger timestamp */
+    int w = mvz_window_open_locked(ts);
+    if (w >= 0) {
+        *start = ts;
+        memcpy(at_open, totals, sizeof totals);
+    }
+    UNLOCK();
+    return w;
 }
 
 uint32_t mvz_store_stack_count(void)

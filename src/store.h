@@ -200,6 +200,41 @@ void mvz_store_trace_disable(void);
 long mvz_store_trace_drain(uint8_t **out);
 uint32_t mvz_store_stack_count(void);
 
+/* Windows: trackers nested in a running one (with the GIL). A window counts
+ * what the store records after it opened as if the store had been cleared
+ * then: its own totals, peak, peak set and timeline. Allocations live when it
+ * opened are not the window's, so their frees do not count in it. At most
+ * MVZ_MAX_WINDOWS are open at once; the capture path pays a few additions per
+ * open window. */
+#define MVZ_MAX_WINDOWS 32
+#define MVZ_WINDOW_POINTS 4096
+/* Returns the id of a newly opened window, or -1 when all are open. *start is
+ * its opening timestamp (it holds the allocations made strictly after it) and
+ * at_open[] the store's totals at that moment. */
+int mvz_store_window_open(uint64_t *start, mvz_totals at_open[MVZ_NSLOTS]);
+void mvz_store_window_close(int w);
+/* As mvz_store_totals / _peak_live / _timeline / _step_mark, for window w.
+ * They return -1 for a window that is not open (or when out of memory). The
+ * step mark's per-stack changes are the store's, shared by all windows. */
+int mvz_store_window_totals(int w, mvz_totals out[MVZ_NSLOTS]);
+long mvz_store_window_peak_live(int w, int slot, mvz_alloc **out);
+long mvz_store_window_timeline(int w, mvz_point **out);
+long mvz_store_window_step_mark(int w, mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes);
+/* Everything a tracker reads, copied at one instant (so the copy adds up
+ * while other threads go on allocating): of window w, or of the store with
+ * w = -1. With `close`, window w closes in the same instant. The buffers are
+ * malloc'd (the caller frees them); returns 0, or -1 when out of memory or w
+ * is not open. */
+typedef struct {
+    mvz_alloc *live;     /* the window's live allocations */
+    mvz_alloc *peaks;    /* the allocations live at their device's peak, every device */
+    mvz_point *timeline;
+    size_t nlive, npeaks, ntimeline;
+    mvz_totals totals[MVZ_NSLOTS];
+    uint64_t when; /* the store timestamp of the copy */
+} mvz_store_copy_t;
+int mvz_store_copy(int w, int close, mvz_store_copy_t *out);
+
 /* Fork support: the child starts with the lock free and the store empty of
  * in-flight state. */
 void mvz_store_atfork_prepare(void);

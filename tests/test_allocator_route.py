@@ -232,3 +232,17 @@ def test_reports_say_which_route(standin, tmp_path):
         del x
     assert "PyTorch memory seen through: allocator" in text
     assert "PyTorch memory seen through" in open(html).read()
+
+
+def test_a_nested_tracker_reads_the_outer_trackers_route(standin):
+    ans = standin()
+    with memviz.track() as outer:
+        _attach(outer, ans)
+        with memviz.track() as inner:
+            assert inner.torch.route.route == "allocator"
+            x, _ = ans.alloc(4096); line = here()  # noqa: E702
+            assert [a.user_frame.lineno for a in inner.snapshot().allocations
+                    if a.kind == "block" and not a.before_tracking] == [line]
+        assert _core.allocator_state()["attached"]  # the inner tracker did not take it away
+        assert route_mod._failed is None
+        del x

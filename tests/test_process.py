@@ -158,3 +158,153 @@ def test_call_of_a_code_object_that_dies_before_the_snapshot(fake):
         linecache.cache.pop(name, None)
     assert (a.traceback[0].filename, a.traceback[0].lineno) == (name, 2)
     assert a.op == ("fake._c.fake_alloc" if sys.version_info >= (3, 11) else None)
+
+
+# ---- fork()ed children ------------------------------------------------------------------------
+
+
+def _in_child(fn):
+    """Run fn() in a fork()ed child; returns what it returned (JSON) or raises
+    with the child's error."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            res = {"ok": fn()}
+        except BaseException as e:  # noqa: BLE001
+            import traceback
+            res = {"error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()}
+        os.write(w, json.dumps(res, default=repr).encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while True:
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        data += chunk
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    res = json.loads(data)
+    assert "error" not in res, res.get("tb")
+    return res["ok"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_of_a_capturing_parent_tracks_without_gpu_and_says_why(fake):
+    import warnings
+
+    def child():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with memviz.track() as t:  # CUPTI is the parent's: not called here
+                with memviz.label("in the child"):
+                    fake.alloc(CBID_cuMemAlloc_v2, 1 << 20)
+                rec = t.step()
+        from memviz._report import text_report
+        report = text_report(t)
+        info = memviz.capture_info()
+        return {"gpu": t.gpu_enabled, "why": t.gpu_off_reason, "totals": t.totals(),
+                "steps": len(t.steps), "devices": list(rec.devices),
+                "warnings": [str(w.message) for w in caught if issubclass(w.category, memviz.CaptureWarning)],
+                "available": memviz.available(), "info_reason": info["reason"],
+                "info_available": info["available"], "active": memviz._core.active(),
+                "report": report}
+
+    with memviz.track() as t:
+        fake.alloc(CBID_cuMemAlloc_v2, 1 << 20)
+        got = _in_child(child)
+        assert fake.is_subscribed()  # the parent's subscription is untouched
+        fake.alloc(CBID_cuMemAlloc_v2, 1 << 20)
+    assert t.current_bytes() == 2 << 20 and not fake.is_subscribed()
+    assert got["gpu"] is False and got["totals"] == {} and got["steps"] == 1 and not got["active"]
+    why = got["why"]
+    assert "fork()" in why and str(os.getpid()) in why and "spawn" in why
+    assert "CUPTI for memviz" not in why
+    assert len(got["warnings"]) == 1 and why in got["warnings"][0]
+    assert got["available"] is False and got["info_available"] is False and got["info_reason"] == why
+    assert "fork()" in " ".join(got["report"].split())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_after_the_parent_stopped_still_keeps_off_cupti(fake):
+    with memviz.track():
+        fake.alloc(CBID_cuMemAlloc_v2, 1 << 20)
+
+    def child():
+        with memviz.track() as t:
+            fake.alloc(CBID_cuMemAlloc_v2, 1 << 20)
+        return {"gpu": t.gpu_enabled, "why": t.gpu_off_reason, "subscribed": fake.is_subscribed()}
+
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", memviz.CaptureWarning)
+        got = _in_child(child)
+    assert got == {"gpu": False, "why": got["why"], "subscribed": False} and "fork()" in got["why"]
+
+
+def test_forked_child_of_a_parent_that_never_loaded_cupti_can_capture(fake_path):
+    """A parent that never loaded CUPTI (and never initialised CUDA): its
+    child is like a new process and captures; a child of a parent that
+    initialised CUDA (as PyTorch reports it) keeps GPU capture off."""
+    r, p = run(f"""
+        import warnings
+        def child(bad_fork):
+            if bad_fork:
+                import torch
+                torch.cuda._is_in_bad_fork = lambda: True
+            f = FakeCupti({fake_path!r})
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with memviz.track() as t:
+                    f.alloc({CBID_cuMemAlloc_v2}, 1 << 20)
+            ok = {{"gpu": t.gpu_enabled, "bytes": t.current_bytes(), "why": t.gpu_off_reason,
+                   "warned": len(caught)}}
+            print("CHILD " + json.dumps(ok), flush=True)
+        for bad in (False, True):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    child(bad)
+                finally:
+                    os._exit(0)
+            os.waitpid(pid, 0)
+        out(done=True)
+    """, fake_path)
+    kids = [json.loads(x[6:]) for x in p.stdout.splitlines() if x.startswith("CHILD ")]
+    assert len(kids) == 2, p.stderr
+    assert kids[0] == {"gpu": True, "bytes": 1 << 20, "why": None, "warned": 0}
+    assert kids[1]["gpu"] is False and kids[1]["bytes"] == 0 and kids[1]["warned"] == 1
+    assert "initialised CUDA" in kids[1]["why"] and "spawn" in kids[1]["why"]
+
+
+def test_a_conflict_with_memviz_itself_says_so(fake_path):
+    r, _ = run(f"""
+        f = FakeCupti({fake_path!r}); f.set_conflict("CUPTI for memviz")
+        try:
+            memviz.track().start()
+        except memviz.CaptureConflict as e:
+            out(msg=str(e))
+    """, fake_path)
+    assert "memviz itself" in r["msg"] and "fork" in r["msg"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_reads_the_parents_nested_tracker_after_starting_its_own(fake):
+    def child():
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", memviz.CaptureWarning)
+            with memviz.track():  # clears the child's copy of the store
+                pass
+        return {"inner": inner.current_bytes(), "outer": outer.current_bytes(),
+                "inner_live": len(inner.snapshot()), "running": inner.running}
+
+    with memviz.track() as outer:
+        fake.alloc(CBID_cuMemAlloc_v2, 1 << 20)
+        with memviz.track() as inner:
+            fake.alloc(CBID_cuMemAlloc_v2, 2 << 20)
+            got = _in_child(child)
+    assert got == {"inner": 2 << 20, "outer": 3 << 20, "inner_live": 1, "running": False}

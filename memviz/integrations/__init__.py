@@ -12,7 +12,9 @@ keep them in ``callback.findings``.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import weakref
 from typing import Any, List, Optional
 
 __all__ = ["StepCallbackCore", "batch_shape"]
@@ -36,7 +38,16 @@ def batch_shape(batch: Any) -> Optional[tuple]:
 
 class StepCallbackCore:
     """What the framework callbacks share: start/own a tracker, record steps,
-    diagnose at the end."""
+    diagnose at the end, and finish the tracker it started when training fails.
+
+    When training raises (Lightning's ``on_exception``; for transformers, an
+    exception escaping ``Trainer.train()``, see huggingface.py) the tracker
+    this callback started is stopped: it keeps what it saw (``callback.tracker``),
+    and its findings and out-of-memory report are logged on the ``memviz``
+    logger and kept in ``callback.findings`` / ``callback.oom_report``; the
+    exception is in ``callback.error`` and goes on unchanged. A tracker the
+    user started or passed is never stopped by the callback.
+    """
 
     def __init__(self, tracker=None, *, diagnose: bool = True, **sinks: Any) -> None:
         from .._steps import make_sinks
@@ -45,14 +56,28 @@ class StepCallbackCore:
         self.diagnose = diagnose
         self.sinks = make_sinks(**sinks)
         self.findings: List[Any] = []
+        self.oom_report: Any = None
+        self.error: Optional[BaseException] = None
+        self._passed = tracker
         self._own = False
+        self._exit_hook = False
 
     def begin(self) -> None:
         import memviz
 
-        if self.tracker is None and memviz.active_tracker() is None:
-            self.tracker = memviz.start()
-            self._own = True
+        if self._own and self.tracker is not None and self.tracker.running:
+            # The previous training raised where no framework event reported it.
+            self.fail(None, "the previous training did not end before this one began")
+        self.error = None
+        if self._passed is not None:
+            self.tracker, self._own = self._passed, False
+        elif memviz.active_tracker() is None:
+            self.tracker, self._own = memviz.start(), True
+            if not self._exit_hook:
+                self._exit_hook = True
+                atexit.register(_finish_at_exit, weakref.ref(self))
+        else:  # the running tracker, looked up at each step
+            self.tracker, self._own = None, False
 
     def current(self):
         import memviz
@@ -86,3 +111,41 @@ class StepCallbackCore:
                 t.stop()
             for s in self.sinks:
                 s.close()
+
+    def fail(self, exc: Optional[BaseException], why: Optional[str] = None) -> None:
+        """Training raised ``exc`` (None: it ended without telling, ``why``
+        says how): stop the tracker this callback started, then log its
+        findings and out-of-memory report. Never raises."""
+        if exc is not None:
+            self.error = exc
+        t = self.tracker
+        if not self._own or t is None or not t.running:
+            return
+        log = logging.getLogger("memviz")
+        if why is None:
+            why = (f"training raised {type(exc).__name__}: {exc}" if exc is not None
+                   else "training did not end")
+        try:
+            t.stop()
+        except Exception as e:  # noqa: BLE001 - never replace the training's own exception
+            log.warning("memviz: could not stop the tracker cleanly: %r", e)
+        log.warning("memviz: %s; the tracker this callback started is stopped and keeps what it saw "
+                    "(callback.tracker, callback.findings, callback.oom_report).", why)
+        try:
+            if self.diagnose:
+                import memviz
+
+                self.findings = memviz.diagnose(t)
+                for f in self.findings:
+                    log.warning("%s", f)
+            self.oom_report = t.oom_report
+            if self.oom_report is not None:
+                log.warning("%s", self.oom_report)
+        except Exception as e:  # noqa: BLE001
+            log.warning("memviz: could not diagnose the failed training: %r", e)
+
+
+def _finish_at_exit(ref) -> None:
+    core = ref()
+    if core is not None:
+        core.fail(None, "training did not end before the process exited")

@@ -2,7 +2,10 @@
 
 Records a memviz step after every training batch (with the batch's shape,
 ``batch_idx`` and ``global_step``), and logs ``memviz.diagnose()`` findings
-when training ends. Arguments: ``tracker`` (default: the running one, else one
+when training ends. When training raises, Lightning calls ``on_exception``: the
+tracker the callback started is stopped, keeping what it saw, and its findings
+and out-of-memory report are logged (``callback.error`` holds the exception).
+Arguments: ``tracker`` (default: the running one, else one
 the callback starts and stops), ``diagnose=True``, and the step sinks of
 ``memviz.watch`` (``callback=``, ``log=``, ``print_every=``, ``jsonl=``,
 ``csv=``, ``tensorboard=``).
@@ -41,8 +44,18 @@ class MemvizCallback(Callback):
 
     @property
     def findings(self):
-        """``memviz.diagnose()``'s findings, once training ended."""
+        """``memviz.diagnose()``'s findings, once training ended (or failed)."""
         return self._core.findings
+
+    @property
+    def oom_report(self):
+        """The out-of-memory report of a training that failed, or None."""
+        return self._core.oom_report
+
+    @property
+    def error(self):
+        """The exception that ended the last training, or None."""
+        return self._core.error
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._core.begin()
@@ -53,3 +66,6 @@ class MemvizCallback(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._core.end()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._core.fail(exception)

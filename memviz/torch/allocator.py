@@ -268,6 +268,8 @@ def attach(answers) -> Route:
     with _lock:
         if _failed is not None:
             return _set_last(Route("segments", _failed))
+        if _core.allocator_state()["attached"]:  # by another (running) tracker: it owns the route
+            return _last or Route("allocator", None)
         try:
             _core.allocator_attach(answers.holder())
         except (OSError, ValueError, AttributeError, RuntimeError) as e:

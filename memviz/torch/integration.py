@@ -319,7 +319,9 @@ class TorchIntegration:
         self.oom_report = None
         #: how PyTorch's memory is seen (memviz.torch.allocator.Route)
         self.route: Optional[_alloc.Route] = None
-        self._answers = None  # the allocator route's answers while attached
+        self._answers = None  # the allocator route's answers while attached by this tracker
+        #: the running tracker's integration whose allocator route this nested one reads
+        self.route_from: Optional["TorchIntegration"] = None
         self._pool_segments: set = set()  # (device, address) of segments PyTorch showed
 
     # -- lifecycle ---------------------------------------------------------
@@ -376,6 +378,9 @@ class TorchIntegration:
     def _choose_route(self, torch) -> None:
         """The allocator route where it can be had (memviz.torch.allocator),
         else why not."""
+        if self.route_from is not None:  # nested: the outer tracker's route, read not owned
+            self.route = self.route_from.route
+            return
         if _precise.active():
             self.route = _alloc.Route(
                 "cudaMallocAsync", "PyTorch runs its cudaMallocAsync backend: every tensor is a "
@@ -690,8 +695,12 @@ class TorchIntegration:
         params, optimizers, live = self._scan()
         cats = self.tensor_categories(params, optimizers)
         allocations, pool = list(snap.allocations), None
-        if self._answers is not None or self._pool_segments or any(a.kind == "block" for a in allocations):
-            view = self._answers.view() if (live_now and self._answers is not None) else None
+        answers = self._answers
+        if answers is None and self.route_from is not None:
+            answers = self.route_from._answers
+            self.route = self.route_from.route
+        if answers is not None or self._pool_segments or any(a.kind == "block" for a in allocations):
+            view = answers.view() if (live_now and answers is not None) else None
             allocations, pool, _counts = _segments.reconcile(allocations, view, self._pool_segments)
         segments = self.torch_segments()
         precise = _precise.active()

@@ -210,3 +210,85 @@ def test_static_module_memory_and_capture_info():
     # Reported, not asserted > 0: whether a kernel's module globals load inside
     # the block depends on lazy loading; the GPU note records what was seen.
     print("static module memory seen:", r)
+
+
+def test_forked_child_tracks_without_cupti_and_the_parent_keeps_capturing():
+    """A fork()ed child of a capturing parent never calls CUPTI (nor CUDA):
+    GPU capture is off there with the reason, CPU-side features work; the
+    parent's capture goes on, and CUPTI is released when it stops."""
+    r = run("""
+        import warnings
+        import torch
+        torch.ones(1, device="cuda")
+        with memviz.track() as t:
+            a = torch.empty(64 << 20, dtype=torch.uint8, device="cuda"); line_a = here()
+            rfd, wfd = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child never touches CUDA
+                try:
+                    with warnings.catch_warnings(record=True) as caught:
+                        warnings.simplefilter("always")
+                        with memviz.track() as c:
+                            with memviz.label("child work"):
+                                cpu = torch.ones(1 << 16) * 2
+                            rec = c.step()
+                            snap = c.snapshot()
+                        from memviz._report import text_report
+                        text = text_report(c)  # reads what it can of the device, never CUDA
+                    res = dict(gpu=c.gpu_enabled, why=c.gpu_off_reason, steps=len(c.steps),
+                               live=len(snap), totals=c.totals(), available=memviz.available(),
+                               warned=[str(w.message) for w in caught
+                                       if issubclass(w.category, memviz.CaptureWarning)],
+                               bad_fork=torch.cuda._is_in_bad_fork(), text=bool(text))
+                except BaseException as e:
+                    import traceback
+                    res = dict(error=traceback.format_exc())
+                os.write(wfd, json.dumps(res, default=str).encode())
+                os._exit(0)
+            os.close(wfd)
+            data = b""
+            while True:
+                chunk = os.read(rfd, 1 << 16)
+                if not chunk:
+                    break
+                data += chunk
+            _, status = os.waitpid(pid, 0)
+            b = torch.empty(32 << 20, dtype=torch.uint8, device="cuda"); line_b = here()
+            torch.cuda.synchronize()
+        lines = {s.key.lineno: s.size for s in t.snapshot().statistics("lineno")}
+        with memviz.track() as again:  # CUPTI was released: a new tracker subscribes
+            c2 = torch.empty(16 << 20, dtype=torch.uint8, device="cuda")
+            torch.cuda.synchronize()
+        out(child=json.loads(data), status=status, lines=lines, line_a=line_a, line_b=line_b,
+            again=again.gpu_enabled, again_bytes=again.current_bytes())
+    """, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
+    child = r["child"]
+    assert "error" not in child, child.get("error")
+    assert r["status"] == 0, r
+    assert child["gpu"] is False and "fork()" in child["why"] and "spawn" in child["why"], child
+    assert child["steps"] == 1 and child["live"] == 0 and child["totals"] == {}, child
+    assert child["available"] is False and child["bad_fork"] is True, child
+    assert len(child["warned"]) == 1 and child["why"] in child["warned"][0], child
+    lines = {int(k): v for k, v in r["lines"].items()}
+    assert lines.get(r["line_a"], 0) >= 64 * MiB and lines.get(r["line_b"], 0) >= 32 * MiB, r
+    assert r["again"] and r["again_bytes"] >= 16 * MiB, r
+
+
+def test_nested_tracker_sees_its_window_on_the_gpu():
+    r = run("""
+        import torch
+        torch.ones(1, device="cuda")
+        with memviz.track() as outer:
+            a = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+            with memviz.track() as inner:
+                b = torch.empty(32 << 20, dtype=torch.uint8, device="cuda")
+                del a
+                torch.cuda.synchronize()
+            torch.cuda.synchronize()
+        out(inner=inner.current_bytes(), inner_peak=inner.peak_bytes(), outer=outer.current_bytes(),
+            outer_peak=outer.peak_bytes(), baseline=inner.baseline, nested=inner.outer is outer)
+    """, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
+    assert r["nested"], r
+    assert 32 * MiB <= r["inner"] < 34 * MiB and 32 * MiB <= r["inner_peak"] < 34 * MiB, r
+    assert 32 * MiB <= r["outer"] < 34 * MiB and 96 * MiB <= r["outer_peak"] < 100 * MiB, r
+    assert 64 * MiB <= r["baseline"]["0"] < 66 * MiB, r
