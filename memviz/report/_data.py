@@ -386,5 +386,34 @@ def collect(obj: Any, title: Optional[str] = None, *, points: int = TIMELINE_POI
         "findings": found,
         "findings_note": why_none,
         "failures": _failures(obj, t0),
+        "segments": _segments(end if end is not None and end.segments else peak,
+                              "at the end" if end is not None and end.segments else "at the peak"),
     }
+
+
+SEGMENTS_SHOWN = 200
+BLOCKS_PER_SEGMENT = 400
+
+
+def _segments(snap: Any, when: str) -> Optional[Dict[str, Any]]:
+    """PyTorch's segments with their live blocks (the allocator route), each
+    a bar: [device, address, size, unused, largest free, gaps, made at,
+    [[offset, size, line, category], ...], blocks left out]; the largest
+    SEGMENTS_SHOWN segments."""
+    segs = getattr(snap, "segments", None)
+    if not segs:
+        return None
+    rows = []
+    for seg in sorted(segs, key=lambda s: -s.size)[:SEGMENTS_SHOWN]:
+        uf = seg.traceback.user_frame if seg.traceback else None
+        made = "before tracking" if seg.before_tracking else (f"{uf.filename}:{uf.lineno}" if uf else None)
+        blocks = []
+        for b in sorted(seg.blocks, key=lambda b: -b.size)[:BLOCKS_PER_SEGMENT]:
+            bf = b.user_frame
+            where = ("before tracking" if b.before_tracking else f"{bf.filename}:{bf.lineno}" if bf
+                     else (b.autograd_node or b.thread.name))
+            blocks.append([b.address - seg.address, b.size, where, b.category])
+        rows.append([seg.device, f"{seg.address:#x}", seg.size, seg.unused, seg.largest_free, seg.free_gaps,
+                     made, blocks, max(0, len(seg.blocks) - BLOCKS_PER_SEGMENT)])
+    return {"when": when, "rows": rows, "more": max(0, len(segs) - SEGMENTS_SHOWN)}
 

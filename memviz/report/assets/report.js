@@ -399,7 +399,37 @@
       {key: 'thread', type: 'text'}, {key: 'label', type: 'text'}], rows: D.failures, more: 0, title_col: 9});
   }
 
-  summary(); timeline(); flame(); tables(); steps(); findings(); failures();
+  /* ---- PyTorch's segments, each a bar of its live blocks ----------------- */
+  function segments() {
+    if (!D.segments) { return; }
+    var S = D.segments, s = section('PyTorch\u2019s segments ' + S.when, 'mvz-segments');
+    s.appendChild(el('p', {'class': 'sub'}, 'Each bar is one segment of PyTorch\u2019s caching allocator; the ' +
+      'coloured parts are its live blocks (hover for the line that owns each), the grey rest is reserved and unused.'));
+    S.rows.forEach(function (r) {
+      var size = r[2], row = el('div', {'class': 'mvz-seg'});
+      row.appendChild(el('div', {'class': 'mvz-seg-head'}, 'cuda:' + r[0] + ' ' + r[1] + ' \u00b7 ' + fmtBytes(size) +
+        ' \u00b7 ' + fmtBytes(r[3]) + ' unused in ' + fmtInt(r[5]) + ' gap' + (r[5] === 1 ? '' : 's') +
+        ' (largest ' + fmtBytes(r[4]) + ')' + (r[6] ? ' \u00b7 made at ' + r[6] : '')));
+      var bar = el('div', {'class': 'mvz-seg-bar'});
+      bar.style.position = 'relative'; bar.style.height = '14px'; bar.style.background = '#e4e4e4';
+      r[7].forEach(function (b) {
+        var blk = el('div', {'class': 'mvz-seg-block'});
+        blk.style.position = 'absolute'; blk.style.top = '0'; blk.style.bottom = '0';
+        blk.style.left = (100 * b[0] / size) + '%'; blk.style.width = Math.max(100 * b[1] / size, 0.15) + '%';
+        blk.style.background = 'hsl(' + (hash(String(b[3] || b[2])) % 360) + ',55%,55%)';
+        var text = fmtBytes(b[1]) + ' \u00b7 ' + (b[2] || '?') + (b[3] ? ' \u00b7 ' + b[3] : '');
+        blk.addEventListener('mousemove', function (ev) { showTip(text, ev); });
+        blk.addEventListener('mouseleave', hideTip);
+        bar.appendChild(blk);
+      });
+      row.appendChild(bar);
+      if (r[8]) { row.appendChild(el('p', {'class': 'note'}, '\u2026 and ' + fmtInt(r[8]) + ' smaller blocks not drawn.')); }
+      s.appendChild(row);
+    });
+    if (S.more) { s.appendChild(el('p', {'class': 'note'}, '\u2026 and ' + fmtInt(S.more) + ' smaller segments, not included.')); }
+  }
+
+  summary(); timeline(); flame(); tables(); segments(); steps(); findings(); failures();
   if (D.findings_note && !D.findings) { main.appendChild(el('p', {'class': 'note'}, 'Findings: ' + D.findings_note + '.')); }
   var resizeTimer = null;
   window.addEventListener('resize', function () { clearTimeout(resizeTimer); resizeTimer = setTimeout(function () { drawTimeline(); drawFlame(); }, 150); });
