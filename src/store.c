@@ -339,9 +339,10 @@ void mvz_store_adopt_pending(void (*adopt)(void *code))
         mvz_stack *s = &stacks[pending[p]];
         for (uint32_t f = 0; f < s->depth; f++) {
             mvz_frame *fr = &frames[s->first_frame + f];
-            if (fr->flags & MVZ_FRAME_DYING) /* being resolved by the code watcher */
-                fr->flags &= ~MVZ_FRAME_DYING;
-            else if (!(fr->flags & MVZ_FRAME_RESOLVED))
+            /* A DYING frame is being resolved by the death event (which may
+             * run Python, and so this, meanwhile): its code object must not
+             * be referenced, and only the resolver clears the mark. */
+            if (!(fr->flags & (MVZ_FRAME_DYING | MVZ_FRAME_RESOLVED)))
                 adopt(fr->code);
         }
         s->adopted = 1;

@@ -165,8 +165,8 @@ void mvz_store_adopt_pending(void (*adopt)(void *code));
 int mvz_store_has_pending(void);
 /* Copy the frames of stack `id` (at most `cap`); returns the depth or -1. */
 int mvz_store_stack_frames(uint32_t id, mvz_frame *out, int cap);
-/* Code-object death (3.12+ watcher): mark pending frames of `code` as dying
- * and return how many there are. */
+/* Code-object death (module.c's watcher): mark pending frames of `code` as
+ * dying and return how many there are. */
 size_t mvz_store_mark_dying(void *code);
 /* Replace each dying frame of `code` at `offset` by `resolved(offset)`. */
 void mvz_store_resolve_dying(void *code, void *(*resolve)(void *code, int32_t offset));

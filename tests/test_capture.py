@@ -170,6 +170,66 @@ def test_eight_python_threads_at_once(fake, hold_gil):
     assert by_thread == {f"worker-{i}": {(i + 1) * 4096} for i in range(8)}
 
 
+DYING_ON_A_WORKER = """
+import json, sys, threading
+sys.path[:0] = [{root!r}, {tests!r}]
+import memviz
+from fake_cupti import FakeCupti
+fake = FakeCupti({fake_path!r}, hold_gil={hold_gil!r})
+named = []
+if {namer_adopts!r}:  # a call namer that adopts pending stacks while a frame is being resolved
+    def namer(code, offset):
+        named.append(code.co_name)
+        memviz._core.resolve([])
+        return None
+    memviz._core.set_call_namer(namer)
+def worker():
+    for i in range({n}):
+        ns = {{}}
+        src = "def f%d(fake):\\n    return fake.alloc({cbid}, 4096)\\n" % i
+        exec(compile(src, "<gen %d>" % i, "exec"), ns)
+        ns["f%d" % i](fake)
+        ns.clear()  # the function and its code object die here, on this thread
+with memviz.track() as t:
+    th = threading.Thread(target=worker)
+    th.start()
+    th.join()  # the main thread runs no Python meanwhile: no pending call
+frames = sorted({{(f.filename, f.lineno, f.name) for a in t.snapshot() for f in a.traceback
+                  if f.filename.startswith("<gen ")}})
+print("RESULT " + json.dumps([len(t.snapshot()), frames, sorted(named)]), flush=True)
+"""
+
+
+@pytest.mark.parametrize("hold_gil,namer_adopts", [(False, False), (True, False), (False, True)],
+                         ids=["gil-released", "gil-held", "namer-adopts"])
+def test_code_objects_that_die_on_a_worker_thread_before_they_are_kept(fake_path, hold_gil,
+                                                                        namer_adopts):
+    """A worker thread runs exec'd functions that allocate and then drops
+    them, while the main thread waits in join(): each code object dies before
+    any thread could take a reference to it. Python < 3.12 used to read the
+    freed code objects (a segfault); every frame must resolve, on every
+    version, also when Python run while a frame is resolved (the call namer)
+    adopts the other pending stacks. In a subprocess, so that a crash fails
+    this test only."""
+    import json
+    import subprocess
+
+    n = 300
+    root = os.path.dirname(os.path.dirname(THIS))
+    code = DYING_ON_A_WORKER.format(root=root, tests=os.path.join(root, "tests"), fake_path=fake_path,
+                                    hold_gil=hold_gil, namer_adopts=namer_adopts, n=n,
+                                    cbid=CBID_cuMemAlloc_v2)
+    env = dict(os.environ, MEMVIZ_CUPTI_LIBRARY=fake_path)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    result, = [json.loads(x[7:]) for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    count, frames, named = result
+    assert count == n
+    assert frames == sorted([f"<gen {i}>", 2, f"f{i}"] for i in range(n))
+    if namer_adopts:  # each frame was resolved as its code object died
+        assert named == sorted(f"f{i}" for i in range(n))
+
+
 def test_frameless_native_thread_has_its_name_and_no_frames(fake):
     with memviz.track() as t:
         fake.alloc_in_native_thread(CBID_cuMemAlloc_v2, 2 * MiB, device=1, thread_name="pt_autograd_1")
