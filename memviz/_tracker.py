@@ -21,7 +21,7 @@ from . import _callsite, _capture, _core
 from ._errors import AlreadyTracking, CaptureConflict, CaptureUnavailable, NotTracking
 from ._frames import FrameFilter
 from ._outputs import Outputs
-from ._snapshot import KIND_NAMES, SEEN_THREADS, Snapshot, Traceback, snapshot_from_raw
+from ._snapshot import KIND_NAMES, SEEN_RUNNING, SEEN_THREADS, Snapshot, Traceback, snapshot_from_raw
 from ._units import format_size
 
 __all__ = ["Tracker", "track", "start", "stop", "label", "available", "capture_info",
@@ -63,10 +63,37 @@ class FailedAllocation:
                 f"{'host' if self.device < 0 else f'cuda:{self.device}'} (CUDA error {self.result})")
 
 
+def _thread_entry(t: threading.Thread) -> tuple:
+    return (t.name, getattr(t, "native_id", None), isinstance(t, getattr(threading, "_DummyThread", ())),
+            t.ident)
+
+
 def _note_thread(t: threading.Thread) -> None:
+    """Remember a running thread's name, from any thread."""
     if t.ident is not None:
-        SEEN_THREADS[t.ident] = (t.name, getattr(t, "native_id", None),
-                                 isinstance(t, getattr(threading, "_DummyThread", ())))
+        SEEN_RUNNING[(t.ident, getattr(t, "native_id", None))] = _thread_entry(t)
+
+
+_SEEN_KEEP = 2 * _core.MAX_THREADS  # SEEN_THREADS may hold this many entries before pruning
+_seen_prune_at = _SEEN_KEEP
+
+
+def _note_this_thread() -> None:
+    """Remember the calling thread's name under its serial. Entries of ended
+    threads that the C core's table does not hold are dropped as they pile
+    up (a process may start threads without end)."""
+    global _seen_prune_at
+    SEEN_THREADS[_core.thread_serial()] = _thread_entry(threading.current_thread())
+    if len(SEEN_THREADS) > _seen_prune_at:
+        try:
+            keep = {row[3] for row in _core.threads().values()}
+        except RuntimeError:  # the store is not set up: keep everything
+            return
+        alive = {(t.ident, getattr(t, "native_id", None)) for t in threading.enumerate()}
+        for serial, entry in list(SEEN_THREADS.items()):
+            if serial not in keep and (entry[3], entry[1]) not in alive:
+                SEEN_THREADS.pop(serial, None)
+        _seen_prune_at = max(_SEEN_KEEP, 2 * len(SEEN_THREADS))
 
 
 def _thread_start_hook(frame, event, arg):
@@ -74,7 +101,7 @@ def _thread_start_hook(frame, event, arg):
     to remember its name (threads often end before a snapshot is taken),
     then removes itself, so the thread's calls cost nothing afterwards."""
     sys.setprofile(None)
-    _note_thread(threading.current_thread())
+    _note_this_thread()
 
 
 def _watch_threads(on: bool) -> None:
@@ -214,6 +241,7 @@ class Tracker(Outputs):
             _core.clear()
             self._started_where = _caller_location()
             SEEN_THREADS.clear()
+            SEEN_RUNNING.clear()
             self._start_gpu()
             _watch_threads(True)
             self.started_ns = time.monotonic_ns()

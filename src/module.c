@@ -781,15 +781,34 @@ static PyObject *core_threads(PyObject *self, PyObject *unused)
     PyObject *d = PyDict_New();
     for (long i = 0; d && i < n; i++) {
         PyObject *k = PyLong_FromLong(i);
-        PyObject *v = Py_BuildValue("(LKs)", (long long)rows[i].native_id,
-                                    (unsigned long long)rows[i].ident, rows[i].name);
+        PyObject *v = Py_BuildValue("(LKsK)", (long long)rows[i].native_id,
+                                    (unsigned long long)rows[i].ident, rows[i].name,
+                                    (unsigned long long)rows[i].serial);
         if (!k || !v || PyDict_SetItem(d, k, v) < 0)
             Py_CLEAR(d);
         Py_XDECREF(k);
         Py_XDECREF(v);
     }
     free(rows);
+    mvz_store_stats st;
+    mvz_store_get_stats(&st);
+    if (d && st.dropped_threads) { /* the row that threads past the table share */
+        PyObject *k = PyLong_FromLong(MVZ_THREAD_OVERFLOW);
+        PyObject *v = Py_BuildValue("(OOsO)", Py_None, Py_None, "<threads past the first "
+                                    Py_STRINGIFY(MVZ_MAX_THREADS) ">", Py_None);
+        if (!k || !v || PyDict_SetItem(d, k, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+    }
     return d;
+}
+
+static PyObject *core_thread_serial(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(mvz_store_thread_serial());
 }
 
 static PyObject *core_stats(PyObject *self, PyObject *unused)
@@ -813,10 +832,11 @@ static PyObject *core_stats(PyObject *self, PyObject *unused)
         return NULL;
     uint64_t prof_calls, prof_ns;
     mvz_capture_profile(&prof_calls, &prof_ns);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:N,s:s,s:K,s:K}", "live",
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:N,s:s,s:K,s:K}", "live",
                          s.live, "stacks", s.stacks, "frames", s.frames, "threads", s.threads,
                          "unmatched_frees", s.unmatched_frees, "dropped_allocs", s.dropped_allocs,
-                         "dropped_stacks", s.dropped_stacks, "timeline_points", s.timeline_points,
+                         "dropped_stacks", s.dropped_stacks, "dropped_threads", s.dropped_threads,
+                         "timeline_points", s.timeline_points,
                          "bytes_used", s.bytes_used, "bytes_reserved", s.bytes_reserved,
                          "max_live", s.max_live, "calls", calls, "frames_abi", mvz_frames_abi,
                          "profile_calls", prof_calls, "profile_ns", prof_ns);
@@ -1129,7 +1149,9 @@ static PyMethodDef core_methods[] = {
     {"sites", core_sites, METH_NOARGS, "Per-stack aggregates."},
     {"failures", core_failures, METH_NOARGS, "The last failed allocations, oldest first."},
     {"timeline", core_timeline, METH_NOARGS, "(timestamp_ns, device, bytes) points."},
-    {"threads", core_threads, METH_NOARGS, "{thread index: (native id, ident, name)}."},
+    {"threads", core_threads, METH_NOARGS, "{thread index: (native id, ident, name, serial)}."},
+    {"thread_serial", core_thread_serial, METH_NOARGS,
+     "The calling thread's serial (unique in the process, unlike its ident)."},
     {"stats", core_stats, METH_NOARGS, "Counters and memviz's own memory."},
     {"resolve", core_resolve, METH_O, "Frames of stacks by id, innermost first."},
     {"call_sites", core_call_sites, METH_O,
@@ -1176,6 +1198,7 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "KIND_STATIC", MVZ_KIND_STATIC) ||
         PyModule_AddIntConstant(m, "KIND_PHYSICAL", MVZ_KIND_PHYSICAL) ||
         PyModule_AddIntConstant(m, "MAX_DEPTH", MVZ_MAX_DEPTH) ||
+        PyModule_AddIntConstant(m, "MAX_THREADS", MVZ_MAX_THREADS) ||
         PyModule_AddIntConstant(m, "ERROR_MULTIPLE_SUBSCRIBERS",
                                 MVZ_CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) ||
         PyModule_AddStringConstant(m, "FRAMES_ABI", mvz_frames_abi)) {

@@ -170,6 +170,57 @@ def test_eight_python_threads_at_once(fake, hold_gil):
     assert by_thread == {f"worker-{i}": {(i + 1) * 4096} for i in range(8)}
 
 
+def test_threads_that_run_one_after_another_keep_their_names(fake):
+    """glibc gives an ended thread's ident (threading.get_ident()) to the next
+    thread: each thread must still be named by its own threading name."""
+    def work():
+        fake.alloc(CBID_cuMemAlloc_v2, 4096)
+
+    with memviz.track() as t:
+        for i in range(50):
+            th = threading.Thread(target=work, name=f"seq-{i}")
+            th.start()
+            th.join()
+    snap = t.snapshot()
+    assert sorted(a.thread.name for a in snap) == sorted(f"seq-{i}" for i in range(50))
+    assert len({a.thread.native_id for a in snap}) == 50
+
+
+def test_names_of_ended_threads_are_pruned_but_not_those_in_use(fake, monkeypatch):
+    from memviz import _snapshot, _tracker
+
+    monkeypatch.setattr(_tracker, "_SEEN_KEEP", 8)
+    monkeypatch.setattr(_tracker, "_seen_prune_at", 8)
+
+    def work(i):
+        if i % 3 == 0:
+            fake.alloc(CBID_cuMemAlloc_v2, 4096)
+
+    with memviz.track() as t:
+        for i in range(60):
+            th = threading.Thread(target=work, args=(i,), name=f"p-{i}")
+            th.start()
+            th.join()
+        assert len(_snapshot.SEEN_THREADS) <= 2 * 20 + 2  # the 20 that allocated, and a few more
+    assert sorted(a.thread.name for a in t.snapshot()) == sorted(f"p-{i}" for i in range(0, 60, 3))
+
+
+def test_threads_past_the_table_are_counted_and_named_as_such(fake):
+    """Past the C table's 4,096 rows, threads share one row that says so (and
+    are counted in capture_info()), rather than the table's last thread's."""
+    extra = 5
+    n = memviz._core.MAX_THREADS + extra
+    with memviz.track() as t:
+        for i in range(n):
+            fake.alloc_in_native_thread(CBID_cuMemAlloc_v2, 4096 + i, thread_name=f"n{i}")
+    names = {a.size - 4096: a.thread.name for a in t.snapshot()}
+    assert len(names) == n
+    assert [names[i] for i in range(n - extra)] == [f"n{i}" for i in range(n - extra)]
+    assert {names[i] for i in range(n - extra, n)} == {f"<threads past the first {n - extra}>"}
+    store = t.capture_info()["store"]
+    assert (store["threads"], store["dropped_threads"]) == (n - extra, extra)
+
+
 DYING_ON_A_WORKER = """
 import json, sys, threading
 sys.path[:0] = [{root!r}, {tests!r}]
