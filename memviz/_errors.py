@@ -16,6 +16,7 @@ __all__ = [
     "AlreadyTracking",
     "NotTracking",
     "TraceError",
+    "InvalidArgument",
 ]
 
 
@@ -176,3 +177,15 @@ class TraceError(MemvizError):
 
     def __reduce__(self):
         return (type(self), (self.reason, self.path, self.offset, self.hint))
+
+
+class InvalidArgument(MemvizError, ValueError):
+    """An argument memviz cannot use: the message names the argument, what
+    was given and what is accepted. Also a :class:`ValueError`, so code that
+    catches ``ValueError`` keeps working."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self),))

@@ -569,6 +569,38 @@ def active_tracker() -> Optional[Tracker]:
     return _active
 
 
+_label_overflow_warned = False
+
+
+def _user_label_id(name: str) -> int:
+    """The C core's id of a label a user named. Past the label table's size
+    (65,534 labels, 4 MiB of text: labels are never forgotten) new names all
+    get the overflow label, with one warning per process."""
+    global _label_overflow_warned
+    from ._errors import InvalidArgument
+
+    if "\0" in name:
+        raise InvalidArgument(f"memviz.label() names cannot contain NUL characters ('\\0'), got {name!r}: "
+                              "remove them or replace them, e.g. name.replace('\\0', ' ').")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgument(f"memviz.label() names must be text that UTF-8 can encode; {name!r} has a "
+                              f"lone surrogate at index {e.start}: pass "
+                              "name.encode('utf-8', 'backslashreplace').decode() to keep it visible.") from None
+    lid = _core.label_intern(name)
+    if _core.label_name(lid) == _core.LABEL_OVERFLOW and name != _core.LABEL_OVERFLOW:
+        if not _label_overflow_warned:
+            _label_overflow_warned = True
+            warnings.warn(CaptureWarning(
+                f"memviz's label table is full (65,534 labels or 4 MiB of text); "
+                f"{name if len(name) <= 60 else name[:57] + '...'!r} and every new "
+                f"label after it are recorded as {_core.LABEL_OVERFLOW!r} (capture_info()['store']"
+                "['labels_overflowed'] counts them). Use a few labels that repeat (e.g. 'train step', "
+                "not f'step {i}'): memviz.watch(optimizer) records memory per step."), stacklevel=3)
+    return lid
+
+
 class label:
     """Attach a name to every allocation this thread makes inside the block.
 
@@ -580,7 +612,7 @@ class label:
         if not isinstance(name, str) or not name:
             raise TypeError(f"memviz.label() needs a non-empty str, got {name!r}")
         self.name = name
-        self._id = _core.label_intern(name)
+        self._id = _user_label_id(name)
         self._saved = threading.local()
 
     def __enter__(self) -> "label":

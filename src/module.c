@@ -218,7 +218,14 @@ static PyObject *label_obj(uint32_t id)
     const char *s = mvz_label_name(id);
     if (!s)
         Py_RETURN_NONE;
-    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
+    /* label_intern's str exactly (surrogates included), else (a name made
+     * in C from other libraries' bytes) with U+FFFD for what is not UTF-8 */
+    PyObject *o = PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "surrogatepass");
+    if (!o && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+        o = PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
+    }
+    return o;
 }
 
 static PyObject *alloc_rows(mvz_alloc *rows, long n)
@@ -399,14 +406,23 @@ static PyObject *core_label_intern(PyObject *self, PyObject *arg)
     (void)self;
     if (arg == Py_None)
         return PyLong_FromLong(0);
-    const char *s = PyUnicode_AsUTF8(arg);
-    if (!s)
-        return NULL;
-    uint32_t id = mvz_label_intern(s);
-    if (!id) {
-        PyErr_SetString(PyExc_MemoryError, "memviz label table is full (65535 distinct labels)");
+    if (!PyUnicode_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "label_intern() takes a str or None");
         return NULL;
     }
+    /* Lone surrogates (file names that are not UTF-8) are kept as they are:
+     * label_obj decodes them back. A NUL would end the C string early and
+     * merge labels: memviz.label() refuses it, and so does this. */
+    PyObject *b = PyUnicode_AsEncodedString(arg, "utf-8", "surrogatepass");
+    if (!b)
+        return NULL;
+    if (strlen(PyBytes_AS_STRING(b)) != (size_t)PyBytes_GET_SIZE(b)) {
+        Py_DECREF(b);
+        PyErr_SetString(PyExc_ValueError, "label_intern(): a label cannot contain NUL characters");
+        return NULL;
+    }
+    uint32_t id = mvz_label_intern(PyBytes_AS_STRING(b)); /* never 0: full tables overflow */
+    Py_DECREF(b);
     return PyLong_FromUnsignedLong(id);
 }
 
@@ -423,6 +439,10 @@ static PyObject *core_label_set(PyObject *self, PyObject *arg)
     unsigned long id = PyLong_AsUnsignedLong(arg);
     if (PyErr_Occurred())
         return NULL;
+    if (id > 0xffff) { /* trace events keep 16 bits: label_intern never gives more */
+        PyErr_SetString(PyExc_ValueError, "label_set() takes an id from label_intern()");
+        return NULL;
+    }
     mvz_label_set((uint32_t)id);
     Py_RETURN_NONE;
 }
@@ -819,6 +839,9 @@ static PyObject *core_stats(PyObject *self, PyObject *unused)
         return NULL;
     mvz_store_stats s;
     mvz_store_get_stats(&s);
+    uint32_t nlabels;
+    uint64_t labels_overflowed, label_bytes;
+    mvz_label_stats(&nlabels, &labels_overflowed, &label_bytes);
     uint64_t c[MVZ_OP_COUNT];
     mvz_capture_counts(c);
     PyObject *calls = PyDict_New();
@@ -832,14 +855,15 @@ static PyObject *core_stats(PyObject *self, PyObject *unused)
         return NULL;
     uint64_t prof_calls, prof_ns;
     mvz_capture_profile(&prof_calls, &prof_ns);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:N,s:s,s:K,s:K}", "live",
-                         s.live, "stacks", s.stacks, "frames", s.frames, "threads", s.threads,
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:N,s:s,s:K,s:K,"
+                         "s:I,s:K,s:K}", "live", s.live, "stacks", s.stacks, "frames", s.frames, "threads", s.threads,
                          "unmatched_frees", s.unmatched_frees, "dropped_allocs", s.dropped_allocs,
                          "dropped_stacks", s.dropped_stacks, "dropped_threads", s.dropped_threads,
                          "timeline_points", s.timeline_points,
                          "bytes_used", s.bytes_used, "bytes_reserved", s.bytes_reserved,
                          "max_live", s.max_live, "calls", calls, "frames_abi", mvz_frames_abi,
-                         "profile_calls", prof_calls, "profile_ns", prof_ns);
+                         "profile_calls", prof_calls, "profile_ns", prof_ns, "labels", nlabels,
+                         "labels_overflowed", labels_overflowed, "label_bytes", label_bytes);
 }
 
 /* resolve(ids) -> {id: ((filename, lineno, name), ...)} innermost first. */
@@ -1199,6 +1223,7 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "KIND_PHYSICAL", MVZ_KIND_PHYSICAL) ||
         PyModule_AddIntConstant(m, "MAX_DEPTH", MVZ_MAX_DEPTH) ||
         PyModule_AddIntConstant(m, "MAX_THREADS", MVZ_MAX_THREADS) ||
+        PyModule_AddStringConstant(m, "LABEL_OVERFLOW", MVZ_LABEL_OVERFLOW_NAME) ||
         PyModule_AddIntConstant(m, "ERROR_MULTIPLE_SUBSCRIBERS",
                                 MVZ_CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) ||
         PyModule_AddStringConstant(m, "FRAMES_ABI", mvz_frames_abi)) {
