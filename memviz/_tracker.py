@@ -606,6 +606,13 @@ class label:
 
     ``with memviz.label("data loading"): ...`` or as a decorator. Labels nest;
     the innermost wins. Thread-local: other threads are not affected.
+
+    Label names are kept for the life of the process: past 65,534 distinct
+    names (or 4 MiB of their text) new ones are recorded as
+    ``"<labels overflowed>"``, said once in a :class:`CaptureWarning` and
+    counted in ``capture_info()["store"]["labels_overflowed"]``. A name
+    cannot contain NUL characters or lone surrogates
+    (:class:`~memviz.MemvizError`).
     """
 
     def __init__(self, name: str) -> None:
