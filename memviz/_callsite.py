@@ -101,9 +101,9 @@ def call_name(code: CodeType, offset: int) -> Optional[str]:
 
 
 def _name_dying(code: CodeType, offset: int) -> Optional[str]:
-    """``call_name`` for a code object being destroyed (the C core's code
-    watcher, Python 3.12+): nothing may keep a reference to it, so nothing is
-    cached."""
+    """``call_name`` for a code object being destroyed (the C core watches
+    code objects die: src/module.c): nothing may keep a reference to it, so
+    nothing is cached."""
     try:
         return _name(code, offset, cache=False)
     except Exception:

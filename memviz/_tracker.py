@@ -37,7 +37,7 @@ from ._errors import (AlreadyTracking, CaptureConflict, CaptureUnavailable, Inva
                       InvalidArgumentType, NotTracking)
 from ._frames import FrameFilter
 from ._outputs import Outputs
-from ._snapshot import KIND_NAMES, SEEN_THREADS, Snapshot, Traceback, snapshot_from_raw
+from ._snapshot import KIND_NAMES, SEEN_RUNNING, SEEN_THREADS, Snapshot, Traceback, snapshot_from_raw
 from ._units import format_size
 
 __all__ = ["Tracker", "track", "start", "stop", "label", "available", "capture_info",
@@ -87,10 +87,37 @@ class FailedAllocation:
                 f"{'host' if self.device < 0 else f'cuda:{self.device}'} (CUDA error {self.result})")
 
 
+def _thread_entry(t: threading.Thread) -> tuple:
+    return (t.name, getattr(t, "native_id", None), isinstance(t, getattr(threading, "_DummyThread", ())),
+            t.ident)
+
+
 def _note_thread(t: threading.Thread) -> None:
+    """Remember a running thread's name, from any thread."""
     if t.ident is not None:
-        SEEN_THREADS[t.ident] = (t.name, getattr(t, "native_id", None),
-                                 isinstance(t, getattr(threading, "_DummyThread", ())))
+        SEEN_RUNNING[(t.ident, getattr(t, "native_id", None))] = _thread_entry(t)
+
+
+_SEEN_KEEP = 2 * _core.MAX_THREADS  # SEEN_THREADS may hold this many entries before pruning
+_seen_prune_at = _SEEN_KEEP
+
+
+def _note_this_thread() -> None:
+    """Remember the calling thread's name under its serial. Entries of ended
+    threads that the C core's table does not hold are dropped as they pile
+    up (a process may start threads without end)."""
+    global _seen_prune_at
+    SEEN_THREADS[_core.thread_serial()] = _thread_entry(threading.current_thread())
+    if len(SEEN_THREADS) > _seen_prune_at:
+        try:
+            keep = {row[3] for row in _core.threads().values()}
+        except RuntimeError:  # the store is not set up: keep everything
+            return
+        alive = {(t.ident, getattr(t, "native_id", None)) for t in threading.enumerate()}
+        for serial, entry in list(SEEN_THREADS.items()):
+            if serial not in keep and (entry[3], entry[1]) not in alive:
+                SEEN_THREADS.pop(serial, None)
+        _seen_prune_at = max(_SEEN_KEEP, 2 * len(SEEN_THREADS))
 
 
 def _thread_start_hook(frame, event, arg):
@@ -98,7 +125,7 @@ def _thread_start_hook(frame, event, arg):
     to remember its name (threads often end before a snapshot is taken),
     then removes itself, so the thread's calls cost nothing afterwards."""
     sys.setprofile(None)
-    _note_thread(threading.current_thread())
+    _note_this_thread()
 
 
 def _watch_threads(on: bool) -> None:
@@ -333,6 +360,7 @@ class Tracker(Outputs):
         _core.clear()
         self._started_where = _caller_location()
         SEEN_THREADS.clear()
+        SEEN_RUNNING.clear()
         self._start_gpu()
         _shared.clear()
         _shared.update(depth=self.depth, precise=self.precise, gpu_enabled=self.gpu_enabled,
@@ -868,18 +896,57 @@ def active_tracker() -> Optional[Tracker]:
     return running[-1] if running else None
 
 
+_label_overflow_warned = False
+
+
+def _user_label_id(name: str) -> int:
+    """The C core's id of a label a user named. Past the label table's size
+    (65,534 labels, 4 MiB of text: labels are never forgotten) new names all
+    get the overflow label, with one warning per process."""
+    global _label_overflow_warned
+    from ._errors import InvalidArgument
+
+    if "\0" in name:
+        raise InvalidArgument(f"memviz.label() names cannot contain NUL characters ('\\0'), got {name!r}: "
+                              "remove them or replace them, e.g. name.replace('\\0', ' ').")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgument(f"memviz.label() names must be text that UTF-8 can encode; {name!r} has a "
+                              f"lone surrogate at index {e.start}: pass "
+                              "name.encode('utf-8', 'backslashreplace').decode() to keep it visible.") from None
+    lid = _core.label_intern(name)
+    if _core.label_name(lid) == _core.LABEL_OVERFLOW and name != _core.LABEL_OVERFLOW:
+        if not _label_overflow_warned:
+            _label_overflow_warned = True
+            warnings.warn(CaptureWarning(
+                f"memviz's label table is full (65,534 labels or 4 MiB of text); "
+                f"{name if len(name) <= 60 else name[:57] + '...'!r} and every new "
+                f"label after it are recorded as {_core.LABEL_OVERFLOW!r} (capture_info()['store']"
+                "['labels_overflowed'] counts them). Use a few labels that repeat (e.g. 'train step', "
+                "not f'step {i}'): memviz.watch(optimizer) records memory per step."), stacklevel=3)
+    return lid
+
+
 class label:
     """Attach a name to every allocation this thread makes inside the block.
 
     ``with memviz.label("data loading"): ...`` or as a decorator. Labels nest;
     the innermost wins. Thread-local: other threads are not affected.
+
+    Label names are kept for the life of the process: past 65,534 distinct
+    names (or 4 MiB of their text) new ones are recorded as
+    ``"<labels overflowed>"``, said once in a :class:`CaptureWarning` and
+    counted in ``capture_info()["store"]["labels_overflowed"]``. A name
+    cannot contain NUL characters or lone surrogates
+    (:class:`~memviz.MemvizError`).
     """
 
     def __init__(self, name: str) -> None:
         if not isinstance(name, str) or not name:
             raise _args.bad_type("memviz.label(name)", name, "a non-empty str")
         self.name = name
-        self._id = _core.label_intern(name)
+        self._id = _user_label_id(name)
         self._saved = threading.local()
 
     def __enter__(self) -> "label":

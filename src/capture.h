@@ -54,10 +54,15 @@ void mvz_capture_forget_counts(void);
 /* After fork, in the child: capture is off and CUPTI is not touched. */
 void mvz_capture_atfork_child(void);
 
-/* Thread-local labels. Ids come from mvz_label_intern (any thread, takes a
- * leaf lock and may allocate; never called from the driver callback). */
+/* Thread-local labels. Ids come from mvz_label_intern (any thread, the
+ * driver callback included: a leaf lock, no allocation). Past 65,534
+ * distinct labels or 4 MiB of their text, every new label gets the id of
+ * MVZ_LABEL_OVERFLOW_NAME (counted in mvz_label_stats), never 0. */
+#define MVZ_LABEL_OVERFLOW_NAME "<labels overflowed>"
 uint32_t mvz_label_intern(const char *name);
 const char *mvz_label_name(uint32_t id);
+/* Labels interned, requests that got the overflow label, bytes of text. */
+void mvz_label_stats(uint32_t *count, uint64_t *overflowed, uint64_t *bytes);
 uint32_t mvz_label_get(void);
 void mvz_label_set(uint32_t id);
 

@@ -24,49 +24,51 @@ static int store_ready;
 
 /* ---- keeping code objects alive ------------------------------------- */
 
+/* A stack's frames point at code objects that the capture path, running
+ * without the GIL, cannot take references to. They are safe to read while
+ * the capturing thread is inside the driver call (its frames hold them), and
+ * afterwards only once memviz holds a reference ("adopts" them, with the
+ * GIL) or has resolved them to plain tuples.
+ *
+ * Adoption alone cannot close the gap: the capturing thread may pop its
+ * frames and drop the last reference before any thread adopts (on Python <
+ * 3.12 a pending call runs on the main thread only, which may be waiting in
+ * join() meanwhile). So memviz is told of every code object's death, before
+ * its memory is freed: PyCode_AddWatcher on 3.12+, and on older versions a
+ * wrapper around the code type's tp_dealloc (the same event, from the same
+ * place: the code type is final and every deallocation goes through that
+ * slot). At that point, with the GIL, the store's not-yet-adopted frames of
+ * that code object are resolved to (filename, lineno, name, call). Why that
+ * is complete: a frame can only enter the pending list while its code
+ * object is alive in the capturing thread's frame chain, so it was interned
+ * (under the store lock) before that frame was popped, and the pop, the last
+ * decref and the death event all come after it on threads that took the GIL
+ * in between (the GIL hand-off orders them); the pending list is therefore
+ * seen whole when the event comes. Nothing else ever reads a pending frame's
+ * code object, so no dead one is dereferenced. Adoption then remains a way
+ * to keep the pending list short and line numbers exact. The hook stays
+ * installed once tracking first starts, so a callback still in flight when
+ * tracking stops is covered too; with nothing pending it costs one load. */
+
 static void adopt_code(void *code) { Py_INCREF((PyObject *)code); }
 
 static void adopt_pending(void) { mvz_store_adopt_pending(adopt_code); }
 
-#if PY_VERSION_HEX < 0x030C0000
-/* Python < 3.12 has no code watchers: new stacks are adopted at the next
- * pending-call check of the main thread. */
-static int adopt_scheduled;
-
-static int adopt_pending_call(void *arg)
-{
-    (void)arg;
-    __atomic_store_n(&adopt_scheduled, 0, __ATOMIC_RELEASE);
-    adopt_pending();
-    return 0;
-}
-
-/* Capture path, no GIL: one compare-and-swap, and Py_AddPendingCall, which
- * CPython documents as safe to call without the GIL from any thread. */
-static void schedule_adopt(void)
-{
-    int expected = 0;
-    if (__atomic_compare_exchange_n(&adopt_scheduled, &expected, 1, 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_RELAXED)) {
-        if (Py_AddPendingCall(adopt_pending_call, NULL) != 0)
-            __atomic_store_n(&adopt_scheduled, 0, __ATOMIC_RELEASE);
-    }
-}
-#else
-/* Python 3.12+: when a code object that a not-yet-adopted stack refers to is
- * destroyed, its frames are resolved to (filename, lineno, name, call) first;
- * `call` is what memviz._callsite names the instruction's call (None if it
- * cannot), so Allocation.op survives the code object (a notebook cell's). */
-static int code_watcher_id = -1;
 static PyObject *call_namer; /* memviz._callsite._name_dying, or NULL */
-static void *last_code;      /* one on_code_event's last (code, offset) and tuple */
+static void *last_code;      /* one death event's last (code, offset) and tuple */
 static int32_t last_offset;
 static PyObject *last_tuple;
 
+/* `call` is what memviz._callsite names the instruction's call (None if it
+ * cannot), so Allocation.op survives the code object (a notebook cell's). */
 static PyObject *frame_tuple(PyCodeObject *co, int offset)
 {
     int line = PyCode_Addr2Line(co, offset);
+#if PY_VERSION_HEX >= 0x030B0000
     PyObject *name = co->co_qualname ? co->co_qualname : co->co_name;
+#else
+    PyObject *name = co->co_name;
+#endif
 #if PY_VERSION_HEX >= 0x030D0000
     int finalizing = Py_IsFinalizing();
 #else
@@ -98,22 +100,99 @@ static void *resolve_dying(void *code, int32_t offset)
     return t;
 }
 
-static int on_code_event(PyCodeEvent event, PyCodeObject *co)
+/* With the GIL, as `co` is destroyed (its fields still intact). */
+static void on_code_death(PyCodeObject *co)
 {
-    if (event != PY_CODE_EVENT_DESTROY || !mvz_store_has_pending())
-        return 0;
+    if (!mvz_store_has_pending())
+        return;
+#if PY_VERSION_HEX >= 0x030C0000
     PyObject *exc = PyErr_GetRaisedException();
+#else
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+#endif
     if (mvz_store_mark_dying(co))
         mvz_store_resolve_dying(co, resolve_dying);
     Py_CLEAR(last_tuple);
     last_code = NULL;
+#if PY_VERSION_HEX >= 0x030C0000
     PyErr_SetRaisedException(exc);
+#else
+    PyErr_Restore(et, ev, tb);
+#endif
+}
+
+#if PY_VERSION_HEX >= 0x030C0000
+static int code_watcher_id = -1;
+
+static int on_code_event(PyCodeEvent event, PyCodeObject *co)
+{
+    if (event == PY_CODE_EVENT_DESTROY)
+        on_code_death(co);
     return 0;
+}
+
+static int watch_code_deaths(void)
+{
+    if (code_watcher_id < 0)
+        code_watcher_id = PyCode_AddWatcher(on_code_event);
+    return code_watcher_id < 0 ? -1 : 0;
+}
+#else
+static destructor code_dealloc; /* the code type's own */
+
+static void code_dealloc_watched(PyObject *co)
+{
+    if (mvz_store_has_pending()) {
+        /* As 3.12's code_dealloc does around its watchers: resolving runs
+         * Python (the call namer), so the object holds a reference
+         * meanwhile, and one that is still referenced afterwards lives on. */
+        Py_SET_REFCNT(co, 1);
+        on_code_death((PyCodeObject *)co);
+        if (Py_REFCNT(co) > 1) {
+            Py_SET_REFCNT(co, Py_REFCNT(co) - 1);
+            return;
+        }
+        Py_SET_REFCNT(co, 0);
+    }
+    code_dealloc(co);
+}
+
+static int watch_code_deaths(void)
+{
+    if (!code_dealloc) {
+        code_dealloc = PyCode_Type.tp_dealloc;
+        PyCode_Type.tp_dealloc = code_dealloc_watched;
+    }
+    return 0;
+}
+
+/* New stacks are also adopted at the next pending-call check of the main
+ * thread (Python < 3.12 runs pending calls there only). */
+static int adopt_scheduled;
+
+static int adopt_pending_call(void *arg)
+{
+    (void)arg;
+    __atomic_store_n(&adopt_scheduled, 0, __ATOMIC_RELEASE);
+    adopt_pending();
+    return 0;
+}
+
+/* Capture path, no GIL: one compare-and-swap, and Py_AddPendingCall, which
+ * CPython documents as safe to call without the GIL from any thread. */
+static void schedule_adopt(void)
+{
+    int expected = 0;
+    if (__atomic_compare_exchange_n(&adopt_scheduled, &expected, 1, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_RELAXED)) {
+        if (Py_AddPendingCall(adopt_pending_call, NULL) != 0)
+            __atomic_store_n(&adopt_scheduled, 0, __ATOMIC_RELEASE);
+    }
 }
 #endif
 
-/* set_call_namer(fn or None): what names a dying code object's calls (3.12+;
- * a no-op before, where stacks keep their code objects alive). */
+/* set_call_namer(fn or None): what names a dying code object's calls. */
 static PyObject *core_set_call_namer(PyObject *self, PyObject *fn)
 {
     (void)self;
@@ -121,9 +200,7 @@ static PyObject *core_set_call_namer(PyObject *self, PyObject *fn)
         PyErr_SetString(PyExc_TypeError, "set_call_namer() takes a callable or None");
         return NULL;
     }
-#if PY_VERSION_HEX >= 0x030C0000
     Py_XSETREF(call_namer, fn == Py_None ? NULL : Py_NewRef(fn));
-#endif
     Py_RETURN_NONE;
 }
 
@@ -142,7 +219,14 @@ static PyObject *label_obj(uint32_t id)
     const char *s = mvz_label_name(id);
     if (!s)
         Py_RETURN_NONE;
-    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
+    /* label_intern's str exactly (surrogates included), else (a name made
+     * in C from other libraries' bytes) with U+FFFD for what is not UTF-8 */
+    PyObject *o = PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "surrogatepass");
+    if (!o && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+        o = PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
+    }
+    return o;
 }
 
 static PyObject *alloc_rows(mvz_alloc *rows, long n)
@@ -254,13 +338,9 @@ static PyObject *core_start(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     }
     mvz_capture_configure(depth);
-#if PY_VERSION_HEX >= 0x030C0000
-    if (code_watcher_id < 0) {
-        code_watcher_id = PyCode_AddWatcher(on_code_event);
-        if (code_watcher_id < 0)
-            return NULL;
-    }
-#else
+    if (watch_code_deaths() != 0)
+        return NULL;
+#if PY_VERSION_HEX < 0x030C0000
     mvz_new_stack_hook = schedule_adopt;
 #endif
     mvz_start_status st;
@@ -281,13 +361,7 @@ static PyObject *core_stop(PyObject *self, PyObject *unused)
     Py_BEGIN_ALLOW_THREADS mvz_capture_stop();
     Py_END_ALLOW_THREADS
     if (store_ready)
-        adopt_pending();
-#if PY_VERSION_HEX >= 0x030C0000
-    if (code_watcher_id >= 0) {
-        PyCode_ClearWatcher(code_watcher_id);
-        code_watcher_id = -1;
-    }
-#endif
+        adopt_pending(); /* code deaths stay watched: a late callback may add stacks */
     Py_RETURN_NONE;
 }
 
@@ -333,14 +407,23 @@ static PyObject *core_label_intern(PyObject *self, PyObject *arg)
     (void)self;
     if (arg == Py_None)
         return PyLong_FromLong(0);
-    const char *s = PyUnicode_AsUTF8(arg);
-    if (!s)
-        return NULL;
-    uint32_t id = mvz_label_intern(s);
-    if (!id) {
-        PyErr_SetString(PyExc_MemoryError, "memviz label table is full (65535 distinct labels)");
+    if (!PyUnicode_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "label_intern() takes a str or None");
         return NULL;
     }
+    /* Lone surrogates (file names that are not UTF-8) are kept as they are:
+     * label_obj decodes them back. A NUL would end the C string early and
+     * merge labels: memviz.label() refuses it, and so does this. */
+    PyObject *b = PyUnicode_AsEncodedString(arg, "utf-8", "surrogatepass");
+    if (!b)
+        return NULL;
+    if (strlen(PyBytes_AS_STRING(b)) != (size_t)PyBytes_GET_SIZE(b)) {
+        Py_DECREF(b);
+        PyErr_SetString(PyExc_ValueError, "label_intern(): a label cannot contain NUL characters");
+        return NULL;
+    }
+    uint32_t id = mvz_label_intern(PyBytes_AS_STRING(b)); /* never 0: full tables overflow */
+    Py_DECREF(b);
     return PyLong_FromUnsignedLong(id);
 }
 
@@ -357,6 +440,10 @@ static PyObject *core_label_set(PyObject *self, PyObject *arg)
     unsigned long id = PyLong_AsUnsignedLong(arg);
     if (PyErr_Occurred())
         return NULL;
+    if (id > 0xffff) { /* trace events keep 16 bits: label_intern never gives more */
+        PyErr_SetString(PyExc_ValueError, "label_set() takes an id from label_intern()");
+        return NULL;
+    }
     mvz_label_set((uint32_t)id);
     Py_RETURN_NONE;
 }
@@ -780,15 +867,34 @@ static PyObject *core_threads(PyObject *self, PyObject *unused)
     PyObject *d = PyDict_New();
     for (long i = 0; d && i < n; i++) {
         PyObject *k = PyLong_FromLong(i);
-        PyObject *v = Py_BuildValue("(LKs)", (long long)rows[i].native_id,
-                                    (unsigned long long)rows[i].ident, rows[i].name);
+        PyObject *v = Py_BuildValue("(LKsK)", (long long)rows[i].native_id,
+                                    (unsigned long long)rows[i].ident, rows[i].name,
+                                    (unsigned long long)rows[i].serial);
         if (!k || !v || PyDict_SetItem(d, k, v) < 0)
             Py_CLEAR(d);
         Py_XDECREF(k);
         Py_XDECREF(v);
     }
     free(rows);
+    mvz_store_stats st;
+    mvz_store_get_stats(&st);
+    if (d && st.dropped_threads) { /* the row that threads past the table share */
+        PyObject *k = PyLong_FromLong(MVZ_THREAD_OVERFLOW);
+        PyObject *v = Py_BuildValue("(OOsO)", Py_None, Py_None, "<threads past the first "
+                                    Py_STRINGIFY(MVZ_MAX_THREADS) ">", Py_None);
+        if (!k || !v || PyDict_SetItem(d, k, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+    }
     return d;
+}
+
+static PyObject *core_thread_serial(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(mvz_store_thread_serial());
 }
 
 static PyObject *core_stats(PyObject *self, PyObject *unused)
@@ -799,6 +905,9 @@ static PyObject *core_stats(PyObject *self, PyObject *unused)
         return NULL;
     mvz_store_stats s;
     mvz_store_get_stats(&s);
+    uint32_t nlabels;
+    uint64_t labels_overflowed, label_bytes;
+    mvz_label_stats(&nlabels, &labels_overflowed, &label_bytes);
     uint64_t c[MVZ_OP_COUNT];
     mvz_capture_counts(c);
     PyObject *calls = PyDict_New();
@@ -812,13 +921,15 @@ static PyObject *core_stats(PyObject *self, PyObject *unused)
         return NULL;
     uint64_t prof_calls, prof_ns;
     mvz_capture_profile(&prof_calls, &prof_ns);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:N,s:s,s:K,s:K}", "live",
-                         s.live, "stacks", s.stacks, "frames", s.frames, "threads", s.threads,
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:N,s:s,s:K,s:K,"
+                         "s:I,s:K,s:K}", "live", s.live, "stacks", s.stacks, "frames", s.frames, "threads", s.threads,
                          "unmatched_frees", s.unmatched_frees, "dropped_allocs", s.dropped_allocs,
-                         "dropped_stacks", s.dropped_stacks, "timeline_points", s.timeline_points,
+                         "dropped_stacks", s.dropped_stacks, "dropped_threads", s.dropped_threads,
+                         "timeline_points", s.timeline_points,
                          "bytes_used", s.bytes_used, "bytes_reserved", s.bytes_reserved,
                          "max_live", s.max_live, "calls", calls, "frames_abi", mvz_frames_abi,
-                         "profile_calls", prof_calls, "profile_ns", prof_ns);
+                         "profile_calls", prof_calls, "profile_ns", prof_ns, "labels", nlabels,
+                         "labels_overflowed", labels_overflowed, "label_bytes", label_bytes);
 }
 
 /* resolve(ids) -> {id: ((filename, lineno, name), ...)} innermost first. */
@@ -1200,11 +1311,14 @@ static PyMethodDef core_methods[] = {
      "peak_live(device, window=-1): rows live at the peak of a device (-1: host)."},
     {"totals", core_totals, METH_VARARGS, "totals(window=-1): per-device totals."},
     {"block_totals", core_block_totals, METH_NOARGS,
-     "Per-device totals of PyTorch's caching-allocator blocks (inside the device's)."},    {"sites", core_sites, METH_NOARGS, "Per-stack aggregates."},
+     "Per-device totals of PyTorch's caching-allocator blocks (inside the device's)."},
+    {"sites", core_sites, METH_NOARGS, "Per-stack aggregates."},
     {"failures", core_failures, METH_NOARGS, "The last failed allocations, oldest first."},
     {"timeline", core_timeline, METH_VARARGS,
      "timeline(window=-1): (timestamp_ns, device, bytes) points."},
-    {"threads", core_threads, METH_NOARGS, "{thread index: (native id, ident, name)}."},
+    {"threads", core_threads, METH_NOARGS, "{thread index: (native id, ident, name, serial)}."},
+    {"thread_serial", core_thread_serial, METH_NOARGS,
+     "The calling thread's serial (unique in the process, unlike its ident)."},
     {"stats", core_stats, METH_NOARGS, "Counters and memviz's own memory."},
     {"resolve", core_resolve, METH_O, "Frames of stacks by id, innermost first."},
     {"call_sites", core_call_sites, METH_O,
@@ -1259,6 +1373,8 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddFunctions(m, mvz_allocator_methods) ||
         PyModule_AddIntConstant(m, "MAX_DEPTH", MVZ_MAX_DEPTH) ||
         PyModule_AddIntConstant(m, "MAX_WINDOWS", MVZ_MAX_WINDOWS) ||
+        PyModule_AddIntConstant(m, "MAX_THREADS", MVZ_MAX_THREADS) ||
+        PyModule_AddStringConstant(m, "LABEL_OVERFLOW", MVZ_LABEL_OVERFLOW_NAME) ||
         PyModule_AddIntConstant(m, "ERROR_MULTIPLE_SUBSCRIBERS",
                                 MVZ_CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) ||
         PyModule_AddStringConstant(m, "FRAMES_ABI", mvz_frames_abi)) {

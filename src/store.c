@@ -69,13 +69,15 @@ static size_t ntimeline;
 static uint64_t timeline_stride = 1, timeline_tick;
 static mvz_thread threads[MVZ_MAX_THREADS];
 static uint32_t nthreads;
-static uint64_t last_ts, unmatched_frees, dropped_allocs, dropped_stacks;
+static uint64_t last_ts, unmatched_frees, dropped_allocs, dropped_stacks, dropped_threads;
+static uint64_t last_serial; /* atomic */
 static uint32_t generation = 1;
 
 /* Per-thread registration, initial-exec so reading it never allocates (a
  * dynamically loaded module's general-dynamic TLS may call malloc). */
 static __thread uint32_t tl_thread_plus1 __attribute__((tls_model("initial-exec")));
 static __thread uint32_t tl_generation __attribute__((tls_model("initial-exec")));
+static __thread uint64_t tl_serial __attribute__((tls_model("initial-exec")));
 
 #define LOCK() pthread_mutex_lock(&store_lock)
 #define UNLOCK() pthread_mutex_unlock(&store_lock)
@@ -217,7 +219,7 @@ void mvz_store_clear(void ***refs, size_t *nrefs)
     timeline_stride = 1;
     timeline_tick = 0;
     nthreads = 0;
-    unmatched_frees = dropped_allocs = dropped_stacks = 0;
+    unmatched_frees = dropped_allocs = dropped_stacks = dropped_threads = 0;
     generation++;
     mvz_region_discard(&allocs_r);
     mvz_region_discard(&graves_r);
@@ -230,6 +232,14 @@ void mvz_store_clear(void ***refs, size_t *nrefs)
 
 /* ---- threads ---------------------------------------------------------- */
 
+/* Any thread, no GIL: this thread's own TLS and one atomic add. */
+uint64_t mvz_store_thread_serial(void)
+{
+    if (!tl_serial)
+        tl_serial = __atomic_add_fetch(&last_serial, 1, __ATOMIC_RELAXED);
+    return tl_serial;
+}
+
 /* Capture path, no GIL: reads this thread's own TLS; registration takes the
  * store lock briefly and makes two system calls (gettid, PR_GET_NAME). */
 uint32_t mvz_store_thread_index(void)
@@ -241,6 +251,7 @@ uint32_t mvz_store_thread_index(void)
     memset(&t, 0, sizeof t);
     t.native_id = (int64_t)syscall(SYS_gettid);
     t.ident = (uint64_t)pthread_self();
+    t.serial = mvz_store_thread_serial();
     prctl(PR_GET_NAME, t.name, 0, 0, 0);
     t.name[15] = 0;
     LOCK();
@@ -249,7 +260,8 @@ uint32_t mvz_store_thread_index(void)
         idx = nthreads++;
         threads[idx] = t;
     } else {
-        idx = MVZ_MAX_THREADS - 1; /* past the table's size, threads share the last row */
+        idx = MVZ_THREAD_OVERFLOW; /* the table is full: counted, and named as such */
+        dropped_threads++;
     }
     gen = generation;
     UNLOCK();
@@ -358,9 +370,10 @@ void mvz_store_adopt_pending(void (*adopt)(void *code))
         mvz_stack *s = &stacks[pending[p]];
         for (uint32_t f = 0; f < s->depth; f++) {
             mvz_frame *fr = &frames[s->first_frame + f];
-            if (fr->flags & MVZ_FRAME_DYING) /* being resolved by the code watcher */
-                fr->flags &= ~MVZ_FRAME_DYING;
-            else if (!(fr->flags & MVZ_FRAME_RESOLVED))
+            /* A DYING frame is being resolved by the death event (which may
+             * run Python, and so this, meanwhile): its code object must not
+             * be referenced, and only the resolver clears the mark. */
+            if (!(fr->flags & (MVZ_FRAME_DYING | MVZ_FRAME_RESOLVED)))
                 adopt(fr->code);
         }
         s->adopted = 1;
@@ -906,6 +919,7 @@ void mvz_store_get_stats(mvz_store_stats *o)
     o->unmatched_frees = unmatched_frees;
     o->dropped_allocs = dropped_allocs;
     o->dropped_stacks = dropped_stacks;
+    o->dropped_threads = dropped_threads;
     o->timeline_points = ntimeline;
     o->generation = generation;
     o->max_live = (uint32_t)max_live;

@@ -123,13 +123,19 @@ typedef struct {
 
 typedef struct {
     int64_t native_id;
-    uint64_t ident; /* pthread_self(), which is threading.get_ident() */
+    uint64_t ident;  /* pthread_self(), which is threading.get_ident() */
+    uint64_t serial; /* mvz_store_thread_serial() of that thread */
     char name[16];
 } mvz_thread;
 
+/* The thread index of every thread registered after the table filled up:
+ * one row past it, which threads() names as such (counted in
+ * dropped_threads), so that they are never taken for the table's last. */
+#define MVZ_THREAD_OVERFLOW MVZ_MAX_THREADS
+
 typedef struct {
     uint64_t live, stacks, frames, threads, unmatched_frees, dropped_allocs,
-        dropped_stacks, timeline_points, bytes_used, bytes_reserved, generation;
+        dropped_stacks, dropped_threads, timeline_points, bytes_used, bytes_reserved, generation;
     uint32_t max_live;
 } mvz_store_stats;
 
@@ -142,6 +148,10 @@ void mvz_store_clear(void ***refs, size_t *nrefs);
 
 /* Hot path (any thread, no GIL). */
 uint32_t mvz_store_thread_index(void);
+/* This thread's serial: 1, 2, ... in the order threads first ask, never
+ * reused within the process (glibc reuses pthread_self() values, and the
+ * kernel thread ids, of threads that ended). */
+uint64_t mvz_store_thread_serial(void);
 /* Returns the allocation's stack id (0: no frames, or not recorded). */
 uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int slot,
                          int kind, uint32_t label_id, const mvz_frame *frames, int depth);
@@ -180,8 +190,8 @@ void mvz_store_adopt_pending(void (*adopt)(void *code));
 int mvz_store_has_pending(void);
 /* Copy the frames of stack `id` (at most `cap`); returns the depth or -1. */
 int mvz_store_stack_frames(uint32_t id, mvz_frame *out, int cap);
-/* Code-object death (3.12+ watcher): mark pending frames of `code` as dying
- * and return how many there are. */
+/* Code-object death (module.c's watcher): mark pending frames of `code` as
+ * dying and return how many there are. */
 size_t mvz_store_mark_dying(void *code);
 /* Replace each dying frame of `code` at `offset` by `resolved(offset)`. */
 void mvz_store_resolve_dying(void *code, void *(*resolve)(void *code, int32_t offset));

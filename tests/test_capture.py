@@ -170,6 +170,117 @@ def test_eight_python_threads_at_once(fake, hold_gil):
     assert by_thread == {f"worker-{i}": {(i + 1) * 4096} for i in range(8)}
 
 
+def test_threads_that_run_one_after_another_keep_their_names(fake):
+    """glibc gives an ended thread's ident (threading.get_ident()) to the next
+    thread: each thread must still be named by its own threading name."""
+    def work():
+        fake.alloc(CBID_cuMemAlloc_v2, 4096)
+
+    with memviz.track() as t:
+        for i in range(50):
+            th = threading.Thread(target=work, name=f"seq-{i}")
+            th.start()
+            th.join()
+    snap = t.snapshot()
+    assert sorted(a.thread.name for a in snap) == sorted(f"seq-{i}" for i in range(50))
+    assert len({a.thread.native_id for a in snap}) == 50
+
+
+def test_names_of_ended_threads_are_pruned_but_not_those_in_use(fake, monkeypatch):
+    from memviz import _snapshot, _tracker
+
+    monkeypatch.setattr(_tracker, "_SEEN_KEEP", 8)
+    monkeypatch.setattr(_tracker, "_seen_prune_at", 8)
+
+    def work(i):
+        if i % 3 == 0:
+            fake.alloc(CBID_cuMemAlloc_v2, 4096)
+
+    with memviz.track() as t:
+        for i in range(60):
+            th = threading.Thread(target=work, args=(i,), name=f"p-{i}")
+            th.start()
+            th.join()
+        assert len(_snapshot.SEEN_THREADS) <= 2 * 20 + 2  # the 20 that allocated, and a few more
+    assert sorted(a.thread.name for a in t.snapshot()) == sorted(f"p-{i}" for i in range(0, 60, 3))
+
+
+def test_threads_past_the_table_are_counted_and_named_as_such(fake):
+    """Past the C table's 4,096 rows, threads share one row that says so (and
+    are counted in capture_info()), rather than the table's last thread's."""
+    extra = 5
+    n = memviz._core.MAX_THREADS + extra
+    with memviz.track() as t:
+        for i in range(n):
+            fake.alloc_in_native_thread(CBID_cuMemAlloc_v2, 4096 + i, thread_name=f"n{i}")
+    names = {a.size - 4096: a.thread.name for a in t.snapshot()}
+    assert len(names) == n
+    assert [names[i] for i in range(n - extra)] == [f"n{i}" for i in range(n - extra)]
+    assert {names[i] for i in range(n - extra, n)} == {f"<threads past the first {n - extra}>"}
+    store = t.capture_info()["store"]
+    assert (store["threads"], store["dropped_threads"]) == (n - extra, extra)
+
+
+DYING_ON_A_WORKER = """
+import json, sys, threading
+sys.path[:0] = [{root!r}, {tests!r}]
+import memviz
+from fake_cupti import FakeCupti
+fake = FakeCupti({fake_path!r}, hold_gil={hold_gil!r})
+named = []
+if {namer_adopts!r}:  # a call namer that adopts pending stacks while a frame is being resolved
+    def namer(code, offset):
+        named.append(code.co_name)
+        memviz._core.resolve([])
+        return None
+    memviz._core.set_call_namer(namer)
+def worker():
+    for i in range({n}):
+        ns = {{}}
+        src = "def f%d(fake):\\n    return fake.alloc({cbid}, 4096)\\n" % i
+        exec(compile(src, "<gen %d>" % i, "exec"), ns)
+        ns["f%d" % i](fake)
+        ns.clear()  # the function and its code object die here, on this thread
+with memviz.track() as t:
+    th = threading.Thread(target=worker)
+    th.start()
+    th.join()  # the main thread runs no Python meanwhile: no pending call
+frames = sorted({{(f.filename, f.lineno, f.name) for a in t.snapshot() for f in a.traceback
+                  if f.filename.startswith("<gen ")}})
+print("RESULT " + json.dumps([len(t.snapshot()), frames, sorted(named)]), flush=True)
+"""
+
+
+@pytest.mark.parametrize("hold_gil,namer_adopts", [(False, False), (True, False), (False, True)],
+                         ids=["gil-released", "gil-held", "namer-adopts"])
+def test_code_objects_that_die_on_a_worker_thread_before_they_are_kept(fake_path, hold_gil,
+                                                                        namer_adopts):
+    """A worker thread runs exec'd functions that allocate and then drops
+    them, while the main thread waits in join(): each code object dies before
+    any thread could take a reference to it. Python < 3.12 used to read the
+    freed code objects (a segfault); every frame must resolve, on every
+    version, also when Python run while a frame is resolved (the call namer)
+    adopts the other pending stacks. In a subprocess, so that a crash fails
+    this test only."""
+    import json
+    import subprocess
+
+    n = 300
+    root = os.path.dirname(os.path.dirname(THIS))
+    code = DYING_ON_A_WORKER.format(root=root, tests=os.path.join(root, "tests"), fake_path=fake_path,
+                                    hold_gil=hold_gil, namer_adopts=namer_adopts, n=n,
+                                    cbid=CBID_cuMemAlloc_v2)
+    env = dict(os.environ, MEMVIZ_CUPTI_LIBRARY=fake_path)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    result, = [json.loads(x[7:]) for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    count, frames, named = result
+    assert count == n
+    assert frames == sorted([f"<gen {i}>", 2, f"f{i}"] for i in range(n))
+    if namer_adopts:  # each frame was resolved as its code object died
+        assert named == sorted(f"f{i}" for i in range(n))
+
+
 def test_frameless_native_thread_has_its_name_and_no_frames(fake):
     with memviz.track() as t:
         fake.alloc_in_native_thread(CBID_cuMemAlloc_v2, 2 * MiB, device=1, thread_name="pt_autograd_1")
@@ -215,6 +326,110 @@ def test_label_context_manager_is_thread_local_and_nests(fake):
     assert seen == {2: "data loading", 1: None, 3: "inner", 4: "data loading", 5: None}
     stats = {s.key: s.size for s in t.snapshot().statistics("label")}
     assert stats["data loading"] == 6 * MiB
+
+
+LABELS_PAST_THE_TABLE = """
+import json, sys, warnings
+sys.path[:0] = [{root!r}, {tests!r}]
+import memviz
+from fake_cupti import FakeCupti
+fake = FakeCupti({fake_path!r})
+n = {n}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with memviz.track(trace={trace!r}, torch=False) as t:
+        for i in range(n):
+            with memviz.label(f"step {{i}}"):
+                fake.alloc({cbid}, 4096 + i)
+        with memviz.label("x" * 5000):  # fits neither: no id left
+            fake.alloc({cbid}, 1)
+by_size = {{a.size: a.label for a in t.snapshot()}}
+loaded = {{a.size: a.label for a in memviz.load({trace!r}).snapshot()}}
+print("RESULT " + json.dumps(dict(
+    labels=[by_size[4096 + i] for i in range(n)], big=by_size[1], same=by_size == loaded,
+    store=t.capture_info()["store"],
+    warnings=[str(w.message) for w in caught if issubclass(w.category, memviz.CaptureWarning)])))
+"""
+
+ARENA_PAST_ITS_SIZE = """
+import json, sys
+sys.path[:0] = [{root!r}, {tests!r}]
+import memviz
+memviz._core.init()
+# 4,300 labels of 1,000 characters: 4.3 MB of text; 4,190 fit in 4 MiB, and 114 bytes are left
+ids = [memviz.label(f"{{i:04}}" + "x" * 996)._id for i in range(4300)]
+small = memviz.label("small")._id
+print("RESULT " + json.dumps(dict(names=[memviz._core.label_name(i) for i in ids],
+                                  small=memviz._core.label_name(small),
+                                  info=memviz._core.stats()["labels_overflowed"])))
+"""
+
+
+def _run_script(template, **kw):
+    import json
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(THIS))
+    code = template.format(root=root, tests=os.path.join(root, "tests"), **kw)
+    env = dict(os.environ, MEMVIZ_CUPTI_LIBRARY=kw.get("fake_path", ""))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    result, = [json.loads(x[7:]) for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    return result
+
+
+def test_labels_past_the_table_share_one_overflow_label(fake_path, tmp_path):
+    """label(f"step {i}") used to raise MemoryError from step 65,533 on, for
+    the rest of the process. Past the table, labels share one overflow label,
+    counted in capture_info() and said once in a warning. (A subprocess: the
+    table lives as long as the process.)"""
+    n = 65600
+    r = _run_script(LABELS_PAST_THE_TABLE, fake_path=fake_path, n=n, cbid=CBID_cuMemAlloc_v2,
+                    trace=str(tmp_path / "labels.memviz"))
+    overflow = memviz._core.LABEL_OVERFLOW
+    room = sum(label != overflow for label in r["labels"])
+    assert room > 65000 and r["store"]["labels"] == 65534  # ids 1 to 65,534; 65,535 is the overflow's
+    assert r["labels"] == [f"step {i}" for i in range(room)] + [overflow] * (n - room)
+    assert r["big"] == overflow
+    assert r["same"]  # the trace file keeps the overflow label too
+    assert r["store"]["labels_overflowed"] == n - room + 1
+    assert len(r["warnings"]) == 1 and f"'step {room}'" in r["warnings"][0]
+
+
+def test_label_text_past_the_arena_overflows_too():
+    r = _run_script(ARENA_PAST_ITS_SIZE)
+    fits = sum(name != memviz._core.LABEL_OVERFLOW for name in r["names"])
+    assert fits == (4 << 20) // 1001
+    assert r["names"][:fits] == [f"{i:04}" + "x" * 996 for i in range(fits)]
+    assert set(r["names"][fits:]) == {memviz._core.LABEL_OVERFLOW}
+    assert r["small"] == "small"  # short labels still fit what is left
+    assert r["info"] == 4300 - fits
+
+
+def test_label_names_with_nul_or_lone_surrogates_are_refused(fake):
+    from memviz._errors import InvalidArgument
+
+    for bad in ("a\0b", "data\udcff"):
+        with pytest.raises(InvalidArgument) as e:
+            memviz.label(bad)
+        assert isinstance(e.value, memviz.MemvizError) and isinstance(e.value, ValueError)
+        assert repr(bad) in str(e.value)
+    with memviz.track() as t:
+        with memviz.label("a\0b".replace("\0", " ")):
+            fake.alloc(CBID_cuMemAlloc_v2, MiB)
+    assert [a.label for a in t.snapshot()] == ["a b"]
+
+
+def test_internal_labels_keep_surrogates_exactly(fake):
+    """Autograd labels name forward lines, whose file names may not be UTF-8
+    (surrogates): interned and read back unchanged."""
+    text = "\x01MmBackward0\x1f/data/d\udcff/train.py:3"
+    lid = memviz._core.label_intern(text)
+    assert memviz._core.label_name(lid) == text
+    with pytest.raises(ValueError):
+        memviz._core.label_intern("a\0b")
+    with pytest.raises(ValueError):  # trace events keep 16 bits of the label id
+        memviz._core.label_set(1 << 16)
 
 
 def test_depth_limits_the_stack(fake):

@@ -65,11 +65,22 @@ def _cc(args):
     assert p.returncode == 0, p.stderr
 
 
+def _runtime(d, source, name, version):
+    """Build a stand-in runtime lib{name}.so in `d` whose symbols carry the
+    version `version`. A library linked against it then asks for
+    cudaMallocAsync@{version}, which a real libcudart in the global scope
+    (torch's CUDA build puts one there; its symbols are
+    cudaMallocAsync@@libcudart.so.N) cannot satisfy: the stand-ins bind to
+    each other with a plain dlopen, so no RTLD_DEEPBIND (which ASan
+    refuses) is needed. test_stand_ins_bind_to_their_runtime checks it."""
+    (d / f"{name}.c").write_text(source)
+    (d / f"{name}.map").write_text(f"{version} {{ global: *; }};\n")
+    _cc([str(d / f"{name}.c"), "-o", str(d / f"lib{name}.so"), f"-Wl,--version-script={d / (name + '.map')}"])
+
+
 def _load(path):
-    """A stand-in torch library, bound to its own stand-in runtime even where
-    a real libcudart is in the global scope (torch's CUDA build puts one
-    there, and a plain dlopen would bind the stand-in to it)."""
-    return ctypes.CDLL(str(path), mode=os.RTLD_DEEPBIND | ctypes.RTLD_LOCAL)
+    """A stand-in torch library (bound to its stand-in runtime: _runtime)."""
+    return ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +88,8 @@ def libs(tmp_path_factory):
     """{"now"/"lazy": the stand-in libc10_cuda.so}, bound eagerly (its GOT
     read-only after relocation) or lazily."""
     d = tmp_path_factory.mktemp("interpose")
-    (d / "rt.c").write_text(RUNTIME)
     (d / "torch.c").write_text(TORCH)
-    _cc([str(d / "rt.c"), "-o", str(d / "libfakert.so")])
+    _runtime(d, RUNTIME, "fakert", "FAKERT_1")
     out = {}
     for binding in ("now", "lazy"):
         (d / binding).mkdir()
@@ -222,6 +232,52 @@ def test_several_libraries_wrapped_at_once(libs, fake):
         memviz._core.interpose_detach()
 
 
+IMPOSTOR = """
+int cudaMallocAsync(void **p, unsigned long n, void *s) { (void)p; (void)n; (void)s; return 999; }
+int cudaFreeAsync(void *p, void *s) { (void)p; (void)s; return 999; }
+"""
+
+BIND = """
+import ctypes, json, sys
+sys.path.insert(0, {tests!r})
+from fake_cupti import FakeCupti
+fake = FakeCupti({fake_path!r})
+ctypes.CDLL({impostor!r}, mode=ctypes.RTLD_GLOBAL)  # first in every library's lookup scope
+out = []
+for rt, lib in {pairs!r}:
+    ctypes.CDLL(rt).fakert_init(ctypes.cast(fake.lib.fake_alloc, ctypes.c_void_p),
+                                ctypes.cast(fake.lib.fake_free, ctypes.c_void_p))
+    torch = ctypes.CDLL(lib, mode=ctypes.RTLD_LOCAL)  # as _load does
+    torch.torch_alloc.restype = ctypes.c_uint64
+    torch.torch_alloc.argtypes = [ctypes.c_uint64]
+    out.append(torch.torch_alloc(4096) != 0)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_stand_ins_bind_to_their_runtime_with_a_real_one_in_the_global_scope(libs, fake_path, tmp_path):
+    """What RTLD_DEEPBIND ensured, without it: a runtime in the global scope
+    with the real libcudart's symbol versions (cudaMallocAsync@@libcudart.so.13,
+    here failing every call) does not capture the stand-in's calls, while a
+    stand-in linked against an unversioned runtime (the control) is captured.
+    In a subprocess: the global scope cannot be undone."""
+    import json
+
+    d, built = libs
+    _runtime(tmp_path, IMPOSTOR, "cudart", "libcudart.so.13")
+    (tmp_path / "plainrt.c").write_text(RUNTIME)
+    _cc([str(tmp_path / "plainrt.c"), "-o", str(tmp_path / "libplainrt.so")])
+    plain = tmp_path / "libc10_cuda_plain.so"
+    _cc([str(d / "torch.c"), "-o", str(plain), f"-L{tmp_path}", "-lplainrt", f"-Wl,-rpath,{tmp_path}"])
+    pairs = [(str(d / "libfakert.so"), str(built["now"])), (str(tmp_path / "libplainrt.so"), str(plain))]
+    code = BIND.format(tests=os.path.dirname(__file__), fake_path=fake_path,
+                       impostor=str(tmp_path / "libcudart.so"), pairs=pairs)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-4000:]
+    result, = [json.loads(x[7:]) for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    assert result == [True, False]
+
+
 def test_a_torch_library_that_cannot_be_wrapped_keeps_cupti_for_all(libs, fake, tmp_path, monkeypatch):
     """Another library of PyTorch's that calls cudaMallocAsync from a second
     runtime cannot share the wrappers: rather than lose its calls once
@@ -231,8 +287,7 @@ def test_a_torch_library_that_cannot_be_wrapped_keeps_cupti_for_all(libs, fake, 
     from memviz.torch import precise
 
     d, built = libs
-    (tmp_path / "rt2.c").write_text(RUNTIME.replace("fakert_", "fakert2_"))
-    _cc([str(tmp_path / "rt2.c"), "-o", str(tmp_path / "libfakert2.so")])
+    _runtime(tmp_path, RUNTIME.replace("fakert_", "fakert2_"), "fakert2", "FAKERT2_1")
     libdir = tmp_path / "torch" / "lib"
     libdir.mkdir(parents=True)
     (tmp_path / "torch" / "__init__.py").write_text("")
