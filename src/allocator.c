@@ -295,6 +295,16 @@ static PyObject *allocator_attach(PyObject *self, PyObject *arg)
     if (!A.vptr) {
         size_t room = (table_seg.hi - (uintptr_t)vptr) / sizeof(void *);
         int n = room < MAX_SLOTS ? (int)room : MAX_SLOTS;
+        /* The vtable ends where its entries stop being code: what follows
+         * (the next vtable's offset to top, a typeinfo object) is data. Each
+         * word is read only once the one before it was an entry. */
+        for (int i = 0; i < n; i++) {
+            segment_lookup entry;
+            if (!segment_of(vptr[i], &entry) || !entry.exec) {
+                n = i;
+                break;
+            }
+        }
         if (n <= SLOT_RAW_DELETER || (uintptr_t)(vptr - 2) < table_seg.lo) {
             PyErr_SetString(PyExc_RuntimeError, "the allocator's vtable is cut short");
             return NULL;

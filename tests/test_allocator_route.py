@@ -11,7 +11,7 @@ import threading
 import pytest
 
 import memviz
-from conftest import ROOT, here
+from conftest import ROOT, here, line_of
 
 torch = pytest.importorskip("torch")  # the integration attaches with torch imported
 
@@ -31,13 +31,15 @@ def builds(tmp_path_factory):
 
 
 @pytest.fixture
-def standin(builds, fake):
-    """A tracker attached to the default stand-in through the real probe."""
+def standin(builds, fake, request):
+    """Stand-in allocators, one library per test and layout (their state
+    is the library's: a fresh one per test), attached through the real probe."""
     memviz.frames.add_library_path(str(ROOT / "tests" / "stand_in_allocator"))
     made = []
 
     def make(name="default", attach=True, **defines):
-        ans = sa.StandInAnswers(builds(name, **defines), fake.lib.fake_alloc)
+        ans = sa.StandInAnswers(builds(f"{request.node.name}-{name}".replace("/", "_"), **defines),
+                                fake.lib.fake_alloc)
         made.append(ans)
         return ans
 
@@ -50,7 +52,7 @@ def standin(builds, fake):
 
 
 def _attach(t, ans):
-    r = t.torch.use_answers(ans)
+    r = t.torch.use_answers(ans)  # ATTACH
     assert r.route == "allocator", r.reason
     return r
 
@@ -67,7 +69,7 @@ def test_every_block_has_its_line_and_pytorch_counts_agree(standin):
         lines = {x.user_frame.lineno: x.size for x in blocks}
         assert lines == {la: 10240, lb: 512, lr: 5120}
         assert sum(x.size for x in blocks) == ans.allocated()
-        assert memviz.capture_info()["pytorch"] == {"route": "allocator", "reason": None, "slots": 128,
+        assert memviz.capture_info()["pytorch"] == {"route": "allocator", "reason": None, "slots": 40,
                                                     "record_stream": (9, 17), "raw": (6, 7)}
         assert snap.pytorch["route"] == "allocator"
         # Both levels, every byte once: the blocks and what they leave of the segment.
@@ -179,7 +181,7 @@ def test_threads_with_and_without_python_frames(standin, fake):
         snap = t.snapshot()
         blocks = [x for x in snap.allocations if x.kind == "block"]
         assert sum(x.size for x in blocks) == ans.allocated()
-        assert len({x.thread.native_id for x in blocks if x.traceback}) == 4
+        assert {x.thread.name for x in blocks if x.traceback} == {f"w{i}" for i in range(4)}
         assert sum(1 for x in blocks if not x.traceback) == 10
         keep_all.clear()
         assert _core.block_totals()[0]["current"] == ans.allocated() == 10 * 1024
@@ -246,3 +248,24 @@ def test_a_nested_tracker_reads_the_outer_trackers_route(standin):
         assert _core.allocator_state()["attached"]  # the inner tracker did not take it away
         assert route_mod._failed is None
         del x
+
+
+def test_oom_report_takes_fragmentation_from_the_live_blocks(standin):
+    from memviz.torch import oom
+
+    ans = standin()
+    with memviz.track() as t:
+        _attach(t, ans)
+        held = [ans.alloc(8192)[0] for _ in range(6)]
+        del held[2]
+        snap = t.snapshot()
+        report = oom.OomReport(1 << 20, 0, "train.py:1", "test", 0)
+        oom._segments(report, snap, 0)
+        frag = snap.fragmentation(0)[0]
+        assert (report.largest_free_block, report.free_gaps, report.segments) == \
+            (frag["largest_free"], frag["free_gaps"], frag["segments"])
+        # the probe's first block made the segment, under the line that attached
+        assert report.largest_gap_segment == f"{__file__}:{line_of(__file__, '# ATTACH')}"
+        report.torch_reserved, report.torch_allocated, report.reserved_unused = frag["reserved"], 0, frag["unused"]
+        assert f"{frag['free_gaps']} gaps in 1 segments" in str(report)
+        held.clear()

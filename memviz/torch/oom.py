@@ -35,6 +35,11 @@ class OomReport:
     device_free: Optional[int] = None
     #: what the innermost Python frame was calling (``torch.nn.functional.linear``)
     call: Optional[str] = None
+    #: the gaps between live blocks in PyTorch's segments (allocator route), and
+    #: the segment whose gap is the largest, with the line that made it
+    free_gaps: Optional[int] = None
+    segments: Optional[int] = None
+    largest_gap_segment: Optional[str] = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -50,7 +55,11 @@ class OomReport:
             lines.append(f"  PyTorch: {fs(self.torch_allocated or 0)} allocated, "
                          f"{fs(self.torch_reserved)} reserved, {fs(self.reserved_unused or 0)} reserved but unused"
                          + (f", largest free block {fs(self.largest_free_block)}"
-                            if self.largest_free_block is not None else ""))
+                            if self.largest_free_block is not None else "")
+                         + (f" ({self.free_gaps} gaps in {self.segments} segments"
+                            + (f"; the largest in the segment made at {self.largest_gap_segment}"
+                               if self.largest_gap_segment else "") + ")"
+                            if self.free_gaps is not None else ""))
         if self.outside_pytorch is not None:
             lines.append(f"  outside PyTorch's pool: {fs(self.outside_pytorch)}")
         if self.by_category:
@@ -72,6 +81,20 @@ def _fill(report: OomReport, snap) -> None:
         report.by_line.append((f"{f.filename}:{f.lineno}", stat.size))
 
 
+def _segments(report: OomReport, snap, device: int) -> None:
+    """Fragmentation from the live blocks (memviz.torch.segments), where the
+    allocator route saw them: the same figures as PyTorch's snapshot."""
+    frag = snap.fragmentation(device).get(device) if getattr(snap, "segments", None) else None
+    if not frag:
+        return
+    report.largest_free_block = frag["largest_free"]
+    report.free_gaps, report.segments = frag["free_gaps"], frag["segments"]
+    best = max((sg for sg in snap.segments if sg.device == device), key=lambda sg: sg.largest_free)
+    uf = best.traceback.user_frame if best.traceback else None
+    report.largest_gap_segment = ("before tracking" if best.before_tracking else
+                                  f"{uf.filename}:{uf.lineno}" if uf else None)
+
+
 def _torch_pool(report: OomReport, device: int) -> None:
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
@@ -80,6 +103,8 @@ def _torch_pool(report: OomReport, device: int) -> None:
         report.torch_allocated = torch.cuda.memory_allocated(device)
         report.torch_reserved = torch.cuda.memory_reserved(device)
         report.reserved_unused = report.torch_reserved - report.torch_allocated
+        if report.free_gaps is not None:  # known from the live blocks already
+            return
         largest = 0
         for seg in torch.cuda.memory.memory_snapshot():
             if seg.get("device") != device:
@@ -105,6 +130,7 @@ def capture_oom(tracker, integ, device, alloc, device_total, device_free) -> Oom
                        call=call_name(f.f_code, f.f_lasti) if f is not None else None)
     snap = integ.categorize(tracker.snapshot_raw(), live_now=True)
     _fill(report, snap.filter(lambda a: a.device == device))
+    _segments(report, snap, device)
     _torch_pool(report, device)
     seen = snap.filter(lambda a: a.device == device).total_bytes()
     if report.torch_reserved is not None:
@@ -122,6 +148,8 @@ def from_failure(tracker) -> Optional[OomReport]:
     uf = f.traceback.user_frame if f.traceback else None
     report = OomReport(f.size, f.device, f"{uf.filename}:{uf.lineno}" if uf else None,
                        "failed driver call", f.timestamp_ns, call=f.op)
-    _fill(report, tracker.peak_snapshot(f.device))
+    peak = tracker.peak_snapshot(f.device)
+    _fill(report, peak)
+    _segments(report, peak, f.device)
     _torch_pool(report, f.device)
     return report

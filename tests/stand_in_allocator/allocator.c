@@ -100,7 +100,9 @@ typedef struct {
     void *const *vptr;
 } allocator_object;
 
-static void *vtable[2 + NSLOTS];
+/* As in a C++ library, something that is not code follows the vtable (the
+ * next vtable's offset to top): memviz reads up to it. */
+static void *vtable[2 + NSLOTS + 1];
 static allocator_object the_allocator = {&vtable[2]};
 /* std::atomic<CUDAAllocator*> c10::cuda::CUDACachingAllocator::allocator */
 allocator_object *_ZN3c104cuda20CUDACachingAllocator9allocatorE = &the_allocator;
