@@ -38,7 +38,10 @@ def main():
     ap.add_argument("--iters", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--timeout", type=int, default=480)
+    ap.add_argument("--no-snapshots", action="store_true", help="no thread taking snapshots")
+    ap.add_argument("--no-loader", action="store_true", help="no DataLoader feeding the main thread")
     a = ap.parse_args()
+    faulthandler.enable()
     faulthandler.dump_traceback_later(a.timeout, exit=True)
 
     import torch
@@ -81,9 +84,10 @@ def main():
         shot = threading.Thread(target=snapshotter, name="snapshots")
         for w in workers:
             w.start()
-        shot.start()
-        loader = torch.utils.data.DataLoader(Squares(a.iters * 8), batch_size=8, num_workers=2,
-                                             pin_memory=True)
+        if not a.no_snapshots:
+            shot.start()
+        loader = torch.utils.data.DataLoader(Squares(0 if a.no_loader else a.iters * 8), batch_size=8,
+                                             num_workers=2, pin_memory=True)
         main_model = models[-1]
         loaded = 0
         for batch in loader:
@@ -93,7 +97,8 @@ def main():
         for w in workers:
             w.join()
         stop.set()
-        shot.join()
+        if not a.no_snapshots:
+            shot.join()
         torch.cuda.synchronize()
         snap = t.snapshot()
         blocks = sum(x.size for x in snap.allocations if x.kind == "block")
