@@ -70,7 +70,11 @@ def test_256_mib_tensor_on_its_exact_line_without_caching():
     assert "libcupti" in r["info"]
 
 
-def test_default_allocator_segment_goes_to_the_line_that_grew_the_pool():
+@pytest.mark.parametrize("route", ["allocator", "segments"])
+def test_default_allocator_segment_goes_to_the_line_that_grew_the_pool(route):
+    """The segment belongs to the line that grew the pool; on the allocator
+    route the tensor that reuses its cached block is at its own line, inside
+    that segment (MEMVIZ_PYTORCH_ROUTE=segments: segments alone)."""
     r = run("""
         import torch
         torch.ones(1, device="cuda")  # context and a first small segment
@@ -79,13 +83,21 @@ def test_default_allocator_segment_goes_to_the_line_that_grew_the_pool():
             del a
             b = torch.empty(100 << 20, dtype=torch.uint8, device="cuda")  # reuses the cached block
             torch.cuda.synchronize()
-        stats = t.snapshot().statistics("lineno")
+            snap = t.snapshot()
+        stats = snap.statistics("lineno")
+        segs = [[s.size, s.traceback.user_frame.lineno if s.traceback else None, len(s.blocks)]
+                for s in snap.segments or () if s.size >= 100 << 20]
         out(lines=[[s.key.lineno, s.size, s.count] for s in stats], grew=grew,
-            reserved=torch.cuda.memory_reserved())
-    """)
-    assert r["lines"][0][0] == r["grew"], r
-    assert r["lines"][0][1] >= 100 * MiB and r["lines"][0][2] == 1, r
-    assert all(line != r["grew"] + 2 for line, _, _ in r["lines"]), r
+            reserved=torch.cuda.memory_reserved(), segs=segs, route=snap.pytorch)
+    """, env={"MEMVIZ_PYTORCH_ROUTE": route} if route == "segments" else None)
+    assert r["route"]["route"] == route, r
+    if route == "segments":
+        assert r["lines"][0][0] == r["grew"], r
+        assert r["lines"][0][1] >= 100 * MiB and r["lines"][0][2] == 1, r
+        assert all(line != r["grew"] + 2 for line, _, _ in r["lines"]), r
+    else:
+        assert r["lines"][0][:3] == [r["grew"] + 2, 100 * MiB, 1], r  # b, at its own line
+        assert r["segs"] == [[r["segs"][0][0], r["grew"], 1]] and r["segs"][0][0] >= 100 * MiB, r
 
 
 def test_cupy_allocation_on_its_line():
