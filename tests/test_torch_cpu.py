@@ -4,6 +4,7 @@ checkpoint recomputation, categories of a small model, graph residency,
 precise-mode configuration and out-of-memory reports."""
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -501,9 +502,13 @@ def test_default_tracking_installs_no_autograd_hooks(ops):
 
     before = agraph._engine_run_backward
     with memviz.track() as t:
-        assert agraph._engine_run_backward is before
+        # only the counter of running backward passes (integration.BACKWARD): no per-node hooks
+        assert agraph._engine_run_backward.__module__ == "memviz.torch.integration"
         x = torch.randn(4, requires_grad=True)
         y = x * x
+        (x * x).sum().backward()
+        assert t.torch._node_hooks == {}
+    assert agraph._engine_run_backward is before
     assert getattr(t, "graph", None) is None
     with pytest.raises(memviz.GraphNotRecorded, match=r"memviz.track\(graph=True\)"):
         t.snapshot().graph_resident()
@@ -543,3 +548,40 @@ def test_allocations_name_their_call_beside_the_autograd_node(ops):
     assert by_size[40 * KiB].op == call and by_size[40 * KiB].autograd_node == "FwdAllocBackward"
     assert by_size[8 * KiB].op is None and not by_size[8 * KiB].traceback
 
+
+
+SNAPSHOT_WHILE_ANOTHER_THREAD_TRAINS = """
+import sys, threading, time
+sys.path.insert(0, %r)
+import torch, memviz
+model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
+opt = torch.optim.AdamW(model.parameters())
+stop, steps = threading.Event(), [0]
+def train():
+    while not stop.is_set():
+        model(torch.randn(32, 64)).sum().backward()
+        opt.step(); opt.zero_grad(set_to_none=True); steps[0] += 1
+with memviz.track(gpu=False) as t:
+    model(torch.randn(32, 64)).sum().backward()   # this thread trains: it may read its own gradients
+    t.snapshot(); mine = t.torch.categories_partial
+    th = threading.Thread(target=train); th.start()
+    t0, n = time.time(), 0
+    while time.time() - t0 < 4 or steps[0] < 20:
+        t.snapshot(); n += 1
+    stop.set(); th.join()
+    other = t.torch.categories_partial
+print("RESULT", mine, other, n, steps[0])
+"""
+
+
+def test_snapshots_while_another_thread_trains_never_touch_its_gradients():
+    """Reading p.grad while another thread runs backward or the optimizer
+    crashed the process inside PyTorch (a segfault, seen on the H200 and
+    here): such snapshots leave gradients and saved tensors unread, and say
+    so (categories_partial); the training thread's own snapshots read them."""
+    root = os.path.dirname(os.path.dirname(THIS))
+    p = subprocess.run([sys.executable, "-X", "faulthandler", "-c", SNAPSHOT_WHILE_ANOTHER_THREAD_TRAINS % root],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    _, mine, other, n, steps = p.stdout.split()[-5:]
+    assert (mine, other) == ("False", "True") and int(n) > 10 and int(steps) >= 20, p.stdout

@@ -242,6 +242,69 @@ class _NodeHooks(dict):
 _SAVED_ATTRS: Dict[type, tuple] = {}
 
 
+class _BackwardGate:
+    """Which threads train. Reading ``p.grad`` (or a node's saved tensors)
+    makes a Python object for a tensor that PyTorch's C++ code may be using
+    or releasing at that moment without the GIL (backward, the optimizer's
+    kernels); PyTorch does not make that safe, and a snapshot taken on one
+    thread while another trained crashed the process inside PyTorch (seen
+    on the H200 and on the CPU, without memviz too). So a snapshot reads
+    those only when no other thread has run a backward pass since tracking
+    started (the usual case: the training thread takes its own snapshots),
+    and holds the gate while it does, so that no backward can start."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth: Dict[int, int] = {}
+        self._trained: set = set()  # threads that entered backward while the counter was installed
+
+    def reset(self) -> None:
+        with self._lock:
+            self._trained = set(self._depth)
+
+    def enter(self) -> None:
+        ident = threading.get_ident()
+        with self._lock:
+            self._depth[ident] = self._depth.get(ident, 0) + 1
+            self._trained.add(ident)
+
+    def leave(self) -> None:
+        ident = threading.get_ident()
+        with self._lock:
+            d = self._depth.get(ident, 0) - 1
+            if d > 0:
+                self._depth[ident] = d
+            else:
+                self._depth.pop(ident, None)
+
+    def quiet(self) -> "_Quiet":
+        """``with BACKWARD.quiet() as ok:``: ok is True (and no backward can
+        start until the block ends) when no other thread trains."""
+        return _Quiet(self)
+
+
+class _Quiet:
+    def __init__(self, gate: _BackwardGate) -> None:
+        self.gate, self.held = gate, False
+
+    def __enter__(self) -> bool:
+        self.gate._lock.acquire()
+        me = threading.get_ident()
+        if any(ident != me for ident in self.gate._depth) or any(i != me for i in self.gate._trained):
+            self.gate._lock.release()
+            return False
+        self.held = True
+        return True
+
+    def __exit__(self, *exc) -> None:
+        if self.held:
+            self.held = False
+            self.gate._lock.release()
+
+
+BACKWARD = _BackwardGate()
+
+
 def _saved_by_graphs(roots) -> set:
     """Storage addresses of the tensors that the autograd graphs reachable
     from ``roots`` keep for backward, read from the nodes themselves, with no
@@ -323,6 +386,9 @@ class TorchIntegration:
         #: the running tracker's integration whose allocator route this nested one reads
         self.route_from: Optional["TorchIntegration"] = None
         self._pool_segments: set = set()  # (device, address) of segments PyTorch showed
+        #: the last snapshot could not read gradients and saved tensors: a
+        #: backward pass was running on another thread (see _BackwardGate)
+        self.categories_partial = False
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -349,8 +415,13 @@ class TorchIntegration:
             self._function_cls = torch.autograd.Function
             self._seq_attached = _attach_node_numbers(torch)
             self._nodes_attached = _attach_nodes(torch)
-            if self._hooks_allowed:  # by default the callback alone names nodes: nothing per backward
-                self._patch_backward(torch)
+        import torch.autograd.graph as agraph
+        if getattr(agraph._engine_run_backward, "__module__", None) != __name__:
+            # Counts the backward passes running (BACKWARD), so that a snapshot on another
+            # thread never reads what the engine writes without the GIL; and, with
+            # autograd=True where the callback cannot name nodes, the pre-hooks.
+            BACKWARD.reset()
+            self._patch_backward(torch)
         if self.record_graph:
             self.graph.start()
         try:
@@ -570,7 +641,7 @@ class TorchIntegration:
         integ = self
 
         def _engine_run_backward(t_outputs, *args, **kwargs):
-            if integ._active and not integ._nodes_attached and integ._hooks_allowed:
+            if integ._active and integ.autograd and not integ._nodes_attached and integ._hooks_allowed:
                 # else the callback names nodes itself (or, by default, nobody pays for hooks)
                 try:
                     roots = [agraph._get_grad_fn_or_grad_acc(t) for t in t_outputs]
@@ -578,9 +649,11 @@ class TorchIntegration:
                 except Exception:  # noqa: BLE001 - attribution must never break backward
                     pass
             saved = _core.label_get()  # CPU backward runs nodes on this thread
+            BACKWARD.enter()
             try:
                 return original(t_outputs, *args, **kwargs)
             finally:
+                BACKWARD.leave()
                 _core.label_set(saved)
 
         for module in (agraph, autograd):
@@ -639,7 +712,9 @@ class TorchIntegration:
                             optimizers.add(obj)
                     except ReferenceError:
                         continue
-        self._saved_ptrs = _saved_by_graphs(roots)
+        with BACKWARD.quiet() as ok:  # saved tensors are released by the engine without the GIL
+            self._saved_ptrs = _saved_by_graphs(roots) if ok else set()
+        self.categories_partial = not ok
         return params, optimizers, ptrs
 
     def tensor_categories(self, params, optimizers) -> Dict[int, str]:
@@ -670,10 +745,13 @@ class TorchIntegration:
                     put(v, "optimizer_state")
             for group in opt.param_groups:
                 params.extend(group["params"])
-        for p in params:
-            put(p, "parameter")
-            if p.grad is not None:
-                put(p.grad, "gradient")
+        with BACKWARD.quiet() as ok:  # the engine writes .grad without the GIL
+            for p in params:
+                put(p, "parameter")
+                if ok and p.grad is not None:
+                    put(p.grad, "gradient")
+        if not ok:
+            self.categories_partial = True
         return cats
 
     def torch_segments(self) -> Dict[int, list]:
