@@ -277,11 +277,16 @@ def _grown_lines(post) -> List[FindingLine]:
     last: Dict[str, int] = {}
     seen: Dict[str, int] = {}
     for s in post:
+        step: Dict[str, List[int]] = {}  # a location listed twice in one step is one line
         for g in s.lines:
-            if g.location not in first:
-                first[g.location] = g.live_bytes - g.bytes
-            last[g.location] = g.live_bytes
-            seen[g.location] = seen.get(g.location, 0) + 1
+            agg = step.setdefault(g.location, [0, 0])
+            agg[0] += g.bytes
+            agg[1] += g.live_bytes
+        for loc, (grew, live) in step.items():
+            if loc not in first:
+                first[loc] = live - grew
+            last[loc] = live
+            seen[loc] = seen.get(loc, 0) + 1
     net = sorted(((last[k] - first[k], k) for k in last), reverse=True)
     return [FindingLine(k, b, f"grew in {seen[k]} of {len(post)} steps") for b, k in net[:5] if b > 0]
 
@@ -294,9 +299,12 @@ def _graph_evidence(obj, steps, warm, graph) -> Optional[Dict[str, Any]]:
     bounds_ts = [s.timestamp_ns for s in post]
     records = []
     rec_intervals = set()
+    # A graph belongs to the step whose end is the first at or after it was
+    # made; one made after the last step's end belongs to no recorded step
+    # (bisect gives len(post) there), so it is not counted as one.
     if graph is not None:
         records = [r for r in graph.resident() if r.timestamp_ns > start_ts]
-        rec_intervals = {bisect.bisect_left(bounds_ts, r.timestamp_ns) for r in records}
+        rec_intervals = {bisect.bisect_left(bounds_ts, r.timestamp_ns) for r in records} - {len(post)}
     roots, root_intervals = [], set()
     seqs = [s.autograd_seq for s in post]
     start_seq = steps[warm - 1].autograd_seq if warm > 0 else None
@@ -305,7 +313,7 @@ def _graph_evidence(obj, steps, warm, graph) -> Optional[Dict[str, Any]]:
         from .torch.graph import GraphRecorder
 
         roots = GraphRecorder.roots_since(start_seq, limit=100_000)
-        root_intervals = {bisect.bisect_left(seqs, r.grad_fn._sequence_nr()) for r in roots}
+        root_intervals = {bisect.bisect_left(seqs, r.grad_fn._sequence_nr()) for r in roots} - {len(post)}
     if max(len(rec_intervals), len(root_intervals)) < need:
         return None
     nsteps = max(len(rec_intervals), len(root_intervals))
