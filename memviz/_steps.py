@@ -35,7 +35,7 @@ from . import _core
 from ._errors import NotTracking
 from ._frames import frames as _default_filter
 from ._snapshot import Frame
-from ._units import format_size
+from ._units import escape_surrogates, format_size
 
 __all__ = ["StepRecord", "DeviceStep", "GrowthLine", "record_step", "on_step", "watch",
            "WatchHandle", "TOP_LINES"]
@@ -174,7 +174,7 @@ class StepRecord:
         grew = [g for g in self.lines if g.bytes > 0]
         if grew:
             text += f"; grew: {grew[0].location} ({format_size(grew[0].bytes, sign=True)})"
-        return text
+        return escape_surrogates(text)  # a file name that is not UTF-8, shown escaped
 
     __str__ = summary
 
@@ -418,7 +418,8 @@ class _Csv(_Sink):
             self.w.writerow([rec.index, rec.timestamp_ns, f"{rec.duration_ns / 1e9:.6f}",
                              *("" if v is None else v for v in (dev, d.current, d.peak, d.growth,
                                                                 d.allocated, d.reserved)),
-                             d.segment_allocs, d.segment_frees, top.location if top else "",
+                             d.segment_allocs, d.segment_frees,
+                             escape_surrogates(top.location) if top else "",
                              top.bytes if top else "", info])
         self.f.flush()
 

@@ -586,3 +586,27 @@ def test_report_json_for_script_takes_any_depth():
         assert node[:2] == [1.5, None]
         n, node = n + 1, node[2]
     assert n == 3000 and back["n"] == [None, 2]
+
+
+def test_file_names_that_are_not_utf8_are_shown_escaped(fake, tmp_path):
+    # Hardening issue, item 9: a code object's file name with byte 0xff
+    # ('\udcff' in Python) in the page, the notebook views and the file.
+    name = os.fsdecode(b"/tmp/d\xffir/model.py")
+    ns: dict = {}
+    exec(compile("def grow(fake, cbid, size):\n    return fake.alloc(cbid, size)\n", name, "exec"), ns)
+    with memviz.track() as t:
+        for _ in range(6):
+            ns["grow"](fake, CBID_cuMemAlloc_v2, 8 * MiB)
+            t.step(note=os.fsdecode(b"x\xfe"))
+    shown = "/tmp/d\\xffir/model.py"
+    page = render(t)
+    page.encode("utf-8")
+    d = embedded_data(page)
+    assert [n[1] for n in d["names"] if "model.py" in n[1]] == [shown]
+    assert any(r[-1] == shown for r in d["tables"]["lines"]["rows"])
+    write(t, tmp_path / "r.html")
+    assert json.dumps(shown)[1:-1] in (tmp_path / "r.html").read_bytes().decode("utf-8")
+    for view in (tracker_repr_html(t), snapshot_repr_html(t.snapshot()),
+                 findings_repr_html(memviz.diagnose(t))):
+        view.encode("utf-8")
+    assert "d\\xffir" in tracker_repr_html(t)

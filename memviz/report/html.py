@@ -26,7 +26,7 @@ from importlib import resources
 from typing import Any, Iterable, List, Optional
 
 from .._report import _short_path
-from .._units import format_size
+from .._units import escape_surrogates, format_size
 from . import _data, _source as src
 
 __all__ = ["render", "write", "tracker_repr_html", "snapshot_repr_html", "findings_repr_html",
@@ -71,10 +71,12 @@ def _script_json(clean: Any, heights: dict) -> str:
 
 
 def _leaf(v: Any) -> Any:
+    if isinstance(v, str):
+        return escape_surrogates(v)  # a file name that is not UTF-8: shown escaped
     if isinstance(v, float):
         return v if math.isfinite(v) else None
     if not isinstance(v, _JSON_LEAVES):
-        return str(v)
+        return escape_surrogates(str(v))
     return v
 
 
@@ -102,13 +104,13 @@ def _clean(data: Any) -> "tuple[Any, dict]":
             if isinstance(v, _CONTAINERS):
                 child = opened(v)
                 if is_dict:
-                    out[key] = child[0]
+                    out[_leaf(key)] = child[0]
                 else:
                     out.append(child[0])
                 stack.append(child)
                 break
             if is_dict:
-                out[key] = _leaf(v)
+                out[_leaf(key)] = _leaf(v)
             else:
                 out.append(_leaf(v))
         else:
@@ -160,7 +162,8 @@ _END = object()
 
 
 def _finite(data: Any) -> Any:
-    """The data with NaN and infinities as None (JSON has no spelling for them)."""
+    """The data with NaN and infinities as None (JSON has no spelling for them)
+    and lone surrogates escaped (UTF-8 has none)."""
     return _clean(data)[0]
 
 
@@ -237,7 +240,7 @@ _NB_STYLE = (
 
 
 def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
+    return html.escape(escape_surrogates(str(x)), quote=True)
 
 
 def _sparkline(points: List[tuple], peak: int, peak_ts: Optional[int], t0: int, t1: int,
