@@ -153,9 +153,20 @@ def _series(steps, dev: int, attr: str) -> Optional[List[int]]:
 
 
 def _as_records(steps) -> list:
+    """The memviz step records among ``steps`` (StepRecords, or their dicts);
+    anything else (a record the program appended itself) says nothing here."""
     from ._steps import StepRecord
 
-    return [StepRecord.from_dict(s) if isinstance(s, dict) else s for s in (steps or [])]
+    out = []
+    for s in steps or []:
+        if isinstance(s, dict) and "index" in s and "timestamp_ns" in s:
+            try:
+                s = StepRecord.from_dict(s)
+            except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
+                continue
+        if isinstance(s, StepRecord):
+            out.append(s)
+    return out
 
 
 def _warmup(n: int, warmup: Optional[int]) -> int:
@@ -513,11 +524,16 @@ def _input_size(v) -> Optional[float]:
     """A step-info value as an input size: a number, or a shape's element count."""
     if isinstance(v, bool) or v is None:
         return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, (tuple, list)) and v and all(isinstance(e, int) for e in v):
-        return float(math.prod(v))
-    return None
+    try:
+        if isinstance(v, (int, float)):
+            x = float(v)
+        elif isinstance(v, (tuple, list)) and v and all(isinstance(e, int) for e in v):
+            x = float(math.prod(v))
+        else:
+            return None
+    except OverflowError:  # beyond any float: no input has that many elements
+        return None
+    return x if math.isfinite(x) else None
 
 
 def _input_keys(post) -> List[str]:

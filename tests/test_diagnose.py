@@ -390,6 +390,19 @@ def test_duplicate_lines_in_a_step_record_count_once():
     assert f.lines[0].bytes == 27 * 16 * MiB
 
 
+def test_step_info_beyond_any_float_is_not_an_input_size():
+    # A tuple of ids whose product is beyond a float (199! > 1e308), a NaN
+    # loss: no rule fails on them (a failing rule warns "Please report this").
+    import warnings
+
+    recs = steps(30, current=lambda i: GiB, allocated=lambda i: 800 * MiB, reserved=lambda i: GiB,
+                 info=lambda i: {"ids": tuple(range(1, 200 + i)), "loss": float("nan"),
+                                 "tokens": float("inf") if i % 2 else 10.0})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert run(recs) == []
+
+
 def test_bad_arguments_say_what_to_do():
     with pytest.raises(TypeError, match="Tracker or a loaded trace"):
         diagnose(object())
