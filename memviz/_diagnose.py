@@ -155,9 +155,20 @@ def _series(steps, dev: int, attr: str) -> Optional[List[int]]:
 
 
 def _as_records(steps) -> list:
+    """The memviz step records among ``steps`` (StepRecords, or their dicts);
+    anything else (a record the program appended itself) says nothing here."""
     from ._steps import StepRecord
 
-    return [StepRecord.from_dict(s) if isinstance(s, dict) else s for s in (steps or [])]
+    out = []
+    for s in steps or []:
+        if isinstance(s, dict) and "index" in s and "timestamp_ns" in s:
+            try:
+                s = StepRecord.from_dict(s)
+            except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
+                continue
+        if isinstance(s, StepRecord):
+            out.append(s)
+    return out
 
 
 def _warmup(n: int, warmup: Optional[int]) -> int:
@@ -277,11 +288,16 @@ def _grown_lines(post) -> List[FindingLine]:
     last: Dict[str, int] = {}
     seen: Dict[str, int] = {}
     for s in post:
+        step: Dict[str, List[int]] = {}  # a location listed twice in one step is one line
         for g in s.lines:
-            if g.location not in first:
-                first[g.location] = g.live_bytes - g.bytes
-            last[g.location] = g.live_bytes
-            seen[g.location] = seen.get(g.location, 0) + 1
+            agg = step.setdefault(g.location, [0, 0])
+            agg[0] += g.bytes
+            agg[1] += g.live_bytes
+        for loc, (grew, live) in step.items():
+            if loc not in first:
+                first[loc] = live - grew
+            last[loc] = live
+            seen[loc] = seen.get(loc, 0) + 1
     net = sorted(((last[k] - first[k], k) for k in last), reverse=True)
     return [FindingLine(k, b, f"grew in {seen[k]} of {len(post)} steps") for b, k in net[:5] if b > 0]
 
@@ -294,9 +310,12 @@ def _graph_evidence(obj, steps, warm, graph) -> Optional[Dict[str, Any]]:
     bounds_ts = [s.timestamp_ns for s in post]
     records = []
     rec_intervals = set()
+    # A graph belongs to the step whose end is the first at or after it was
+    # made; one made after the last step's end belongs to no recorded step
+    # (bisect gives len(post) there), so it is not counted as one.
     if graph is not None:
         records = [r for r in graph.resident() if r.timestamp_ns > start_ts]
-        rec_intervals = {bisect.bisect_left(bounds_ts, r.timestamp_ns) for r in records}
+        rec_intervals = {bisect.bisect_left(bounds_ts, r.timestamp_ns) for r in records} - {len(post)}
     roots, root_intervals = [], set()
     seqs = [s.autograd_seq for s in post]
     start_seq = steps[warm - 1].autograd_seq if warm > 0 else None
@@ -305,7 +324,7 @@ def _graph_evidence(obj, steps, warm, graph) -> Optional[Dict[str, Any]]:
         from .torch.graph import GraphRecorder
 
         roots = GraphRecorder.roots_since(start_seq, limit=100_000)
-        root_intervals = {bisect.bisect_left(seqs, r.grad_fn._sequence_nr()) for r in roots}
+        root_intervals = {bisect.bisect_left(seqs, r.grad_fn._sequence_nr()) for r in roots} - {len(post)}
     if max(len(rec_intervals), len(root_intervals)) < need:
         return None
     nsteps = max(len(rec_intervals), len(root_intervals))
@@ -505,11 +524,16 @@ def _input_size(v) -> Optional[float]:
     """A step-info value as an input size: a number, or a shape's element count."""
     if isinstance(v, bool) or v is None:
         return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, (tuple, list)) and v and all(isinstance(e, int) for e in v):
-        return float(math.prod(v))
-    return None
+    try:
+        if isinstance(v, (int, float)):
+            x = float(v)
+        elif isinstance(v, (tuple, list)) and v and all(isinstance(e, int) for e in v):
+            x = float(math.prod(v))
+        else:
+            return None
+    except OverflowError:  # beyond any float: no input has that many elements
+        return None
+    return x if math.isfinite(x) else None
 
 
 def _input_keys(post) -> List[str]:

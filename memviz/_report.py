@@ -19,7 +19,7 @@ from . import _capture, _core
 from ._device import SOURCE_CUMEMGETINFO, process_device_memory
 from ._args import given
 from ._errors import InvalidArgument
-from ._units import format_size
+from ._units import escape_surrogates, format_size
 
 __all__ = ["text_report", "GPU_OFF_SENTENCE", "NO_GPU_SENTENCE"]
 
@@ -308,4 +308,6 @@ def text_report(tracker: Any, top: int = 10, outside: Optional[Dict[int, Tuple[i
     lines += _pytorch(tracker, totals)
     lines += _outside(tracker, totals, outside)
     lines += _own(info)
-    return "\n".join(lines) + "\n"
+    # File names that are not UTF-8 (surrogates) are shown escaped, so the
+    # report can be printed or written anywhere.
+    return escape_surrogates("\n".join(lines) + "\n")

@@ -144,7 +144,10 @@ class Traceback(tuple):
                 head += f", in {frame.name}"
             lines.append(head)
             if lineno:
-                source = linecache.getline(frame.filename, lineno).strip()
+                try:
+                    source = linecache.getline(frame.filename, lineno).strip()
+                except ValueError:  # a name no path can be: a lone surrogate, a NUL
+                    source = ""
                 if source:
                     lines.append(f"    {source}")
         return lines

@@ -35,7 +35,7 @@ from ._args import path as _path_arg
 from ._errors import InvalidArgument, InvalidArgumentType, NotTracking, OutputError
 from ._frames import frames as _default_filter
 from ._snapshot import Frame
-from ._units import format_size
+from ._units import escape_surrogates, format_size
 
 __all__ = ["StepRecord", "DeviceStep", "GrowthLine", "record_step", "on_step", "watch",
            "WatchHandle", "TOP_LINES"]
@@ -174,7 +174,7 @@ class StepRecord:
         grew = [g for g in self.lines if g.bytes > 0]
         if grew:
             text += f"; grew: {grew[0].location} ({format_size(grew[0].bytes, sign=True)})"
-        return text
+        return escape_surrogates(text)  # a file name that is not UTF-8, shown escaped
 
     __str__ = summary
 
@@ -339,19 +339,24 @@ def _growth_lines(st: _StepState, tracker, changed) -> List[GrowthLine]:
         grew = heapq.nlargest(4 * TOP_LINES, grew, key=lambda c: c[3])
     flt = tracker.frame_filter or _default_filter
     frames = st.user_frames(flt, [c[0] for c in grew])
-    by_line: Dict[Frame, List[int]] = {}
+    # One entry per location ("file:line"): two functions on one line (a
+    # lambda and its caller) are one line, named after the one that grew more.
+    by_line: Dict[str, list] = {}
     for sid, live_b, live_n, d_b, d_n in grew:
         f = frames[sid]
-        agg = by_line.get(f)
+        loc = str(f)
+        agg = by_line.get(loc)
         if agg is None:
-            by_line[f] = [d_b, d_n, live_b, live_n]
+            by_line[loc] = [d_b, d_n, live_b, live_n, {f.name: d_b}]
         else:
             agg[0] += d_b
             agg[1] += d_n
             agg[2] += live_b
             agg[3] += live_n
+            agg[4][f.name] = agg[4].get(f.name, 0) + d_b
     top = sorted(by_line.items(), key=lambda kv: -kv[1][0])[:TOP_LINES]
-    return [GrowthLine(str(f), f.name, a[0], a[1], a[2], a[3]) for f, a in top]
+    return [GrowthLine(loc, max(a[4], key=a[4].__getitem__), a[0], a[1], a[2], a[3])
+            for loc, a in top]
 
 
 # ---- sinks ----------------------------------------------------------------------
@@ -413,7 +418,8 @@ class _Csv(_Sink):
             self.w.writerow([rec.index, rec.timestamp_ns, f"{rec.duration_ns / 1e9:.6f}",
                              *("" if v is None else v for v in (dev, d.current, d.peak, d.growth,
                                                                 d.allocated, d.reserved)),
-                             d.segment_allocs, d.segment_frees, top.location if top else "",
+                             d.segment_allocs, d.segment_frees,
+                             escape_surrogates(top.location) if top else "",
                              top.bytes if top else "", info])
         self.f.flush()
 

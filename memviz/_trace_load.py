@@ -394,18 +394,14 @@ class LoadedTrace(TraceFile, Outputs):
 
 
 def _step_records(steps: List[Any]) -> List[Any]:
+    """StepRecords of the memviz step records (checked field by field when
+    the STEPS chunk was read); other entries (records the program appended
+    itself) stay dicts."""
     try:
         from ._steps import StepRecord
-        make = getattr(StepRecord, "from_dict")
-    except (ImportError, AttributeError):
+    except ImportError:
         return steps
-    out = []
-    for s in steps:
-        try:
-            out.append(make(s) if isinstance(s, dict) else s)
-        except Exception:  # noqa: BLE001 - keep what cannot be rebuilt as a dict
-            out.append(s)
-    return out
+    return [StepRecord.from_dict(s) if "index" in s and "timestamp_ns" in s else s for s in steps]
 
 
 def load(path: str, *, recover: bool = False) -> LoadedTrace:

@@ -17,34 +17,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import _trace as F
 from ._errors import TraceError
+from ._trace_fields import _Bad, _int, _key, _opt_int, _r, check_end, check_meta, check_step
 
 __all__ = ["TraceFile"]
 
 #: deflate expands at most ~1032x; anything claiming more is damaged
 _MAX_RATIO = 1100
-
-
-#: every device's totals have these keys (0 when the file lacks one)
-_TOTAL_KEYS = dict.fromkeys(("current", "peak", "peak_timestamp_ns", "allocs", "frees", "failed",
-                             "alloc_bytes", "live_count", "peak_count", "window_peak"), 0)
-
-
-def _clean_stats(stats: Dict[str, Any]) -> Dict[str, Any]:
-    """memviz's own counters: numbers, a str ABI tag and a {call: count} dict;
-    anything else (a file from elsewhere) is left out."""
-    out: Dict[str, Any] = {}
-    for k, v in stats.items():
-        if type(v) is int and v >= 0:
-            out[k] = v
-        elif k == "frames_abi" and isinstance(v, str):
-            out[k] = v
-        elif k == "calls" and isinstance(v, dict):
-            out[k] = {str(c): n for c, n in v.items() if type(n) is int and n >= 0}
-    return out
-
-
-class _Bad(Exception):
-    """A structural problem inside one chunk (turned into TraceError with its offset)."""
 
 
 def _inflate(payload: bytes) -> bytes:
@@ -66,23 +44,6 @@ def _json(payload: bytes, kind: type) -> Any:
     if not isinstance(obj, kind):
         raise _Bad(f"its payload is a JSON {type(obj).__name__}, not a {kind.__name__}")
     return obj
-
-
-def _int(v: Any, lo: int, hi: int, what: str) -> int:
-    if type(v) is not int or not lo <= v <= hi:
-        raise _Bad(f"{what} {v!r} is not a whole number between {lo} and {hi}")
-    return v
-
-
-def _opt_int(v: Any, what: str) -> Optional[int]:
-    return None if v is None else _int(v, -(1 << 63), (1 << 64) - 1, what)
-
-
-def _key(k: str, lo: int, hi: int, what: str) -> int:
-    try:
-        return _int(int(k), lo, hi, what)
-    except ValueError:
-        raise _Bad(f"{what} {k!r} is not a number") from None
 
 
 class TraceFile:
@@ -207,10 +168,7 @@ class TraceFile:
             raise _Bad("its metadata does not say format 'memviz-trace'")
         if self.meta:
             raise _Bad("the file has two header metadata chunks")
-        for key in ("tracker", "capture"):
-            if not isinstance(meta.get(key, {}), dict):
-                raise _Bad(f"its {key!r} entry is not an object")
-        self.meta = meta
+        self.meta = check_meta(meta)
 
     def _h_strings(self, payload: bytes) -> None:
         items = _json(payload, list)
@@ -223,7 +181,7 @@ class TraceFile:
         out = []
         for f in _json(payload, list):
             if type(f) is not list or len(f) != 3:
-                raise _Bad(f"frame {f!r} is not [file, line, name]")
+                raise _Bad(f"frame {_r(f)} is not [file, line, name]")
             fi, line, ni = (_int(f[0], 0, ns - 1, "string id"), _int(f[1], -1, 1 << 31, "line"),
                             _int(f[2], 0, ns - 1, "string id"))
             out.append((strings[fi], max(line, 0), strings[ni]))
@@ -233,28 +191,28 @@ class TraceFile:
         nf = len(self._frames)
         for s in _json(payload, list):
             if type(s) is not list or len(s) != 2 or type(s[1]) is not list:
-                raise _Bad(f"stack {str(s)[:40]} is not [id, [frame ids]]")
+                raise _Bad(f"stack {_r(s)} is not [id, [frame ids]]")
             sid = _int(s[0], 1, 0xFFFFFFFF, "stack id")
             self._stacks[sid] = tuple(_int(i, 0, nf - 1, "frame id") for i in s[1])
 
     def _h_calls(self, payload: bytes) -> None:
         for k, v in _json(payload, dict).items():
             if type(v) is not str:
-                raise _Bad(f"call name {str(v)[:40]} is not a string")
+                raise _Bad(f"call name {_r(v)} is not a string")
             self._calls[_key(k, 1, 0xFFFFFFFF, "stack id")] = v
 
     def _h_threads(self, payload: bytes) -> None:
         for k, v in _json(payload, dict).items():
             idx = _key(k, 0, 0xFFFF, "thread index")
             if type(v) is not list or len(v) != 3 or type(v[2]) is not str:
-                raise _Bad(f"thread entry {str(v)[:40]} is not [native id, ident, name]")
+                raise _Bad(f"thread entry {_r(v)} is not [native id, ident, name]")
             self._threads[idx] = (_opt_int(v[0], "thread id"), _opt_int(v[1], "thread ident"),
                                   v[2])
 
     def _h_labels(self, payload: bytes) -> None:
         for k, v in _json(payload, dict).items():
             if type(v) is not str:
-                raise _Bad(f"label {v!r} is not a string")
+                raise _Bad(f"label {_r(v)} is not a string")
             self._labels[_key(k, 1, 0xFFFF, "label id")] = v
 
     def _h_events(self, payload: bytes) -> None:
@@ -280,42 +238,17 @@ class TraceFile:
             self._planes.append(planes)
 
     def _h_steps(self, payload: bytes) -> None:
-        self.steps += _json(payload, list)
+        start = len(self.steps)
+        self.steps += [check_step(e, start + i) for i, e in enumerate(_json(payload, list))]
 
     def _h_end(self, payload: bytes) -> None:
-        end = _json(payload, dict)
-        totals = end.get("totals", {})
-        if not isinstance(totals, dict):
-            raise _Bad("its totals are not an object")
-        clean: Dict[int, Dict[str, int]] = {}
-        for k, v in totals.items():
-            if not isinstance(v, dict):
-                raise _Bad(f"the totals of device {k} are not an object")
-            clean[_key(k, -128, 127, "device")] = dict(_TOTAL_KEYS, **{
-                str(name): _int(x, -(1 << 63), (1 << 64) - 1, f"total {name!r}")
-                for name, x in v.items()})
-        outside = end.get("outside", {})
-        if not isinstance(outside, dict):
-            raise _Bad("its 'outside' entry is not an object")
-        out: Dict[int, Tuple[int, str]] = {}
-        for k, v in outside.items():
-            if type(v) is not list or len(v) != 2 or type(v[1]) is not str:
-                raise _Bad(f"outside entry {str(v)[:40]} is not [bytes, source]")
-            out[_key(k, -128, 127, "device")] = (_int(v[0], 0, (1 << 64) - 1, "bytes"), v[1])
-        for key in ("stopped_monotonic_ns", "dropped_events"):
-            if key in end:
-                _int(end[key], 0, (1 << 64) - 1, key)
-        stats = end.get("stats", {})
-        if not isinstance(stats, dict):
-            raise _Bad("its 'stats' entry is not an object")
-        end["totals"], end["outside"], end["stats"] = clean, out, _clean_stats(stats)
-        self.end = end
+        self.end = check_end(_json(payload, dict))
 
     def _h_timeline(self, payload: bytes) -> None:
         points = []
         for p in _json(payload, list):
             if type(p) is not list or len(p) != 3:
-                raise _Bad(f"timeline point {str(p)[:40]} is not [timestamp, device, bytes]")
+                raise _Bad(f"timeline point {_r(p)} is not [timestamp, device, bytes]")
             points.append((_int(p[0], 0, (1 << 64) - 1, "timestamp"),
                            _int(p[1], -128, 127, "device"), _int(p[2], 0, (1 << 64) - 1, "bytes")))
         self._timeline = points

@@ -12,7 +12,7 @@ from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from ._errors import InvalidArgument, InvalidArgumentType
 
-__all__ = ["format_size", "parse_size"]
+__all__ = ["format_size", "parse_size", "escape_surrogates"]
 
 _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -151,3 +151,29 @@ def parse_size(value: "int | float | str") -> int:
     except InvalidOperation:  # pragma: no cover - the regex already rules this out
         raise InvalidArgument(f"cannot parse the number in size {value!r}") from None
     return int((number * multiplier).to_integral_value(rounding=ROUND_HALF_UP))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape_one(m: "re.Match[str]") -> str:
+    c = ord(m.group())
+    return f"\\x{c - 0xDC00:02x}" if 0xDC80 <= c <= 0xDCFF else f"\\u{c:04x}"
+
+
+def _escape_one_json(m: "re.Match[str]") -> str:
+    return "\\" + _escape_one(m)  # inside a JSON string the backslash is escaped too
+
+
+def escape_surrogates(text: str, in_json: bool = False) -> str:
+    """``text`` with lone surrogates written as escapes, so it encodes as UTF-8.
+
+    A file name that is not valid UTF-8 reaches Python with each bad byte as
+    a surrogate (``os.fsdecode(b"d\\xff")`` is ``"d\\udcff"``); it is shown
+    as ``d\\xff``, the byte's escape. Other lone surrogates become ``\\udXXX``.
+    ``in_json``: ``text`` is JSON written with ``ensure_ascii=False`` (where
+    surrogates can only be inside strings); the escape's backslash is doubled
+    so that the JSON decodes to the escaped name."""
+    if text.isascii():
+        return text
+    return _SURROGATE.sub(_escape_one_json if in_json else _escape_one, text)

@@ -1,7 +1,10 @@
 """Fuzzing the .memviz trace reader.
 
-Two drivers share :func:`check` (load the bytes, then use every reading API
-and both reports; anything but :class:`memviz.TraceError` is a bug):
+Two drivers share :func:`check` (load the bytes, then run the whole
+pipeline: every reading API, the text, JSON and HTML reports, diagnose(),
+the notebook views, the Perfetto and torch exports; anything but
+:class:`memviz.TraceError` is a bug, and so is output that is not valid
+UTF-8 or JSON):
 
 * an atheris (libFuzzer) harness, coverage-guided::
 
@@ -14,11 +17,14 @@ and both reports; anything but :class:`memviz.TraceError` is a bug):
   directory when it is empty.
 
 * :func:`fuzz`, a seeded random mutation fuzzer with no dependency (what
-  tests/test_trace_fuzz.py runs in CI): bit flips, byte and block
-  overwrites, truncations, chunk length lies, huge counts, chunk
-  duplication/removal/reordering, and structure-aware mutations of
-  decompressed payloads (JSON values, event records) re-framed with a valid
-  CRC.
+  tests/test_trace_fuzz.py runs in CI; benchmarks/fuzz_traces.py runs a
+  million inputs): bit flips, byte and block overwrites, truncations, chunk
+  length lies, huge counts, chunk duplication/removal/reordering, and
+  structure-aware mutations of decompressed payloads re-framed with a
+  valid CRC: event records, and the decoded JSON fields (mostly of the
+  META, STEPS and END chunks) given other types, NaN and infinities, 64-bit
+  edges and beyond, negative sizes, other nesting (wrapped, unwrapped, 2,000
+  levels deep), odd strings. Half of the inputs get their CRCs repaired.
 
 Seeds are built in memory with the writer's own encoders, so no GPU and no
 capture is needed.
@@ -76,6 +82,29 @@ def _events(rnd: random.Random, n: int) -> bytes:
     return b"".join(out)
 
 
+def _steps(rnd: random.Random, n: int) -> List[dict]:
+    """Step records as StepRecord.to_dict() writes them: memory that grows
+    every step (so diagnose() has a finding), a loss that turns NaN, shapes."""
+    MiB, out = 1 << 20, []
+    for i in range(n):
+        cur = (i + 1) * 64 * MiB + rnd.randrange(MiB)
+        out.append({
+            "index": i, "timestamp_ns": 2_000_000 + i * 100_000, "duration_ns": 100_000,
+            "devices": {"0": {"current": cur, "peak": cur + 8 * MiB, "growth": 64 * MiB,
+                              "live_count": i + 1, "segment_allocs": 1, "segment_frees": i % 2,
+                              "segment_alloc_bytes": 64 * MiB, "allocated": cur - MiB,
+                              "reserved": cur + 32 * MiB * (i % 3), "allocated_peak": cur},
+                        "-1": {"current": 4096, "peak": 4096, "growth": 0, "live_count": 1,
+                               "segment_allocs": 0, "segment_frees": 0,
+                               "segment_alloc_bytes": 0}},
+            "lines": [{"location": "train.py:10", "name": "<module>", "bytes": 64 * MiB,
+                       "count": 1, "live_bytes": (i + 1) * 64 * MiB, "live_count": i + 1}],
+            "info": {"loss": float("nan") if i == 7 else 1.0 / (i + 1),
+                     "batch_shape": [4, 128 if i % 4 else 900], "note": "x"},
+            "autograd_seq": 10 * i})
+    return out
+
+
 def seed(compress: bool = True, n: int = 60, rng_seed: int = 0, saved: bool = False) -> bytes:
     """A valid trace of every chunk kind, built with the writer's encoders."""
     rnd = random.Random(rng_seed)
@@ -91,7 +120,10 @@ def seed(compress: bool = True, n: int = 60, rng_seed: int = 0, saved: bool = Fa
             "tracker": {"gpu_requested": True, "gpu_enabled": True, "gpu_off_reason": None,
                         "activity_enabled": True, "activity_error": None, "depth": 32},
             "capture": {"available": True, "library": "/x/libcupti.so", "version": 130001,
-                        "cuda_major": 13, "found_by": "fuzz", "python_frames_abi": "3.11"}}
+                        "cuda_major": 13, "found_by": "fuzz", "python_frames_abi": "3.11",
+                        "tried": ["/y/libcupti.so (path): not found"],
+                        "store": {"live": 0, "calls": {"alloc": 0}, "frames_abi": "3.11"}},
+            "argv": ["x.py", "--fast"], "platform": "linux"}
     parts = [F.header(), c(F.META, meta),
              c(F.STRINGS, ["train.py", "<module>", "model.py", "forward"]),
              c(F.FRAMES, [[0, 10, 1], [2, 42, 3]]),
@@ -99,7 +131,7 @@ def seed(compress: bool = True, n: int = 60, rng_seed: int = 0, saved: bool = Fa
              c(F.THREADS, {"0": [100, 200, "MainThread"], "1": [101, None, "autograd-0"]}),
              c(F.LABELS, {"1": "forward", "2": "\x01MmBackward0\x1ftrain.py:3"}),
              c(F.EVENTS, F.events_payload(_events(rnd, n), rnd.choice((0, 1)))),
-             c(F.STEPS, [{"index": 0, "timestamp_ns": 2_000_000, "devices": {}}, {"x": [1]}]),
+             c(F.STEPS, _steps(rnd, 12) + [{"x": [1]}]),
              c(F.EVENTS, F.events_payload(_events(rnd, n // 2), 1))]
     if saved:
         parts.append(c(F.TIMELINE, [[1_000_000, 0, 10], [2_000_000, 0, 5]]))
@@ -118,9 +150,33 @@ def seeds() -> List[bytes]:
 # ---- the check ------------------------------------------------------------------
 
 
-def check(data: bytes) -> Optional[object]:
-    """Load ``data`` and use everything; returns the trace, or None for a
-    TraceError. Any other exception propagates (a bug)."""
+class PipelineError(AssertionError):
+    """An output of the pipeline that is not what it must be (invalid UTF-8 or JSON)."""
+
+
+def _strict_json(text: str) -> None:
+    """``text`` must be JSON without NaN/Infinity and valid UTF-8."""
+    def no_constant(name):
+        raise PipelineError(f"{name} in JSON output")
+    text.encode("utf-8")
+    json.loads(text, parse_constant=no_constant)
+
+
+def _no_rule_failed(caught) -> None:
+    for w in caught:
+        if "Please report this" in str(w.message):
+            raise PipelineError(f"a diagnose rule failed: {w.message}")
+
+
+def check(data: bytes, pipeline: bool = True) -> Optional[object]:
+    """Load ``data`` and use everything: the reading API, the text, JSON and
+    HTML reports, diagnose(), the notebook views and both exports (with
+    ``pipeline``; only the reading API and the text reports without).
+    Returns the trace, or None for a TraceError. Any other exception
+    propagates (a bug), and so does output that is not valid UTF-8 or JSON
+    (:class:`PipelineError`)."""
+    import pickle
+
     from memviz._cli_report import diff_text, json_report
     from memviz._report import text_report
     from memviz._trace_load import LoadedTrace
@@ -143,9 +199,32 @@ def check(data: bytes) -> Optional[object]:
         for key in ("lineno", "traceback", "label", "thread", "autograd_node"):
             [str(s) for s in snap.statistics(key)]
         repr(snap)
-    text_report(t, outside=t.outside, command=t.command)
+    text_report(t, outside=t.outside, command=t.command).encode("utf-8")
     json.dumps(json_report(t), default=str)
     diff_text(t, t)
+    if not pipeline:
+        return t
+    from memviz import diagnose
+    from memviz.export import perfetto, torch_snapshot
+    from memviz.report import html
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        findings = diagnose(t)
+        [str(f) for f in findings]
+        json.dumps([f.to_dict() for f in findings], default=str)
+        page = html.render(t)
+    _no_rule_failed(caught)
+    start = page.index('class="memviz-data">') + len('class="memviz-data">')
+    _strict_json(page[start:page.index("</script>", start)])
+    page.encode("utf-8")
+    for view in (html.tracker_repr_html(t), html.snapshot_repr_html(snaps[1]),
+                 html.findings_repr_html(findings)):
+        view.encode("utf-8")
+    out = io.StringIO()
+    perfetto._dump(t, out)
+    _strict_json(out.getvalue())
+    pickle.dumps(torch_snapshot.build(t), protocol=4)
     return t
 
 
@@ -223,39 +302,89 @@ def _payload(ctype: int, payload: bytes) -> Tuple[bytes, bool]:
     return payload, False
 
 
+#: values that decoded fields must be checked against: wrong types, NaN and
+#: infinities, 64-bit edges and beyond, negative sizes, odd strings
+_VALUES = [None, -1, 0, 1, 1 << 31, 1 << 63, (1 << 64) - 1, 1 << 64, -(1 << 63) - 1, -(1 << 70),
+           10 ** 30, -(1 << 40), 1.5, -0.0, 1e308, float("nan"), float("inf"), float("-inf"),
+           True, False, "", "x" * 3, "9" * 30, "-1", "\udcff", "\ud800", "</script>",
+           [], {}, [[]], [1, 2, 3], [None], {"0": [1, 2, "x"]}, {"index": 0, "timestamp_ns": 1}]
+
+
+def _reshape(rnd, v):
+    """A structural change of one value: its type, sign, size or nesting."""
+    op = rnd.randrange(12)
+    if op == 0:
+        return [v]
+    if op == 1:
+        return {rnd.choice(("0", "x", "-1", "index")): v}
+    if op == 2:  # deep nesting
+        for _ in range(rnd.choice((5, 60, 300, 2000))):
+            v = [v]
+        return v
+    if op == 3 and isinstance(v, (list, dict)) and v:  # one level less
+        return next(iter(v.values())) if isinstance(v, dict) else v[0]
+    if op == 4 and isinstance(v, dict):
+        return list(v.values())
+    if op == 5 and isinstance(v, list):
+        return {str(i): x for i, x in enumerate(v)}
+    if op == 6 and type(v) in (int, float):
+        return rnd.choice((-v, v * (1 << 64), str(v), float(v) * 1e300, int(v) if v == v and
+                           abs(v) != float("inf") else 0))
+    if op == 7 and isinstance(v, str):
+        return rnd.choice((len(v), [v], v * 1000, v + "\udcff", float("nan")))
+    if op == 8 and isinstance(v, list):
+        return v + [rnd.choice(_VALUES)]
+    if op == 9 and isinstance(v, dict):
+        new = dict(v)
+        new[rnd.choice(("extra", "index", "timestamp_ns", "devices", "calls", "store"))] = \
+            rnd.choice(_VALUES)
+        return new
+    return rnd.choice(_VALUES)
+
+
 def _mutate_json(rnd, obj, depth=0):
-    """A random change somewhere inside a JSON value."""
-    choices = [None, -1, 0, 1 << 64, 1 << 31, -(1 << 70), 1.5, "", "x" * 3, [], {}, [[]],
-               True, "\udcff", [1, 2, 3], {"0": [1, 2, "x"]}]
-    if depth > 4 or rnd.random() < 0.25:
-        return rnd.choice(choices)
+    """A random change somewhere inside a JSON value: a value replaced, or
+    reshaped (:func:`_reshape`), or an element dropped or repeated."""
+    if depth > 6 or rnd.random() < (0.04, 0.1, 0.25)[min(depth, 2)]:  # mostly fields, not chunks
+        return _reshape(rnd, obj) if rnd.random() < 0.6 else rnd.choice(_VALUES)
     if isinstance(obj, list) and obj:
         i = rnd.randrange(len(obj))
         op = rnd.random()
-        if op < 0.2:
+        if op < 0.15:
             return obj[:i] + obj[i + 1:]
-        if op < 0.3:
+        if op < 0.25:
             return obj + [obj[i]] * rnd.randint(1, 3)
         return obj[:i] + [_mutate_json(rnd, obj[i], depth + 1)] + obj[i + 1:]
     if isinstance(obj, dict) and obj:
         k = rnd.choice(list(obj))
         new = dict(obj)
-        if rnd.random() < 0.2:
+        r = rnd.random()
+        if r < 0.15:
             new.pop(k)
-        elif rnd.random() < 0.2:
-            new[rnd.choice(("-1", "999999", "x", "128", "65536"))] = new[k]
+        elif r < 0.3:
+            new[rnd.choice(("-1", "999999", "x", "128", "65536", " 1", "1_0"))] = new[k]
         else:
             new[k] = _mutate_json(rnd, obj[k], depth + 1)
         return new
-    return rnd.choice(choices)
+    return _reshape(rnd, obj) if rnd.random() < 0.5 else rnd.choice(_VALUES)
 
 
-def _structured(rnd, data):
-    """Change one chunk's decoded payload and re-frame it with a valid CRC."""
+#: chunks whose decoded JSON fields the reports, diagnose() and the exports read
+_FIELD_KINDS = (F.META, F.STEPS, F.STEPS, F.END, F.THREADS, F.LABELS, F.CALLS, F.TIMELINE,
+                F.FRAMES)
+
+
+def _structured(rnd, data, fields=False):
+    """Change one chunk's decoded payload and re-frame it with a valid CRC
+    (with ``fields``: a chunk whose JSON fields memviz reads, when there is one)."""
     head, chunks, tail = split(data)
     if not chunks:
         return data
     k = rnd.randrange(len(chunks))
+    if fields:
+        want = rnd.choice(_FIELD_KINDS)
+        some = [i for i, (t, _p) in enumerate(chunks) if t & F.KIND_MASK == want]
+        k = rnd.choice(some) if some else k
     ctype, payload = chunks[k]
     raw, was_compressed = _payload(ctype, payload)
     kind = ctype & F.KIND_MASK
@@ -274,8 +403,10 @@ def _structured(rnd, data):
     else:
         try:
             obj = json.loads(raw)
-            raw = json.dumps(_mutate_json(rnd, obj)).encode("utf-8", "surrogatepass")
-        except ValueError:
+            for _ in range(rnd.choice((1, 1, 1, 2, 3))):
+                obj = _mutate_json(rnd, obj)
+            raw = json.dumps(obj).encode("utf-8", "surrogatepass")
+        except (ValueError, RecursionError):
             raw = _flip(rnd, raw)
     if was_compressed and rnd.random() < 0.8:
         raw = zlib.compress(raw)
@@ -314,13 +445,22 @@ def _bad_compression(rnd, data):
     return join(head, chunks, tail)
 
 
+def _fields(rnd, data):
+    return _structured(rnd, data, fields=True)
+
+
 MUTATIONS: List[Callable] = [_flip, _overwrite, _truncate, _length_lie, _structured,
-                             _structured, _structured, _shuffle_chunks, _bad_compression]
+                             _structured, _fields, _fields, _fields, _shuffle_chunks,
+                             _bad_compression]
 
 
 def mutate(rnd: random.Random, data: bytes) -> bytes:
+    """One to three mutations; half the time the CRCs are repaired after, so
+    that flipped and overwritten bytes reach the chunk parsers."""
     for _ in range(rnd.randint(1, 3)):
         data = rnd.choice(MUTATIONS)(rnd, data)
+    if rnd.random() < 0.5 and len(data) >= F.HEADER.size:
+        data = fix_crcs(data)
     return data
 
 

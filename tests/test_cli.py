@@ -9,6 +9,7 @@ through the libcupti test double.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -351,6 +352,90 @@ def test_cli_report_names_calls_through_the_scripts_module_aliases(tmp_path, fak
     lines = assert_one_report(p.stderr).splitlines()
     at = lines.index("By call at the peak of cuda:0 (what the innermost Python frame was calling):")
     assert "256 MiB" in lines[at + 1] and lines[at + 1].endswith(" gpu_ops.alloc"), lines[at:at + 3]
+
+
+def _cli_bytes(cwd, *args, env=None, module="run"):
+    """`python -m memviz MODULE ARGS` with bytes out (a file name may be any bytes)."""
+    full_env = {k: v for k, v in os.environ.items() if k != _capture.ENV_LIBRARY}
+    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")])
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "memviz", module, *args], cwd=cwd, env=full_env,
+                          capture_output=True, timeout=120)
+
+
+def _strict_text(data: bytes) -> str:
+    """The bytes as UTF-8, failing on anything else (and on encoded lone surrogates)."""
+    text = data.decode("utf-8")
+    text.encode("utf-8")
+    return text
+
+
+def _no_surrogates(obj):
+    todo = [obj]
+    while todo:
+        o = todo.pop()
+        if isinstance(o, str):
+            o.encode("utf-8")
+        elif isinstance(o, dict):
+            todo += list(o) + list(o.values())
+        elif isinstance(o, (list, tuple)):
+            todo += list(o)
+
+
+def test_a_script_in_a_folder_whose_name_is_not_utf8(tmp_path, fake_path):
+    """Hardening issue, item 9: every output of a run whose file names hold
+    the byte 0xff (the surrogate '\\udcff' in Python) is valid UTF-8 and
+    shows the name escaped (\\xff); the trace keeps the name exactly."""
+    folder = tmp_path / os.fsdecode(b"d\xffir")
+    folder.mkdir()
+    s = script(folder, "s.py", f"""\
+        import sys
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        import memviz
+        from fake_cupti import FakeCupti, CBID_cuMemAlloc_v2
+        lib = FakeCupti({fake_path!r}).lib
+        t = memviz.active_tracker()
+        for i in range(8):
+            w = lib.fake_alloc(CBID_cuMemAlloc_v2, (i + 1) << 20, 0, 0)
+            t.step()
+    """)
+    env = {_capture.ENV_LIBRARY: fake_path}
+    trace, report = folder / "t.memviz", folder / "r.txt"
+    p = _cli_bytes(tmp_path, "--report-file", str(report), "-o", str(trace), str(s), env=env)
+    err = _strict_text(p.stderr)
+    assert p.returncode == 0 and "internal error" not in err, err
+    written = _strict_text(report.read_bytes())
+    assert "d\\xffir" in written and "s.py:8" in written and written in err
+    loaded = memviz.load(str(trace))  # the trace keeps the real name
+    assert loaded.peak_snapshot().allocations[0].traceback[0].filename == str(s)
+    for fmt in ("text", "json", "html"):
+        out = folder / f"r.{fmt}"
+        p = _cli_bytes(tmp_path, str(trace), "--format", fmt, "-o", str(out), module="report")
+        assert p.returncode == 0, p.stderr.decode("utf-8", "replace")
+        _strict_text(p.stderr)
+        text = _strict_text(out.read_bytes())
+        if fmt == "json":
+            doc = json.loads(text)
+            assert doc["devices"][0]["top_lines_at_peak"][0]["file"] == str(s)  # lossless
+        elif fmt == "html":
+            m = re.search(r'<script type="application/json" class="memviz-data">(.*?)</script>',
+                          text, re.S)
+            data = json.loads(m.group(1))
+            _no_surrogates(data)
+            assert any("d\\xffir" in n[1] for n in data["names"])
+            assert "memviz report: t.memviz" in text
+        else:
+            assert "d\\xffir" in text and "s.py:8" in text
+    p = _cli_bytes(tmp_path, str(trace), module="report")  # to stdout
+    assert p.returncode == 0 and "d\\xffir" in _strict_text(p.stdout)
+    loaded.to_perfetto(str(folder / "p.json"))
+    doc = json.loads(_strict_text((folder / "p.json").read_bytes()))
+    _no_surrogates(doc)
+    assert any("d\\xffir" in str(e.get("args", {}).get("line", "")) for e in doc["traceEvents"])
+    loaded.to_torch_snapshot(str(folder / "s.pickle"))
+    import pickle
+    snap = pickle.loads((folder / "s.pickle").read_bytes())
+    assert snap["segments"][0]["frames"][0]["filename"] == str(s)  # a pickle keeps any str
 
 
 # ---- text_report in process ----------------------------------------------------------

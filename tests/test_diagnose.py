@@ -354,6 +354,55 @@ def test_diagnose_reads_a_saved_and_loaded_trace(fake, tmp_path):
     assert f.kind == "growth" and f.lines[0].location.endswith(f"test_diagnose.py:{line}")
 
 
+def _two_on_one_line(fake, alloc_id):
+    from fake_cupti import CBID_cuMemAlloc_v2
+    (lambda: fake.alloc(CBID_cuMemAlloc_v2, 4 * MiB))(); fake.alloc(CBID_cuMemAlloc_v2, 2 * MiB)  # noqa: E702 TWO
+
+
+def test_two_functions_on_one_line_are_one_line_of_the_growth(fake):
+    # A lambda and its caller allocate on the same line: one line, grown in
+    # each of the 17 steps after warm-up (not "in 34 of 17").
+    from conftest import line_of
+
+    with memviz.track(torch=False) as t:
+        for i in range(20):
+            _two_on_one_line(fake, i)
+            t.step()
+    where = f"{__file__}:{line_of(__file__, 'TWO')}"
+    assert [g.location for g in t.steps[-1].lines] == [where]
+    assert t.steps[-1].lines[0].bytes == 6 * MiB and t.steps[-1].lines[0].count == 2
+    assert t.steps[-1].lines[0].live_bytes == 20 * 6 * MiB
+    f, = diagnose(t)
+    line = next(ln for ln in f.lines if ln.location == where)
+    assert line.note == "grew in 17 of 17 steps" and line.bytes == 17 * 6 * MiB
+
+
+def test_duplicate_lines_in_a_step_record_count_once():
+    # Step records written by an older memviz may list one location twice.
+    def dup(i):
+        return [GrowthLine("train.py:42", "f", 12 * MiB, 1, (i + 1) * 12 * MiB, i + 1),
+                GrowthLine("train.py:42", "<lambda>", 4 * MiB, 1, (i + 1) * 4 * MiB, i + 1)]
+
+    recs = steps(30, current=lambda i: GiB + i * 16 * MiB, allocated=lambda i: 800 * MiB + i * 16 * MiB,
+                 reserved=lambda i: GiB + i * 16 * MiB, lines=dup)
+    f, = run(recs)
+    assert f.lines[0].location == "train.py:42" and f.lines[0].note == "grew in 27 of 27 steps"
+    assert f.lines[0].bytes == 27 * 16 * MiB
+
+
+def test_step_info_beyond_any_float_is_not_an_input_size():
+    # A tuple of ids whose product is beyond a float (199! > 1e308), a NaN
+    # loss: no rule fails on them (a failing rule warns "Please report this").
+    import warnings
+
+    recs = steps(30, current=lambda i: GiB, allocated=lambda i: 800 * MiB, reserved=lambda i: GiB,
+                 info=lambda i: {"ids": tuple(range(1, 200 + i)), "loss": float("nan"),
+                                 "tokens": float("inf") if i % 2 else 10.0})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert run(recs) == []
+
+
 def test_bad_arguments_say_what_to_do():
     with pytest.raises(TypeError, match="Tracker or a loaded trace"):
         diagnose(object())

@@ -82,6 +82,35 @@ def test_planted_leak_is_found_with_its_holder_and_line(graph_tracker):
     assert "loss.item()" in f.fix
 
 
+def test_graphs_made_after_the_last_step_are_not_counted_as_a_step(graph_tracker):
+    # The evaluation runs after t.step(): the last one belongs to no recorded
+    # step, so 20 steps (3 of warm-up) hold graphs in 17 of their 17, not 18.
+    t = graph_tracker
+    model, opt, x_val = _setup()
+    for _ in range(20):
+        step(model, opt, x_val)
+        t.step()
+        history.append(model(x_val).pow(2).mean())  # KEEP AFTER
+    f, = memviz.diagnose(t)
+    assert "autograd graphs of 17 of the last 17 steps are still reachable" in f.message
+    assert f.numbers["graph_steps_alive"] == 17
+    assert f.numbers["kept_at"] == f"{THIS}:{_line('# KEEP AFTER')}"
+
+
+def test_graph_steps_never_exceed_the_steps_counted(graph_tracker):
+    # Graphs in every recorded step and after the last: at most one per step.
+    t = graph_tracker
+    model, opt, x_val = _setup()
+    history.append(model(x_val).sum())  # before the first step (warm-up)
+    for i in range(12):
+        history.append(step(model, opt, x_val))
+        t.step()
+        history.append(model(x_val).sum())
+    f, = memviz.diagnose(t, warmup=2)
+    assert f.numbers["graph_steps_alive"] == 10
+    assert "graphs of 10 of the last 10 steps" in f.message
+
+
 def test_same_loop_with_item_is_clean(graph_tracker):
     t = graph_tracker
     train(t, 20, keep_tensor=False)

@@ -482,3 +482,131 @@ def test_duck_typed_trace_with_steps_draws_in_chromium(run, browser, tmp_path):
     legend = browser.find_element(By.CSS_SELECTOR, ".legend").text
     assert "parameter" in legend and "torch allocated" in legend
     save_artifact(browser, tmp_path, "html_report_steps.png")
+
+
+# ---- the deepest stacks the core records (hardening issue, item 7) ----------
+
+
+def _deep_alloc(fake, frames_left, size):
+    if frames_left > 1:
+        return _deep_alloc(fake, frames_left - 1, size)
+    return fake.alloc(CBID_cuMemAlloc_v2, size)  # DEEP
+
+
+def _tree_depth(node):
+    depth, todo = 0, [(node, 1)]
+    while todo:
+        n, d = todo.pop()
+        depth = max(depth, d)
+        todo += [(c, d + 1) for c in (n[3] if len(n) > 3 else [])]
+    return depth
+
+
+def record_deep(fake, tmp_path, trace=None):
+    """Allocations under stacks as deep as the core keeps (MAX_DEPTH) and deeper."""
+    depth = _core.MAX_DEPTH
+    with memviz.track(depth=depth, trace=trace) as t:
+        _deep_alloc(fake, depth - 5, 8 * MiB)  # fits: every frame kept
+        _deep_alloc(fake, depth + 40, 16 * MiB)  # cut at MAX_DEPTH frames
+        t.step(batch=(2, 3))
+    return t
+
+
+def test_html_report_of_the_deepest_stacks(fake, tmp_path):
+    import sys as _sys
+
+    t = record_deep(fake, tmp_path)
+    deepest = max(len(a.traceback) for a in t.peak_snapshot().allocations)
+    assert deepest == _core.MAX_DEPTH
+    old = _sys.getrecursionlimit()
+    # Whatever the caller's own stack takes: the report needs no deep recursion.
+    _sys.setrecursionlimit(len(__import__("inspect").stack(0)) + 120)
+    try:
+        page = render(t)
+        page.encode("utf-8")
+        text = memviz._report.text_report(t, outside={})
+    finally:
+        _sys.setrecursionlimit(old)
+    d = embedded_data(page)
+    tree = d["flames"][0]["tree"]
+    assert tree[1] == 24 * MiB
+    assert _tree_depth(tree) >= _core.MAX_DEPTH + 1  # root, (marker,) then every kept frame
+    names = [n[0] for n in d["names"]]
+    assert any(n.startswith("[outer frames not kept: stack deeper than 256]") for n in names)
+    assert f"test_html_report.py:{_line_of('# DEEP')}" in text
+
+
+def test_exports_and_trace_of_the_deepest_stacks(fake, tmp_path):
+    import pickle
+    import sys as _sys
+
+    trace = tmp_path / "deep.memviz"
+    t = record_deep(fake, tmp_path, trace=str(trace))
+    t.save(str(tmp_path / "saved.memviz"))
+    old = _sys.getrecursionlimit()
+    _sys.setrecursionlimit(len(__import__("inspect").stack(0)) + 120)
+    try:
+        for obj in (t, memviz.load(str(trace)), memviz.load(str(tmp_path / "saved.memviz"))):
+            obj.to_perfetto(str(tmp_path / "p.json"))
+            obj.to_torch_snapshot(str(tmp_path / "s.pickle"))
+            page = render(obj)
+            memviz.diagnose(obj)
+    finally:
+        _sys.setrecursionlimit(old)
+    events = json.load(open(tmp_path / "p.json", encoding="utf-8"))["traceEvents"]
+    assert any(e.get("args", {}).get("size") == 16 * MiB for e in events)
+    snap = pickle.load(open(tmp_path / "s.pickle", "rb"))
+    assert max(len(s["frames"]) for s in snap["segments"]) == _core.MAX_DEPTH
+    assert _tree_depth(embedded_data(page)["flames"][0]["tree"]) >= _core.MAX_DEPTH + 1
+
+
+def test_report_json_for_script_takes_any_depth():
+    import sys as _sys
+
+    deep = cur = []
+    for _ in range(3000):
+        nxt = [1.5, float("nan")]
+        cur.append(nxt)
+        cur = nxt
+    old = _sys.getrecursionlimit()
+    _sys.setrecursionlimit(len(__import__("inspect").stack(0)) + 120)
+    try:
+        text = json_for_script({"deep": deep, "n": [float("inf"), 2]})
+    finally:
+        _sys.setrecursionlimit(old)
+    assert text.startswith('{"deep":[[1.5,null,[1.5,null,[') and text.endswith(']]]],"n":[null,2]}')
+    assert text.count("[1.5,null") == 3000 and text.count("[") == text.count("]")
+    _sys.setrecursionlimit(10_000)  # only json.loads itself recurses here
+    try:
+        back = json.loads(text)
+    finally:
+        _sys.setrecursionlimit(old)
+    n, node = 1, back["deep"][0]
+    while len(node) > 2:
+        assert node[:2] == [1.5, None]
+        n, node = n + 1, node[2]
+    assert n == 3000 and back["n"] == [None, 2]
+
+
+def test_file_names_that_are_not_utf8_are_shown_escaped(fake, tmp_path):
+    # Hardening issue, item 9: a code object's file name with byte 0xff
+    # ('\udcff' in Python) in the page, the notebook views and the file.
+    name = os.fsdecode(b"/tmp/d\xffir/model.py")
+    ns: dict = {}
+    exec(compile("def grow(fake, cbid, size):\n    return fake.alloc(cbid, size)\n", name, "exec"), ns)
+    with memviz.track() as t:
+        for _ in range(6):
+            ns["grow"](fake, CBID_cuMemAlloc_v2, 8 * MiB)
+            t.step(note=os.fsdecode(b"x\xfe"))
+    shown = "/tmp/d\\xffir/model.py"
+    page = render(t)
+    page.encode("utf-8")
+    d = embedded_data(page)
+    assert [n[1] for n in d["names"] if "model.py" in n[1]] == [shown]
+    assert any(r[-1] == shown for r in d["tables"]["lines"]["rows"])
+    write(t, tmp_path / "r.html")
+    assert json.dumps(shown)[1:-1] in (tmp_path / "r.html").read_bytes().decode("utf-8")
+    for view in (tracker_repr_html(t), snapshot_repr_html(t.snapshot()),
+                 findings_repr_html(memviz.diagnose(t))):
+        view.encode("utf-8")
+    assert "d\\xffir" in tracker_repr_html(t)

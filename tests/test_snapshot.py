@@ -294,6 +294,14 @@ def test_traceback_format():
     assert hash(tb) == hash(Traceback(list(tb)))
 
 
+def test_traceback_format_of_file_names_the_os_cannot_take():
+    # A code object's file name can hold what no path holds: a lone
+    # surrogate (not a byte), a NUL. format() shows the frame without source.
+    for name in ("\ud800x.py", "/tmp/a\x00b.py", "/tmp/d\udcffir/x.py"):
+        tb = Traceback([Frame(name, 3, "f")])
+        assert tb.format() == [f'  File "{name}", line 3, in f']
+
+
 def test_thread_names_prefer_python_names(flt):
     started, release = threading.Event(), threading.Event()
     info = {}

@@ -182,6 +182,26 @@ def test_jsonl_and_csv_sinks(fake, tmp_path):
     assert table[0]["top_line"] == f"{THIS}:{line}" and json.loads(table[2]["info"]) == {"batch_shape": [4, 3]}
 
 
+def test_step_sinks_with_a_file_name_that_is_not_utf8(fake, tmp_path, capsys):
+    # Code from a folder named with byte 0xff: the CSV and the printed summary
+    # show the name escaped (d\\xff), the JSON lines keep it exactly.
+    name = os.fsdecode(b"/tmp/d\xffir/model.py")
+    ns = {}
+    exec(compile("def grow(fake, cbid, size):\n    return fake.alloc(cbid, size)\n", name, "exec"), ns)
+    jl, cs = tmp_path / "steps.jsonl", tmp_path / "steps.csv"
+    with track() as t:
+        add_sinks(t, jsonl=jl, csv=cs, print_every=1)
+        for _ in range(2):
+            ns["grow"](fake, CBID_cuMemAlloc_v2, MiB)
+            t.step()
+    assert t.steps[-1].lines[0].location == f"{name}:2"
+    with open(cs, newline="", encoding="utf-8") as f:
+        table = list(csv.DictReader(f))
+    assert table[-1]["top_line"] == "/tmp/d\\xffir/model.py:2"
+    assert "grew: /tmp/d\\xffir/model.py:2 (+1 MiB)" in capsys.readouterr().out
+    assert StepRecord.from_dict(json.loads(jl.read_bytes().splitlines()[-1])) == t.steps[-1]
+
+
 def test_file_sinks_close_when_the_tracker_stops(fake, tmp_path):
     with track() as t:
         h = add_sinks(t, jsonl=tmp_path / "a.jsonl")

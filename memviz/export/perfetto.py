@@ -25,7 +25,7 @@ import json
 import os
 from typing import Any, Dict, Iterator, List, Optional, TextIO
 
-from .._units import format_size
+from .._units import escape_surrogates, format_size
 from ..report import _source as src
 from ..report._data import category_series
 
@@ -190,7 +190,8 @@ def _dump(obj: Any, f: TextIO) -> int:
     for ev in events(obj):
         if n:
             f.write(",\n")
-        f.write(json.dumps(ev, separators=(",", ":"), default=str))
+        text = json.dumps(ev, separators=(",", ":"), ensure_ascii=False, default=str)
+        f.write(escape_surrogates(text, in_json=True))  # file names that are not UTF-8
         n += 1
     f.write("\n]}\n")
     return n

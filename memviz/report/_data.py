@@ -203,23 +203,45 @@ def _flame(buckets: List[list], names: _Names, depth: Optional[int] = None) -> l
             child[1] += size
             child[2] += count
             node = child
-    min_value = root[1] * FLAME_MIN_FRACTION
-    budget = [FLAME_MAX_NODES]
+    return _pack(root, names, root[1] * FLAME_MIN_FRACTION)
 
-    def pack(node: list) -> list:
-        budget[0] -= 1
-        kids = sorted(node[3].values(), key=lambda c: -c[1])
-        out, small_v, small_c, small_n = [], 0, 0, 0
-        for c in kids:
-            if c[1] >= min_value and budget[0] > 0:
-                out.append(pack(c))
+
+def _pack(root: list, names: _Names, min_value: float) -> list:
+    """The tree as nested lists, children largest first, branches under
+    ``min_value`` (and past FLAME_MAX_NODES nodes, depth first) folded into
+    one "[N smaller]" node per parent.
+
+    A loop over an explicit stack, not recursion: a stack is as deep as the
+    capture depth (256 frames) or, in a trace file, deeper."""
+    budget = FLAME_MAX_NODES
+
+    def enter(node: list) -> list:
+        nonlocal budget
+        budget -= 1
+        return [node, sorted(node[3].values(), key=lambda c: -c[1]), 0, [], 0, 0, 0]
+
+    stack = [enter(root)]
+    while True:
+        top = stack[-1]  # [node, kids, next kid, packed kids, small bytes, small count, small n]
+        node, kids, i = top[0], top[1], top[2]
+        if i < len(kids):
+            c = kids[i]
+            top[2] = i + 1
+            if c[1] >= min_value and budget > 0:
+                stack.append(enter(c))
             else:
-                small_v, small_c, small_n = small_v + c[1], small_c + c[2], small_n + 1
-        if small_n:
-            out.append([names((f"[{small_n} smaller]", "", 0)), small_v, small_c])
-        return [node[0], node[1], node[2], out] if out else [node[0], node[1], node[2]]
-
-    return pack(root)
+                top[4] += c[1]
+                top[5] += c[2]
+                top[6] += 1
+            continue
+        stack.pop()
+        out = top[3]
+        if top[6]:
+            out.append([names((f"[{top[6]} smaller]", "", 0)), top[4], top[5]])
+        packed = [node[0], node[1], node[2], out] if out else [node[0], node[1], node[2]]
+        if not stack:
+            return packed
+        stack[-1][3].append(packed)
 
 
 # -- tables -------------------------------------------------------------------

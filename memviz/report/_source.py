@@ -20,6 +20,7 @@ Nothing here changes the object it reads.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple
@@ -221,7 +222,10 @@ def is_bytes_key(key: str) -> bool:
 
 
 def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A whole or finite number (NaN and infinities have no place on a chart)."""
+    if isinstance(v, float):
+        return math.isfinite(v)
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _per_device(value: Any) -> Optional[Dict[Optional[int], float]]:
@@ -261,6 +265,8 @@ def _step_fields(d: Mapping[str, Any], devices: Optional[Mapping]) -> Tuple[Dict
         elif _number(v) or isinstance(v, str):
             fields[k] = v
             types[k] = ("bytes" if is_bytes_key(k) else "num") if _number(v) else "text"
+        elif isinstance(v, float):  # NaN or infinite: shown as written
+            fields[k], types[k] = str(v), "num"
     if devices:  # memviz StepRecord: per-device numbers, summed over the GPUs
         for key in ("current", "peak", "growth", "allocated", "reserved"):
             vals = [dv.get(key) for dk, dv in devices.items()
@@ -279,6 +285,8 @@ def _step_fields(d: Mapping[str, Any], devices: Optional[Mapping]) -> Tuple[Dict
         for k, v in info.items():
             if _number(v) or isinstance(v, str):
                 fields[k], types[k] = v, "text" if isinstance(v, str) else "num"
+            elif isinstance(v, float):  # a NaN loss: shown as written
+                fields[k], types[k] = str(v), "num"
             elif isinstance(v, (list, tuple)):
                 fields[k], types[k] = str(tuple(v)), "text"
     return fields, types

@@ -28,7 +28,7 @@ from typing import Any, Iterable, List, Optional
 from .._args import given
 from .._errors import InvalidArgument, InvalidArgumentType
 from .._report import _short_path
-from .._units import format_size
+from .._units import escape_surrogates, format_size
 from . import _data, _source as src
 
 __all__ = ["render", "write", "tracker_repr_html", "snapshot_repr_html", "findings_repr_html",
@@ -48,28 +48,125 @@ def _asset(name: str) -> str:
     return text
 
 
+#: containers nested deeper than this are written piece by piece (json.dumps
+#: recurses once per level, and a flame graph is as deep as its stacks)
+_DUMPS_DEPTH = 48
+_CONTAINERS = (dict, list, tuple)
+_JSON_LEAVES = (str, int, float, bool, type(None))
+
+
 def json_for_script(data: Any) -> str:
     """JSON that is safe inside an HTML ``<script>`` element.
 
     ``<``, ``>`` and ``&`` are written as ``\\u003c``-style escapes (still
     valid JSON, parsed back to the same strings), so no string in the data -
     a file name like ``</script><script>alert(1)</script>`` - can close the
-    element or open a comment; U+2028/U+2029 are escaped for old parsers."""
-    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
-                      default=str)
+    element or open a comment; U+2028/U+2029 are escaped for old parsers.
+    NaN and infinities become null. Any nesting depth works."""
+    return _script_json(*_clean(data))
+
+
+def _script_json(clean: Any, heights: dict) -> str:
+    text = _dumps(clean, heights)
     return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
+def _leaf(v: Any) -> Any:
+    if isinstance(v, str):
+        return escape_surrogates(v)  # a file name that is not UTF-8: shown escaped
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if not isinstance(v, _JSON_LEAVES):
+        return escape_surrogates(str(v))
+    return v
+
+
+def _clean(data: Any) -> "tuple[Any, dict]":
+    """A copy of ``data`` as JSON-ready lists, dicts and leaves (see
+    :func:`_leaf`), and ``{id(container): nesting height}`` of the copy.
+
+    A loop over an explicit stack, not recursion, so any depth works."""
+    heights: dict = {}
+    if not isinstance(data, _CONTAINERS):
+        return _leaf(data), heights
+
+    def opened(src: Any) -> list:
+        if isinstance(src, dict):
+            return [{}, iter(src.items()), 0, True]
+        return [[], iter(src), 0, False]
+
+    root = opened(data)
+    stack = [root]
+    while stack:
+        top = stack[-1]  # [copy, items left, height of its tallest child, is a dict]
+        out, items, is_dict = top[0], top[1], top[3]
+        for item in items:
+            key, v = item if is_dict else (None, item)
+            if isinstance(v, _CONTAINERS):
+                child = opened(v)
+                if is_dict:
+                    out[_leaf(key)] = child[0]
+                else:
+                    out.append(child[0])
+                stack.append(child)
+                break
+            if is_dict:
+                out[_leaf(key)] = _leaf(v)
+            else:
+                out.append(_leaf(v))
+        else:
+            stack.pop()
+            h = top[2] + 1
+            heights[id(out)] = h
+            if stack and stack[-1][2] < h:
+                stack[-1][2] = h
+    return root[0], heights
+
+
+def _dumps(data: Any, heights: dict) -> str:
+    """``json.dumps`` of :func:`_clean`'s copy; subtrees deeper than
+    _DUMPS_DEPTH are opened here, level by level, instead of by json."""
+    def dumps(v: Any) -> str:
+        return json.dumps(v, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+    if heights.get(id(data), 0) <= _DUMPS_DEPTH:
+        return dumps(data)
+    parts: List[str] = []
+
+    def opened(v: Any) -> list:
+        is_dict = isinstance(v, dict)
+        parts.append("{" if is_dict else "[")
+        return [iter(v.items()) if is_dict else iter(v), is_dict, True]
+
+    stack = [opened(data)]
+    while stack:
+        top = stack[-1]  # [items left, is a dict, nothing written yet]
+        item = next(top[0], _END)
+        if item is _END:
+            parts.append("}" if top[1] else "]")
+            stack.pop()
+            continue
+        if not top[2]:
+            parts.append(",")
+        top[2] = False
+        if top[1]:
+            key, item = item
+            parts.append(dumps({key: 0})[1:-2])  # the key as json writes it, and ':'
+        if isinstance(item, (dict, list)) and heights.get(id(item), 0) > _DUMPS_DEPTH:
+            stack.append(opened(item))
+        else:
+            parts.append(dumps(item))
+    return "".join(parts)
+
+
+_END = object()
+
+
 def _finite(data: Any) -> Any:
-    """The data with NaN and infinities as None (JSON has no spelling for them)."""
-    if isinstance(data, float):
-        return data if math.isfinite(data) else None
-    if isinstance(data, dict):
-        return {k: _finite(v) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [_finite(v) for v in data]
-    return data
+    """The data with NaN and infinities as None (JSON has no spelling for them)
+    and lone surrogates escaped (UTF-8 has none)."""
+    return _clean(data)[0]
 
 
 _PAGE = """<!DOCTYPE html>
@@ -110,13 +207,14 @@ def render(tracker_or_trace: Any, title: Optional[str] = None) -> str:
     """
     if title is not None and not isinstance(title, str):
         raise InvalidArgumentType(f"title must be a str or None, got {given(title)}")
-    data = _finite(_data.collect(tracker_or_trace, title))
+    data, heights = _clean(_data.collect(tracker_or_trace, title))
     js = _asset("report.js")
     digest = base64.b64encode(hashlib.sha256(js.encode("utf-8")).digest()).decode("ascii")
     from .. import __version__
     return _PAGE.format(
         title=html.escape(data["meta"]["title"]), version=html.escape(__version__),
-        script_hash=f"sha256-{digest}", css=_asset("report.css"), data=json_for_script(data), js=js)
+        script_hash=f"sha256-{digest}", css=_asset("report.css"), data=_script_json(data, heights),
+        js=js)
 
 
 def write(tracker_or_trace: Any, path: "str | os.PathLike[str]", title: Optional[str] = None) -> str:
@@ -144,7 +242,7 @@ _NB_STYLE = (
 
 
 def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
+    return html.escape(escape_surrogates(str(x)), quote=True)
 
 
 def _sparkline(points: List[tuple], peak: int, peak_ts: Optional[int], t0: int, t1: int,
