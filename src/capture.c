@@ -14,6 +14,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,10 @@ static const uint32_t memory_cbids[] = {
 #define N_CBIDS (sizeof memory_cbids / sizeof memory_cbids[0])
 
 static int capturing;  /* read with atomics on the hot path */
+/* Recordings under way (record()): stop waits for them, so that once it
+ * returns nothing more reaches the store. Its own cache line: every
+ * recording thread writes it. */
+static int inflight __attribute__((aligned(64)));
 static int depth_limit = 32;
 static mvz_CUpti_SubscriberHandle subscriber;
 static uint64_t counts[MVZ_OP_COUNT];
@@ -399,7 +404,20 @@ static void record_call(int domain, uint32_t cbid, const void *data)
 /* Hot path, no GIL, any thread: the common tail of the CUPTI callback and
  * the stream-ordered wrappers (interpose.c). Same guarantees as
  * record_call: this thread's frames and TLS, leaf locks only. */
+static void record_body(const decoded *dp, int result, int slot, uint64_t stamp);
+
 static void record(const decoded *dp, int result, int slot, uint64_t stamp)
+{
+    /* Sequentially consistent both here and in mvz_capture_stop: either
+     * this sees capturing off and backs out, or stop sees this recording
+     * and waits for it (no lock, no waiting on this side). */
+    __atomic_fetch_add(&inflight, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&capturing, __ATOMIC_SEQ_CST))
+        record_body(dp, result, slot, stamp);
+    __atomic_fetch_sub(&inflight, 1, __ATOMIC_RELEASE);
+}
+
+static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
 {
     decoded d = *dp;
     if (d.is_free) { /* the store knows the device of what it frees */
@@ -680,7 +698,11 @@ void mvz_capture_stop(void)
             mvz_api.ActivityFlushPeriod(0);
         activity_on = 0;
     }
-    __atomic_store_n(&capturing, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&capturing, 0, __ATOMIC_SEQ_CST);
+    /* Let recordings that passed their check finish (microseconds: they
+     * never wait for anything this thread holds; the GIL is released). */
+    while (__atomic_load_n(&inflight, __ATOMIC_ACQUIRE))
+        sched_yield();
     if (subscriber) {
         mvz_api.Unsubscribe(subscriber); /* lets torch.profiler subscribe later */
         subscriber = NULL;
@@ -712,6 +734,7 @@ void mvz_capture_atfork_child(void)
     /* CUDA cannot be used in a forked child; stop recording there without
      * calling into CUPTI (its state belongs to the parent). */
     __atomic_store_n(&capturing, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&inflight, 0, __ATOMIC_RELEASE); /* the parent's threads are not here */
     subscriber = NULL;
     activity_on = 0;
     pthread_mutex_init(&label_lock, NULL);
