@@ -388,7 +388,7 @@ def _fragmentation(obj, steps, warm, graph) -> List[Finding]:
                        f"allocated stays near {format_size(alloc[-1])} and the most ever allocated at "
                        f"once is {format_size(high['allocated_peak'])}: {format_size(high['never_used'])} "
                        "is reserved but served no request — the cached blocks do not fit the sizes asked for.")
-                out.append(_frag_finding(msg, high, post))
+                out.append(_frag_finding(msg, high, post, obj))
                 done.add(dev)
             continue
         rise_a = alloc[-1] - alloc[0]
@@ -408,7 +408,7 @@ def _fragmentation(obj, steps, warm, graph) -> List[Finding]:
                f"{format_size(alloc[-1])}, so {format_size(unused)} is reserved but unused"
                + (f" (largest free block {format_size(largest)})" if largest is not None else "")
                + ": the cached blocks do not fit the new sizes.")
-        out.append(_frag_finding(msg, numbers, post))
+        out.append(_frag_finding(msg, numbers, post, obj))
         done.add(dev)
     out.extend(_failed_with_free(obj, steps, done))
     out.extend(_near_full(obj, post, done))
@@ -437,8 +437,27 @@ FRAG_FIX = ("Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA st
             "grows its segments instead of caching blocks that fit no request.")
 
 
-def _frag_finding(msg, numbers, post) -> Finding:
+def _frag_finding(msg, numbers, post, obj=None) -> Finding:
+    figures = _pool_figures(obj, numbers.get("device")) if obj is not None else None
+    if figures is not None:  # where the free memory lies: how many gaps between live blocks
+        numbers["free_gaps"] = figures["free_gaps"]
+        numbers["segments"] = figures["segments"]
+        msg += (f" Its {figures['segments']} segments hold {figures['free_gaps']} gaps between live "
+                f"blocks, the largest {format_size(figures['largest_free'])}.")
     return Finding("fragmentation", msg, numbers, _grown_lines(post)[:3], FRAG_FIX)
+
+
+def _pool_figures(obj, dev) -> Optional[dict]:
+    """The live tracker's own figures for PyTorch's segments on ``dev``
+    (the allocator route: from the live blocks; memviz.Snapshot.fragmentation),
+    or None."""
+    if not _is_live_tracker(obj):
+        return None
+    try:
+        snap = obj.snapshot()
+        return snap.fragmentation(dev).get(dev) if snap.segments else None
+    except Exception:  # noqa: BLE001 - evidence only
+        return None
 
 
 def _largest_free(obj, post, dev) -> Optional[int]:
@@ -446,6 +465,9 @@ def _largest_free(obj, post, dev) -> Optional[int]:
         v = s.info.get("largest_free_block")
         if isinstance(v, int):
             return v
+    figures = _pool_figures(obj, dev)
+    if figures is not None:
+        return figures["largest_free"]
     torch = _torch_cuda() if _is_live_tracker(obj) else None
     if torch is None:
         return None
@@ -509,7 +531,7 @@ def _near_full(obj, post, done) -> List[Finding]:
                        "reserved_unused": unused, "device_total": total}
             msg = (f"PyTorch's reserved memory on {_dev(dev)} stays at {format_size(res[-1])} of the "
                    f"card's {format_size(total)} while only {format_size(alloc[-1])} is allocated.")
-            out.append(_frag_finding(msg, numbers, post))
+            out.append(_frag_finding(msg, numbers, post, obj))
     return out
 
 

@@ -269,3 +269,18 @@ def test_oom_report_takes_fragmentation_from_the_live_blocks(standin):
         report.torch_reserved, report.torch_allocated, report.reserved_unused = frag["reserved"], 0, frag["unused"]
         assert f"{frag['free_gaps']} gaps in 1 segments" in str(report)
         held.clear()
+
+
+def test_fragmentation_findings_carry_the_gaps_between_live_blocks(standin):
+    from memviz import _diagnose
+
+    ans = standin()
+    with memviz.track() as t:
+        _attach(t, ans)
+        held = [ans.alloc(8192)[0] for _ in range(5)]
+        del held[1]
+        frag = t.snapshot().fragmentation(0)[0]
+        f = _diagnose._frag_finding("reserved grew.", {"device": 0}, [], t)
+        assert f.numbers["free_gaps"] == frag["free_gaps"] and f.numbers["segments"] == 1
+        assert f"{frag['free_gaps']} gaps between live blocks" in f.message
+        held.clear()
