@@ -284,3 +284,29 @@ def test_fragmentation_findings_carry_the_gaps_between_live_blocks(standin):
         assert f.numbers["free_gaps"] == frag["free_gaps"] and f.numbers["segments"] == 1
         assert f"{frag['free_gaps']} gaps between live blocks" in f.message
         held.clear()
+
+
+def test_before_cuda_initialises_the_route_attaches_at_pytorchs_lazy_init(standin, monkeypatch):
+    """track() before the first CUDA use: probing would initialise CUDA, so
+    memviz queues its attach on PyTorch's lazy init (torch.cuda._lazy_call)
+    and says that it waits."""
+    from memviz.torch import integration
+
+    ans = standin()
+    queued = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: "native")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "_lazy_call", queued.append)
+    monkeypatch.setattr(integration._alloc, "TorchAnswers", lambda _torch: ans)
+    with memviz.track() as t:
+        assert t.torch.route.route == "segments" and "waiting" in t.torch.route.reason
+        assert len(queued) == 1
+        queued[0]()  # PyTorch initialises CUDA
+        assert t.torch.route.route == "allocator", t.torch.route.reason
+        x, _ = ans.alloc(4096); line = here()  # noqa: E702
+        assert [a.user_frame.lineno for a in t.snapshot().allocations
+                if a.kind == "block" and not a.before_tracking] == [line]
+        del x
+    queued[0]()  # after stop: nothing happens
+    assert not _core.allocator_state()["attached"]
