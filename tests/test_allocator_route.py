@@ -310,3 +310,34 @@ def test_before_cuda_initialises_the_route_attaches_at_pytorchs_lazy_init(standi
         del x
     queued[0]()  # after stop: nothing happens
     assert not _core.allocator_state()["attached"]
+
+
+def test_html_segments_view_draws_each_segment_with_its_blocks(standin, tmp_path):
+    """The HTML report's segments view in a real Chromium: one bar per
+    segment, one coloured part per live block, the hover naming its line."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from test_html_report import _browser, open_page
+
+    ans = standin()
+    with memviz.track() as t:
+        _attach(t, ans)
+        held = [ans.alloc(256 << 10)[0] for _ in range(3)]; line = here()  # noqa: E702
+        big, _ = ans.alloc(3 << 20)
+        path = t.to_html(str(tmp_path / "segments.html"))
+        held.clear()
+        del big
+    browser = _browser()
+    try:
+        open_page(browser, path)
+        section = browser.find_element(By.ID, "mvz-segments")
+        bars = section.find_elements(By.CLASS_NAME, "mvz-seg-bar")
+        assert len(bars) == 2  # the 2 MiB segment with the three blocks, and the 4 MiB one
+        blocks = [len(b.find_elements(By.CLASS_NAME, "mvz-seg-block")) for b in bars]
+        assert sorted(blocks) == [1, 3], blocks
+        small = bars[blocks.index(3)].find_elements(By.CLASS_NAME, "mvz-seg-block")[0]
+        ActionChains(browser).move_to_element(small).perform()
+        tip = browser.execute_script("return document.querySelector('.mvz-tip').textContent")
+        assert f"test_allocator_route.py:{line}" in tip, tip
+    finally:
+        browser.quit()
