@@ -1,5 +1,5 @@
 /* See allocator.h. */
-#define _GNU_SOURCE
+#define _GNU_SOURCE 1 /* as pyconfig.h spells it: no redefinition warning */
 #define PY_SSIZE_T_CLEAN
 #include "allocator.h"
 

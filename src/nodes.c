@@ -1,5 +1,5 @@
 /* See nodes.h. */
-#define _GNU_SOURCE
+#define _GNU_SOURCE 1 /* as pyconfig.h spells it: no redefinition warning */
 #include "nodes.h"
 
 #include <Python.h>

@@ -253,7 +253,11 @@ def test_forked_child_of_a_parent_that_never_loaded_cupti_can_capture(fake_path)
         import warnings
         def child(bad_fork):
             if bad_fork:
-                import torch
+                try:
+                    import torch
+                except ImportError:  # the CI's other Pythons have no torch
+                    print("CHILD " + json.dumps({{"skip": True}}), flush=True)
+                    return
                 torch.cuda._is_in_bad_fork = lambda: True
             f = FakeCupti({fake_path!r})
             with warnings.catch_warnings(record=True) as caught:
@@ -276,6 +280,8 @@ def test_forked_child_of_a_parent_that_never_loaded_cupti_can_capture(fake_path)
     kids = [json.loads(x[6:]) for x in p.stdout.splitlines() if x.startswith("CHILD ")]
     assert len(kids) == 2, p.stderr
     assert kids[0] == {"gpu": True, "bytes": 1 << 20, "why": None, "warned": 0}
+    if kids[1].get("skip"):
+        return  # no torch in this Python: its bad-fork answer cannot be asked
     assert kids[1]["gpu"] is False and kids[1]["bytes"] == 0 and kids[1]["warned"] == 1
     assert "initialised CUDA" in kids[1]["why"] and "spawn" in kids[1]["why"]
 
