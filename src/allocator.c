@@ -4,6 +4,7 @@
 #include "allocator.h"
 
 #include <link.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -40,7 +41,9 @@ static struct {
     int nslots;
     void *orig[MAX_SLOTS];   /* the original entries */
     void *table[2 + MAX_SLOTS]; /* the copy: offset to top, typeinfo, slots */
-    int attached;
+    int attached;            /* state == ST_ATTACHED, for the GIL side */
+    int state;               /* ST_*: whose vtable the object uses, and why */
+    long outstanding;        /* blocks alive that carry memviz's deleter */
     int committed;           /* the layout below is known: wrappers record */
     int data_w, deleter_w, ctx_w, device_w; /* DataPtr words */
     deleter_fn orig_deleter; /* PyTorch's deleter for its blocks */
@@ -49,6 +52,34 @@ static struct {
     uintptr_t sample[4];     /* the first DataPtr allocate returned since reset */
     int sampled;             /* 0 empty, 1 being written, 2 full */
 } A = {.rs_slot = {-1, -1}, .raw_alloc_slot = -1, .raw_delete_slot = -1};
+
+/* Whose vtable the allocator object points at. Detaching with blocks still
+ * alive that carry memviz's deleter keeps the copy (DRAINING), with PyTorch's
+ * own entries but recordStream's wrapper: PyTorch skips a stream use on a
+ * DataPtr whose deleter is not its own, and a skipped stream use lets a
+ * block be handed out again while another stream still uses it. The last
+ * such block's free puts PyTorch's vtable back. */
+enum { ST_PYTORCH, ST_ATTACHED, ST_DRAINING, ST_RESTORING };
+
+/* Any thread, no GIL: PyTorch's vtable back once draining is over. Only
+ * the thread that wins the state change writes the word. */
+static void try_restore(void)
+{
+    int expected = ST_DRAINING;
+    if (__atomic_compare_exchange_n(&A.state, &expected, ST_RESTORING, 0, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_RELAXED)) {
+        __atomic_store_n((void ***)A.object, A.vptr, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&A.state, ST_PYTORCH, __ATOMIC_SEQ_CST);
+    }
+}
+
+/* Any thread, no GIL: one block with memviz's deleter fewer. */
+static inline void release_one(void)
+{
+    if (__atomic_sub_fetch(&A.outstanding, 1, __ATOMIC_SEQ_CST) == 0 &&
+        __atomic_load_n(&A.state, __ATOMIC_SEQ_CST) == ST_DRAINING)
+        try_restore();
+}
 
 /* ---- tripwires ----------------------------------------------------------
  * Slot i of the copy may point at trampoline i, which adds one to hits[i]
@@ -126,6 +157,14 @@ static void *wrap_allocate(void *sret, void *self, size_t n)
         return r;
     }
     if (w[A.data_w] && w[A.deleter_w] == (uintptr_t)A.orig_deleter) {
+        /* Counted before the state is read (both sequentially consistent, as
+         * in detach): either detach sees this block, or this sees the detach
+         * and hands the block out as PyTorch would. */
+        __atomic_fetch_add(&A.outstanding, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&A.state, __ATOMIC_SEQ_CST) != ST_ATTACHED) {
+            release_one();
+            return r;
+        }
         w[A.deleter_w] = (uintptr_t)wrap_delete;
         mvz_capture_block(0, w[A.data_w], block_size(n), 0, device_of_word(w[A.device_w]), stamp);
     }
@@ -140,6 +179,7 @@ static void wrap_delete(void *ctx)
 {
     mvz_capture_block(1, (uint64_t)(uintptr_t)ctx, 0, 0, 0, 0);
     A.orig_deleter(ctx);
+    release_one();
 }
 
 static void *wrap_raw_deleter(const void *self)
@@ -204,8 +244,9 @@ static void *slot_entry(int slot)
 {
     if (slot == SLOT_ALLOCATE)
         return (void *)wrap_allocate;
-    if (A.committed && slot == SLOT_RAW_DELETER && A.orig_deleter)
-        return (void *)wrap_raw_deleter;
+    if (A.committed && slot == SLOT_RAW_DELETER && A.orig_deleter &&
+        __atomic_load_n(&A.state, __ATOMIC_SEQ_CST) == ST_ATTACHED)
+        return (void *)wrap_raw_deleter; /* draining: new blocks are PyTorch's, and say so */
     if (slot == A.rs_slot[0])
         return (void *)wrap_record_stream0;
     if (slot == A.rs_slot[1])
@@ -277,6 +318,31 @@ static PyObject *allocator_attach(PyObject *self, PyObject *arg)
         PyErr_SetString(PyExc_RuntimeError, "PyTorch's CUDA allocator is not set up yet");
         return NULL;
     }
+    if (A.attached) {
+        PyErr_SetString(PyExc_RuntimeError, "memviz is attached to this allocator already");
+        return NULL;
+    }
+    for (;;) { /* still draining from the last time: take the copy over as it is */
+        int st = __atomic_load_n(&A.state, __ATOMIC_SEQ_CST);
+        if (st == ST_RESTORING) {
+            sched_yield(); /* another thread is putting PyTorch's vtable back: two stores */
+            continue;
+        }
+        if (st == ST_DRAINING) {
+            int expected = ST_DRAINING;
+            if (!__atomic_compare_exchange_n(&A.state, &expected, ST_ATTACHED, 0, __ATOMIC_SEQ_CST,
+                                             __ATOMIC_RELAXED))
+                continue;
+            __atomic_store_n(&A.sampled, 0, __ATOMIC_RELEASE);
+            for (int i = 0; i < A.nslots; i++)
+                set_slot(i, slot_entry(i));
+            A.attached = 1;
+            return Py_BuildValue("{s:i,s:K,s:K}", "slots", A.nslots, "vptr",
+                                 (unsigned long long)(uintptr_t)A.vptr, "object",
+                                 (unsigned long long)(uintptr_t)A.object);
+        }
+        break;
+    }
     void **vptr = __atomic_load_n((void ***)object, __ATOMIC_ACQUIRE);
     if (vptr == (void **)&A.table[2]) {
         PyErr_SetString(PyExc_RuntimeError, "memviz is attached to this allocator already");
@@ -326,6 +392,7 @@ static PyObject *allocator_attach(PyObject *self, PyObject *arg)
     }
     mvz_capture_prepare_wrappers();
     __atomic_store_n(&A.sampled, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&A.state, ST_ATTACHED, __ATOMIC_SEQ_CST);
     for (int i = 0; i < A.nslots; i++)
         set_slot(i, slot_entry(i));
     __atomic_store_n((void ***)object, (void **)&A.table[2], __ATOMIC_RELEASE);
@@ -480,14 +547,22 @@ static PyObject *allocator_commit(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* allocator_detach(): PyTorch's own vtable back. */
+/* allocator_detach(): stop recording; PyTorch's own vtable back now, or,
+ * while blocks with memviz's deleter are alive, once the last is freed
+ * (ST_DRAINING: meanwhile the copy holds PyTorch's entries but for
+ * recordStream's wrapper). */
 static PyObject *allocator_detach(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
     if (A.attached) {
-        __atomic_store_n((void ***)A.object, A.vptr, __ATOMIC_RELEASE);
         A.attached = 0;
+        __atomic_store_n(&A.state, ST_DRAINING, __ATOMIC_SEQ_CST);
+        for (int i = 0; i < A.nslots; i++)
+            if (i != A.rs_slot[0] && i != A.rs_slot[1])
+                set_slot(i, i == SLOT_ALLOCATE ? (void *)wrap_allocate : A.orig[i]);
+        if (__atomic_load_n(&A.outstanding, __ATOMIC_SEQ_CST) == 0)
+            try_restore();
     }
     Py_RETURN_NONE;
 }
@@ -500,8 +575,9 @@ static PyObject *allocator_reset(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    if (A.attached) {
-        PyErr_SetString(PyExc_RuntimeError, "allocator_reset(): detach first");
+    if (A.attached || __atomic_load_n(&A.state, __ATOMIC_SEQ_CST) != ST_PYTORCH) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "allocator_reset(): detach and free every block made while attached first");
         return NULL;
     }
     memset(&A, 0, sizeof A);
@@ -514,9 +590,12 @@ static PyObject *allocator_state(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    return Py_BuildValue("{s:O,s:O,s:O,s:i,s:(ii),s:i,s:i,s:(iiii),s:K,s:K}", "supported",
+    static const char *const states[] = {"pytorch", "memviz", "draining", "restoring"};
+    int st = __atomic_load_n(&A.state, __ATOMIC_SEQ_CST);
+    return Py_BuildValue("{s:O,s:O,s:s,s:l,s:O,s:i,s:(ii),s:i,s:i,s:(iiii),s:K,s:K}", "supported",
                          HAVE_ALLOCATOR ? Py_True : Py_False, "attached",
-                         A.attached ? Py_True : Py_False, "committed",
+                         A.attached ? Py_True : Py_False, "vtable", states[st & 3], "outstanding",
+                         __atomic_load_n(&A.outstanding, __ATOMIC_SEQ_CST), "committed",
                          A.committed ? Py_True : Py_False, "slots", A.nslots, "record_stream",
                          A.rs_slot[0], A.rs_slot[1], "raw_alloc_with_stream", A.raw_alloc_slot,
                          "raw_delete", A.raw_delete_slot, "words", A.data_w, A.deleter_w,

@@ -48,6 +48,8 @@ def standin(builds, fake, request):
     if t is not None:
         t.stop()
     gc.collect()
+    st = _core.allocator_state()
+    assert st["outstanding"] == 0, ("a test left tensors made while attached", st)
     route_mod._reset_for_tests()
 
 
@@ -142,12 +144,18 @@ def test_detach_with_tensors_live_leaves_the_allocator_as_it_was(standin):
         del stream_used
         assert ans.lib.sa_state(addr) == 2
         ans.lib.sa_process_events()
-    assert not _core.allocator_state()["attached"]
-    after, _ = ans.alloc(4096)  # PyTorch's own vtable again: PyTorch's own deleter
-    assert ans.lib.sa_tensor_deleter(after.handle) != _core.allocator_state()["memviz_deleter"]
-    n = ans.allocated()
-    del during  # made while attached, freed after: memviz's deleter still hands it back
-    assert ans.allocated() == n - 4096
+    st = _core.allocator_state()
+    assert not st["attached"] and st["vtable"] == "draining" and st["outstanding"] == 1
+    after, _ = ans.alloc(4096)  # PyTorch's own deleter again, and its own raw_deleter()
+    assert ans.lib.sa_tensor_deleter(after.handle) != st["memviz_deleter"]
+    assert ans.lib.sa_has_standard_deleter(after.handle)
+    where = during.data_ptr()
+    ans.record_stream(during)  # made while attached: its stream use must still reach PyTorch
+    del during
+    assert ans.lib.sa_state(where) == 2  # freed, waiting for the recorded stream
+    ans.lib.sa_process_events()
+    st = _core.allocator_state()
+    assert st["vtable"] == "pytorch" and st["outstanding"] == 0  # the last one freed: PyTorch's vtable
     del after
     assert ans.allocated() == 0
 
@@ -185,6 +193,8 @@ def test_threads_with_and_without_python_frames(standin, fake):
         assert sum(1 for x in blocks if not x.traceback) == 10
         keep_all.clear()
         assert _core.block_totals()[0]["current"] == ans.allocated() == 10 * 1024
+        ans.lib.sa_native_free_kept()
+        assert _core.block_totals()[0]["current"] == ans.allocated() == 0
 
 
 def test_the_probe_finds_the_layout_it_does_not_assume_it(standin):

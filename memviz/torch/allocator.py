@@ -50,7 +50,9 @@ class TorchAnswers:
         self._side = None
 
     def holder(self) -> int:
-        lib = ctypes.CDLL(self.library, mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_GLOBAL)
+        # The library PyTorch loaded (RTLD_NOLOAD: never a second copy), in its own
+        # symbol scope as it is (RTLD_LOCAL: its symbols are not made global).
+        lib = ctypes.CDLL(self.library, mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_LOCAL)
         return ctypes.addressof(ctypes.c_void_p.in_dll(lib, HOLDER))
 
     def alloc(self, n: int):

@@ -82,6 +82,7 @@ class StandInAnswers:
             ("sa_blocks", ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
             ("sa_segments", ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
             ("sa_native_thread", None, [ctypes.c_int, ctypes.c_int, ctypes.c_size_t]),
+            ("sa_native_free_kept", None, []),
             ("sa_init", None, [ctypes.c_void_p]),
         ]:
             f = getattr(lib, name)

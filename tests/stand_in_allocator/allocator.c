@@ -378,15 +378,27 @@ typedef struct {
     size_t size;
 } work;
 
+static tensor *kept[4096];
+static int nkept;
+
 static void *worker(void *arg)
 {
     work *w = arg;
     for (int i = 0; i < w->count; i++) {
         tensor *t = sa_tensor_new(w->size);
-        if (i >= w->keep)
+        if (i >= w->keep || nkept == 4096)
             sa_tensor_free(t);
+        else
+            kept[nkept++] = t;
     }
     return NULL;
+}
+
+/* The tensors sa_native_thread kept go (from the calling thread). */
+void sa_native_free_kept(void)
+{
+    while (nkept > 0)
+        sa_tensor_free(kept[--nkept]);
 }
 
 void sa_native_thread(int count, int keep, size_t size)
