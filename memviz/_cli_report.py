@@ -43,7 +43,7 @@ from ._cli_run import _positive
 from ._errors import InvalidArgument, OutputError, TraceError
 from ._outputs import refuse_inputs, write_output
 from ._trace import TraceWarning, step_dict
-from ._units import format_size
+from ._units import escape_surrogates, format_size
 
 __all__ = ["main", "diff_main", "json_report", "diff_text"]
 
@@ -241,7 +241,7 @@ def diff_text(a: Any, b: Any, names: tuple = ("A", "B"), top: int = 10,
     lines += _diff_lines(b.peak_snapshot().compare_to(a.peak_snapshot(), key), top)
     lines += ["", f"Live at the end ({key}), largest changes first:"]
     lines += _diff_lines(b.snapshot().compare_to(a.snapshot(), key), top)
-    return "\n".join(lines) + "\n"
+    return escape_surrogates("\n".join(lines) + "\n")  # file names that are not UTF-8
 
 
 def _diff_json(a: Any, b: Any, top: int, key: str) -> Dict[str, Any]:

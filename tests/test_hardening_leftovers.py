@@ -1,0 +1,60 @@
+"""Leftovers of the hardening issue (14): non-UTF-8 file names in `memviz diff`
+and the pytest plugin's summary, NaN in the JSON report, write errors of the
+step files during t.step(), and step files that are the trace (or each other).
+
+A full disk is /dev/full (ENOSPC) or a file-size limit (RLIMIT_FSIZE with
+SIGXFSZ ignored: EFBIG), as in test_hardening_outputs.py.
+"""
+
+import contextlib
+import errno
+import json
+import os
+import resource
+import signal
+
+import pytest
+
+import memviz
+from fake_cupti import CBID_cuMemAlloc_v2
+from memviz._cli_report import diff_main, diff_text, main as report_main
+
+MiB = 1 << 20
+#: a file name with the byte 0xff, as Python sees it (the surrogate \udcff)
+ODD = os.fsdecode(b"/tmp/d\xffir/model.py")
+
+
+def strict_json(text):
+    """json.loads that refuses NaN and Infinity (which JSON does not have)."""
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def odd_trace(fake, path, sizes, info=None):
+    """A saved trace whose allocations come from a file named ODD, one step each."""
+    ns = {}
+    exec(compile("def grow(fake, cbid, size):\n    return fake.alloc(cbid, size)\n", ODD, "exec"), ns)
+    with memviz.track(torch=False) as t:
+        for size in sizes:
+            ns["grow"](fake, CBID_cuMemAlloc_v2, size)
+            t.step(**(info or {}))
+    t.save(str(path))
+    return path
+
+
+# ---- 1. memviz diff with a file name that is not UTF-8 ----------------------------------
+
+
+def test_diff_of_traces_with_a_file_name_that_is_not_utf8(fake, tmp_path, capsys):
+    a = odd_trace(fake, tmp_path / "a.memviz", [MiB])
+    b = odd_trace(fake, tmp_path / "b.memviz", [MiB, 2 * MiB])
+    out = tmp_path / "d.txt"
+    assert diff_main([str(a), str(b), "-o", str(out)]) == 0, capsys.readouterr().err
+    text = out.read_bytes().decode("utf-8")
+    assert "/tmp/d\\xffir/model.py:2" in text and "+2 MiB" in text
+    diff_text(memviz.load(str(a)), memviz.load(str(b))).encode("utf-8")  # stdout too
+    out = tmp_path / "d.json"
+    assert diff_main([str(a), str(b), "--format", "json", "-o", str(out)]) == 0
+    doc = strict_json(out.read_bytes().decode("utf-8"))
+    assert doc["at_peak"][0]["key"].startswith(ODD)  # JSON keeps the name exactly
