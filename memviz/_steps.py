@@ -35,7 +35,7 @@ from ._args import path as _path_arg
 from ._errors import InvalidArgument, InvalidArgumentType, NotTracking, OutputError
 from ._frames import frames as _default_filter
 from ._snapshot import Frame
-from ._units import escape_surrogates, format_size
+from ._units import escape_surrogates, format_size, json_finite
 
 __all__ = ["StepRecord", "DeviceStep", "GrowthLine", "record_step", "on_step", "watch",
            "WatchHandle", "TOP_LINES"]
@@ -385,7 +385,7 @@ class _JsonLines(_Sink):
 
     def emit(self, rec):
         if not self.f.closed:
-            self.f.write(json.dumps(rec.to_dict(), default=str) + "\n")
+            self.f.write(json.dumps(json_finite(rec.to_dict()), default=str, allow_nan=False) + "\n")
             self.f.flush()
 
     def close(self):
@@ -411,7 +411,8 @@ class _Csv(_Sink):
         if self.f.closed:
             return
         top = rec.lines[0] if rec.lines else None
-        info = json.dumps(rec.to_dict()["info"], default=str) if rec.info else ""
+        info = (json.dumps(json_finite(rec.to_dict()["info"]), default=str, allow_nan=False)
+                if rec.info else "")
         devs = sorted(rec.devices) or [None]
         for dev in devs:
             d = rec.devices.get(dev) if dev is not None else DeviceStep()

@@ -58,3 +58,34 @@ def test_diff_of_traces_with_a_file_name_that_is_not_utf8(fake, tmp_path, capsys
     assert diff_main([str(a), str(b), "--format", "json", "-o", str(out)]) == 0
     doc = strict_json(out.read_bytes().decode("utf-8"))
     assert doc["at_peak"][0]["key"].startswith(ODD)  # JSON keeps the name exactly
+
+
+# ---- 2. NaN and infinities in the JSON report --------------------------------------------
+
+
+def test_json_report_writes_nan_and_infinity_as_null(fake, tmp_path, capsys):
+    trace = odd_trace(fake, tmp_path / "t.memviz", [MiB],
+                      info={"loss": float("nan"), "scale": float("inf"), "lr": 0.5})
+    out = tmp_path / "r.json"
+    assert report_main([str(trace), "--format", "json", "-o", str(out)]) == 0
+    doc = strict_json(out.read_text(encoding="utf-8"))
+    assert doc["steps"][0]["info"] == {"loss": None, "scale": None, "lr": 0.5}
+    assert doc["devices"][0]["top_lines_at_peak"][0]["file"] == ODD  # still lossless
+
+
+def test_step_files_write_nan_as_null_and_perfetto_stays_json(fake, tmp_path):
+    jl, cs, pf = tmp_path / "s.jsonl", tmp_path / "s.csv", tmp_path / "p.json"
+    with memviz.track(torch=False) as t:
+        t.on_step(jsonl=jl, csv=cs)
+        fake.alloc(CBID_cuMemAlloc_v2, MiB)
+        t.step(loss=float("nan"), scale=float("-inf"), lr=0.5)
+    assert strict_json(jl.read_text().splitlines()[0])["info"] == {"loss": None, "scale": None,
+                                                                  "lr": 0.5}
+    import csv
+    with open(cs, newline="", encoding="utf-8") as f:
+        row = list(csv.DictReader(f))[0]
+    assert strict_json(row["info"]) == {"loss": None, "scale": None, "lr": 0.5}
+    t.to_perfetto(str(pf))
+    doc = strict_json(pf.read_text(encoding="utf-8"))
+    steps = [e for e in doc["traceEvents"] if e.get("cat") == "step"]
+    assert steps and steps[0]["args"]["lr"] == 0.5  # (the loss is there as the text "nan")
