@@ -19,6 +19,8 @@ import memviz
 from fake_cupti import CBID_cuMemAlloc_v2
 from memviz._cli_report import diff_main, diff_text, main as report_main
 
+pytest_plugins = ["pytester"]
+
 MiB = 1 << 20
 #: a file name with the byte 0xff, as Python sees it (the surrogate \udcff)
 ODD = os.fsdecode(b"/tmp/d\xffir/model.py")
@@ -89,3 +91,44 @@ def test_step_files_write_nan_as_null_and_perfetto_stays_json(fake, tmp_path):
     doc = strict_json(pf.read_text(encoding="utf-8"))
     steps = [e for e in doc["traceEvents"] if e.get("cat") == "step"]
     assert steps and steps[0]["args"]["lr"] == 0.5  # (the loss is there as the text "nan")
+
+
+
+# ---- 3. the pytest plugin's summary with a file name that is not UTF-8 -------------------
+
+
+def test_pytest_summary_escapes_file_names_that_are_not_utf8(fake):
+    from memviz import pytest_plugin
+
+    lines = []
+    rep = type("TR", (), {"write_sep": lambda self, *a, **k: None,
+                          "write_line": lambda self, text, **k: lines.append(text)})()
+    plugin = pytest_plugin._Runner.__new__(pytest_plugin._Runner)
+    plugin.every_test = True
+    plugin.capture = lambda: (True, "")
+    plugin.config = type("C", (), {"getoption": lambda self, name, default=None: None})()
+    plugin.results = [{"nodeid": "t.py::test_\udcff", "peak_bytes": MiB, "leaked_bytes": 0,
+                       "top_lines": [{"line": f"{ODD}:2"}]}]
+    plugin.pytest_terminal_summary(rep)
+    text = "\n".join(lines)
+    text.encode("utf-8")
+    assert "/tmp/d\\xffir/model.py:2" in text and "t.py::test_\\xff" in text
+
+
+def test_pytest_failure_report_escapes_file_names_that_are_not_utf8(pytester, fake):
+    from test_pytest_plugin import GPU, run
+
+    src = GPU + f"""
+ns = {{}}
+exec(compile("def grow(fake, cbid, size):\\n    return fake.alloc(cbid, size)\\n", {ODD!r}, "exec"), ns)
+kept = []
+
+@pytest.mark.memviz(leaks=True)
+def test_leaks():
+    kept.append(ns["grow"](fake, CBID_cuMemAlloc_v2, 2 * MiB))
+"""
+    r = run(pytester, src, "--memviz", "--junitxml=j.xml")
+    r.assert_outcomes(failed=1)
+    out = r.stdout.str()
+    assert "Still alive, by line:\n    /tmp/d\\xffir/model.py:2" in out, out
+    (pytester.path / "j.xml").read_text(encoding="utf-8").encode("utf-8")
