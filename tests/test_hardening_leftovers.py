@@ -18,6 +18,7 @@ import pytest
 import memviz
 from fake_cupti import CBID_cuMemAlloc_v2
 from memviz._cli_report import diff_main, diff_text, main as report_main
+from test_pytest_plugin import GPU, run  # (imports torch once, before pytester's inner runs)
 
 pytest_plugins = ["pytester"]
 
@@ -116,8 +117,6 @@ def test_pytest_summary_escapes_file_names_that_are_not_utf8(fake):
 
 
 def test_pytest_failure_report_escapes_file_names_that_are_not_utf8(pytester, fake):
-    from test_pytest_plugin import GPU, run
-
     src = GPU + f"""
 ns = {{}}
 exec(compile("def grow(fake, cbid, size):\\n    return fake.alloc(cbid, size)\\n", {ODD!r}, "exec"), ns)
@@ -132,3 +131,67 @@ def test_leaks():
     out = r.stdout.str()
     assert "Still alive, by line:\n    /tmp/d\\xffir/model.py:2" in out, out
     (pytester.path / "j.xml").read_text(encoding="utf-8").encode("utf-8")
+
+
+# ---- 4. a write error in a step file during t.step() -------------------------------------
+
+
+@contextlib.contextmanager
+def file_size_limit(n):
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (n, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+
+
+def test_a_full_disk_under_the_jsonl_step_file(fake, tmp_path):
+    with memviz.track(torch=False) as t:
+        t.on_step(jsonl="/dev/full")
+        fake.alloc(CBID_cuMemAlloc_v2, MiB)
+        with pytest.raises(memviz.OutputError, match="the jsonl step file.*/dev/full.*"
+                                                     "No space left.*What to do") as e:
+            t.step()
+        assert e.value.errno == errno.ENOSPC and "t.steps" in str(e.value)
+        t.step()  # the broken file is left alone; steps still record
+    assert [r.index for r in t.steps] == [0, 1]
+
+
+def test_a_file_size_limit_under_the_csv_step_file(fake, tmp_path):
+    seen = []
+    path = tmp_path / "s.csv"
+    with memviz.track(torch=False) as t:
+        t.on_step(csv=path, callback=seen.append)
+        with file_size_limit(os.path.getsize(path) + 10):
+            with pytest.raises(memviz.OutputError, match="the csv step file") as e:
+                t.step(batch=(8, 128))
+        assert e.value.errno == errno.EFBIG
+    assert len(t.steps) == 1 and seen == t.steps  # the record is kept, other sinks got it
+
+
+def test_a_full_disk_when_the_csv_header_is_written(fake):
+    with memviz.track(torch=False) as t:
+        with pytest.raises(memviz.OutputError, match="the csv step file.*/dev/full") as e:
+            t.on_step(csv="/dev/full")
+        assert e.value.errno == errno.ENOSPC
+
+
+def test_watch_keeps_its_records_when_a_step_file_fails(fake, tmp_path):
+    hooks = []
+
+    class Optimizer:
+        def register_step_post_hook(self, fn):
+            hooks.append(fn)
+            return type("H", (), {"remove": lambda self: hooks.clear()})()
+
+    got = []
+    with memviz.track(torch=False) as t:
+        t.on_step(callback=got.append)
+        with memviz.watch(Optimizer(), jsonl="/dev/full") as h:
+            with pytest.raises(memviz.OutputError, match="jsonl step file"):
+                hooks[0](None, (), {})
+            hooks[0](None, (), {})
+    assert h.records == t.steps == got and len(got) == 2
