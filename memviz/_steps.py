@@ -566,6 +566,24 @@ def make_sinks(callback=None, log=False, print_every=None, jsonl=None, csv=None,
     return sinks
 
 
+def _refuse_same_files(tracker, sinks: Dict[str, Any]) -> None:
+    """Before anything is opened: a jsonl=/csv= path must not be the tracker's
+    trace file, a step file the tracker writes already, or the other of the two
+    (one file by device and inode, through links)."""
+    from ._outputs import own_files, refuse_inputs
+
+    taken = own_files(tracker) if tracker is not None else []
+    st = tracker.__dict__.get("_memviz_steps") if tracker is not None else None
+    for s in list(st.sinks) if st is not None else ():
+        if isinstance(s, _File) and not s.f.closed:
+            taken.append((f"the {s.what} step file this tracker writes already", s.path))
+    for what in ("jsonl", "csv"):
+        if sinks.get(what) is not None:
+            path = _path_arg(sinks[what], f"{what}=")
+            refuse_inputs(path, taken, f"the {what} step file", hint=f"choose another {what}= path")
+            taken.append((f"the {what} step file ({what}=)", path))
+
+
 class _SinkHandle:
     """Returned by :func:`on_step`: ``remove()`` detaches (and closes) its sinks."""
 
@@ -584,6 +602,7 @@ def on_step(tracker, **sinks) -> _SinkHandle:
     for callback=, log=, print_every=, jsonl=, csv=, tensorboard=). File sinks
     are closed when the tracker stops or the returned handle's ``remove()``."""
     _check_sink_names(sinks, "Tracker.on_step()")
+    _refuse_same_files(tracker, sinks)
     built = make_sinks(**sinks)
     st = _state(tracker)
     with st.lock:
@@ -665,4 +684,7 @@ def watch(optimizer, tracker=None, *, info=None, **sinks) -> WatchHandle:
         raise InvalidArgumentType(f"memviz.watch(info=...) takes a dict or a function returning one, "
                                   f"got {type(info).__name__}")
     _check_sink_names(sinks, "memviz.watch()")
+    if sinks.get("jsonl") is not None or sinks.get("csv") is not None:
+        from ._tracker import active_tracker
+        _refuse_same_files(tracker if tracker is not None else active_tracker(), sinks)
     return WatchHandle(optimizer, tracker, make_sinks(**sinks), info)

@@ -195,3 +195,48 @@ def test_watch_keeps_its_records_when_a_step_file_fails(fake, tmp_path):
                 hooks[0](None, (), {})
             hooks[0](None, (), {})
     assert h.records == t.steps == got and len(got) == 2
+
+
+# ---- 5. step files that are the trace, or each other -------------------------------------
+
+
+def test_step_files_that_are_the_trace_or_each_other_are_refused(fake, tmp_path):
+    trace = tmp_path / "t.memviz"
+    with memviz.track(torch=False, trace=str(trace)) as t:
+        fake.alloc(CBID_cuMemAlloc_v2, MiB)
+        before = trace.read_bytes()
+        link = tmp_path / "link.jsonl"
+        link.symlink_to(trace)
+        for kw in ({"jsonl": trace}, {"csv": str(link)}):
+            with pytest.raises(memviz.OutputError, match="trace file"):
+                t.on_step(**kw)
+        assert trace.read_bytes() == before
+        steps = tmp_path / "s.txt"
+        steps.write_text("old")
+        with pytest.raises(memviz.OutputError, match="jsonl step file"):
+            t.on_step(jsonl=steps, csv=steps)
+        with pytest.raises(memviz.OutputError, match="jsonl step file"):
+            t.on_step(jsonl=tmp_path / "new.txt", csv=tmp_path / "." / "new.txt")
+        assert steps.read_text() == "old" and not (tmp_path / "new.txt").exists()
+        t.step()
+    assert memviz.load(str(trace)).steps[0].index == 0  # the trace is intact
+
+
+def test_a_step_file_already_written_is_refused_for_another_sink(fake, tmp_path):
+    hooks = []
+    opt = type("O", (), {"register_step_post_hook": lambda self, fn: hooks.append(fn)})()
+    path = tmp_path / "s.jsonl"
+    with memviz.track(torch=False, trace=str(tmp_path / "t.memviz")) as t:
+        handle = t.on_step(jsonl=path)
+        t.step()
+        with pytest.raises(memviz.OutputError, match="the csv step file.*jsonl step file"):
+            t.on_step(csv=path)
+        with pytest.raises(memviz.OutputError, match="trace file"):
+            memviz.watch(opt, csv=tmp_path / "t.memviz")  # the running tracker's trace
+        with pytest.raises(memviz.InvalidArgumentType, match="jsonl=.*3 \\(int\\)"):
+            t.on_step(jsonl=3)  # not taken for file descriptor 3
+        t.step()
+        handle.remove()
+        t.on_step(csv=path)  # closed: free to be written again
+    assert not hooks
+
