@@ -240,3 +240,19 @@ def test_a_step_file_already_written_is_refused_for_another_sink(fake, tmp_path)
         t.on_step(csv=path)  # closed: free to be written again
     assert not hooks
 
+
+
+def test_framework_callbacks_check_and_survive_their_step_files(fake, tmp_path):
+    from memviz.integrations import StepCallbackCore
+
+    with pytest.raises(memviz.OutputError, match="the csv step file.*jsonl step file"):
+        StepCallbackCore(jsonl=tmp_path / "s", csv=tmp_path / "s")
+    assert not (tmp_path / "s").exists()
+    got = []
+    with memviz.track(torch=False) as t:
+        t.on_step(jsonl="/dev/full")
+        core = StepCallbackCore(callback=got.append)
+        core.begin()
+        with pytest.raises(memviz.OutputError, match="jsonl step file"):
+            core.step()
+    assert got == t.steps and len(got) == 1
