@@ -27,7 +27,8 @@ JSON report (``--format json``), version 1::
     LINE = {"file": str, "line": int, "function": str, "size": int, "count": int}
 
 Sizes are bytes. ``file`` of allocations made by threads without Python
-frames is ``"<thread NAME>"`` with line 0.
+frames is ``"<thread NAME>"`` with line 0. NaN and infinities (a step's
+``loss=float("nan")``) are written as null.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from ._cli_run import _positive
 from ._errors import InvalidArgument, OutputError, TraceError
 from ._outputs import refuse_inputs, write_output
 from ._trace import TraceWarning, step_dict
-from ._units import format_size
+from ._units import escape_surrogates, format_size, json_finite
 
 __all__ = ["main", "diff_main", "json_report", "diff_text"]
 
@@ -116,6 +117,11 @@ def json_report(trace: Any, top: int = 10) -> Dict[str, Any]:
         "failures": failures,
         "steps": [step_dict(s) for s in trace.steps],
     }
+
+
+def _dumps(doc: Any) -> str:
+    """Valid JSON (a NaN step value is null), one document and a newline."""
+    return json.dumps(json_finite(doc), indent=1, default=str, allow_nan=False) + "\n"
 
 
 def _html(trace: Any) -> str:
@@ -194,7 +200,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz report") -> int:
             if trace.truncated:
                 text = f"(incomplete trace: {trace.error})\n" + text
         elif opts.format == "json":
-            text = json.dumps(json_report(trace, opts.top), indent=1, default=str) + "\n"
+            text = _dumps(json_report(trace, opts.top))
         else:
             text = _html(trace)
     except TraceError as e:
@@ -241,7 +247,7 @@ def diff_text(a: Any, b: Any, names: tuple = ("A", "B"), top: int = 10,
     lines += _diff_lines(b.peak_snapshot().compare_to(a.peak_snapshot(), key), top)
     lines += ["", f"Live at the end ({key}), largest changes first:"]
     lines += _diff_lines(b.snapshot().compare_to(a.snapshot(), key), top)
-    return "\n".join(lines) + "\n"
+    return escape_surrogates("\n".join(lines) + "\n")  # file names that are not UTF-8
 
 
 def _diff_json(a: Any, b: Any, top: int, key: str) -> Dict[str, Any]:
@@ -297,7 +303,7 @@ def diff_main(argv: Optional[List[str]] = None, prog: str = "memviz diff") -> in
         print(f"{prog}: {e}", file=sys.stderr)
         return EXIT_USAGE
     if opts.format == "json":
-        text = json.dumps(_diff_json(a, b, opts.top, opts.key), indent=1, default=str) + "\n"
+        text = _dumps(_diff_json(a, b, opts.top, opts.key))
     else:
         names = (os.path.basename(opts.a), os.path.basename(opts.b))
         if names[0] == names[1]:

@@ -35,7 +35,7 @@ from ._args import path as _path_arg
 from ._errors import InvalidArgument, InvalidArgumentType, NotTracking, OutputError
 from ._frames import frames as _default_filter
 from ._snapshot import Frame
-from ._units import escape_surrogates, format_size
+from ._units import escape_surrogates, format_size, json_finite
 
 __all__ = ["StepRecord", "DeviceStep", "GrowthLine", "record_step", "on_step", "watch",
            "WatchHandle", "TOP_LINES"]
@@ -295,6 +295,13 @@ def _autograd_seq() -> Optional[int]:
 def record_step(tracker, **info: Any) -> StepRecord:
     """Record the end of a step on ``tracker``: append a :class:`StepRecord`
     to ``tracker.steps``, send it to the sinks and return it."""
+    rec, sinks = _record(tracker, info)
+    _emit(sinks, rec)
+    return rec
+
+
+def _record(tracker, info: Dict[str, Any]) -> Tuple[StepRecord, List["_Sink"]]:
+    """The new record, appended to ``tracker.steps``, and the tracker's sinks."""
     if not getattr(tracker, "running", False):
         raise NotTracking(
             "t.step() needs a running tracker: call it inside `with memviz.track() as t:` "
@@ -326,9 +333,20 @@ def record_step(tracker, **info: Any) -> StepRecord:
         st.last_ts = now
         tracker.steps.append(rec)
         sinks = list(st.sinks)
+    return rec, sinks
+
+
+def _emit(sinks: List["_Sink"], rec: StepRecord) -> None:
+    """Send ``rec`` to every sink; a step file that cannot be written does
+    not keep the record from the sinks after it: its OutputError comes after."""
+    error = None
     for s in sinks:
-        s.emit(rec)
-    return rec
+        try:
+            s.emit(rec)
+        except OutputError as e:
+            error = error or e
+    if error is not None:
+        raise error
 
 
 def _growth_lines(st: _StepState, tracker, changed) -> List[GrowthLine]:
@@ -378,15 +396,41 @@ class _Sink:
         pass
 
 
-class _JsonLines(_Sink):
+class _File(_Sink):
+    """A step file. The first write error (a full disk) closes it and raises
+    an OutputError; the steps stay in ``tracker.steps``."""
+
+    what = "step"
+
+    def failed(self, rec: Optional[StepRecord], e: OSError) -> OutputError:
+        try:
+            self.f.close()  # retries the flush once more; the file is closed either way
+        except OSError:
+            pass
+        from ._outputs import _error
+        err = _error(f"the {self.what} step file", self.path, e)
+        when = f"step {rec.index} and later steps" if rec is not None else "the steps"
+        return OutputError(err.what, err.path, err.reason, errno=err.errno, hint=(
+            f"{err.hint or 'free some disk space, or choose another path'}. {when.capitalize()} "
+            f"are not written to this file (it stops here) but are kept in t.steps: save them with "
+            f"t.save(PATH), or attach a new file with t.on_step({self.what}=PATH)"))
+
+
+class _JsonLines(_File):
+    what = "jsonl"
+
     def __init__(self, path) -> None:
         self.f = _open(path, "jsonl")
         self.path = self.f.name
 
     def emit(self, rec):
         if not self.f.closed:
-            self.f.write(json.dumps(rec.to_dict(), default=str) + "\n")
-            self.f.flush()
+            line = json.dumps(json_finite(rec.to_dict()), default=str, allow_nan=False) + "\n"
+            try:
+                self.f.write(line)
+                self.f.flush()
+            except OSError as e:
+                raise self.failed(rec, e) from e
 
     def close(self):
         self.f.close()
@@ -397,22 +441,35 @@ CSV_COLUMNS = ["step", "timestamp_ns", "duration_s", "device", "current", "peak"
                "info"]
 
 
-class _Csv(_Sink):
+class _Csv(_File):
     """One row per step and device (long format, so the header never changes)."""
+
+    what = "csv"
 
     def __init__(self, path) -> None:
         self.f = _open(path, "csv", newline="")
         self.path = self.f.name
         self.w = _csv.writer(self.f)
-        self.w.writerow(CSV_COLUMNS)
-        self.f.flush()
+        try:
+            self.w.writerow(CSV_COLUMNS)
+            self.f.flush()
+        except OSError as e:
+            raise self.failed(None, e) from e
 
     def emit(self, rec):
         if self.f.closed:
             return
         top = rec.lines[0] if rec.lines else None
-        info = json.dumps(rec.to_dict()["info"], default=str) if rec.info else ""
+        info = (json.dumps(json_finite(rec.to_dict()["info"]), default=str, allow_nan=False)
+                if rec.info else "")
         devs = sorted(rec.devices) or [None]
+        try:
+            self._rows(rec, top, info, devs)
+            self.f.flush()
+        except OSError as e:
+            raise self.failed(rec, e) from e
+
+    def _rows(self, rec, top, info, devs):
         for dev in devs:
             d = rec.devices.get(dev) if dev is not None else DeviceStep()
             self.w.writerow([rec.index, rec.timestamp_ns, f"{rec.duration_ns / 1e9:.6f}",
@@ -421,7 +478,6 @@ class _Csv(_Sink):
                              d.segment_allocs, d.segment_frees,
                              escape_surrogates(top.location) if top else "",
                              top.bytes if top else "", info])
-        self.f.flush()
 
     def close(self):
         self.f.close()
@@ -510,6 +566,24 @@ def make_sinks(callback=None, log=False, print_every=None, jsonl=None, csv=None,
     return sinks
 
 
+def _refuse_same_files(tracker, sinks: Dict[str, Any]) -> None:
+    """Before anything is opened: a jsonl=/csv= path must not be the tracker's
+    trace file, a step file the tracker writes already, or the other of the two
+    (one file by device and inode, through links)."""
+    from ._outputs import own_files, refuse_inputs
+
+    taken = own_files(tracker) if tracker is not None else []
+    st = tracker.__dict__.get("_memviz_steps") if tracker is not None else None
+    for s in list(st.sinks) if st is not None else ():
+        if isinstance(s, _File) and not s.f.closed:
+            taken.append((f"the {s.what} step file this tracker writes already", s.path))
+    for what in ("jsonl", "csv"):
+        if sinks.get(what) is not None:
+            path = _path_arg(sinks[what], f"{what}=")
+            refuse_inputs(path, taken, f"the {what} step file", hint=f"choose another {what}= path")
+            taken.append((f"the {what} step file ({what}=)", path))
+
+
 class _SinkHandle:
     """Returned by :func:`on_step`: ``remove()`` detaches (and closes) its sinks."""
 
@@ -528,6 +602,7 @@ def on_step(tracker, **sinks) -> _SinkHandle:
     for callback=, log=, print_every=, jsonl=, csv=, tensorboard=). File sinks
     are closed when the tracker stops or the returned handle's ``remove()``."""
     _check_sink_names(sinks, "Tracker.on_step()")
+    _refuse_same_files(tracker, sinks)
     built = make_sinks(**sinks)
     st = _state(tracker)
     with st.lock:
@@ -567,10 +642,9 @@ class WatchHandle:
                               stacklevel=3)
             return
         extra = self.info() if callable(self.info) else (self.info or {})
-        rec = record_step(t, **extra)
+        rec, sinks = _record(t, {**extra})  # (a TypeError for a non-mapping, as t.step(**extra))
         self.records.append(rec)
-        for s in self.sinks:
-            s.emit(rec)
+        _emit(sinks + self.sinks, rec)
 
     def remove(self) -> None:
         """Stop recording steps and close this handle's file sinks."""
@@ -610,4 +684,7 @@ def watch(optimizer, tracker=None, *, info=None, **sinks) -> WatchHandle:
         raise InvalidArgumentType(f"memviz.watch(info=...) takes a dict or a function returning one, "
                                   f"got {type(info).__name__}")
     _check_sink_names(sinks, "memviz.watch()")
+    if sinks.get("jsonl") is not None or sinks.get("csv") is not None:
+        from ._tracker import active_tracker
+        _refuse_same_files(tracker if tracker is not None else active_tracker(), sinks)
     return WatchHandle(optimizer, tracker, make_sinks(**sinks), info)

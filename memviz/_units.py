@@ -7,12 +7,14 @@ in a config file or on a command line ("2 GiB", "512MB", "1024").
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import Any
 
 from ._errors import InvalidArgument, InvalidArgumentType
 
-__all__ = ["format_size", "parse_size", "escape_surrogates"]
+__all__ = ["format_size", "parse_size", "escape_surrogates", "json_finite"]
 
 _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -177,3 +179,15 @@ def escape_surrogates(text: str, in_json: bool = False) -> str:
     if text.isascii():
         return text
     return _SURROGATE.sub(_escape_one_json if in_json else _escape_one, text)
+
+
+def json_finite(value: Any) -> Any:
+    """``value`` (dicts, lists, tuples, leaves) with NaN and infinities as
+    None: floats JSON does not have (``json.dumps`` would write ``NaN``)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_finite(v) for v in value]
+    return value

@@ -377,7 +377,8 @@ class _Runner:
         if plan is not None and plan.failures:
             rep = outcome.get_result()
             rep.outcome = "failed"
-            rep.longrepr = "\n\n".join(plan.failures)
+            from ._units import escape_surrogates  # file names that are not UTF-8
+            rep.longrepr = escape_surrogates("\n\n".join(plan.failures))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_teardown(self, item) -> None:
@@ -398,25 +399,27 @@ class _Runner:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.every_test:
             return
-        from ._units import format_size
+        from ._units import escape_surrogates, format_size
 
-        tr = terminalreporter
-        tr.write_sep("=", "memviz: GPU memory per test")
+        def write_line(text: str) -> None:  # test ids and file names that are not UTF-8
+            terminalreporter.write_line(escape_surrogates(text))
+
+        terminalreporter.write_sep("=", "memviz: GPU memory per test")
         ok, why = self.capture()
         if not ok:
-            tr.write_line(f"GPU capture was unavailable: {why}")
+            write_line(f"GPU capture was unavailable: {why}")
             return
         rows = sorted((r for r in self.results if "peak_bytes" in r), key=lambda r: -r["peak_bytes"])
-        tr.write_line(f"{'peak':>10}  {'leaked':>10}  test (top line at the peak)")
+        write_line(f"{'peak':>10}  {'leaked':>10}  test (top line at the peak)")
         for r in rows[:20]:
             top = f"  ({r['top_lines'][0]['line']})" if r.get("top_lines") else ""
-            tr.write_line(f"{format_size(r['peak_bytes']):>10}  {format_size(r['leaked_bytes']):>10}  "
-                          f"{r['nodeid']}{top}")
+            write_line(f"{format_size(r['peak_bytes']):>10}  {format_size(r['leaked_bytes']):>10}  "
+                       f"{r['nodeid']}{top}")
         if len(rows) > 20:
-            tr.write_line(f"... {len(rows) - 20} more tests (see --memviz-report=PATH for all)")
+            write_line(f"... {len(rows) - 20} more tests (see --memviz-report=PATH for all)")
         path = self.config.getoption("memviz_report", None)
         if path:
-            tr.write_line(f"memviz: per-test report written to {path}")
+            write_line(f"memviz: per-test report written to {path}")
 
     def pytest_sessionfinish(self, session) -> None:
         path = self.config.getoption("memviz_report", None)

@@ -50,10 +50,11 @@ class StepCallbackCore:
     """
 
     def __init__(self, tracker=None, *, diagnose: bool = True, **sinks: Any) -> None:
-        from .._steps import make_sinks
+        from .._steps import _refuse_same_files, make_sinks
 
         self.tracker = tracker
         self.diagnose = diagnose
+        _refuse_same_files(tracker, sinks)  # jsonl=/csv=: not the trace, nor each other
         self.sinks = make_sinks(**sinks)
         self.findings: List[Any] = []
         self.oom_report: Any = None
@@ -86,14 +87,13 @@ class StepCallbackCore:
         return t if t is not None and t.running else None
 
     def step(self, **info: Any):
-        from .._steps import record_step
+        from .._steps import _emit, _record
 
         t = self.current()
         if t is None:
             return None
-        rec = record_step(t, **{k: v for k, v in info.items() if v is not None})
-        for s in self.sinks:
-            s.emit(rec)
+        rec, sinks = _record(t, {k: v for k, v in info.items() if v is not None})
+        _emit(sinks + self.sinks, rec)  # a step file's write error after every sink had it
         return rec
 
     def end(self) -> None:
