@@ -105,6 +105,9 @@ def reconcile(allocations: List[Allocation], view: Optional[List[PoolView]],
                                     segment=seg.address, before_tracking=True)
     by_base = {(seg.device, seg.address): seg for seg in view}
     out: List[Allocation] = list(ours.values())
+    members: Dict[Tuple[int, int], List[Allocation]] = {}  # segment -> its blocks, in one pass
+    for b in out:
+        members.setdefault((b.device, b.segment), []).append(b)
     segments: List[Segment] = []
     seen = set()
     for a in others:
@@ -113,7 +116,7 @@ def reconcile(allocations: List[Allocation], view: Optional[List[PoolView]],
             out.append(a)
             continue
         seen.add((seg.device, seg.address))
-        inside = [b for b in ours.values() if b.segment == seg.address and b.device == seg.device]
+        inside = members.get((seg.device, seg.address), [])
         s = _segment(seg.device, seg.address, seg.size, inside, a.traceback, False, False)
         segments.append(s)
         if s.unused:
@@ -121,7 +124,7 @@ def reconcile(allocations: List[Allocation], view: Optional[List[PoolView]],
     for key, seg in by_base.items():
         if key in seen:
             continue
-        inside = [b for b in ours.values() if b.segment == seg.address and b.device == seg.device]
+        inside = members.get(key, [])
         s = _segment(seg.device, seg.address, seg.size, inside, EMPTY_TRACEBACK, True, seg.expandable)
         segments.append(s)
         if s.unused and not seg.expandable:  # an expandable segment's memory is CUPTI's handles
@@ -146,11 +149,14 @@ def _from_own(blocks: List[Allocation], others: List[Allocation], known: set
             b = b._replace(segment=cands[i].address)
         placed.append(b)
     out: List[Allocation] = placed
+    members: Dict[Tuple[int, Optional[int]], List[Allocation]] = {}
+    for b in placed:
+        members.setdefault((b.device, b.segment), []).append(b)
     segments = []
     for i, a in enumerate(cands):
         if i not in inside and (a.device, a.address) not in known:
             continue
-        blks = [b for b in placed if b.segment == a.address and b.device == a.device]
+        blks = members.get((a.device, a.address), [])
         s = _segment(a.device, a.address, a.size, blks, a.traceback, False, False)
         segments.append(s)
     held = {(s.device, s.address): s for s in segments}
