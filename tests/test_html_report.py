@@ -352,7 +352,10 @@ def _browser():
                 "--window-size=1280,2200", "--disable-extensions", "--no-first-run"):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(driver), options=opts)
+    # Under benchmarks/sanitize.sh the sanitizer runtime is preloaded for this
+    # process; the browser and its driver are not built for it.
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
+    return webdriver.Chrome(service=Service(driver, env=env), options=opts)
 
 
 @pytest.fixture(scope="module")
