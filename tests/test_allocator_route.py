@@ -351,3 +351,16 @@ def test_html_segments_view_draws_each_segment_with_its_blocks(standin, tmp_path
         assert f"test_allocator_route.py:{line}" in tip, tip
     finally:
         browser.quit()
+
+
+def test_workspace_category_is_for_matrix_multiplies_only():
+    from memviz.torch.integration import _is_blas_workspace
+
+    class A:
+        def __init__(self, op=None, node=None):
+            self.op, self.autograd_node = op, node
+
+    assert _is_blas_workspace(A("torch.nn.functional.linear")) and _is_blas_workspace(A("operator @"))
+    assert _is_blas_workspace(A("x.matmul")) and _is_blas_workspace(A(None, "AddmmBackward0"))
+    assert not _is_blas_workspace(A("torch.distributed.comm")) and not _is_blas_workspace(A("x.summ"))
+    assert not _is_blas_workspace(A("torch.zeros_like")) and not _is_blas_workspace(A(None, "MulBackward0"))

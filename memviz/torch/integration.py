@@ -386,8 +386,8 @@ class TorchIntegration:
         #: the running tracker's integration whose allocator route this nested one reads
         self.route_from: Optional["TorchIntegration"] = None
         self._pool_segments: set = set()  # (device, address) of segments PyTorch showed
-        #: the last snapshot could not read gradients and saved tensors: a
-        #: backward pass was running on another thread (see _BackwardGate)
+        #: the last snapshot left gradients and saved tensors unread: another
+        #: thread trains (see _BackwardGate)
         self.categories_partial = False
 
     # -- lifecycle ---------------------------------------------------------
@@ -850,16 +850,16 @@ def _library_of(a) -> Optional[str]:
 #: calls (Allocation.op) and backward nodes that take a cuBLAS/cuBLASLt
 #: workspace from PyTorch's allocator the first time they run on a thread
 #: and stream; the workspace then lives as long as the handle
-_BLAS_CALLS = ("linear", "matmul", "mm", "addmm", "bmm", "baddbmm", "addbmm", "einsum",
-               "operator @", "_scaled_mm", "tensordot", "scaled_dot_product")
+_BLAS_CALLS = frozenset(("linear", "matmul", "mm", "addmm", "bmm", "baddbmm", "addbmm", "einsum",
+                         "_scaled_mm", "tensordot", "scaled_dot_product_attention", "addmv", "mv"))
 _BLAS_NODES = ("MmBackward", "AddmmBackward", "BmmBackward", "BaddbmmBackward", "LinearBackward",
                "MatmulBackward", "AddbmmBackward", "ScaledDotProduct")
 
 
 def _is_blas_workspace(a) -> bool:
-    op = (a.op or "").rsplit(".", 1)[-1].lower()
-    node = a.autograd_node or ""
-    return any(op == c or op.endswith(c) for c in _BLAS_CALLS) or node.startswith(_BLAS_NODES)
+    op = a.op or ""
+    name = op.rsplit(".", 1)[-1].lower()  # torch.nn.functional.linear -> linear, x.matmul -> matmul
+    return op == "operator @" or name in _BLAS_CALLS or (a.autograd_node or "").startswith(_BLAS_NODES)
 
 
 def _category(a, cats, live, segments, precise, current) -> str:
