@@ -125,7 +125,10 @@ def reconcile(allocations: List[Allocation], view: Optional[List[PoolView]],
         if key in seen:
             continue
         inside = members.get(key, [])
-        s = _segment(seg.device, seg.address, seg.size, inside, EMPTY_TRACEBACK, True, seg.expandable)
+        # Not seen made: before tracking, except an expandable segment, whose
+        # memory CUPTI sees as cuMemCreate handles rather than at this address.
+        s = _segment(seg.device, seg.address, seg.size, inside, EMPTY_TRACEBACK, not seg.expandable,
+                     seg.expandable)
         segments.append(s)
         if s.unused and not seg.expandable:  # an expandable segment's memory is CUPTI's handles
             out.append(Allocation(seg.address, s.unused, seg.device, "device", 0, BEFORE, None, 0,
