@@ -17,7 +17,7 @@ import logging
 import weakref
 from typing import Any, List, Optional
 
-__all__ = ["StepCallbackCore", "batch_shape"]
+__all__ = ["CoreViews", "StepCallbackCore", "batch_shape"]
 
 
 def batch_shape(batch: Any) -> Optional[tuple]:
@@ -34,6 +34,25 @@ def batch_shape(batch: Any) -> Optional[tuple]:
         if first is not None and hasattr(first, "shape"):
             return tuple(first.shape)
     return None
+
+
+class CoreViews:
+    """What a framework callback shows of the run it tracks (through its
+    ``_core``, a :class:`StepCallbackCore`)."""
+
+    @property
+    def tracker(self):
+        return self._core.current() or self._core.tracker
+
+    @property
+    def findings(self):
+        """``memviz.diagnose()``'s findings, once training ended (or failed)."""
+        return self._core.findings
+
+    @property
+    def oom_report(self):
+        """The out-of-memory report of a training that failed, or None."""
+        return self._core.oom_report
 
 
 class StepCallbackCore:

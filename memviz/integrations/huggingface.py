@@ -29,7 +29,7 @@ import functools
 import sys
 from typing import Any
 
-from . import StepCallbackCore
+from . import CoreViews, StepCallbackCore
 
 try:
     from transformers import TrainerCallback
@@ -44,26 +44,12 @@ __all__ = ["MemvizCallback"]
 _CALLERS_SEARCHED = 12  # Trainer.__init__ is 3 frames up (handler.on_init_end, call_event)
 
 
-class MemvizCallback(TrainerCallback):
+class MemvizCallback(CoreViews, TrainerCallback):
     """A transformers TrainerCallback recording a memviz step per optimizer step."""
 
     def __init__(self, tracker=None, *, diagnose: bool = True, **sinks: Any) -> None:
         super().__init__()
         self._core = StepCallbackCore(tracker, diagnose=diagnose, **sinks)
-
-    @property
-    def tracker(self):
-        return self._core.current() or self._core.tracker
-
-    @property
-    def findings(self):
-        """``memviz.diagnose()``'s findings, once training ended (or failed)."""
-        return self._core.findings
-
-    @property
-    def oom_report(self):
-        """The out-of-memory report of a training that failed, or None."""
-        return self._core.oom_report
 
     @property
     def error(self):

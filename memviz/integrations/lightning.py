@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import StepCallbackCore, batch_shape
+from . import CoreViews, StepCallbackCore, batch_shape
 
 try:
     from lightning.pytorch.callbacks import Callback
@@ -31,26 +31,12 @@ except ImportError:
 __all__ = ["MemvizCallback"]
 
 
-class MemvizCallback(Callback):
+class MemvizCallback(CoreViews, Callback):
     """A Lightning callback recording a memviz step per training batch."""
 
     def __init__(self, tracker=None, *, diagnose: bool = True, **sinks: Any) -> None:
         super().__init__()
         self._core = StepCallbackCore(tracker, diagnose=diagnose, **sinks)
-
-    @property
-    def tracker(self):
-        return self._core.current() or self._core.tracker
-
-    @property
-    def findings(self):
-        """``memviz.diagnose()``'s findings, once training ended (or failed)."""
-        return self._core.findings
-
-    @property
-    def oom_report(self):
-        """The out-of-memory report of a training that failed, or None."""
-        return self._core.oom_report
 
     @property
     def error(self):
