@@ -447,13 +447,26 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
 
 static int (*ctx_get_current)(void **ctx); /* libcuda's cuCtxGetCurrent, when loaded */
 
+/* Hot path, no GIL, run after a driver call returned (the wrappers' paths):
+ * the device of this thread's current context, the one the runtime just
+ * allocated on: one cuCtxGetCurrent (a thread-local read) or, without
+ * libcuda at hand, CUPTI's answer. Calling the driver here cannot re-enter
+ * it, unlike inside a CUPTI callback. */
+static int current_slot(void)
+{
+    void *ctx = NULL;
+    uint32_t dev = 0;
+    int (*get)(void **) = __atomic_load_n(&ctx_get_current, __ATOMIC_ACQUIRE);
+    if (get && get(&ctx) == 0 && ctx)
+        return device_of(ctx);
+    if (mvz_api.GetDeviceId && mvz_api.GetDeviceId(NULL, &dev) == MVZ_CUPTI_SUCCESS)
+        return (int)dev;
+    return 0;
+}
+
 /* The wrappers' path (interpose.c): a cudaMallocAsync/cudaFreeAsync that
- * PyTorch just made on this thread. The device is the current context's
- * (the one the runtime allocated on). Hot path, no GIL: as record(), plus
- * one call to the driver's cuCtxGetCurrent (a thread-local read) or,
- * without libcuda at hand, CUPTI's device of the current context. Unlike
- * the CUPTI callback this runs after the driver call returned, not inside
- * it, so calling the driver here cannot re-enter it. */
+ * PyTorch just made on this thread, on the current context's device
+ * (current_slot). Hot path, no GIL: as record(). */
 void mvz_capture_async(int is_free, int result, uint64_t address, uint64_t size, uint64_t stream)
 {
     if (!__atomic_load_n(&capturing, __ATOMIC_ACQUIRE))
@@ -464,22 +477,13 @@ void mvz_capture_async(int is_free, int result, uint64_t address, uint64_t size,
         record(&d, result, 0, 0);
         return;
     }
-    int slot = 0;
-    void *ctx = NULL;
-    uint32_t dev = 0;
-    int (*get)(void **) = __atomic_load_n(&ctx_get_current, __ATOMIC_ACQUIRE);
-    if (get && get(&ctx) == 0 && ctx)
-        slot = device_of(ctx);
-    else if (mvz_api.GetDeviceId && mvz_api.GetDeviceId(NULL, &dev) == MVZ_CUPTI_SUCCESS)
-        slot = (int)dev;
-    record(&d, result, slot, 0);
+    record(&d, result, current_slot(), 0);
 }
 
 /* The allocator route's path (allocator.c): a block PyTorch's caching
  * allocator handed out (or took back) on this thread, from inside its
  * allocate/raw_alloc/deleter. Hot path, no GIL: as record(); the device is
- * the DataPtr's, or (slot < 0) the current context's, found as in
- * mvz_capture_async. */
+ * the DataPtr's, or (slot < 0) the current context's (current_slot). */
 void mvz_capture_block(int is_free, uint64_t address, uint64_t size, uint64_t stream, int slot,
                        uint64_t stamp)
 {
@@ -487,17 +491,9 @@ void mvz_capture_block(int is_free, uint64_t address, uint64_t size, uint64_t st
         return;
     decoded d = {is_free ? MVZ_OP_BLOCK_FREE : MVZ_OP_BLOCK_ALLOC, MVZ_KIND_BLOCK, is_free,
                  address, size, stream};
-    if (!is_free && slot < 0) {
-        void *ctx = NULL;
-        uint32_t dev = 0;
-        int (*get)(void **) = __atomic_load_n(&ctx_get_current, __ATOMIC_ACQUIRE);
-        slot = 0;
-        if (get && get(&ctx) == 0 && ctx)
-            slot = device_of(ctx);
-        else if (mvz_api.GetDeviceId && mvz_api.GetDeviceId(NULL, &dev) == MVZ_CUPTI_SUCCESS)
-            slot = (int)dev;
-    }
-    record(&d, 0, slot < 0 ? 0 : slot, stamp);
+    if (slot < 0)
+        slot = is_free ? 0 : current_slot(); /* a free: the store knows the device */
+    record(&d, 0, slot, stamp);
 }
 
 /* With the GIL: make sure the driver's cuCtxGetCurrent is at hand for the

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 

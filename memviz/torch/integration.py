@@ -779,7 +779,7 @@ class TorchIntegration:
             self.route = self.route_from.route
         if answers is not None or self._pool_segments or any(a.kind == "block" for a in allocations):
             view = answers.view() if (live_now and answers is not None) else None
-            allocations, pool, _counts = _segments.reconcile(allocations, view, self._pool_segments)
+            allocations, pool = _segments.reconcile(allocations, view, self._pool_segments)
         segments = self.torch_segments()
         precise = _precise.active()
         current = None if live_now else {r[0] for r in _core.live()}

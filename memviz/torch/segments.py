@@ -74,14 +74,13 @@ def _segment(device, address, size, blocks, traceback, before, expandable) -> Se
 
 
 def reconcile(allocations: List[Allocation], view: Optional[List[PoolView]],
-              known: Optional[set] = None) -> Tuple[List[Allocation], List[Segment], Dict[str, int]]:
-    """(allocations, segments, counts) as the module docstring says.
+              known: Optional[set] = None) -> Tuple[List[Allocation], List[Segment]]:
+    """(allocations, segments) as the module docstring says.
     ``known``: (device, address) of segments an earlier view showed, which
     count as segments without a view even when no block is live in them;
     views add theirs to it."""
     blocks = [a for a in allocations if a.kind == "block"]
     others = [a for a in allocations if a.kind != "block"]
-    counts = {"dropped": 0, "before_tracking": 0}
     if view is None:
         return _from_own(blocks, others, known or set())
     if known is not None:
@@ -94,13 +93,11 @@ def reconcile(allocations: List[Allocation], view: Optional[List[PoolView]],
     ours: Dict[int, Allocation] = {}
     for a in blocks:
         h = held.get(a.address)
-        if h is None:
-            counts["dropped"] += 1  # PyTorch no longer holds it: its free was not seen
+        if h is None:  # PyTorch no longer holds it: its free was not seen
             continue
         ours[a.address] = a._replace(size=h[0], segment=h[1].address, device=h[1].device)
     for addr, (size, seg) in held.items():
         if addr not in ours:
-            counts["before_tracking"] += 1
             ours[addr] = Allocation(addr, size, seg.device, "block", 0, BEFORE, None, 0, EMPTY_TRACEBACK,
                                     segment=seg.address, before_tracking=True)
     by_base = {(seg.device, seg.address): seg for seg in view}
@@ -134,11 +131,11 @@ def reconcile(allocations: List[Allocation], view: Optional[List[PoolView]],
             out.append(Allocation(seg.address, s.unused, seg.device, "device", 0, BEFORE, None, 0,
                                   EMPTY_TRACEBACK, category="unused_pool", before_tracking=True))
     segments.sort(key=lambda s: (s.device, s.address))
-    return out, segments, counts
+    return out, segments
 
 
 def _from_own(blocks: List[Allocation], others: List[Allocation], known: set
-              ) -> Tuple[List[Allocation], List[Segment], Dict[str, int]]:
+              ) -> Tuple[List[Allocation], List[Segment]]:
     """No PyTorch view (a past moment): segments are the device allocations
     that hold blocks."""
     cands = sorted((a for a in others if a.kind == "device"), key=lambda a: (a.device, a.address))
@@ -169,4 +166,4 @@ def _from_own(blocks: List[Allocation], others: List[Allocation], known: set
             out.append(a)
         elif s.unused:
             out.append(a._replace(size=s.unused, category="unused_pool"))
-    return out, segments, {"dropped": 0, "before_tracking": 0}
+    return out, segments
