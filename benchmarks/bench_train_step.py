@@ -58,12 +58,14 @@ def main():
         "none", "precise_untracked", "memviz", "memviz_trace", "memviz_precise_trace", "memviz_autograd", "memviz_precise",
         "memviz_precise_noautograd", "memviz_precise_nohooks", "memviz_precise_packonly",
         "memviz_precise_walkonly", "memviz_precise_cbnoop", "memviz_precise_noasync", "memviz_precise_hooks", "memviz_precise_cupti", "torch_history", "torch_profiler_memory",
-        "memviz_after"])
+        "memviz_after", "alternate"])
     ap.add_argument("--trace-dir", default="/tmp", help="where memviz_trace / torch_history write files")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--cycles", type=int, default=6, help="alternate: rounds of the three configurations")
+    ap.add_argument("--block", type=int, default=12, help="alternate: steps per configuration and round")
     a = ap.parse_args()
 
     tracker = None
@@ -125,6 +127,9 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    if a.mode == "alternate":
+        return alternate(a, torch, step)
+
     prof = None
     if a.mode == "torch_history":
         torch.cuda.memory._record_memory_history(stacks="python")
@@ -183,6 +188,46 @@ def main():
         torch.cuda.memory._record_memory_history(enabled=None)
     print(json.dumps({"mode": a.mode, "median_ms": statistics.median(times), "times_ms": times,
                       "max_allocated": torch.cuda.max_memory_allocated(), **extra}))
+
+
+def alternate(a, torch, step):
+    """One process, the three configurations in turn: untracked, memviz
+    started after the model (the allocator route), and PyTorch's
+    _record_memory_history(stacks="python"); each for --block steps, the
+    order rotated every cycle. The same process, heap and GPU state for all
+    three, so a process's ratio is paired; the first 2 steps of a block
+    (attach, the first allocations seen) are dropped from its times."""
+    import memviz
+
+    configs = ["none", "memviz_after", "torch_history"]
+    times = {c: [] for c in configs}
+    for i in range(a.warmup):
+        step()
+    torch.cuda.synchronize()
+    routes = set()
+    for cycle in range(a.cycles):
+        order = configs[cycle % 3:] + configs[:cycle % 3]
+        for c in order:
+            tracker = None
+            if c == "memviz_after":
+                tracker = memviz.track().start()
+                routes.add(tracker.torch.route.route if tracker.torch and tracker.torch.route else None)
+            elif c == "torch_history":
+                torch.cuda.memory._record_memory_history(stacks="python")
+            for i in range(a.block):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                step()
+                torch.cuda.synchronize()
+                if i >= 2:
+                    times[c].append((time.perf_counter() - t0) * 1e3)
+            if tracker is not None:
+                tracker.stop()
+                del tracker
+            elif c == "torch_history":
+                torch.cuda.memory._record_memory_history(enabled=None)
+    print(json.dumps({"mode": "alternate", "times_ms": times, "routes": sorted(map(str, routes)),
+                      "medians_ms": {c: statistics.median(v) for c, v in times.items()}}))
 
 
 if __name__ == "__main__":

@@ -210,3 +210,86 @@ def test_expandable_segments_and_workspaces():
     print("expandable/workspaces:", r)
     assert r["route"]["route"] == "allocator", r
     assert r["total"] == r["allocated"], r
+
+
+def test_amp_gradscaler_and_activation_checkpointing_are_attributed():
+    """AMP with a GradScaler and non-reentrant activation checkpointing on the
+    route: totals equal PyTorch's, backward bytes (recomputation included)
+    carry a node and a forward line, and the fp32 ZeRO table still holds."""
+    r = run(SETUP + textwrap.dedent("""
+        import time
+        from torch.utils.checkpoint import checkpoint
+        scaler = torch.amp.GradScaler("cuda")
+        blocks_ = list(model)
+        def forward(inp):
+            h = checkpoint(lambda z: blocks_[1](blocks_[0](z)), inp, use_reentrant=False)   # CKPT
+            return blocks_[4](blocks_[3](blocks_[2](h)))
+        t = memviz.track().start()
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = forward(x).float().square().mean()
+        t0 = time.monotonic_ns()
+        scaler.scale(loss).backward()
+        torch.cuda.synchronize()
+        snap = t.snapshot()
+        bw = [a for a in blocks(snap) if a.timestamp_ns >= t0]
+        named = sum(a.size for a in bw if a.autograd_node and a.forward)
+        nodes = sorted({a.autograd_node for a in bw if a.autograd_node})
+        scaler.step(opt); scaler.update(); opt.zero_grad(set_to_none=False)
+        torch.cuda.synchronize()
+        s2 = t.snapshot()
+        cats = {str(s.key): s.size for s in s2.statistics("category")}
+        total2, allocated2 = sum(a.size for a in blocks(s2)), torch.cuda.memory_allocated()
+        t.stop()
+        out(named=named, total=sum(a.size for a in bw), nodes=nodes, cats=cats, P=P,
+            total2=total2, allocated2=allocated2,
+            first=(sum(a.size for a in blocks(snap)), torch.cuda.memory_allocated()))
+    """))
+    print("amp/checkpoint:", r)
+    assert r["total"] > 0 and r["named"] >= 0.99 * r["total"], r
+    assert any("recomputation" in n for n in r["nodes"]), r["nodes"]
+    assert r["total2"] == r["allocated2"], r
+    P, cats = r["P"], r["cats"]
+    for cat, expected in (("parameter", 4 * P), ("gradient", 4 * P), ("optimizer_state", 8 * P)):
+        assert abs(cats.get(cat, 0) - expected) <= 0.01 * expected, (cat, cats, P)
+
+
+def test_detach_with_live_blocks_drains_then_gives_pytorch_its_vtable_back():
+    """stop() while blocks made during tracking live: new blocks are PyTorch's
+    at once, a stream use on an old block still holds it, and the vtable comes
+    back when the last one is freed. Tracking again attaches again."""
+    r = run(SETUP + textwrap.dedent("""
+        t = memviz.track().start()
+        live = [torch.empty(n << 20, device="cuda") for n in (1, 3, 5)]
+        s = torch.cuda.Stream()
+        t.stop()
+        st1 = memviz._core.allocator_state()
+        after = torch.empty(7 << 20, device="cuda")            # PyTorch's own, untracked
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(50_000_000)
+            live[1].mul_(2)
+        live[1].record_stream(s)
+        addr = live[1].data_ptr()
+        del live[1]
+        reuse = torch.empty(3 << 20, device="cuda")           # must not take the block in use on s
+        reused_early = reuse.data_ptr() == addr
+        s.synchronize()
+        del live
+        torch.cuda.synchronize()
+        st2 = memviz._core.allocator_state()
+        ok = torch.cuda.memory_allocated() == sum(
+            b["size"] for seg in torch.cuda.memory_snapshot() for b in seg["blocks"]
+            if b["state"] == "active_allocated")
+        t2 = memviz.track().start()
+        again = torch.empty(2 << 20, device="cuda")
+        torch.cuda.synchronize()
+        snap = t2.snapshot()
+        found = any(a.address == again.data_ptr() for a in blocks(snap))
+        t2.stop()
+        out(st1=[st1["vtable"], st1["outstanding"]], st2=[st2["vtable"], st2["outstanding"]],
+            reused_early=reused_early, ok=ok, found=found, route=snap.pytorch["route"])
+    """))
+    print("detach/drain:", r)
+    assert r["st1"] == ["draining", 3], r
+    assert r["st2"] == ["pytorch", 0], r
+    assert not r["reused_early"], r
+    assert r["ok"] and r["found"] and r["route"] == "allocator", r

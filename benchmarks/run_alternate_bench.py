@@ -1,0 +1,63 @@
+"""Fresh processes of `bench_train_step.py --mode alternate`: each process
+runs untracked, memviz (started after the model) and PyTorch's
+_record_memory_history in turn, so every process gives paired ratios.
+
+    python benchmarks/run_alternate_bench.py [--procs 5] [--cycles 6] [--block 12] --out F.json
+
+Prints, per configuration: the median of the per-process medians, their
+spread, the minimum of each process's minimum, and the median (and spread)
+of the per-process ratios to untracked.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--procs", type=int, default=5)
+    ap.add_argument("--cycles", type=int, default=6)
+    ap.add_argument("--block", type=int, default=12)
+    ap.add_argument("--out", default="alternate_bench.json")
+    a = ap.parse_args()
+    runs = []
+    for i in range(a.procs):
+        p = subprocess.run([sys.executable, os.path.join(HERE, "bench_train_step.py"), "--mode", "alternate",
+                            "--cycles", str(a.cycles), "--block", str(a.block)],
+                           capture_output=True, text=True, timeout=600)
+        if p.returncode != 0:
+            print(f"process {i} failed:\n{p.stderr[-2000:]}", file=sys.stderr)
+            continue
+        res = json.loads(p.stdout.strip().splitlines()[-1])
+        runs.append(res)
+        print(f"process {i}: " + "  ".join(f"{c} {m:.2f}" for c, m in res["medians_ms"].items())
+              + f"  routes {res['routes']}", flush=True)
+    if not runs:
+        sys.exit("no process finished")
+    configs = list(runs[0]["times_ms"])
+    summary = {}
+    for c in configs:
+        meds = [r["medians_ms"][c] for r in runs]
+        ratios = [r["medians_ms"][c] / r["medians_ms"]["none"] for r in runs]
+        mins = [min(r["times_ms"][c]) for r in runs]
+        base_min = min(min(r["times_ms"]["none"]) for r in runs)
+        summary[c] = {"per_process_median_ms": meds, "median_ms": statistics.median(meds),
+                      "spread_ms": [min(meds), max(meds)], "min_of_min_ms": min(mins),
+                      "min_ratio": min(mins) / base_min, "per_process_ratio": ratios,
+                      "median_ratio": statistics.median(ratios), "ratio_spread": [min(ratios), max(ratios)]}
+        s = summary[c]
+        print(f"{c:14s} median {s['median_ms']:6.2f} ms  spread {min(meds):.2f}-{max(meds):.2f}  "
+              f"min-of-min {s['min_of_min_ms']:.2f} ({s['min_ratio']:.3f})  paired ratio "
+              f"{s['median_ratio']:.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
+    with open(a.out, "w") as f:
+        json.dump({"summary": summary, "runs": runs}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
