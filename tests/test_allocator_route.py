@@ -364,3 +364,18 @@ def test_workspace_category_is_for_matrix_multiplies_only():
     assert _is_blas_workspace(A("x.matmul")) and _is_blas_workspace(A(None, "AddmmBackward0"))
     assert not _is_blas_workspace(A("torch.distributed.comm")) and not _is_blas_workspace(A("x.summ"))
     assert not _is_blas_workspace(A("torch.zeros_like")) and not _is_blas_workspace(A(None, "MulBackward0"))
+
+
+def test_pytorchs_count_is_read_while_its_lazy_init_runs(monkeypatch):
+    """The probe's check runs inside PyTorch's lazy init when tracking began
+    first; torch.cuda.memory_allocated() answers 0 until that init returns,
+    so the probe reads PyTorch's counter from C."""
+    from memviz.torch.allocator import TorchAnswers
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch._C, "_cuda_memoryStats",
+                        lambda device: {"allocated_bytes.all.current": 4096 * (device + 1)}, raising=False)
+    ans = TorchAnswers.__new__(TorchAnswers)
+    ans.torch, ans.device = torch, 1
+    assert torch.cuda.memory_allocated(1) == 0  # what the Python answer says meanwhile
+    assert ans.allocated() == 8192

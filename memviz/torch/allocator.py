@@ -59,7 +59,14 @@ class TorchAnswers:
         return t, t.data_ptr()
 
     def allocated(self) -> int:
-        return self.torch.cuda.memory_allocated(self.device)
+        # PyTorch's own counter, read from C: memory_allocated() answers 0 until
+        # torch.cuda.is_initialized(), which is still False while PyTorch's lazy
+        # init runs the calls queued on it (where this probe runs when tracking
+        # started before CUDA was first used).
+        stats = getattr(self.torch._C, "_cuda_memoryStats", None)
+        if stats is None:
+            return self.torch.cuda.memory_allocated(self.device)
+        return int(stats(self.device).get("allocated_bytes.all.current", 0))
 
     def raw_alloc(self, n: int) -> int:
         return self.torch.cuda.caching_allocator_alloc(n, self.device)

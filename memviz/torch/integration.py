@@ -879,7 +879,12 @@ def _category(a, cats, live, segments, precise, current) -> str:
     if precise or a.kind == "block":
         if key in live:
             return "other_pytorch"
-        if (current is None or key in current) and _is_blas_workspace(a):
+        now = current is None or key in current
+        if precise and now and a.kind == "device" and _precise.from_stream_ordered_pool(key) is False:
+            # Not from PyTorch's cudaMallocAsync pool: the driver call of a library,
+            # such as cuBLAS's own workspace (not in memory_allocated()).
+            return "outside_pytorch/cublas" if _is_blas_workspace(a) else "outside_pytorch"
+        if now and _is_blas_workspace(a):
             return "workspace/cublas"  # live, reached by no Python object, made by a matmul
         if current is not None and key not in current:
             return "temporary"  # a past snapshot (the peak): freed since, not saved for backward
@@ -889,6 +894,8 @@ def _category(a, cats, live, segments, precise, current) -> str:
     for base, size in segments.get(a.device, ()):
         if base <= a.address < base + size:
             return "pytorch_pool"
+    if _is_blas_workspace(a):  # cuBLAS/cuBLASLt's own cudaMalloc inside a matrix multiply
+        return "outside_pytorch/cublas"
     return "outside_pytorch"
 
 

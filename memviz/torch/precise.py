@@ -8,9 +8,10 @@ so precise mode has to be chosen before that.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 from .. import _core
 from .._errors import MemvizError
@@ -120,3 +121,28 @@ def attach_wrappers(library: Optional[str] = None) -> str:
 def detach_wrappers() -> None:
     """Undo attach_wrappers (a no-op when nothing is attached)."""
     _core.interpose_detach()
+
+
+_CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE = 17  # CUDA 11.3 on
+_cu_pointer_get_attribute: Any = None
+
+
+def from_stream_ordered_pool(address: int) -> Optional[bool]:
+    """Whether the driver says ``address`` lies in a stream-ordered memory
+    pool (as every allocation of PyTorch's cudaMallocAsync backend does), or
+    None where the driver cannot say (no libcuda, freed memory, no context on
+    this thread). With the GIL, outside any CUPTI callback: a driver query."""
+    global _cu_pointer_get_attribute
+    if _cu_pointer_get_attribute is None:
+        try:
+            fn = ctypes.CDLL("libcuda.so.1").cuPointerGetAttribute
+            fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64]
+        except (OSError, AttributeError):
+            fn = False
+        _cu_pointer_get_attribute = fn
+    if not _cu_pointer_get_attribute:
+        return None
+    pool = ctypes.c_void_p()
+    if _cu_pointer_get_attribute(ctypes.byref(pool), _CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, address) != 0:
+        return None
+    return bool(pool.value)

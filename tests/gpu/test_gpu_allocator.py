@@ -293,3 +293,24 @@ def test_detach_with_live_blocks_drains_then_gives_pytorch_its_vtable_back():
     assert r["st2"] == ["pytorch", 0], r
     assert not r["reused_early"], r
     assert r["ok"] and r["found"] and r["route"] == "allocator", r
+
+
+def test_tracking_started_before_import_torch_attaches_at_cuda_init():
+    """`memviz run` and scripts that track first: the route waits for
+    PyTorch's lazy CUDA init, probes there, and sees every block after it."""
+    r = run("""
+        t = memviz.track().start()
+        import torch
+        waiting = t.torch.route.as_dict() if t.torch and t.torch.route else None
+        x = torch.empty(5 << 20, device="cuda"); line = here()
+        torch.cuda.synchronize()
+        snap = t.snapshot()
+        mine = [a for a in snap.allocations if a.kind == "block"]
+        t.stop()
+        out(waiting=waiting, route=snap.pytorch, total=sum(a.size for a in mine),
+            allocated=torch.cuda.memory_allocated(),
+            lines=[f.lineno for a in mine for f in a.traceback[:1] if f.filename == "<string>"], line=line)
+    """)
+    print("before import:", r)
+    assert r["route"]["route"] == "allocator", r
+    assert r["total"] == r["allocated"] and r["line"] in r["lines"], r

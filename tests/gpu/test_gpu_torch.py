@@ -74,22 +74,28 @@ def test_precise_mode_attributes_every_tensor_of_a_step_to_a_line(route):
                                and a.traceback.user_frame.filename == "<string>"})
         live = t.current_bytes(0)
         allocated = torch.cuda.memory_allocated(0)
+        pytorchs = sum(a.size for a in snap if a.device == 0 and a.kind == "device"
+                       and not (a.category or "").startswith("outside_pytorch"))
+        cublas = sum(a.size for a in snap if a.category == "outside_pytorch/cublas")
         capture = t.torch.precise_capture
         t.stop()
-        out(live=live, allocated=allocated, capture=capture,
+        out(live=live, allocated=allocated, capture=capture, pytorchs=pytorchs, cublas=cublas,
             missing=len(storages - addresses), tensors=len(storages), peak=len(peak),
             unexplained=len(unexplained), lines=script_lines,
             nodes=sorted({a.autograd_node for a in peak if a.autograd_node})[:20])
     """), env={"MEMVIZ_PRECISE_CAPTURE": route})
-    print(route, {k: r[k] for k in ("capture", "live", "allocated", "peak", "unexplained", "missing")})
+    print(route, {k: r[k] for k in ("capture", "live", "allocated", "pytorchs", "cublas", "peak", "unexplained",
+                                    "missing")})
     assert r["capture"].startswith("wrappers" if route == "wrappers" else "CUPTI"), r
     assert r["missing"] == 0 and r["tensors"] > 0, r  # every parameter/grad/state tensor is its own allocation
     assert r["unexplained"] == 0, r  # each allocation has a line or an autograd node
     assert len(r["lines"]) >= 2 and r["nodes"], r
-    # Every byte PyTorch counts as allocated is live in memviz too (memviz also
-    # sees what PyTorch does not count, e.g. library workspaces: on the H200
-    # both routes saw 353,994,752 B live against PyTorch's 219,512,832 B).
+    # Every byte PyTorch counts as allocated is live in memviz too, and what
+    # PyTorch does not count is named: cuBLAS's own cudaMalloc'd workspaces
+    # (not from the stream-ordered pool) are outside_pytorch/cublas.
     assert r["live"] >= r["allocated"], r
+    assert r["pytorchs"] == r["allocated"], r
+    assert r["cublas"] > 0, r
 
 
 @pytest.mark.parametrize("labels", ["callback", "hooks"])
