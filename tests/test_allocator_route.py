@@ -374,7 +374,9 @@ def test_pytorchs_count_is_read_while_its_lazy_init_runs(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setattr(torch._C, "_cuda_memoryStats",
-                        lambda device: {"allocated_bytes.all.current": 4096 * (device + 1)}, raising=False)
+                        lambda device: {"allocated_bytes": {"all": {"current": 4096 * (device + 1), "peak": 1},
+                                                            "small_pool": {"current": 0}},
+                                        "num_alloc_retries": 0}, raising=False)
     ans = TorchAnswers.__new__(TorchAnswers)
     ans.torch, ans.device = torch, 1
     assert torch.cuda.memory_allocated(1) == 0  # what the Python answer says meanwhile

@@ -66,7 +66,7 @@ class TorchAnswers:
         stats = getattr(self.torch._C, "_cuda_memoryStats", None)
         if stats is None:
             return self.torch.cuda.memory_allocated(self.device)
-        return int(stats(self.device).get("allocated_bytes.all.current", 0))
+        return int(stats(self.device)["allocated_bytes"]["all"]["current"])  # a nested dict
 
     def raw_alloc(self, n: int) -> int:
         return self.torch.cuda.caching_allocator_alloc(n, self.device)
