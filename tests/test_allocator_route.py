@@ -39,7 +39,7 @@ def standin(builds, fake, request):
 
     def make(name="default", attach=True, **defines):
         ans = sa.StandInAnswers(builds(f"{request.node.name}-{name}".replace("/", "_"), **defines),
-                                fake.lib.fake_alloc)
+                                fake.lib.fake_alloc, fake.lib.fake_free)
         made.append(ans)
         return ans
 
@@ -381,3 +381,19 @@ def test_pytorchs_count_is_read_while_its_lazy_init_runs(monkeypatch):
     ans.torch, ans.device = torch, 1
     assert torch.cuda.memory_allocated(1) == 0  # what the Python answer says meanwhile
     assert ans.allocated() == 8192
+
+
+def test_a_segment_emptied_before_the_report_is_still_pytorchs_at_the_peak(standin):
+    """The probe's own blocks leave a segment behind; torch.cuda.empty_cache()
+    hands it back before the end, where `memviz run` reads the peak. At the
+    peak it is PyTorch's (unused pool), not memory outside PyTorch."""
+    ans = standin()
+    with memviz.track() as t:
+        _attach(t, ans)
+        big, _ = ans.alloc(64 << 20)
+        del big
+        assert ans.empty_cache() >= 1
+    peak = t.peak_snapshot(0)
+    cats = {str(s.key) for s in peak.statistics("category")}
+    assert not any(c.startswith("outside_pytorch") for c in cats), cats
+    assert "unused_pool" in cats or "temporary" in cats, cats

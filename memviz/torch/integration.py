@@ -496,12 +496,23 @@ class TorchIntegration:
         self.route = _alloc.attach(answers)
         if self.route.route == "allocator":
             self._answers = answers
+            self._remember_segments()  # e.g. the probe's: emptied before a report reads the peak
         return self.route
+
+    def _remember_segments(self) -> None:
+        """Note the segments PyTorch holds now, so that a past snapshot (the
+        peak) counts them as PyTorch's even if they are gone by the time it is
+        read (torch.cuda.empty_cache())."""
+        try:
+            self._pool_segments.update((seg.device, seg.address) for seg in self._answers.view())
+        except Exception:  # noqa: BLE001 - a figure for later reports, never the user's error
+            pass
 
     def on_stop(self, tracker) -> None:
         self._active = False
         self._hooks_on[0] = False
         if self._answers is not None:
+            self._remember_segments()
             _alloc.detach()
             self._answers = None
         watcher = getattr(self, "_watcher", None)

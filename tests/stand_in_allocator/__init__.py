@@ -61,7 +61,7 @@ class Tensor:
 
 
 class StandInAnswers:
-    def __init__(self, path: Path, driver_alloc) -> None:
+    def __init__(self, path: Path, driver_alloc, driver_free=None) -> None:
         self.library = str(path)
         self.base_library = str(path.parent.parent / "libc10_standin.so")
         self.device = 0
@@ -84,10 +84,16 @@ class StandInAnswers:
             ("sa_native_thread", None, [ctypes.c_int, ctypes.c_int, ctypes.c_size_t]),
             ("sa_native_free_kept", None, []),
             ("sa_init", None, [ctypes.c_void_p]),
+            ("sa_empty_cache", ctypes.c_int, [ctypes.c_void_p]),
         ]:
             f = getattr(lib, name)
             f.restype, f.argtypes = res, args
         lib.sa_init(ctypes.cast(driver_alloc, ctypes.c_void_p))
+        self._driver_free = driver_free
+
+    def empty_cache(self) -> int:
+        """torch.cuda.empty_cache(): free segments go back to the driver."""
+        return self.lib.sa_empty_cache(ctypes.cast(self._driver_free, ctypes.c_void_p))
 
     # -- the probe's questions (as memviz.torch.allocator.TorchAnswers) --
     def holder(self) -> int:

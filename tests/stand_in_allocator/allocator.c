@@ -71,6 +71,7 @@
 #define MAX_BLOCKS 65536
 #define MAX_SEGMENTS 1024
 #define CBID_cuMemAlloc_v2 243
+#define CBID_cuMemFree_v2 245
 
 typedef uint64_t (*driver_alloc_fn)(int cbid, uint64_t size, uint64_t stream, int result);
 
@@ -257,6 +258,38 @@ typedef struct {
 static allocator_object *current(void) { return __atomic_load_n(&_ZN3c104cuda20CUDACachingAllocator9allocatorE, __ATOMIC_ACQUIRE); }
 
 void sa_init(driver_alloc_fn f) { driver_alloc = f; }
+
+typedef void (*driver_free_fn)(int cbid, uint64_t address, uint64_t stream, int result);
+
+/* torch.cuda.empty_cache(): segments none of whose blocks is in use go back
+ * to the driver (cuMemFree through the test double), with their blocks.
+ * Returns how many went. */
+int sa_empty_cache(driver_free_fn driver_free)
+{
+    int released = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < nsegments;) {
+        segment *seg = &segments[i];
+        int busy = 0;
+        for (int j = 0; j < nblocks; j++)
+            if (blocks[j].addr >= seg->base && blocks[j].addr < seg->base + seg->size && blocks[j].state)
+                busy = 1;
+        if (busy) {
+            i++;
+            continue;
+        }
+        int kept = 0;
+        for (int j = 0; j < nblocks; j++)
+            if (!(blocks[j].addr >= seg->base && blocks[j].addr < seg->base + seg->size))
+                blocks[kept++] = blocks[j];
+        nblocks = kept;
+        driver_free(CBID_cuMemFree_v2, seg->base, 0, 0);
+        segments[i] = segments[--nsegments];
+        released++;
+    }
+    pthread_mutex_unlock(&lock);
+    return released;
+}
 
 /* torch.empty(n, device="cuda"): the caller holds the DataPtr. */
 tensor *sa_tensor_new(size_t n)
