@@ -5,8 +5,12 @@ A process holds more than that: the CUDA context itself, kernel images,
 library workspaces, memory mapped by other means. :func:`process_device_memory`
 asks the best source available, without ever creating CUDA state:
 
-1. NVML (``libnvidia-ml.so.1``): the ``usedGpuMemory`` of this process in
-   ``nvmlDeviceGetComputeRunningProcesses``. Counts only this process.
+1. NVML, through NVIDIA's own bindings (``nvidia-ml-py``, imported as
+   ``pynvml``, a dependency of memviz): the ``usedGpuMemory`` of this process
+   in ``nvmlDeviceGetComputeRunningProcesses``. Counts only this process.
+   NVIDIA's bindings keep the structure layouts in step with the driver;
+   without them (a source tree run without installing) this source is
+   skipped.
 2. The CUDA driver's ``cuMemGetInfo``, only when ``libcuda.so.1`` is already
    loaded, CUDA is initialised, and a context of the device already exists
    (current on this thread, or the device's primary context is active).
@@ -23,33 +27,14 @@ from __future__ import annotations
 import ctypes
 import os
 from ctypes import byref, c_char_p, c_int, c_size_t, c_uint, c_void_p
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, Optional, Set, Tuple
 
 __all__ = ["process_device_memory"]
 
-NVML_SUCCESS = 0
-NVML_ERROR_INSUFFICIENT_SIZE = 7
-NVML_VALUE_NOT_AVAILABLE = (1 << 64) - 1
 CUDA_SUCCESS = 0
 
 SOURCE_NVML = "NVML, this process only"
 SOURCE_CUMEMGETINFO = "cuMemGetInfo, whole device: counts other processes too"
-
-# Layouts of the array nvmlDeviceGetComputeRunningProcesses* fills, LP64:
-#   nvmlProcessInfo_v1_t: {uint pid; ulonglong usedGpuMemory}                      16 bytes
-#   nvmlProcessInfo_v2_t: v1 + {uint gpuInstanceId; uint computeInstanceId}        24 bytes
-# The _v3 function takes nvmlProcessInfo_t, which is the 24-byte v2 layout in the
-# NVML headers since CUDA 12.3 (and in NVIDIA's nvidia-ml-py). The CUDA 12.2-era
-# header briefly added `ulonglong usedGpuCcProtectedMemory` to it (32 bytes), and
-# the drivers of that time (they export nvmlDeviceGetConfComputeMemSizeInfo but
-# not nvmlDeviceGetRunningProcessDetailList) write 32-byte entries. Entry 0 sits
-# at the same place in every layout; for the others we guess the stride from the
-# exported symbols and, if this process's pid is not found, try the other stride.
-_PID_OFFSET = 0
-_USED_OFFSET = 8
-_STRIDE_V1 = 16
-_STRIDE_V2 = 24
-_STRIDE_V3_CC = 32
 
 
 def _pids() -> Set[int]:
@@ -64,115 +49,6 @@ def _pids() -> Set[int]:
     except OSError:
         pass
     return pids
-
-
-def _parse_processes(buf: bytes, count: int, stride: int) -> List[Tuple[int, int]]:
-    """(pid, usedGpuMemory) of ``count`` entries of ``stride`` bytes in ``buf``."""
-    out = []
-    for i in range(count):
-        base = i * stride
-        if base + _USED_OFFSET + 8 > len(buf):
-            break
-        pid = int.from_bytes(buf[base + _PID_OFFSET:base + _PID_OFFSET + 4], "little")
-        used = int.from_bytes(buf[base + _USED_OFFSET:base + _USED_OFFSET + 8], "little")
-        out.append((pid, used))
-    return out
-
-
-def _find_own(buf: bytes, count: int, strides: List[int], pids: Set[int]) -> Optional[int]:
-    """usedGpuMemory of this process, trying each stride in order; None if absent."""
-    for stride in strides:
-        for pid, used in _parse_processes(buf, count, stride):
-            if pid in pids:
-                return None if used == NVML_VALUE_NOT_AVAILABLE else used
-    return None
-
-
-class _Nvml:
-    """The few NVML calls needed, through ctypes; construction raises OSError."""
-
-    def __init__(self) -> None:
-        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
-        self.initialised = False
-
-    def has(self, name: str) -> bool:
-        try:
-            getattr(self.lib, name)
-            return True
-        except AttributeError:
-            return False
-
-    def init(self) -> bool:
-        fn = self.lib.nvmlInit_v2 if self.has("nvmlInit_v2") else self.lib.nvmlInit
-        fn.restype = c_int
-        self.initialised = fn() == NVML_SUCCESS
-        return self.initialised
-
-    def shutdown(self) -> None:
-        if self.initialised:
-            self.lib.nvmlShutdown.restype = c_int
-            self.lib.nvmlShutdown()
-            self.initialised = False
-
-    def count(self) -> int:
-        n = c_uint(0)
-        fn = self.lib.nvmlDeviceGetCount_v2
-        fn.restype = c_int
-        return n.value if fn(byref(n)) == NVML_SUCCESS else 0
-
-    def handle_by_index(self, index: int) -> Optional[int]:
-        h = c_void_p()
-        fn = self.lib.nvmlDeviceGetHandleByIndex_v2
-        fn.restype = c_int
-        fn.argtypes = [c_uint, ctypes.POINTER(c_void_p)]
-        return h.value if fn(index, byref(h)) == NVML_SUCCESS and h.value else None
-
-    def handle_by_bus_id(self, bus_id: bytes) -> Optional[int]:
-        if not self.has("nvmlDeviceGetHandleByPciBusId_v2"):
-            return None
-        h = c_void_p()
-        fn = self.lib.nvmlDeviceGetHandleByPciBusId_v2
-        fn.restype = c_int
-        fn.argtypes = [c_char_p, ctypes.POINTER(c_void_p)]
-        return h.value if fn(bus_id, byref(h)) == NVML_SUCCESS and h.value else None
-
-    def _layouts(self) -> List[Tuple[str, List[int]]]:
-        """(function, strides to try) from the newest function the driver exports."""
-        out = []
-        if self.has("nvmlDeviceGetComputeRunningProcesses_v3"):
-            old_cc_layout = (self.has("nvmlDeviceGetConfComputeMemSizeInfo")
-                             and not self.has("nvmlDeviceGetRunningProcessDetailList"))
-            strides = [_STRIDE_V3_CC, _STRIDE_V2] if old_cc_layout else [_STRIDE_V2, _STRIDE_V3_CC]
-            out.append(("nvmlDeviceGetComputeRunningProcesses_v3", strides))
-        if self.has("nvmlDeviceGetComputeRunningProcesses_v2"):
-            out.append(("nvmlDeviceGetComputeRunningProcesses_v2", [_STRIDE_V2]))
-        if self.has("nvmlDeviceGetComputeRunningProcesses"):
-            out.append(("nvmlDeviceGetComputeRunningProcesses", [_STRIDE_V1]))
-        return out
-
-    def process_used(self, handle: int, pids: Set[int]) -> Optional[int]:
-        """usedGpuMemory of this process on the device, or None when not listed."""
-        for name, strides in self._layouts():
-            fn = getattr(self.lib, name)
-            fn.restype = c_int
-            fn.argtypes = [c_void_p, ctypes.POINTER(c_uint), c_void_p]
-            count = c_uint(0)
-            rc = fn(handle, byref(count), None)
-            if rc == NVML_SUCCESS:
-                return None  # no compute process on this device
-            if rc != NVML_ERROR_INSUFFICIENT_SIZE:
-                continue  # e.g. NOT_SUPPORTED / FUNCTION_NOT_FOUND: try an older one
-            for _ in range(3):  # processes may appear between the two calls
-                capacity = count.value * 2 + 8
-                buf = ctypes.create_string_buffer(capacity * max(strides))
-                count = c_uint(capacity)
-                rc = fn(handle, byref(count), buf)
-                if rc != NVML_ERROR_INSUFFICIENT_SIZE:
-                    break
-            if rc != NVML_SUCCESS:
-                continue
-            return _find_own(buf.raw, count.value, strides, pids)
-        return None
 
 
 class _Cuda:
@@ -256,35 +132,70 @@ def _open_cuda() -> Optional[_Cuda]:
     return cuda if cuda.device_count() > 0 else None
 
 
+def _nvml_processes(nvml, handle) -> list:
+    """The compute processes on a device, from the newest call the driver has."""
+    calls = [getattr(nvml, n, None) for n in ("nvmlDeviceGetComputeRunningProcesses_v3",
+                                               "nvmlDeviceGetComputeRunningProcesses_v2",
+                                               "nvmlDeviceGetComputeRunningProcesses")]
+    last: Optional[Exception] = None
+    for call in calls:
+        if call is None:
+            continue
+        try:
+            return list(call(handle))
+        except nvml.NVMLError as e:  # e.g. a driver without this version: try an older one
+            last = e
+    if last is not None:
+        raise last
+    return []
+
+
 def _from_nvml(cuda: Optional[_Cuda]) -> Dict[int, Tuple[int, str]]:
     try:
-        nvml = _Nvml()
-    except OSError:
+        import pynvml as nvml  # nvidia-ml-py
+    except ImportError:
+        return {}
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError:  # no driver, no GPU
         return {}
     out: Dict[int, Tuple[int, str]] = {}
-    if not nvml.init():
-        return out
     try:
         pids = _pids()
         # CUDA ordinal -> NVML handle. With CUDA initialised, match by PCI bus id
         # (CUDA's order can differ from NVML's: CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES).
         # Without it this process has no CUDA context, and we assume the same order.
-        handles: Dict[int, Optional[int]] = {}
+        handles: Dict[int, object] = {}
         if cuda is not None:
             for ordinal in range(cuda.device_count()):
                 bus = cuda.bus_id(ordinal)
-                handles[ordinal] = nvml.handle_by_bus_id(bus) if bus else None
+                try:
+                    handles[ordinal] = nvml.nvmlDeviceGetHandleByPciBusId(bus) if bus else None
+                except nvml.NVMLError:
+                    handles[ordinal] = None
         else:
-            for index in range(nvml.count()):
-                handles[index] = nvml.handle_by_index(index)
+            for index in range(nvml.nvmlDeviceGetCount()):
+                try:
+                    handles[index] = nvml.nvmlDeviceGetHandleByIndex(index)
+                except nvml.NVMLError:
+                    handles[index] = None
         for ordinal, handle in handles.items():
             if handle is None:
                 continue
-            used = nvml.process_used(handle, pids)
-            if used is not None:
-                out[ordinal] = (used, SOURCE_NVML)
+            try:
+                procs = _nvml_processes(nvml, handle)
+            except nvml.NVMLError:
+                continue
+            for proc in procs:
+                used = getattr(proc, "usedGpuMemory", None)  # None: not available (e.g. no permission)
+                if getattr(proc, "pid", None) in pids and used is not None:
+                    out[ordinal] = (int(used), SOURCE_NVML)
+                    break
     finally:
-        nvml.shutdown()
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass
     return out
 
 

@@ -502,15 +502,63 @@ def test_process_device_memory_does_not_load_libcuda():
             _device._Cuda()
 
 
-@pytest.mark.parametrize("stride", [16, 24, 32])
-def test_nvml_process_entries_are_parsed_with_their_stride(stride):
-    entries = [(111, 5 * MiB), (os.getpid(), 300 * MiB), (222, 7 * MiB)]
-    buf = bytearray(stride * 4)
-    for i, (pid, used) in enumerate(entries):
-        buf[i * stride:i * stride + 4] = pid.to_bytes(4, "little")
-        buf[i * stride + 8:i * stride + 16] = used.to_bytes(8, "little")
-    assert _device._parse_processes(bytes(buf), 3, stride) == entries
-    # The stride tried first may be wrong (NVML's _v3 layout changed); the other one is tried.
-    other = 24 if stride != 24 else 32
-    assert _device._find_own(bytes(buf), 3, [other, stride], {os.getpid()}) == 300 * MiB
-    assert _device._find_own(bytes(buf), 3, [stride], {4242}) is None
+class _StandInNvml:
+    """NVIDIA's bindings (pynvml) as far as _device uses them: one device
+    whose process list holds this process, another process, and one whose
+    figure is not available; ``v3`` False is a driver without the _v3 call."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, procs, v3=True, init_fails=False):
+        self.procs, self.v3, self.init_fails, self.calls = procs, v3, init_fails, []
+        if not v3:
+            self.nvmlDeviceGetComputeRunningProcesses_v3 = self._missing
+
+    def _missing(self, handle):
+        self.calls.append("v3")
+        raise self.NVMLError("Function Not Found")
+
+    def nvmlInit(self):
+        if self.init_fails:
+            raise self.NVMLError("NVML Shared Library Not Found")
+        self.calls.append("init")
+
+    def nvmlShutdown(self):
+        self.calls.append("shutdown")
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return ("handle", index)
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle):
+        self.calls.append("v3")
+        return self.procs
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle):
+        self.calls.append("v2")
+        return self.procs
+
+
+def _proc(pid, used):
+    return type("P", (), {"pid": pid, "usedGpuMemory": used})()
+
+
+@pytest.mark.parametrize("v3", [True, False])
+def test_nvml_figures_come_from_nvidias_bindings(monkeypatch, v3):
+    nvml = _StandInNvml([_proc(111, 5 * MiB), _proc(os.getpid(), 300 * MiB), _proc(222, None)], v3=v3)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    assert _device._from_nvml(None) == {0: (300 * MiB, _device.SOURCE_NVML)}
+    assert nvml.calls == (["init", "v3", "shutdown"] if v3 else ["init", "v3", "v2", "shutdown"])
+    # this process not listed, or its figure not available: no NVML answer for the device
+    monkeypatch.setitem(sys.modules, "pynvml", _StandInNvml([_proc(111, 5 * MiB), _proc(os.getpid(), None)]))
+    assert _device._from_nvml(None) == {}
+
+
+def test_without_nvidias_bindings_or_a_driver_nvml_is_skipped(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: import fails
+    assert _device._from_nvml(None) == {}
+    monkeypatch.setitem(sys.modules, "pynvml", _StandInNvml([], init_fails=True))
+    assert _device._from_nvml(None) == {}
