@@ -54,6 +54,11 @@ def lineno(source, marker):
     raise AssertionError(marker)
 
 
+def marker_line(source, test):
+    """The line of the marker just above ``def test``."""
+    return lineno(source, f"def {test}(") - 1
+
+
 # ---- markers are registered, and no work is done without them ----------------------
 
 
@@ -71,7 +76,7 @@ def test_b():
     r = pytester.runpytest(*PLUGIN, *QUIET, "--strict-markers", "--collect-only", "-q")
     assert r.ret == 0, r.stdout.str()
     r = pytester.runpytest(*PLUGIN, *QUIET, "--markers")
-    r.stdout.fnmatch_lines(["*@pytest.mark.memviz(peak=None, leaks=False)*",
+    r.stdout.fnmatch_lines(["*@pytest.mark.memviz(peak=None, leaks=False, own_code=False, filter_fn=None)*",
                             "*@pytest.mark.no_graph_leak*"])
 
 
@@ -106,7 +111,7 @@ def test_peak_passes_under_the_budget_and_fails_over_it(pytester, fake):
     r.assert_outcomes(passed=1, failed=1)
     out = r.stdout.str()
     assert "memviz: GPU peak 64 MiB on cuda:0 exceeds the budget of 10 MiB" in out
-    assert "@pytest.mark.memviz(peak='10 MiB')" in out
+    assert f"@pytest.mark.memviz(peak='10 MiB') at test_inner.py:{marker_line(PEAK, 'test_big')}" in out
     assert f"test_inner.py:{lineno(PEAK, '# BIG')}: size=64 MiB" in out
     assert "What to do" in out
 
@@ -189,43 +194,280 @@ def test_fails():
     assert "own failure" in r.stdout.str() and "memviz:" not in r.stdout.str()
 
 
-# ---- skipped, with the reason, where GPU capture is unavailable ------------------------
+# ---- without GPU capture the test still runs; only memviz's GPU checks are skipped ----------
 
-
-def test_gpu_checks_skip_with_the_reason_without_capture(pytester, monkeypatch):
-    if _capture.gpu_present()[0]:
-        pytest.skip("this machine has a GPU: the skip path is for machines without one")
-    monkeypatch.delenv(_capture.ENV_LIBRARY, raising=False)
-    src = """
+NO_GPU = """
 import pytest
+kept = []
+
 @pytest.mark.memviz(peak="1 GiB")
 def test_peak():
-    pass
+    assert sum(range(4)) == 6
+
 @pytest.mark.memviz(leaks=True)
 def test_leaks():
-    pass
+    kept.append(bytearray(10))
+
+@pytest.mark.memviz(peak="1 GiB", leaks=True)
+def test_body_fails():
+    assert 1 == 2, "the test's own assertion"  # OWN
+
 @pytest.mark.no_graph_leak
 def test_graph_runs_on_cpu():
     pass
 """
-    r = run(pytester, src, "-rs")
-    import importlib.util
 
-    has_torch = importlib.util.find_spec("torch") is not None  # no_graph_leak skips without it
-    r.assert_outcomes(skipped=2 if has_torch else 3, passed=1 if has_torch else 0)
+
+@pytest.fixture
+def no_capture(monkeypatch):
+    """GPU capture unavailable: no GPU on this machine and no test double."""
+    if _capture.gpu_present()[0]:
+        pytest.skip("this machine has a GPU: the no-capture path is for machines without one")
+    monkeypatch.delenv(_capture.ENV_LIBRARY, raising=False)
+
+
+def test_without_capture_marked_tests_run_and_fail_on_their_own_assertions(pytester, no_capture):
+    src = NO_GPU
+    r = run(pytester, src)
+    has_torch = torch is not None  # no_graph_leak (kept as it is) skips without torch
+    r.assert_outcomes(passed=3 if has_torch else 2, failed=1, skipped=0 if has_torch else 1)
     out = r.stdout.str()
-    assert "this test's GPU memory check (peak='1 GiB') needs GPU capture, which is unavailable here" in out
-    assert "(leaks=True)" in out and "no NVIDIA driver or GPU found" in out
+    assert "FAILED test_inner.py::test_body_fails" in out
+    assert "the test's own assertion" in out
+    assert f"test_inner.py:{lineno(src, '# OWN')}: AssertionError" in out
+
+
+def test_without_capture_the_skipped_checks_are_in_the_summary_and_report(pytester, no_capture, tmp_path):
+    src = NO_GPU
+    report = tmp_path / "mem.json"
+    r = run(pytester, src, f"--memviz-report={report}")
+    out = r.stdout.str()
+    assert "SKIPPED" not in out and " skipped" not in out.splitlines()[-1]
+    assert "memviz: checks not run (the tests themselves ran)" in out
+    reason = "GPU capture is unavailable here: no NVIDIA driver or GPU found"
+    r.stdout.fnmatch_lines([
+        f"test_inner.py::test_peak: peak='1 GiB' (marker at test_inner.py:{marker_line(src, 'test_peak')})",
+        f"test_inner.py::test_leaks: leaks=True (marker at test_inner.py:{marker_line(src, 'test_leaks')})",
+        f"  why: {reason}*",
+        "  what to do: run them on a machine with an NVIDIA GPU and CUPTI*",
+    ])
+    data = json.loads(report.read_text())
+    assert data["capture_available"] is False
+    rows = {t["nodeid"]: t for t in data["tests"]}
+    peak = rows["test_inner.py::test_peak"]
+    assert peak["failed_checks"] == 0 and peak["checks_run"] == []
+    assert [c["check"] for c in peak["checks_skipped"]] == ["peak='1 GiB'"]
+    assert peak["checks_skipped"][0]["reason"].startswith(reason)
+    assert "MEMVIZ_CUPTI_LIBRARY" in peak["checks_skipped"][0]["what_to_do"]
+    assert [c["check"] for c in rows["test_inner.py::test_leaks"]["checks_skipped"]] == ["leaks=True"]
+    both = rows["test_inner.py::test_body_fails"]["checks_skipped"]
+    assert [c["check"] for c in both] == ["peak='1 GiB'", "leaks=True"]
+    assert all(c["reason"].startswith(reason) for c in both)
+    if torch is not None:
+        graph = rows["test_inner.py::test_graph_runs_on_cpu"]
+        assert graph["checks_run"] == ["no_graph_leak"] and graph["checks_skipped"] == []
+
+
+def test_a_capture_conflict_skips_only_the_gpu_checks(pytester, fake):
+    src = GPU + """
+fake.set_conflict("nsys")
+
+@pytest.mark.memviz(leaks=True)
+def test_passes():
+    assert True
+
+@pytest.mark.memviz(peak="1 MiB")
+def test_fails():
+    assert 1 == 2, "own failure"
+"""
+    r = run(pytester, src)
+    r.assert_outcomes(passed=1, failed=1)
+    out = r.stdout.str()
+    assert "own failure" in out
+    r.stdout.fnmatch_lines([
+        "*memviz: checks not run*",
+        "test_inner.py::test_passes: leaks=True (marker at test_inner.py:*)",
+        "test_inner.py::test_fails: peak='1 MiB' (marker at test_inner.py:*)",
+        "  why: memviz cannot capture GPU allocations: CUPTI is already in use in this process by nsys*",
+        "  what to do: stop the other profiler before starting memviz*",
+    ])
+
+
+def test_checks_of_a_failing_test_are_listed_as_not_judged(pytester, fake, tmp_path):
+    src = GPU + """
+@pytest.mark.memviz(peak="1 GiB")
+def test_fails():
+    assert 1 == 2
+
+@pytest.mark.memviz(leaks=True)
+def test_skips_itself():
+    pytest.skip("not today")
+"""
+    report = tmp_path / "mem.json"
+    r = run(pytester, src, f"--memviz-report={report}")
+    r.assert_outcomes(failed=1, skipped=1)
+    assert "memviz: checks not run" not in r.stdout.str()  # their own outcome is what to read
+    row, skipped = json.loads(report.read_text())["tests"]
+    assert skipped["checks_skipped"][0]["reason"] == \
+        "the test skipped itself, so memviz did not judge its memory"
+    assert row["checks_run"] == [] and row["failed_checks"] == 0
+    assert row["checks_skipped"] == [{"check": "peak='1 GiB'",
+                                      "where": f"test_inner.py:{marker_line(src, 'test_fails')}",
+                                      "reason": "the test failed, so memviz did not judge its memory",
+                                      "what_to_do": "fix the test's own failure first"}]
+
+
+# ---- which leaks count: the test's own code, or filter_fn ---------------------------------
+
+CACHELIB = """
+import os
+from fake_cupti import FakeCupti, CBID_cuMemAlloc_v2
+fake = FakeCupti(os.environ["MEMVIZ_CUPTI_LIBRARY"])
+_cache = []
+
+def warm(size):
+    _cache.append(fake.alloc(CBID_cuMemAlloc_v2, size))  # CACHE
+"""
+
+FILTERED = GPU + """
+import cachelib
+kept = []
+
+@pytest.mark.memviz(leaks=True, own_code=True)
+def test_own_leak():
+    kept.append(fake.alloc(CBID_cuMemAlloc_v2, 3 * MiB))  # OWN
+
+@pytest.mark.memviz(leaks=True, own_code=True)
+def test_library_cache():
+    cachelib.warm(5 * MiB)
+
+@pytest.mark.memviz(leaks=True)
+def test_library_cache_counted():
+    cachelib.warm(5 * MiB)
+
+@pytest.mark.memviz(leaks=True, filter_fn=lambda a: a.size >= 4 * MiB)
+def test_filter_ignores_small():
+    kept.append(fake.alloc(CBID_cuMemAlloc_v2, 1 * MiB))
+
+@pytest.mark.memviz(leaks=True, filter_fn=lambda a: a.user_frame.filename.endswith("cachelib.py"))
+def test_filter_counts_library():
+    cachelib.warm(2 * MiB)
+    kept.append(fake.alloc(CBID_cuMemAlloc_v2, 1 * MiB))
+"""
+
+
+def test_leak_filters(pytester, fake, tmp_path):
+    pytester.makepyfile(cachelib=CACHELIB)
+    report = tmp_path / "mem.json"
+    r = run(pytester, FILTERED, f"--memviz-report={report}", "-rA")
+    out = r.stdout.str()
+    outcomes = {ln.split()[1]: ln.split()[0] for ln in out.splitlines()
+                if ln.startswith(("PASSED ", "FAILED "))}
+    assert outcomes == {"test_inner.py::test_own_leak": "FAILED",
+                        "test_inner.py::test_library_cache": "PASSED",
+                        "test_inner.py::test_library_cache_counted": "FAILED",
+                        "test_inner.py::test_filter_ignores_small": "PASSED",
+                        "test_inner.py::test_filter_counts_library": "FAILED"}, out
+    cache_line = f"cachelib.py:{lineno(CACHELIB, '# CACHE')}"
+    assert f"test_inner.py:{lineno(FILTERED, '# OWN')}: size=3 MiB, count=1" in out
+    assert "the test left 3 MiB of GPU memory it allocated alive" in out
+    assert "the test left 5 MiB of GPU memory it allocated alive" in out  # without own_code=True
+    assert f"{cache_line}: size=5 MiB, count=1" in out
+    assert "the test left 2 MiB of GPU memory it allocated alive" in out  # filter_fn chose cachelib's
+    assert "filter_fn" in out
+    rows = {t["nodeid"].split("::")[1]: t for t in json.loads(report.read_text())["tests"]}
+    lib = rows["test_library_cache"]
+    assert lib["leaked_bytes"] == 0 and lib["leak_filter"] == "own_code"
+    assert lib["not_counted_bytes"] == 5 * MiB
+    assert lib["not_counted_lines"][0]["line"].endswith(cache_line)
+    assert lib["checks_run"] == ["leaks=True"] and lib["failed_checks"] == 0
+    assert rows["test_library_cache_counted"]["leak_filter"] == "all"
+    assert rows["test_filter_ignores_small"]["leak_filter"] == "filter_fn"
+    assert rows["test_filter_ignores_small"]["not_counted_bytes"] == 1 * MiB
+    assert rows["test_filter_counts_library"]["leaked_bytes"] == 2 * MiB
+
+
+def test_a_failed_own_code_check_names_what_it_did_not_count(pytester, fake):
+    """The message for a failed own-code check mentions what it did not count, and how to count it."""
+    pytester.makepyfile(cachelib=CACHELIB)
+    src = GPU + """
+import cachelib
+kept = []
+
+@pytest.mark.memviz(leaks=True, own_code=True)
+def test_both():
+    cachelib.warm(5 * MiB)
+    kept.append(fake.alloc(CBID_cuMemAlloc_v2, 3 * MiB))  # OWN
+"""
+    r = run(pytester, src)
+    r.assert_outcomes(failed=1)
+    out = r.stdout.str()
+    assert "the test left 3 MiB of GPU memory it allocated alive" in out
+    assert f"test_inner.py:{lineno(src, '# OWN')}: size=3 MiB, count=1" in out
+    assert "Not counted (made outside test_inner.py): 5 MiB in 1 allocation(s)" in out
+    assert f"cachelib.py:{lineno(CACHELIB, '# CACHE')}: size=5 MiB" in out
+    assert "own_code=False" in out
+
+
+def test_the_ini_setting_makes_own_code_the_default(pytester, fake):
+    pytester.makepyfile(cachelib=CACHELIB)
+    pytester.makeini("[pytest]\nmemviz_own_code = true\n")
+    src = GPU + """
+import cachelib
+kept = []
+
+@pytest.mark.memviz(leaks=True)
+def test_library_cache():
+    cachelib.warm(5 * MiB)
+
+@pytest.mark.memviz(leaks=True, own_code=False)
+def test_library_cache_counted():
+    cachelib.warm(5 * MiB)
+
+@pytest.mark.memviz(leaks=True)
+def test_own_leak():
+    kept.append(fake.alloc(CBID_cuMemAlloc_v2, 3 * MiB))
+"""
+    r = run(pytester, src, "-rA")
+    r.assert_outcomes(passed=1, failed=2)
+    r.stdout.fnmatch_lines(["PASSED test_inner.py::test_library_cache",
+                            "FAILED test_inner.py::test_library_cache_counted*",
+                            "FAILED test_inner.py::test_own_leak*"])
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("lambda a: None", "filter_fn returned None for the allocation made at "),
+    ("lambda a: 1 / 0", "filter_fn raised ZeroDivisionError: division by zero for the allocation made at "),
+])
+def test_a_broken_filter_fn_fails_the_test_and_says_why(pytester, fake, body, expected):
+    src = GPU + f"""
+kept = []
+@pytest.mark.memviz(leaks=True, filter_fn={body})
+def test_x():
+    kept.append(fake.alloc(CBID_cuMemAlloc_v2, 1 * MiB))  # ALLOC
+"""
+    r = run(pytester, src)
+    r.assert_outcomes(failed=1)
+    out = r.stdout.str()
+    assert expected in out
+    where = f"marker at test_inner.py:{marker_line(src, 'test_x')}"
+    assert f"test_inner.py:{lineno(src, '# ALLOC')} (1 MiB; {where})" in out
+    assert "return True to count it as a leak, False to ignore it" in out
 
 
 # ---- marker mistakes say what to do ---------------------------------------------------
 
 
 @pytest.mark.parametrize("mark, expected", [
-    ("memviz()", "checks nothing; use @pytest.mark.memviz(peak='2 GiB')"),
+    ("memviz()", "checks nothing (marker at test_inner.py:2); use @pytest.mark.memviz(peak='2 GiB')"),
     ("memviz(peak='lots')", "@pytest.mark.memviz(peak='lots'): cannot parse size 'lots'"),
-    ("memviz(budget=1)", "takes the keywords peak= and leaks= only, got budget="),
+    ("memviz(budget=1)", "takes the keywords peak=, leaks=, own_code= and filter_fn= only, got budget="),
     ("memviz(leaks='some')", "takes True or a size to tolerate"),
+    ("memviz(peak='1 GiB', own_code=True)",
+     "own_code= and filter_fn= choose which leaks count; add leaks=True"),
+    ("memviz(leaks=True, filter_fn=3)", "filter_fn= takes a function of a memviz Allocation returning True"),
+    ("memviz(leaks=True, own_code='no')", "own_code= takes True or False, got 'no'"),
+    ("memviz(leaks=True, own_code=True, filter_fn=lambda a: True)", "filter_fn= decides alone"),
 ])
 def test_marker_mistakes(pytester, fake, mark, expected):
     src = f"""
@@ -237,6 +479,7 @@ def test_x():
     r = run(pytester, src)
     r.assert_outcomes(errors=1)
     assert expected in r.stdout.str()
+    assert "(marker at test_inner.py:2)" in r.stdout.str()  # the line responsible
 
 
 # ---- no_graph_leak (CPU tensors) --------------------------------------------------------
