@@ -22,9 +22,38 @@ JSON report (``--format json``), version 1::
                   "top_lines_at_end": [LINE, ...]}, ...],
      "failures": [{"size", "device", "kind", "result", "timestamp_ns",
                    "thread", "label", "file", "line", "function"}, ...],
-     "steps": [step record, ...]}
+     "steps": [step record, ...],
+     "step_summary": STEPS|null,
+     "findings": [FINDING, ...], "findings_error": str|null}
 
     LINE = {"file": str, "line": int, "function": str, "size": int, "count": int}
+
+    STEPS = {"count": int, "first_step": int, "last_step": int,
+             "median_step_s": float|null, "trend_from_step": int,
+             "devices": [{"device": int, "name": "cuda:0",
+                          "current": SERIES, "peak": SERIES,
+                          "allocated": SERIES, "reserved": SERIES}, ...]}
+    SERIES = {"first": int, "last": int, "min": int, "min_step": int,
+              "max": int, "max_step": int, "trend_per_step": int|null}
+
+    FINDING = {"kind": str, "message": str, "device": int|null,
+               "step_ranges": [[first, last], ...], "numbers": {name: value},
+               "lines": [{"location": "file:line", "file": str, "line": int,
+                          "bytes": int|null, "note": str, "text": str}, ...],
+               "fix": str}
+
+``step_summary`` is null when the run recorded no step (``t.step()`` or
+``memviz.watch(optimizer)``). Its per-device series are memviz's bytes at
+each step's end (``current``) and the highest level inside the step
+(``peak``), and PyTorch's ``allocated``/``reserved`` bytes where the steps
+have them (a series the steps lack is left out). ``trend_per_step`` is the
+least-squares slope in bytes per step from ``trend_from_step`` (after the
+warm-up ``diagnose()`` skips) to the last step. ``findings`` are what
+``memviz.diagnose()`` finds (``[]`` when nothing; ``findings_error`` says why
+when it could not run): ``kind`` is growth, fragmentation, spike,
+cache_churn or outside_pytorch; ``step_ranges`` the steps it concerns
+(``[]``: the run as a whole); ``lines`` its evidence, each a line of code
+and the bytes it grew by or holds.
 
 Sizes are bytes. ``file`` of allocations made by threads without Python
 frames is ``"<thread NAME>"`` with line 0. NaN and infinities (a step's
@@ -43,6 +72,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ._cli_run import _positive
 from ._errors import InvalidArgument, OutputError, TraceError
 from ._outputs import refuse_inputs, write_output
+from ._report import finding_records, step_summary
 from ._trace import TraceWarning, step_dict
 from ._units import escape_surrogates, format_size, json_finite
 
@@ -99,6 +129,7 @@ def json_report(trace: Any, top: int = 10) -> Dict[str, Any]:
             "timestamp_ns": f.timestamp_ns, "thread": f.thread.name, "label": f.label,
             "file": frame.filename if frame else f"<thread {f.thread.name}>",
             "line": frame.lineno if frame else 0, "function": frame.name if frame else ""})
+    found, why = finding_records(trace)
     meta = getattr(trace, "meta", {}) or {}
     started, stopped = trace.started_ns, trace.stopped_ns
     return {
@@ -116,6 +147,9 @@ def json_report(trace: Any, top: int = 10) -> Dict[str, Any]:
         "devices": devices,
         "failures": failures,
         "steps": [step_dict(s) for s in trace.steps],
+        "step_summary": step_summary(trace),
+        "findings": found,
+        "findings_error": why,
     }
 
 

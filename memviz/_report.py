@@ -3,16 +3,23 @@
 :func:`text_report` reads a (running or stopped) :class:`~memviz.Tracker` and
 returns lines that fit a 100-column terminal: the capture source, per-device
 totals, the lines that held the most memory at each device's peak, failed
-allocations, memory the process holds outside the tracked allocations, and
+allocations, the steps and what ``diagnose()`` found in them (when the run
+recorded steps), memory the process holds outside the tracked allocations, and
 memviz's own cost.
+
+:func:`step_summary` and :func:`finding_records` are the steps and findings
+every report shows (text here, JSON in memviz._cli_report, the HTML page and
+the notebook view in memviz.report), from a Tracker or a loaded trace.
 """
 
 from __future__ import annotations
 
 import linecache
 import os
+import statistics
 import textwrap
 import time
+from collections.abc import Mapping
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _capture, _core
@@ -21,7 +28,8 @@ from ._args import given
 from ._errors import InvalidArgument
 from ._units import escape_surrogates, format_size
 
-__all__ = ["text_report", "GPU_OFF_SENTENCE", "NO_GPU_SENTENCE"]
+__all__ = ["text_report", "step_summary", "finding_records", "finding_steps", "GPU_OFF_SENTENCE",
+           "NO_GPU_SENTENCE"]
 
 WIDTH = 99  # a 100-column terminal, minus the cursor column
 SOURCE_WIDTH = 60
@@ -90,7 +98,9 @@ def _count(n: int, word: str = "alloc") -> str:
 
 
 def _header(tracker: Any, info: Dict[str, Any], command: Optional[str]) -> List[str]:
-    lines = ["memviz report" + (f": {command}" if command else ""), "=" * min(WIDTH, 60)]
+    # A long command (a trace's, recorded under pytest) wraps like every other line.
+    lines = _wrap("memviz report" + (f": {command}" if command else ""), first="", indent="    ")
+    lines.append("=" * min(WIDTH, 60))
     if tracker.started_ns is not None:
         end = tracker.stopped_ns if tracker.stopped_ns is not None else time.monotonic_ns()
         seconds = (end - tracker.started_ns) / 1e9
@@ -179,6 +189,257 @@ def _failures(tracker: Any, top: int) -> List[str]:
         if src:
             lines.append(f"{'':13}{src}")
     return lines
+
+
+# ---- steps and findings: the data every report shows -------------------------------
+
+#: the per-device numbers of a step the reports summarise: memviz's bytes at
+#: the step's end (current) and its highest level inside the step (peak), and
+#: PyTorch's allocated/reserved bytes (only when PyTorch had initialised CUDA)
+STEP_SERIES = ("current", "peak", "allocated", "reserved")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def step_records(obj: Any) -> List[Any]:
+    """The memviz step records (StepRecords) of a Tracker or a loaded trace;
+    records the program appended to ``steps`` itself are left out."""
+    steps = getattr(obj, "steps", None)
+    if not steps:
+        return []
+    from ._diagnose import _as_records
+    return _as_records(steps)
+
+
+def _trend_start(n: int) -> int:
+    """Position of the first step the trend reads: after diagnose()'s default
+    warm-up (the first steps allocate weights and caches), if two are left."""
+    from ._diagnose import _warmup
+    warm = _warmup(n, None)
+    return warm if n - warm >= 2 else 0
+
+
+def _slope(points: List[Tuple[int, int]]) -> Optional[int]:
+    """Bytes per step of the least-squares line through (step index, bytes)."""
+    if len(points) < 2:
+        return None
+    mx = sum(p[0] for p in points) / len(points)
+    my = sum(p[1] for p in points) / len(points)
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    if not sxx:
+        return None
+    return round(sum((p[0] - mx) * (p[1] - my) for p in points) / sxx)
+
+
+def _series_summary(points: List[Tuple[int, int]], trend_from: int) -> Dict[str, Any]:
+    low = min(points, key=lambda p: p[1])
+    high = max(points, key=lambda p: p[1])
+    return {"first": points[0][1], "last": points[-1][1], "min": low[1], "min_step": low[0],
+            "max": high[1], "max_step": high[0],
+            "trend_per_step": _slope([p for p in points if p[0] >= trend_from])}
+
+
+def step_summary(obj: Any) -> Optional[Dict[str, Any]]:
+    """The steps of a Tracker or a loaded trace in a few numbers, or None
+    when it recorded no step.
+
+    ``{"count", "first_step", "last_step", "median_step_s", "trend_from_step",
+    "devices": [{"device", "name", SERIES: {"first", "last", "min", "min_step",
+    "max", "max_step", "trend_per_step"}, ...}]}`` with SERIES each of
+    :data:`STEP_SERIES` that the steps have for the device. Sizes are bytes;
+    ``trend_per_step`` is the least-squares slope from ``trend_from_step`` (after
+    the warm-up diagnose() skips) to the last step, None with fewer than two.
+    """
+    recs = step_records(obj)
+    if not recs:
+        return None
+    trend_from = recs[_trend_start(len(recs))].index
+    durations = [r.duration_ns for r in recs if r.duration_ns and r.duration_ns > 0]
+    devices = []
+    for dev in sorted({d for r in recs for d in r.devices}, key=lambda d: (d < 0, d)):
+        entry: Dict[str, Any] = {"device": dev, "name": _device_name(dev)}
+        for name in STEP_SERIES:
+            points = [(r.index, v) for r in recs
+                      for v in (getattr(r.devices.get(dev), name, None),) if _is_int(v)]
+            if points:
+                entry[name] = _series_summary(points, trend_from)
+        if len(entry) > 2:
+            devices.append(entry)
+    return {"count": len(recs), "first_step": recs[0].index, "last_step": recs[-1].index,
+            "median_step_s": statistics.median(durations) / 1e9 if durations else None,
+            "trend_from_step": trend_from, "devices": devices}
+
+
+def finding_steps(numbers: Any) -> List[List[int]]:
+    """The steps a finding concerns, as ``[first, last]`` index ranges, from
+    its numbers: a spike's ``spike_steps``, a trend's ``first_step`` to
+    ``last_step``, or one ``step``; [] when it names none (it concerns the run)."""
+    if not isinstance(numbers, Mapping):
+        return []
+    spikes = numbers.get("spike_steps")
+    if isinstance(spikes, (list, tuple)) and spikes and all(_is_int(s) for s in spikes):
+        out: List[List[int]] = []
+        for s in sorted(set(spikes)):
+            if out and s == out[-1][1] + 1:
+                out[-1][1] = s
+            else:
+                out.append([s, s])
+        return out
+    first, last = numbers.get("first_step"), numbers.get("last_step")
+    if _is_int(first) and _is_int(last) and first <= last:
+        return [[first, last]]
+    step = numbers.get("step")
+    return [[step, step]] if _is_int(step) else []
+
+
+def _split_location(location: str) -> Tuple[str, int]:
+    """("file", line) of a ``file:line`` location (line 0 when unknown)."""
+    head, sep, tail = location.rpartition(":")
+    if sep and head:
+        if tail.isdigit():
+            return head, int(tail)
+        if tail == "?":
+            return head, 0
+    return location, 0
+
+
+def _finding_line(x: Any) -> Dict[str, Any]:
+    if isinstance(x, Mapping):
+        location = str(x.get("location", ""))
+        nbytes, note = x.get("bytes"), str(x.get("note") or "")
+        text = str(x.get("text") or "") or location + (
+            f": {format_size(nbytes, sign=True)}" if _is_int(nbytes) else "") + (f" ({note})" if note else "")
+    elif hasattr(x, "location"):  # memviz._diagnose.FindingLine: "file:line: +72 MiB (note)"
+        location, nbytes, note, text = str(x.location), getattr(x, "bytes", None), \
+            str(getattr(x, "note", "") or ""), str(x)
+    else:
+        location, nbytes, note, text = str(x), None, "", str(x)
+    filename, lineno = _split_location(location)
+    return {"location": location, "file": filename, "line": lineno,
+            "bytes": nbytes if _is_int(nbytes) else None, "note": note, "text": text}
+
+
+def finding_dict(f: Any) -> Dict[str, Any]:
+    """One finding (a memviz Finding, its dict, or a string) as the reports
+    give it: ``{"kind", "message", "device", "step_ranges", "numbers", "lines":
+    [{"location", "file", "line", "bytes", "note", "text"}], "fix"}``."""
+    if isinstance(f, Mapping):
+        d: Mapping[str, Any] = f
+    elif isinstance(f, str):
+        d = {"message": f}
+    else:
+        d = {k: getattr(f, k, None) for k in ("kind", "message", "numbers", "lines", "fix")}
+    numbers = dict(d["numbers"]) if isinstance(d.get("numbers"), Mapping) else {}
+    lines = d.get("lines") or []
+    if isinstance(lines, (str, bytes, Mapping)) or not hasattr(lines, "__iter__"):
+        lines = [lines]
+    device = numbers.get("device")
+    return {"kind": str(d.get("kind") or "finding"), "message": str(d.get("message") or ""),
+            "device": device if _is_int(device) else None, "step_ranges": finding_steps(numbers),
+            "numbers": numbers, "lines": [_finding_line(x) for x in lines],
+            "fix": str(d.get("fix") or "")}
+
+
+def finding_records(obj: Any) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+    """(``obj.diagnose()``'s findings as :func:`finding_dict` gives them, None),
+    or ([], why there are none to show) when diagnosing failed."""
+    fn = getattr(obj, "diagnose", None)
+    if not callable(fn):
+        return [], None
+    try:
+        raw = fn()
+    except ImportError:
+        return [], "diagnoses are not available in this memviz build"
+    except Exception as e:  # noqa: BLE001 - a failed diagnosis must not cost the report
+        return [], f"diagnose() failed: {type(e).__name__}: {e}"
+    try:
+        return [finding_dict(f) for f in raw or ()], None
+    except Exception as e:  # noqa: BLE001 - an odd object from a duck-typed diagnose()
+        return [], f"diagnose() gave what memviz cannot read: {type(e).__name__}: {e}"
+
+
+def step_series_label(dev_name: str, series: str) -> str:
+    """``cuda:0 current``, ``cuda:0 torch allocated``: a step series' name."""
+    return f"{dev_name} {'torch ' + series if series in ('allocated', 'reserved') else series}"
+
+
+def _seconds(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3g} s"
+    return f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} us"
+
+
+def _steps(tracker: Any, summary: Optional[Dict[str, Any]]) -> List[str]:
+    if summary is None:
+        return []
+    n, first, last = summary["count"], summary["first_step"], summary["last_step"]
+    head = f"Steps: {n:,} recorded (" + (f"steps {first} to {last}" if n > 1 else f"step {first}") + ")"
+    if summary["median_step_s"] is not None:
+        head += f", {_seconds(summary['median_step_s'])} per step (median)"
+    lines = ["", head + ":"]
+    if summary["devices"]:
+        lines.append(f"  {'':<26}{'first':>11}{'last':>11}{'min':>11}{'max':>11}{'trend/step':>13}")
+    for d in summary["devices"]:
+        for name in STEP_SERIES:
+            s = d.get(name)
+            if s is None:
+                continue
+            trend = s["trend_per_step"]
+            lines.append(f"  {step_series_label(d['name'], name):<26}" + "".join(
+                f"{format_size(s[k]):>11}" for k in ("first", "last", "min", "max"))
+                + f"{format_size(trend, sign=True) if trend is not None else '-':>13}")
+    if not summary["devices"]:
+        lines.append("  no GPU memory was seen at the steps")
+    elif n > 1:
+        lines += _wrap(f"current: memviz's bytes at the step's end; peak: the highest level inside "
+                       f"the step; trend: the least-squares slope from step "
+                       f"{summary['trend_from_step']} to step {last}"
+                       + (" (after the warm-up)." if summary["trend_from_step"] != first else "."))
+    return lines
+
+
+def _findings(tracker: Any, summary: Optional[Dict[str, Any]]) -> List[str]:
+    found, why = finding_records(tracker)
+    if summary is None and not found:
+        return []  # no steps: nothing to diagnose, nothing to say
+    head = "Findings (memviz.diagnose)"
+    if why is not None:
+        return [""] + _wrap(f"{head}: none shown, {why}.", first="", indent="  ")
+    if not found:
+        from ._diagnose import MIN_STEPS, _warmup
+        n = summary["count"] if summary is not None else 0
+        need = _warmup(n, None) + MIN_STEPS
+        if n < need:
+            text = (f"none; {n} step{' is' if n == 1 else 's are'} too few for its trend rules, which "
+                    f"skip {need - MIN_STEPS} warm-up steps and need {MIN_STEPS} more.")
+        else:
+            text = ("none; the steps show no growth, fragmentation, spike, cache churn or memory "
+                    "outside PyTorch.")
+        return [""] + _wrap(f"{head}: {text}", first="", indent="  ")
+    lines = ["", f"{head}: {len(found)}"]
+    for f in found:
+        lines += _wrap(f"[{f['kind']}] {f['message']}", indent="      ", first="  ")
+        for ln in f["lines"]:
+            shown = ln["text"]
+            if ln["file"] and ln["location"] and shown.startswith(ln["location"]):
+                where = _location(_Loc(ln["file"], ln["line"]))[0] if ln["line"] else ln["location"]
+                shown = where + shown[len(ln["location"]):]
+            lines += _wrap(shown, indent="        ", first="      ")
+            src = _source(ln["file"], ln["line"], WIDTH - 10)
+            if src:
+                lines.append(f"          {src}")
+        if f["fix"]:
+            lines += _wrap(f"fix: {f['fix']}", indent="        ", first="      ")
+    return lines
+
+
+class _Loc:
+    """A frame-like (filename, lineno) for :func:`_location`."""
+
+    def __init__(self, filename: str, lineno: int) -> None:
+        self.filename, self.lineno = filename, lineno
 
 
 def _outside(tracker: Any, totals: Dict[int, Dict[str, int]],
@@ -306,6 +567,9 @@ def text_report(tracker: Any, top: int = 10, outside: Optional[Dict[int, Tuple[i
     lines += _top_lines(tracker, totals, top)
     lines += _failures(tracker, top)
     lines += _pytorch(tracker, totals)
+    summary = step_summary(tracker)
+    lines += _steps(tracker, summary)
+    lines += _findings(tracker, summary)
     lines += _outside(tracker, totals, outside)
     lines += _own(info)
     # File names that are not UTF-8 (surrogates) are shown escaped, so the

@@ -338,6 +338,64 @@ def _steps_table(steps: List[Dict[str, Any]], t0: int) -> Dict[str, Any]:
     return {"columns": cols, "rows": rows, "more": max(len(steps) - 2000, 0)}
 
 
+STEP_PLOT_POINTS = 2000
+#: the timeline's step series (memviz.report._source.STEP_SERIES) as the step plot names them
+_PLOT_NAMES = {"device total": "current", "torch allocated": "allocated", "torch reserved": "reserved"}
+
+
+def _step_plot(obj: Any, rows: List[Dict[str, Any]], points: int = STEP_PLOT_POINTS
+               ) -> Optional[Dict[str, Any]]:
+    """Memory per step for the steps view: ``{"steps": [index, ...], "bucket":
+    steps per point, "devices": [{"device", "name", "series": {name: [bytes or
+    None per step]}}], "summary": memviz._report.step_summary()}``; series
+    are current and peak (memviz's) and allocated/reserved (PyTorch's) where
+    the steps have them. More than ``points`` steps are drawn in buckets of
+    consecutive steps, each the highest of its steps."""
+    from .._report import STEP_SERIES, step_records, step_summary
+
+    recs = step_records(obj)
+    devices: List[Dict[str, Any]] = []
+    if recs:
+        index = [r.index for r in recs]
+        for dev in sorted({d for r in recs for d in r.devices}, key=lambda d: (d < 0, d)):
+            series = {}
+            for name in STEP_SERIES:
+                vals = [getattr(r.devices.get(dev), name, None) for r in recs]
+                vals = [v if isinstance(v, int) and not isinstance(v, bool) else None for v in vals]
+                if any(v is not None for v in vals):
+                    series[name] = vals
+            if series:
+                devices.append({"device": dev, "name": src.device_name(dev), "series": series})
+    elif rows:  # steps of another kind of recorder: what the timeline draws of them
+        ints = all(isinstance(r["index"], int) and not isinstance(r["index"], bool) for r in rows)
+        index = [r["index"] if ints else i for i, r in enumerate(rows)]
+        per: Dict[Any, Dict[str, List[Any]]] = {}
+        for i, r in enumerate(rows):
+            for shown, name in _PLOT_NAMES.items():
+                for dev, v in (r["series"].get(shown) or {}).items():
+                    vals = per.setdefault(dev, {}).setdefault(name, [None] * len(rows))
+                    vals[i] = int(v)
+        for dev in sorted(per, key=lambda d: (d is None, d is not None and d < 0, d or 0)):
+            devices.append({"device": dev, "name": "all devices" if dev is None else src.device_name(dev),
+                            "series": per[dev]})
+    else:
+        return None
+    if not devices:
+        return None
+    bucket = -(-len(index) // max(points, 1))
+    if bucket > 1:
+        def highest(vals: List[Any]) -> Any:
+            got = [v for v in vals if v is not None]
+            return max(got) if got else None
+
+        index = index[::bucket]
+        for d in devices:
+            d["series"] = {k: [highest(v[i:i + bucket]) for i in range(0, len(v), bucket)]
+                           for k, v in d["series"].items()}
+    return {"steps": index, "bucket": bucket, "devices": devices,
+            "summary": step_summary(obj) if recs else None}
+
+
 def _meta(obj: Any, title: Optional[str], t0: int, t1: int) -> Dict[str, Any]:
     try:
         info = src.call(obj, "capture_info", default={}) or {}
@@ -405,6 +463,7 @@ def collect(obj: Any, title: Optional[str] = None, *, points: int = TIMELINE_POI
         "flames": flames,
         "tables": _tables(peak, buckets, total, end, rows),
         "steps": _steps_table(steps, t0) if steps else None,
+        "step_plot": _step_plot(obj, steps),
         "findings": found,
         "findings_note": why_none,
         "failures": _failures(obj, t0),

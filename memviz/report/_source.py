@@ -345,8 +345,9 @@ def _line_text(x: Any) -> str:
 
 
 def normalize_finding(f: Any) -> Dict[str, Any]:
-    """kind, message, numbers ({name: value}), numbers_text ({name: shown}),
-    lines (list of str) and fix of a finding (object or mapping)."""
+    """kind, device (or None), step_ranges ([[first, last], ...] of the steps
+    it concerns), message, numbers ({name: value}), numbers_text ({name:
+    shown}), lines (list of str) and fix of a finding (object or mapping)."""
     if isinstance(f, str):
         d: Mapping[str, Any] = {"message": f}
     elif isinstance(f, Mapping):
@@ -360,8 +361,12 @@ def normalize_finding(f: Any) -> Dict[str, Any]:
     if isinstance(lines, (str, bytes, Mapping)) or not isinstance(lines, Iterable):
         lines = [lines]
     nums = {str(k): (v if _number(v) else str(v)) for k, v in numbers.items()}
+    from .._report import finding_steps
+    device = numbers.get("device")
     return {
         "kind": str(d.get("kind") or "finding"),
+        "device": device if isinstance(device, int) and not isinstance(device, bool) else None,
+        "step_ranges": finding_steps(numbers),
         "severity": str(d.get("severity") or ""),
         "message": str(d.get("message") or ""),
         "numbers": nums,

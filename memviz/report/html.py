@@ -200,8 +200,9 @@ def render(tracker_or_trace: Any, title: Optional[str] = None) -> str:
     and the step records' allocated/reserved lines when present; drag to zoom,
     double-click to reset), an icicle graph of what was live at the peak by
     stack, sortable tables by line, autograd node, category, label, thread and
-    kind, the steps, diagnoses and failed allocations. It loads nothing from
-    the network.
+    kind, the steps (memory per step with the steps each finding concerns
+    shaded, a summary, the records), diagnoses and failed allocations. It
+    loads nothing from the network.
 
     Raises :class:`~memviz.NotTracking` for a tracker that never started.
     """
@@ -298,7 +299,9 @@ def _lines_table(stats: List[Any], top: int, total: int) -> str:
 
 def tracker_repr_html(tracker: Any, top: int = 10) -> str:
     """Compact HTML for a notebook: state, per-device totals with a small
-    timeline each, the top lines at the peak and the failures count."""
+    timeline each, the top lines at the peak, the steps (a summary and memory
+    per step, the findings' steps shaded) and findings when the run recorded
+    steps, and the failures count."""
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise InvalidArgument(f"top must be a positive int, got {given(top)}")
     if getattr(tracker, "started_ns", 0) is None:
@@ -333,6 +336,7 @@ def tracker_repr_html(tracker: Any, top: int = 10) -> str:
         parts.append(f"<div><b>Top lines at the peak</b> <span class=\"m\">"
                      f"({_e(format_size(peak.total_bytes()))} live)</span></div>")
         parts.append(_lines_table(peak.statistics("lineno"), top, peak.total_bytes()))
+    parts.append(_steps_view(tracker))
     failures = list(getattr(tracker, "failures", None) or ())
     if failures:
         last = failures[-1]
@@ -340,6 +344,105 @@ def tracker_repr_html(tracker: Any, top: int = 10) -> str:
                      f'{_e(format_size(last.size))} at {_e(src.where(last))}</p>')
     parts.append('<p class="m">Full report: <code>memviz.report.write(t, "report.html")</code></p></div>')
     return "".join(parts)
+
+
+_STEP_COLORS = {"current": "#4e79a7", "peak": "#9c755f", "allocated": "#e15759", "reserved": "#f28e2c"}
+
+
+def _step_svg(plot: dict, dv: dict, found: List[dict], width: int = 420, height: int = 72) -> str:
+    """A static SVG of one device's memory per step (current solid, peak
+    dashed, PyTorch's numbers when present), the findings' steps shaded."""
+    xs = plot["steps"]
+    n = len(xs)
+    top = max((v for vals in dv["series"].values() for v in vals if v is not None), default=0) * 1.08
+    if not n or top <= 0:
+        return ""
+    lo, span = min(xs), max(max(xs) - min(xs), 1)
+    half = max(width / span / 2 * plot["bucket"], 1.5) if n > 1 else 6
+
+    def x(i: int) -> float:
+        return (i - lo) * (width - 8) / span + 4 if n > 1 else width / 2
+
+    def y(v: float) -> float:
+        return height - 2 - v * (height - 14) / top
+
+    marks = []
+    for f in found:
+        if not f.get("step_ranges") or f.get("device") not in (None, dv["device"]):
+            continue
+        for a, b in f["step_ranges"]:
+            x0, x1 = max(x(a) - half, 0), min(x(b) + half, width)
+            marks.append(f'<g class="finding-mark"><rect x="{x0:.1f}" y="10" width="{max(x1 - x0, 2):.1f}" '
+                         f'height="{height - 12}" fill="#c0392b" fill-opacity="0.12" stroke="#c0392b" '
+                         f'stroke-opacity="0.4"/><text x="{x0 + 2:.1f}" y="9" font-size="9" fill="#c0392b">'
+                         f'{_e(f["kind"])}</text><title>{_e(f["kind"])}: {_e(f["message"])}</title></g>')
+    lines = []
+    for name, vals in dv["series"].items():
+        pts = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in zip(xs, vals) if v is not None)
+        dash = ' stroke-dasharray="4 2"' if name == "peak" else ""
+        lines.append(f'<polyline points="{pts}" fill="none" stroke="{_STEP_COLORS.get(name, "#555")}" '
+                     f'stroke-width="1.4"{dash}><title>{_e(name)}</title></polyline>')
+    return (f'<svg class="mvz-steps" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+            f'style="background:#f7f9fc;border-radius:3px">{"".join(marks)}{"".join(lines)}</svg>')
+
+
+def _steps_view(obj: Any) -> str:
+    """The notebook view's steps (a summary table, memory per step with the
+    findings' steps shaded) and findings; "" when there are no steps."""
+    from .._report import STEP_SERIES, step_series_label, step_summary
+
+    summary = step_summary(obj)
+    rows = src.steps(obj)
+    if summary is None and not rows:
+        return ""
+    found, why = src.findings(obj)
+    parts = []
+    plot = _data._step_plot(obj, rows, points=200)
+    if summary is not None:
+        head = (f"{summary['count']:,} recorded (steps {summary['first_step']} to {summary['last_step']}); "
+                f"trend: least-squares slope from step {summary['trend_from_step']}")
+    else:
+        head = f"{len(rows):,} recorded"
+    parts.append(f'<div><b>Steps</b> <span class="m">{_e(head)}</span></div>')
+    table = []
+    for d in (summary or {}).get("devices", []):
+        for name in STEP_SERIES:
+            st = d.get(name)
+            if st is None:
+                continue
+            trend = st["trend_per_step"]
+            table.append(f'<tr><td>{_e(step_series_label(d["name"], name))}</td>'
+                         + "".join(f'<td class="n">{_e(format_size(st[k]))}</td>'
+                                   for k in ("first", "last", "min", "max"))
+                         + f'<td class="n">{_e(format_size(trend, sign=True)) if trend is not None else "-"}'
+                         "</td></tr>")
+    if table:
+        parts.append("<table><tr><th>series</th><th>first</th><th>last</th><th>min</th><th>max</th>"
+                     "<th>trend per step</th></tr>" + "".join(table) + "</table>")
+    for dv in (plot or {}).get("devices", []):
+        svg = _step_svg(plot, dv, found or [])
+        if svg:
+            parts.append(f'<div class="m">{_e(dv["name"])} per step: current (solid), peak (dashed)'
+                         f'{", findings shaded" if any(f.get("step_ranges") for f in found or []) else ""}'
+                         f'</div>{svg}')
+    if found is None:
+        parts.append(f'<p class="m">Findings: {_e(why)}.</p>')
+    elif found:
+        parts.append(f"<div><b>memviz findings</b> ({len(found)})</div>{_finding_cards(found)}")
+    else:
+        parts.append('<p class="m">memviz.diagnose() found no problem in these steps.</p>')
+    return "".join(parts)
+
+
+def _finding_cards(items: List[dict]) -> str:
+    cards = []
+    for f in items:
+        nums = " · ".join(f"{_e(k)}: {_e(v)}" for k, v in f["numbers_text"].items())
+        lines = "".join(f"<div><code>{_e(x)}</code></div>" for x in f["lines"][:10])
+        fix = f'<div><b>Fix:</b> {_e(f["fix"])}</div>' if f["fix"] else ""
+        cards.append(f'<div class="card"><div class="m">{_e(f["kind"])}</div><div>{_e(f["message"])}</div>'
+                     f'{"<div class=m>" + nums + "</div>" if nums else ""}{lines}{fix}</div>')
+    return "".join(cards)
 
 
 def snapshot_repr_html(snapshot: Any, top: int = 10) -> str:
@@ -358,11 +461,4 @@ def findings_repr_html(findings: Iterable[Any]) -> str:
     items = [src.normalize_finding(f) for f in findings or ()]
     if not items:
         return f'{_NB_STYLE}<div class="mvz-nb"><b>memviz</b> <span class="m">no problem found</span></div>'
-    cards = []
-    for f in items:
-        nums = " · ".join(f"{_e(k)}: {_e(v)}" for k, v in f["numbers_text"].items())
-        lines = "".join(f"<div><code>{_e(x)}</code></div>" for x in f["lines"][:10])
-        fix = f'<div><b>Fix:</b> {_e(f["fix"])}</div>' if f["fix"] else ""
-        cards.append(f'<div class="card"><div class="m">{_e(f["kind"])}</div><div>{_e(f["message"])}</div>'
-                     f'{"<div class=m>" + nums + "</div>" if nums else ""}{lines}{fix}</div>')
-    return f'{_NB_STYLE}<div class="mvz-nb"><b>memviz findings</b> ({len(items)}){"".join(cards)}</div>'
+    return f'{_NB_STYLE}<div class="mvz-nb"><b>memviz findings</b> ({len(items)}){_finding_cards(items)}</div>'

@@ -367,9 +367,130 @@
     tabs.appendChild(filter);
     s.appendChild(tabs); s.appendChild(box);
   }
+  /* ---- steps: memory per step, the findings marked on their steps --------- */
+  var STEP_PLOT_COLORS = {current: '#4e79a7', peak: '#9c755f', allocated: '#e15759', reserved: '#f28e2c'};
+  var STEP_PLOT_NAMES = {current: 'current (at the step\u2019s end)', peak: 'peak (inside the step)',
+    allocated: 'torch allocated', reserved: 'torch reserved'};
+  var FINDING_COLORS = {growth: '#c0392b', fragmentation: '#8e44ad', spike: '#d35400', cache_churn: '#16a085',
+    outside_pytorch: '#7f8c8d'};
+  var stepBoxes = [];
+  function findingColor(kind) { return FINDING_COLORS[kind] || '#b7791f'; }
+  function rangesText(rs) {
+    return rs.map(function (r) { return r[0] === r[1] ? 'step ' + r[0] : 'steps ' + r[0] + '\u2013' + r[1]; }).join(', ');
+  }
+  function drawStepPlot(dv, box) {
+    box.textContent = '';
+    var P = D.step_plot, xs = P.steps, n = xs.length;
+    var W = Math.max(box.clientWidth || 0, 420), H = 170, ml = 70, mr = 14, mt = 18, mb = 24;
+    var pw = W - ml - mr, ph = H - mt - mb;
+    var lo = Math.min.apply(null, xs), hi = Math.max.apply(null, xs), span = Math.max(hi - lo, 1);
+    var half = n > 1 ? Math.max(pw / span / 2 * (P.bucket || 1), 1.5) : 8;
+    function X(i) { return n > 1 ? ml + (i - lo) / span * pw : ml + pw / 2; }
+    var names = Object.keys(dv.series), ymax = 0;
+    names.forEach(function (k) { dv.series[k].forEach(function (v) { if (v !== null && v > ymax) { ymax = v; } }); });
+    ymax = niceMax(ymax * 1.04);
+    function Y(v) { return mt + ph - v / ymax * ph; }
+    var svg = sv('svg', {width: W, height: H, 'class': 'step-plot', 'data-device': dv.device === null ? 'all' : dv.device});
+    var axis = sv('g', {'class': 'axis'});
+    for (var k = 0; k <= 4; k++) {
+      var yv = ymax * k / 4, yy = Y(yv);
+      axis.appendChild(sv('line', {x1: ml, x2: ml + pw, y1: yy, y2: yy, 'class': 'grid'}));
+      axis.appendChild(sv('text', {x: ml - 6, y: yy + 4, 'text-anchor': 'end'}, fmtBytes(yv)));
+    }
+    // Whole steps at an even spacing, the last step too when it is not next to one.
+    var every = Math.max(1, Math.ceil(span / 6)), tvs = [];
+    for (var tv = lo; tv <= hi && n > 1; tv += every) { tvs.push(tv); }
+    if (n === 1) { tvs = [lo]; } else if (hi - tvs[tvs.length - 1] >= every / 2) { tvs.push(hi); }
+    tvs.forEach(function (t, ti) {
+      var anchor = n === 1 ? 'middle' : ti === 0 ? 'start' : X(t) > ml + pw - 24 ? 'end' : 'middle';
+      axis.appendChild(sv('text', {x: X(t), y: H - 6, 'text-anchor': anchor}, 'step ' + t));
+    });
+    svg.appendChild(axis);
+    (D.findings || []).forEach(function (f, fi) {
+      if (!f.step_ranges || !f.step_ranges.length || (f.device !== null && f.device !== undefined && f.device !== dv.device)) { return; }
+      var color = findingColor(f.kind), text = f.kind + ' (' + rangesText(f.step_ranges) + ')\n' + f.message;
+      f.step_ranges.forEach(function (r) {
+        var x0 = Math.max(X(r[0]) - half, ml), x1 = Math.min(X(r[1]) + half, ml + pw);
+        var g = sv('g', {'class': 'finding-mark', 'data-kind': f.kind, 'data-finding': fi, 'data-first': r[0], 'data-last': r[1]});
+        g.appendChild(sv('rect', {x: x0.toFixed(1), y: mt, width: Math.max(x1 - x0, 2).toFixed(1), height: ph, fill: color, 'fill-opacity': 0.13, stroke: color, 'stroke-opacity': 0.5}));
+        g.appendChild(sv('text', {x: x0 + 3, y: mt - 5, fill: color, style: 'fill:' + color + ';font-weight:600'}, f.kind));
+        g.style.cursor = 'pointer';
+        g.addEventListener('mousemove', function (ev) { showTip(text, ev); });
+        g.addEventListener('mouseleave', hideTip);
+        g.addEventListener('click', function () { var c = document.getElementById('mvz-finding-' + fi); if (c) { c.scrollIntoView({block: 'center'}); } });
+        svg.appendChild(g);
+      });
+    });
+    names.forEach(function (name) {
+      var vs = dv.series[name], d = [], color = STEP_PLOT_COLORS[name] || '#555', pen = false;
+      for (var j = 0; j < n; j++) {
+        if (vs[j] === null) { pen = false; continue; }
+        d.push((pen ? 'L' : 'M') + X(xs[j]).toFixed(1) + ' ' + Y(vs[j]).toFixed(1)); pen = true;
+      }
+      if (n === 1 && vs[0] !== null) { d.push('L' + (X(xs[0]) + 0.1).toFixed(1) + ' ' + Y(vs[0]).toFixed(1)); }
+      svg.appendChild(sv('path', {d: d.join(''), fill: 'none', stroke: color, 'stroke-width': 1.6,
+        'stroke-dasharray': name === 'peak' ? '4 2' : 'none', 'class': 'step-series', 'data-name': name}));
+      if (n <= 200) {
+        for (j = 0; j < n; j++) { if (vs[j] !== null) { svg.appendChild(sv('circle', {cx: X(xs[j]), cy: Y(vs[j]), r: 2.2, fill: color, 'class': 'step-dot'})); } }
+      }
+    });
+    box.appendChild(svg);
+    svg.addEventListener('mousemove', function (ev) {
+      if (ev.target.closest && ev.target.closest('.finding-mark')) { return; }
+      var r = svg.getBoundingClientRect(), x = ev.clientX - r.left;
+      if (x < ml || x > ml + pw) { hideTip(); return; }
+      var best = 0;
+      for (var j = 1; j < n; j++) { if (Math.abs(X(xs[j]) - x) < Math.abs(X(xs[best]) - x)) { best = j; } }
+      var lines = [dv.name + ' step ' + xs[best] + (P.bucket > 1 ? ' (+' + (P.bucket - 1) + ' more, the highest shown)' : '')];
+      names.forEach(function (name) { var v = dv.series[name][best]; if (v !== null) { lines.push(name + ': ' + fmtBytes(v)); } });
+      showTip(lines.join('\n'), ev);
+    });
+    svg.addEventListener('mouseleave', hideTip);
+  }
+  function drawStepPlots() { stepBoxes.forEach(function (b) { drawStepPlot(b.dv, b.box); }); }
+  function stepPlots(s) {
+    var P = D.step_plot;
+    if (!P || !P.steps.length) { return; }
+    var marked = (D.findings || []).filter(function (f) { return f.step_ranges && f.step_ranges.length; });
+    s.appendChild(el('p', {'class': 'hint'}, 'Memory per step' + (P.bucket > 1 ? ' (each point the highest of ' + P.bucket + ' steps)' : '') +
+      (marked.length ? '; shaded: the steps a finding concerns (hover for it, click to go to it).' : '.')));
+    P.devices.forEach(function (dv) {
+      var wrap = el('div', {'class': 'chart'}), title = el('div', {'class': 'chart-title'}, dv.name);
+      var legend = el('span', {'class': 'legend'});
+      Object.keys(dv.series).forEach(function (name) {
+        var item = el('span'), sw = el('i'); sw.style.background = STEP_PLOT_COLORS[name] || '#555';
+        item.appendChild(sw); item.appendChild(document.createTextNode(STEP_PLOT_NAMES[name] || name)); legend.appendChild(item);
+      });
+      marked.forEach(function (f) {
+        if (f.device !== null && f.device !== undefined && f.device !== dv.device) { return; }
+        var item = el('span'), sw = el('i'); sw.style.background = findingColor(f.kind); sw.style.opacity = '0.45';
+        item.appendChild(sw); item.appendChild(document.createTextNode(f.kind + ': ' + rangesText(f.step_ranges))); legend.appendChild(item);
+      });
+      title.appendChild(legend); wrap.appendChild(title);
+      var box = el('div'); wrap.appendChild(box); s.appendChild(wrap);
+      stepBoxes.push({dv: dv, box: box});
+    });
+    drawStepPlots();
+    var sum = P.summary;
+    if (sum && sum.devices.length) {
+      var rows = [];
+      sum.devices.forEach(function (dv) {
+        ['current', 'peak', 'allocated', 'reserved'].forEach(function (name) {
+          var x = dv[name]; if (!x) { return; }
+          rows.push([dv.name + ' ' + (name === 'allocated' || name === 'reserved' ? 'torch ' + name : name), x.first, x.last, x.min, x.max, x.trend_per_step]);
+        });
+      });
+      table(s, {columns: [{key: 'series', type: 'text'}, {key: 'first', type: 'bytes'}, {key: 'last', type: 'bytes'},
+        {key: 'min', type: 'bytes'}, {key: 'max', type: 'bytes'}, {key: 'trend per step', type: 'bytes'}], rows: rows, more: 0},
+      {sortable: false, narrow: true});
+      s.appendChild(el('p', {'class': 'note'}, sum.count + ' step' + (sum.count === 1 ? '' : 's') + ' recorded; trend: the least-squares slope from step ' +
+        sum.trend_from_step + ' to step ' + sum.last_step + (sum.trend_from_step !== sum.first_step ? ' (after the warm-up).' : '.')));
+    }
+  }
   function steps() {
     if (!D.steps) { return; }
     var s = section('Steps', 'mvz-steps');
+    stepPlots(s);
     table(s, D.steps);
   }
   function findings() {
@@ -377,9 +498,11 @@
     var s = section('Findings', 'mvz-findings');
     if (!D.findings.length) { s.appendChild(el('p', {'class': 'note'}, 'No problem found.')); return; }
     var cards = el('div', {'class': 'cards'});
-    D.findings.forEach(function (f) {
-      var c = el('div', {'class': 'card'});
-      c.appendChild(el('div', {'class': 'kind'}, f.kind + (f.severity ? ' \u00b7 ' + f.severity : '')));
+    D.findings.forEach(function (f, fi) {
+      var c = el('div', {'class': 'card', id: 'mvz-finding-' + fi, 'data-kind': f.kind});
+      c.style.borderLeftColor = findingColor(f.kind);
+      c.appendChild(el('div', {'class': 'kind'}, f.kind + (f.severity ? ' \u00b7 ' + f.severity : '') +
+        (f.step_ranges && f.step_ranges.length ? ' \u00b7 ' + rangesText(f.step_ranges) : '')));
       c.appendChild(el('div', {}, f.message));
       var kv = el('div', {'class': 'kv'});
       Object.keys(f.numbers_text).forEach(function (k) { kv.appendChild(el('span', {}, k + ': ' + f.numbers_text[k])); });
@@ -432,6 +555,6 @@
   summary(); timeline(); flame(); tables(); segments(); steps(); findings(); failures();
   if (D.findings_note && !D.findings) { main.appendChild(el('p', {'class': 'note'}, 'Findings: ' + D.findings_note + '.')); }
   var resizeTimer = null;
-  window.addEventListener('resize', function () { clearTimeout(resizeTimer); resizeTimer = setTimeout(function () { drawTimeline(); drawFlame(); }, 150); });
+  window.addEventListener('resize', function () { clearTimeout(resizeTimer); resizeTimer = setTimeout(function () { drawTimeline(); drawFlame(); drawStepPlots(); }, 150); });
   root.setAttribute('data-ready', '1');
 }());
