@@ -12,6 +12,13 @@ With ``-o run.memviz`` the run is also streamed to a trace file (flushed
 every 0.5 s, so it survives a kill up to the last flush); read it later with
 ``memviz report run.memviz`` or ``memviz.load()``.
 
+Where GPU capture is off (no GPU, no driver, no CUPTI; not with --no-gpu), a
+script that sets ``MEMVIZ_SAMPLE_WITHOUT_GPU = True`` in its globals (memviz's
+demo, examples/basic.py, does) is followed, after its own report, by the
+report of the sample trace shipped in memviz/data (sample.memviz, recorded on
+a GPU from that demo), headed by the machine, date and script it was
+recorded on (sample.json), and marked as a recording, not this machine's data.
+
 No report comes out when the process ends without unwinding the Python stack:
 ``os._exit()``, a fatal signal (SIGKILL, SIGTERM without a handler, a crash),
 or a fork()ed child (only the parent reports).
@@ -20,20 +27,24 @@ or a fork()ed child (only the parent reports).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import json
+import linecache
 import os
 import runpy
 import shlex
 import sys
+import textwrap
 import threading
 import traceback
 import warnings
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _callsite, _core
 from ._errors import CaptureConflict, CaptureUnavailable, MemvizError, OutputError
 from ._outputs import same_file, write_output
-from ._report import text_report
+from ._report import WIDTH, text_report
 from ._trace import TraceWarning
 from ._tracker import CaptureWarning, Tracker
 
@@ -45,6 +56,10 @@ EXIT_OUTPUT = 2  # the script succeeded but a report file or the trace could not
 _VALUE_OPTIONS = ("--depth", "--top", "--report-file", "-o", "--output")
 _MEMVIZ_DIR = os.path.dirname(os.path.abspath(__file__))
 _RUNPY_FILES = {"<frozen runpy>", os.path.abspath(runpy.__file__)}
+#: a script's global that asks for the sample report where GPU capture is off
+SAMPLE_OPT_IN = "MEMVIZ_SAMPLE_WITHOUT_GPU"
+_SAMPLE_FILES = ("sample.memviz", "sample.json")
+_REINSTALL = "reinstall memviz (pip install --force-reinstall memviz-gpu)"
 
 
 class UsageError(Exception):
@@ -244,8 +259,9 @@ def _wait_for_threads() -> None:
             t.join()
 
 
-def _execute(script: Optional[str], module: Optional[str], args: List[str]) -> None:
-    """Run the target with ``sys.argv``/``sys.path[0]`` set like python does.
+def _execute(script: Optional[str], module: Optional[str], args: List[str]) -> Dict[str, Any]:
+    """Run the target with ``sys.argv``/``sys.path[0]`` set like python does;
+    returns its globals when it returned.
 
     The target runs in a temporary ``__main__`` that is gone when the report
     is written; its globals are handed to memviz._callsite, which names
@@ -268,6 +284,7 @@ def _execute(script: Optional[str], module: Optional[str], args: List[str]) -> N
         raise
     if isinstance(ns.get("__file__"), str):
         _callsite.add_namespace(ns["__file__"], ns)
+    return ns
 
 
 def _emit(report: str, report_file: Optional[str],
@@ -320,6 +337,104 @@ def _trace_note(tracker: Tracker, path: str) -> bool:
         return False
     _say(f"memviz: trace written to {path} ({events}{size}); {read}")
     return True
+
+
+def _sample_folder() -> Any:
+    """Where the sample's files are: memviz/data, as installed."""
+    from importlib import resources
+
+    return resources.files(__package__).joinpath("data")
+
+
+def load_sample() -> Tuple[Any, Dict[str, str]]:
+    """(the loaded sample trace, its description) from memviz/data.
+
+    The description (sample.json) has "machine", "date" and "script" (what
+    ran, as its lines are recorded, e.g. "examples/basic.py"), and may have
+    "script_source": the script's text when it was recorded. Raises
+    :class:`~memviz.TraceError` when a file is missing or unreadable (a broken
+    install), saying which and what to do."""
+    from importlib import resources
+
+    from ._errors import TraceError
+    from ._trace_load import load
+
+    folder = _sample_folder()
+    trace_file, meta_file = (folder.joinpath(name) for name in _SAMPLE_FILES)
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        if not isinstance(meta, dict):
+            raise ValueError("it is not a JSON object")
+        if not all(isinstance(meta.get(k), str) and meta[k]
+                   for k in ("machine", "date", "script")):
+            raise ValueError('it lacks one of "machine", "date" and "script" (non-empty strings)')
+        if not isinstance(meta.get("script_source", ""), str):
+            raise ValueError('its "script_source" is not a string')
+    except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+        raise TraceError(f"memviz's sample description {meta_file} cannot be read ({e}); "
+                         f"{_REINSTALL}.") from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceWarning)  # a cut-off sample is still a sample
+        with resources.as_file(trace_file) as path:
+            if not os.path.isfile(path):
+                raise TraceError(f"memviz's sample trace {path} is missing; {_REINSTALL}.")
+            try:
+                trace = load(os.fspath(path))
+            except TraceError as e:
+                raise TraceError(f"memviz's sample trace cannot be read: {e}; "
+                                 f"{_REINSTALL}.") from None
+    return trace, meta
+
+
+@contextlib.contextmanager
+def recorded_source(meta: Dict[str, str]):
+    """Within it, the sample's lines read as they were when it was recorded
+    (its "script_source" put in linecache under its "script" name), not as
+    that file reads now, if it exists here at all."""
+    name, text = meta["script"], meta.get("script_source")
+    if not text:
+        yield
+        return
+    saved = linecache.cache.get(name)
+    lines = text.splitlines(keepends=True)
+    linecache.cache[name] = (len(text), None, lines, name)  # no mtime: never re-read
+    try:
+        yield
+    finally:
+        if saved is None:
+            linecache.cache.pop(name, None)
+        else:
+            linecache.cache[name] = saved
+
+
+def sample_report(top: int = 10) -> str:
+    """The text report of the sample trace shipped in memviz/data, headed by
+    the machine, date and script it was recorded on (see :func:`load_sample`)."""
+    trace, meta = load_sample()
+    machine, date, script = meta["machine"], meta["date"], meta["script"]
+    heading = (f"memviz: GPU capture was off, so here is a SAMPLE instead, a recording shipped "
+               f"with memviz and not this machine's data: the report of a run recorded on "
+               f"{machine} on {date} running {script}.")
+    with recorded_source(meta):
+        report = text_report(trace, top=top, outside=trace.outside, command=script)
+    rest = report.split("\n", 1)[1]  # below its title ("memviz report: ...")
+    title = f"SAMPLE (recorded on {date}, not on this machine): {script}"
+    return ("\n".join(textwrap.wrap(heading, WIDTH, subsequent_indent="  ")) + "\n\n"
+            + title + "\n" + rest)
+
+
+def _show_sample(top: int) -> None:
+    """Print the sample report after the run's own (never fails the run)."""
+    try:
+        text = sample_report(top)
+    except MemvizError as e:
+        _say(f"memviz: no sample report to show: {e}")
+        return
+    try:
+        sys.stderr.write("\n" + text)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def _start(opts: argparse.Namespace) -> Tracker:
@@ -375,9 +490,10 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
     command = shlex.join((["-m", module] if module is not None else [script]) + args)
     saved_argv, saved_path0 = sys.argv, sys.path[:1]
     status = 0
+    ns: Dict[str, Any] = {}
     try:
         try:
-            _execute(script, module, args)
+            ns = _execute(script, module, args)
         except SystemExit as e:
             status = _exit_status(e)
         except KeyboardInterrupt as e:
@@ -407,6 +523,8 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
                         inputs)
         if opts.output is not None:
             written = _trace_note(tracker, opts.output) and written
+        if not opts.no_gpu and not tracker.gpu_enabled and ns.get(SAMPLE_OPT_IN) is True:
+            _show_sample(opts.top)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception:  # noqa: BLE001 - keep the script's status; show what broke

@@ -91,7 +91,7 @@ class TraceFile:
         if version > F.FORMAT_VERSION:
             raise self._fail(f"it uses trace format {version}, written by a newer memviz; this "
                              f"memviz reads format {F.FORMAT_VERSION}", 8,
-                             "upgrade memviz (pip install -U memviz) to read it")
+                             "upgrade memviz (pip install -U memviz-gpu) to read it")
         if version != F.FORMAT_VERSION:
             raise self._fail(f"its header names trace format {version}, which no memviz "
                              "writes: the file is corrupted", 8,

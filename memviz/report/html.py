@@ -42,7 +42,7 @@ def _asset(name: str) -> str:
     except (FileNotFoundError, OSError) as e:  # pragma: no cover - a broken install
         raise RuntimeError(
             f"memviz's report asset {name!r} is missing ({e}); reinstall memviz "
-            "(pip install --force-reinstall memviz) so its package data is present.") from None
+            "(pip install --force-reinstall memviz-gpu) so its package data is present.") from None
     if "</" in text.replace("<\\/", ""):  # would end the inline <script>/<style> early
         raise RuntimeError(f"memviz's report asset {name!r} contains '</'; it cannot be inlined.")
     return text
