@@ -25,7 +25,7 @@ import os
 import re
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
-from .._snapshot import KIND_NAMES
+from .._snapshot import KIND_NAMES, innermost_first
 from .._units import format_size
 
 __all__ = ["Event", "events", "steps", "findings", "normalize_finding", "time_range",
@@ -168,7 +168,7 @@ def frame_dicts(a: Any) -> List[Dict[str, Any]]:
     it was doing (autograd node, label, kind)."""
     tb = getattr(a, "traceback", None) or ()
     out = [{"filename": f.filename, "line": int(f.lineno or 0), "name": f.name or "?"}
-           for f in tb]
+           for f in innermost_first(tb)]
     if out:
         return out
     thread = getattr(getattr(a, "thread", None), "name", None) or getattr(a, "thread", None) or "?"
