@@ -18,7 +18,7 @@ from ._frames import FrameFilter, frames
 from ._snapshot import (Allocation, Frame, Snapshot, Statistic, StatisticDiff, ThreadInfo,
                         Traceback)
 from ._tracker import (CaptureWarning, FailedAllocation, Tracker, active_tracker, available,
-                       capture_info, label, start, stop, track)
+                       capture_info, get_traced_memory, label, reset_peak, start, stop, track)
 from ._trace import load
 from ._units import format_size, parse_size
 
@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "track", "start", "stop", "label", "available", "capture_info", "active_tracker",
+    "get_traced_memory", "reset_peak",
     "Tracker", "Snapshot", "Statistic", "StatisticDiff", "Allocation", "Frame", "Traceback",
     "ThreadInfo", "FailedAllocation", "FrameFilter", "frames",
     "MemvizError", "CaptureUnavailable", "CaptureConflict", "AlreadyTracking", "NotTracking",

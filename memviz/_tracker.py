@@ -30,7 +30,7 @@ import time
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _args, _callsite, _capture, _core
 from ._errors import (AlreadyTracking, CaptureConflict, CaptureUnavailable, InvalidArgument,
@@ -41,7 +41,7 @@ from ._snapshot import KIND_NAMES, SEEN_RUNNING, SEEN_THREADS, Snapshot, Traceba
 from ._units import format_size
 
 __all__ = ["Tracker", "track", "start", "stop", "label", "available", "capture_info",
-           "CaptureWarning", "FailedAllocation", "active_tracker"]
+           "CaptureWarning", "FailedAllocation", "active_tracker", "get_traced_memory", "reset_peak"]
 
 _DEFAULT_DEPTH = 32
 _state_lock = threading.RLock()
@@ -674,6 +674,31 @@ class Tracker(Outputs):
             return t.get(device, {}).get("peak", 0)
         return max((v["peak"] for d, v in t.items() if d >= 0), default=0)
 
+    def reset_peak(self) -> None:
+        """Restart this running tracker's peaks at the current figures, like
+        :func:`tracemalloc.reset_peak`: from now on ``peak_bytes()``,
+        ``totals()`` and ``peak_snapshot()`` (whose peak set becomes what is
+        live now) report the highest memory since this call, on every device.
+
+        A nested tracker resets its own peaks only; the enclosing tracker keeps
+        its own. Step records are not affected (each step has its own peak),
+        and a trace file keeps every event, so ``memviz.load()`` of it finds
+        the whole run's peak. Raises NotTracking when the tracker is not
+        running."""
+        with _state_lock:
+            if not self._running:
+                raise NotTracking(
+                    "reset_peak() restarts the peak of a running tracker, and this tracker is not "
+                    "running. What to do: call it inside the `with memviz.track() as t:` block; a "
+                    "stopped tracker's peak is what it was when it stopped.")
+            if self._view is not None:
+                if not isinstance(self._view, _NoGpuWindow):
+                    _core.reset_peak(self._view.id)
+            elif self._frozen is None:
+                if self.gpu_enabled:
+                    _core.flush()
+                _core.reset_peak()
+
     @property
     def failures(self) -> List[FailedAllocation]:
         """Allocations the driver refused (the last 256), oldest first."""
@@ -894,6 +919,51 @@ def active_tracker() -> Optional[Tracker]:
         if t._thread == me:
             return t
     return running[-1] if running else None
+
+
+def _running_tracker(call: str) -> Tracker:
+    t = active_tracker()
+    if t is None:
+        raise NotTracking(
+            f"memviz.{call} reads the running tracker, and no memviz tracker is running. What to do: "
+            f"call it inside a `with memviz.track() as t:` block (or after memviz.start()); a "
+            "stopped tracker keeps its figures: t.current_bytes(), t.peak_bytes(), t.totals().")
+    return t
+
+
+def get_traced_memory(device: Optional[int] = None) -> Tuple[int, int]:
+    """``(current, peak)`` bytes of the running tracker, like
+    :func:`tracemalloc.get_traced_memory`.
+
+    With ``device=None``, summed over the CUDA devices (pinned host memory is
+    left out): ``current`` is the sum of the bytes live on each device, and
+    ``peak`` the sum of each device's own peak. Devices may peak at different
+    moments, so with several devices ``peak`` is an upper bound of what was
+    live on all of them at once (never below ``current``); with one device it
+    is that device's peak. ``device=N`` gives CUDA device ``N`` alone and
+    ``device=-1`` pinned host memory. ``(0, 0)`` where nothing was allocated,
+    or when the tracker does not capture GPU memory (``gpu=False``).
+
+    The running tracker is :func:`active_tracker`'s (a nested tracker counts
+    what was allocated after it started). Raises :class:`NotTracking` when no
+    tracker runs; :func:`reset_peak` restarts the peak."""
+    _args.whole(device, "memviz.get_traced_memory(device=...)", none=True)
+    t = _running_tracker("get_traced_memory()")
+    with _state_lock:
+        totals = t.totals()
+    if device is not None:
+        got = totals.get(device, {})
+        return got.get("current", 0), got.get("peak", 0)
+    cuda = [v for d, v in totals.items() if d >= 0]
+    return sum(v["current"] for v in cuda), sum(v["peak"] for v in cuda)
+
+
+def reset_peak() -> None:
+    """Restart the running tracker's peak at the current figures, on every
+    device, like :func:`tracemalloc.reset_peak` (see :meth:`Tracker.reset_peak`).
+
+    Raises :class:`NotTracking` when no tracker runs."""
+    _running_tracker("reset_peak()").reset_peak()
 
 
 _label_overflow_warned = False
