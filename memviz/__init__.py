@@ -14,6 +14,7 @@ See README.md for the command line (``python -m memviz run script.py``).
 from ._errors import (AlreadyTracking, CaptureConflict, CaptureUnavailable, GraphNotRecorded, MemvizError,
                       NotTracking, TraceError)
 from ._errors import InvalidArgument, InvalidArgumentType, OutputError
+from ._filters import DomainFilter, Filter
 from ._frames import FrameFilter, frames
 from ._snapshot import (Allocation, Frame, Snapshot, Statistic, StatisticDiff, ThreadInfo,
                         Traceback)
@@ -28,7 +29,7 @@ __all__ = [
     "track", "start", "stop", "label", "available", "capture_info", "active_tracker",
     "get_traced_memory", "reset_peak",
     "Tracker", "Snapshot", "Statistic", "StatisticDiff", "Allocation", "Frame", "Traceback",
-    "ThreadInfo", "FailedAllocation", "FrameFilter", "frames",
+    "ThreadInfo", "FailedAllocation", "FrameFilter", "frames", "Filter", "DomainFilter",
     "MemvizError", "CaptureUnavailable", "CaptureConflict", "AlreadyTracking", "NotTracking",
     "CaptureWarning", "format_size", "parse_size", "load", "TraceError", "GraphNotRecorded",
     "watch", "StepRecord", "diagnose", "Finding",

@@ -498,6 +498,24 @@ class Snapshot:
         return Snapshot([a for a in self.allocations if predicate(a)], timestamp_ns=self.timestamp_ns,
                         devices=self.devices, frame_filter=self.frame_filter)
 
+    def filter_traces(self, filters: Iterable[Any]) -> "Snapshot":
+        """A new Snapshot with the allocations that ``filters`` keep, like
+        :meth:`tracemalloc.Snapshot.filter_traces`.
+
+        ``filters`` is a list of :class:`memviz.Filter` and
+        :class:`memviz.DomainFilter` (domain: the CUDA device index). An
+        allocation is kept when an inclusive filter matches it (or there is
+        none) and no exclusive filter matches it; an empty list keeps all.
+        ``Filter`` matches the user's frame (the ``"lineno"`` key), or every
+        frame with ``all_frames=True``; see :mod:`memviz._filters`.
+
+        Example: ``snap.filter_traces([memviz.Filter(False, "*/site-packages/*", all_frames=True)])``.
+        """
+        from ._filters import filter_allocations
+        kept = filter_allocations(self.allocations, filters, self._filter().pick)
+        return Snapshot(kept, timestamp_ns=self.timestamp_ns, devices=self.devices,
+                        frame_filter=self.frame_filter)
+
     # -- grouping ----------------------------------------------------------
 
     def _filter(self) -> FrameFilter:
