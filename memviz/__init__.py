@@ -38,16 +38,26 @@ __all__ = [
 from ._ipython import load_ipython_extension  # noqa: E402,F401  (%load_ext memviz)
 
 _LAZY = {"diagnose": "_diagnose", "Finding": "_diagnose", "watch": "_steps", "StepRecord": "_steps"}
+#: subpackages reachable as memviz.torch, memviz.report, ... after `import memviz`
+#: (memviz.torch imports no torch: PyTorch is imported only where it is used)
+_SUBPACKAGES = ("torch", "report", "export", "integrations")
 
 
 def __getattr__(name):
-    """memviz.diagnose / Finding / watch / StepRecord, imported on first use so
+    """memviz.diagnose / Finding / watch / StepRecord and the subpackages
+    memviz.torch / report / export / integrations, imported on first use so
     that `import memviz` (and the pytest plugin) stays cheap."""
+    import importlib
+
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")  # also sets the attribute
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'memviz' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBPACKAGES))

@@ -324,3 +324,30 @@ class FrameFilter:
 
 #: The process-wide default filter, e.g. ``memviz.frames.add_user_path(mypkg)``.
 frames = FrameFilter()
+
+
+def _in_memviz(filename: str) -> bool:
+    return _prefix_matches(os.path.normcase(os.path.abspath(filename)), os.path.normcase(_MEMVIZ_DIR))
+
+
+def warning_site() -> Tuple[int, Optional[str]]:
+    """Where a warning that the caller is about to give should point.
+
+    Returns ``(stacklevel, entry)`` for a ``warnings.warn`` call in the
+    function that calls this one: ``stacklevel`` points at the user's line
+    (the first frame beyond memviz's own that :data:`frames` counts as user
+    code; the first frame outside memviz when none is), and ``entry`` is the
+    file of the outermost memviz frame of the call (which of memviz's entry
+    points was used: ``_tracker.py`` for ``track()``, ``_ipython.py`` for the
+    magic, ...), or None when the caller was not called from memviz."""
+    f = sys._getframe(1)
+    level, entry = 1, None
+    while f is not None and _in_memviz(f.f_code.co_filename):
+        entry = f.f_code.co_filename
+        f, level = f.f_back, level + 1
+    if f is None:  # memviz all the way down (its own command line's main)
+        return max(1, level - 1), entry
+    outside = level
+    while f is not None and frames.is_library(f.f_code.co_filename):
+        f, level = f.f_back, level + 1
+    return (level if f is not None else outside), entry

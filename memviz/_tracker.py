@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import _args, _callsite, _capture, _core
 from ._errors import (AlreadyTracking, CaptureConflict, CaptureUnavailable, InvalidArgument,
                       InvalidArgumentType, NotTracking)
-from ._frames import FrameFilter
+from ._frames import FrameFilter, warning_site
 from ._outputs import Outputs
 from ._snapshot import KIND_NAMES, SEEN_RUNNING, SEEN_THREADS, Snapshot, Traceback, snapshot_from_raw
 from ._units import format_size
@@ -454,7 +454,8 @@ class Tracker(Outputs):
             self.gpu_off_reason = forked
             if not _warned_fork:
                 _warned_fork = True
-                warnings.warn(f"memviz: GPU capture is off: {forked}", CaptureWarning, stacklevel=4)
+                level, _ = warning_site()
+                warnings.warn(f"memviz: GPU capture is off: {forked}", CaptureWarning, stacklevel=level)
             return
         explicit = os.environ.get(_capture.ENV_LIBRARY)
         present, why = _capture.gpu_present()
@@ -462,10 +463,11 @@ class Tracker(Outputs):
             self.gpu_off_reason = why
             if not _warned_gpu_off:
                 _warned_gpu_off = True
+                level, entry = warning_site()
                 warnings.warn(
                     f"memviz: GPU capture is off: {why}. Tracking still works for the "
-                    "features that need no GPU; pass gpu=False to silence this warning.",
-                    CaptureWarning, stacklevel=4)
+                    f"features that need no GPU; {_silence_hint(entry)}.",
+                    CaptureWarning, stacklevel=level)
             return
         lib = _capture.load()  # raises CaptureUnavailable with what it tried
         result, step, error, holder, activity_on, activity_error = _core.start(
@@ -817,6 +819,26 @@ _FORK_ADVICE = ("CUDA and CUPTI cannot be used in a fork()ed child (their state 
                 "'spawn')).")
 
 
+def _silence_hint(entry: Optional[str]) -> str:
+    """How to turn GPU capture off, and so silence CaptureWarning, from the
+    entry point that started the tracker (``entry``: the file of the outermost
+    memviz frame, see _frames.warning_site)."""
+    name = os.path.basename(entry or "")
+    folder = os.path.basename(os.path.dirname(entry or ""))
+    if name == "_ipython.py":
+        return "add --no-gpu to the magic's line (%%memviz --no-gpu) to silence this warning"
+    if folder == "integrations":
+        return ("the training callback started this tracker and has no option for it: to silence this "
+                "warning, run the training inside `with memviz.track(gpu=False):` (the callback then "
+                "records on that tracker), or call "
+                "`warnings.filterwarnings('ignore', category=memviz.CaptureWarning)` before it")
+    if name == "pytest_plugin.py":
+        return "run pytest with -W ignore::memviz.CaptureWarning to silence this warning"
+    if name == "_cli_run.py":
+        return "pass --no-gpu to memviz run to silence this warning"
+    return "pass gpu=False (`memviz.track(gpu=False)`) to silence this warning"
+
+
 def _fork_reason() -> Optional[str]:
     """Why this process must not use CUPTI because it is a fork()ed child, or None."""
     if _forked_after_cupti is not None:
@@ -994,7 +1016,8 @@ def _user_label_id(name: str) -> int:
                 f"{name if len(name) <= 60 else name[:57] + '...'!r} and every new "
                 f"label after it are recorded as {_core.LABEL_OVERFLOW!r} (capture_info()['store']"
                 "['labels_overflowed'] counts them). Use a few labels that repeat (e.g. 'train step', "
-                "not f'step {i}'): memviz.watch(optimizer) records memory per step."), stacklevel=3)
+                "not f'step {i}'): memviz.watch(optimizer) records memory per step."),
+                stacklevel=warning_site()[0])
     return lid
 
 

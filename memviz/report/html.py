@@ -296,11 +296,17 @@ def _lines_table(stats: List[Any], top: int, total: int) -> str:
             + "".join(rows) + tail + "</table>")
 
 
-def tracker_repr_html(tracker: Any, top: int = 10) -> str:
+def tracker_repr_html(tracker: Any, top: int = 10, name: str = "t") -> str:
     """Compact HTML for a notebook: state, per-device totals with a small
-    timeline each, the top lines at the peak and the failures count."""
+    timeline each, the top lines at the peak and the failures count.
+
+    ``name`` is the variable that holds the tracker in the notebook, for the
+    code the view suggests (``t`` as in ``with memviz.track() as t:``; the
+    ``%%memviz`` magic keeps its tracker as ``_memviz``)."""
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise InvalidArgument(f"top must be a positive int, got {given(top)}")
+    if not isinstance(name, str) or not name.isidentifier():
+        raise InvalidArgument(f"name must be a Python variable name, got {given(name)}")
     if getattr(tracker, "started_ns", 0) is None:
         return (f'{_NB_STYLE}<div class="mvz-nb"><b>memviz tracker</b> <span class="m">not started: '
                 "use <code>with memviz.track() as t:</code> and run your code in the block</span></div>")
@@ -338,7 +344,8 @@ def tracker_repr_html(tracker: Any, top: int = 10) -> str:
         last = failures[-1]
         parts.append(f'<p class="bad">{len(failures):,} failed allocation(s); the last: '
                      f'{_e(format_size(last.size))} at {_e(src.where(last))}</p>')
-    parts.append('<p class="m">Full report: <code>memviz.report.write(t, "report.html")</code></p></div>')
+    # a method of the tracker: runs as written where the tracker is, with no import
+    parts.append(f'<p class="m">Full report: <code>{name}.to_html("report.html")</code></p></div>')
     return "".join(parts)
 
 
