@@ -370,3 +370,13 @@ def test_watch_warning_points_at_the_users_optimizer_step():
             opt.step(); line = here()  # noqa: E702
     (rw,) = [x for x in w if "no memviz tracker is running" in str(x.message)]
     assert (rw.filename, rw.lineno) == (__file__, line)
+
+
+def test_the_tracker_view_takes_a_variable_name():
+    from memviz.report.html import tracker_repr_html
+
+    with memviz.track(gpu=False) as t:
+        pass
+    assert "<code>run_3.to_html(" in tracker_repr_html(t, name="run_3")
+    with pytest.raises(memviz.InvalidArgument, match="variable name"):
+        tracker_repr_html(t, name="not a name")
