@@ -14,11 +14,12 @@ See README.md for the command line (``python -m memviz run script.py``).
 from ._errors import (AlreadyTracking, CaptureConflict, CaptureUnavailable, GraphNotRecorded, MemvizError,
                       NotTracking, TraceError)
 from ._errors import InvalidArgument, InvalidArgumentType, OutputError
+from ._filters import DomainFilter, Filter
 from ._frames import FrameFilter, frames
 from ._snapshot import (Allocation, Frame, Snapshot, Statistic, StatisticDiff, ThreadInfo,
                         Traceback)
 from ._tracker import (CaptureWarning, FailedAllocation, Tracker, active_tracker, available,
-                       capture_info, label, start, stop, track)
+                       capture_info, get_traced_memory, label, reset_peak, start, stop, track)
 from ._trace import load
 from ._units import format_size, parse_size
 
@@ -26,8 +27,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "track", "start", "stop", "label", "available", "capture_info", "active_tracker",
+    "get_traced_memory", "reset_peak",
     "Tracker", "Snapshot", "Statistic", "StatisticDiff", "Allocation", "Frame", "Traceback",
-    "ThreadInfo", "FailedAllocation", "FrameFilter", "frames",
+    "ThreadInfo", "FailedAllocation", "FrameFilter", "frames", "Filter", "DomainFilter",
     "MemvizError", "CaptureUnavailable", "CaptureConflict", "AlreadyTracking", "NotTracking",
     "CaptureWarning", "format_size", "parse_size", "load", "TraceError", "GraphNotRecorded",
     "watch", "StepRecord", "diagnose", "Finding",
@@ -36,16 +38,26 @@ __all__ = [
 from ._ipython import load_ipython_extension  # noqa: E402,F401  (%load_ext memviz)
 
 _LAZY = {"diagnose": "_diagnose", "Finding": "_diagnose", "watch": "_steps", "StepRecord": "_steps"}
+#: subpackages reachable as memviz.torch, memviz.report, ... after `import memviz`
+#: (memviz.torch imports no torch: PyTorch is imported only where it is used)
+_SUBPACKAGES = ("torch", "report", "export", "integrations")
 
 
 def __getattr__(name):
-    """memviz.diagnose / Finding / watch / StepRecord, imported on first use so
+    """memviz.diagnose / Finding / watch / StepRecord and the subpackages
+    memviz.torch / report / export / integrations, imported on first use so
     that `import memviz` (and the pytest plugin) stays cheap."""
+    import importlib
+
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")  # also sets the attribute
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'memviz' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBPACKAGES))

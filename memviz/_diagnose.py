@@ -228,8 +228,10 @@ def diagnose(tracker, *, warmup: Optional[int] = None, graph=None) -> List[Findi
         except Exception as e:  # noqa: BLE001 - one rule's trouble must not hide the others
             import warnings
 
+            from ._frames import warning_site
             warnings.warn(f"memviz.diagnose(): the {rule.__name__.strip('_')} rule failed ({e!r}); "
-                          "the other findings are unaffected. Please report this.", RuntimeWarning)
+                          "the other findings are unaffected. Please report this.", RuntimeWarning,
+                          stacklevel=warning_site()[0])
     return findings
 
 

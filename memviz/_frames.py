@@ -1,7 +1,8 @@
 """Deciding which Python frame is "the user's line".
 
 A captured stack runs from the line that asked for memory (innermost) out to
-the program's entry point. Most of the innermost frames belong to libraries
+the program's entry point (a :class:`memviz.Traceback` holds it the other way
+round, oldest first, like tracemalloc). Most of the innermost frames belong to libraries
 (``torch/nn/modules/module.py``, ``contextlib.py``, ...); what a person wants
 to see is the innermost frame of *their* code. :class:`FrameFilter` decides,
 per file name, whether a frame is library code:
@@ -293,22 +294,26 @@ class FrameFilter:
         return 0
 
     def pick(self, frames: Sequence[_F]) -> Optional[_F]:
-        """The user's frame among ``frames`` (innermost first, each with ``.filename``).
+        """The user's frame among ``frames`` (each with ``.filename``).
 
-        The innermost non-library frame; if all are library frames, the
-        innermost frame; ``None`` when ``frames`` is empty.
+        A :class:`memviz.Traceback` is read in its own order (oldest to most
+        recent, like tracemalloc's); any other sequence is read innermost
+        first (the order the C core returns stacks in). The innermost
+        non-library frame; if all are library frames, the innermost frame;
+        ``None`` when ``frames`` is empty.
         """
         if not frames:
             return None
+        oldest_first = getattr(frames, "_oldest_first", False)
         cache = self._cache
-        for frame in frames:
+        for frame in (reversed(frames) if oldest_first else frames):
             fn = frame.filename  # type: ignore[attr-defined]
             lib = cache.get(fn)
             if lib is None:
                 lib = self.is_library(fn)
             if not lib:
                 return frame
-        return frames[0]
+        return frames[-1] if oldest_first else frames[0]
 
     def __repr__(self) -> str:
         return (
@@ -319,3 +324,30 @@ class FrameFilter:
 
 #: The process-wide default filter, e.g. ``memviz.frames.add_user_path(mypkg)``.
 frames = FrameFilter()
+
+
+def _in_memviz(filename: str) -> bool:
+    return _prefix_matches(os.path.normcase(os.path.abspath(filename)), os.path.normcase(_MEMVIZ_DIR))
+
+
+def warning_site() -> Tuple[int, Optional[str]]:
+    """Where a warning that the caller is about to give should point.
+
+    Returns ``(stacklevel, entry)`` for a ``warnings.warn`` call in the
+    function that calls this one: ``stacklevel`` points at the user's line
+    (the first frame beyond memviz's own that :data:`frames` counts as user
+    code; the first frame outside memviz when none is), and ``entry`` is the
+    file of the outermost memviz frame of the call (which of memviz's entry
+    points was used: ``_tracker.py`` for ``track()``, ``_ipython.py`` for the
+    magic, ...), or None when the caller was not called from memviz."""
+    f = sys._getframe(1)
+    level, entry = 1, None
+    while f is not None and _in_memviz(f.f_code.co_filename):
+        entry = f.f_code.co_filename
+        f, level = f.f_back, level + 1
+    if f is None:  # memviz all the way down (its own command line's main)
+        return max(1, level - 1), entry
+    outside = level
+    while f is not None and frames.is_library(f.f_code.co_filename):
+        f, level = f.f_back, level + 1
+    return (level if f is not None else outside), entry

@@ -10,7 +10,7 @@
 runs the cell under :func:`memviz.track`, shows the compact report under the
 cell (summary, a small timeline per device, the top lines at the peak) and
 keeps the tracker in the notebook as ``_memviz`` for more questions
-(``_memviz.peak_snapshot().statistics("lineno")``, ``memviz.report.write``).
+(``_memviz.peak_snapshot().statistics("lineno")``, ``_memviz.to_html("report.html")``).
 Nothing is fetched from the network; the report is static HTML.
 
 Options: ``--no-gpu`` (track without GPU capture), ``--top N`` (lines shown,
@@ -88,7 +88,7 @@ def memviz_cell(line: str, cell: str, ipython: Optional[Any] = None) -> Any:
         # run_cell shows the cell's own output and exceptions like any cell;
         # the tracker stops whatever the cell does.
         ipython.run_cell(cell, store_history=False)
-    display(HTML(tracker_repr_html(tracker, top=opts.top)))
+    display(HTML(tracker_repr_html(tracker, top=opts.top, name="_memviz")))
     return tracker
 
 

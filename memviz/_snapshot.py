@@ -7,11 +7,11 @@ snapshots.
 
 Differences from tracemalloc, on purpose:
 
-* A :class:`Traceback` is a tuple of :class:`Frame` with the **innermost frame
-  first** (``tb[0]`` is the line that allocated). ``format()`` still prints
-  oldest first, like tracemalloc and Python tracebacks.
-* ``str(traceback)`` and the ``"lineno"`` key use the *user's* frame (the
-  innermost non-library frame, see :mod:`memviz._frames`), not the innermost.
+* A :class:`Traceback` is, as in tracemalloc, a tuple of :class:`Frame` from
+  the oldest frame to the most recent (``tb[-1]`` is the line that
+  allocated). ``str(traceback)`` and the ``"lineno"`` key use the *user's*
+  frame (the innermost non-library frame, see :mod:`memviz._frames`), not
+  the innermost frame.
 * Allocations made by threads with no Python frames (e.g. PyTorch's autograd
   threads) have an empty traceback. Frame-based statistics group them under a
   pseudo-frame ``<thread NAME>``.
@@ -57,7 +57,7 @@ def decode_label(label: Optional[str]) -> Tuple[Optional[str], Optional[str], Op
 
 __all__ = [
     "Frame", "Traceback", "ThreadInfo", "Allocation", "Statistic", "StatisticDiff",
-    "Snapshot", "snapshot_from_raw", "KIND_NAMES", "KEY_TYPES", "Segment",
+    "Snapshot", "snapshot_from_raw", "KIND_NAMES", "KEY_TYPES", "Segment", "innermost_first",
 ]
 
 #: kind_code of a raw row -> Allocation.kind
@@ -92,17 +92,44 @@ class Frame(NamedTuple):
 
 
 class Traceback(tuple):
-    """The Python stack of an allocation: a tuple of :class:`Frame`, innermost first.
+    """The Python stack of an allocation: a tuple of :class:`Frame`, oldest to
+    most recent, as :class:`tracemalloc.Traceback` (``tb[-1]`` is the frame
+    that asked for the memory, ``tb[0]`` the outermost one memviz kept).
+
+    Args:
+        frames: the frames, oldest first.
+        frame_filter: decides :attr:`user_frame` (``memviz.frames`` if None).
+        total_nframe: how many frames the stack had before memviz kept only
+            its ``depth`` most recent ones; ``len(frames)`` when not given.
 
     Empty when the allocating thread had no Python frames. Equal tracebacks
     compare and hash equal whatever filter they carry.
     """
 
-    def __new__(cls, frames: Iterable[Frame] = (), frame_filter: Optional[FrameFilter] = None):
+    #: read by FrameFilter.pick: this sequence runs oldest to most recent
+    _oldest_first = True
+
+    def __new__(cls, frames: Iterable[Frame] = (), frame_filter: Optional[FrameFilter] = None,
+                total_nframe: Optional[int] = None):
         self = tuple.__new__(cls, frames)
+        if total_nframe is not None:
+            whole(total_nframe, "Traceback(total_nframe=...)", len(self))
         self._filter = frame_filter
+        self._total = total_nframe
         self._user = None  # (filter, generation, frame) cache
         return self
+
+    @property
+    def total_nframe(self) -> int:
+        """The number of frames the stack had before memviz truncated it to
+        its capture depth (``track(depth=...)``).
+
+        memviz's capture stops walking a stack at the depth and does not count
+        the frames beyond it, so this is ``len(self)`` unless the traceback
+        was built with a known total: exact for every stack shorter than the
+        depth, and a lower bound for one exactly as deep (its outer frames
+        may be missing)."""
+        return len(self) if self._total is None else self._total
 
     @property
     def frame_filter(self) -> FrameFilter:
@@ -126,18 +153,18 @@ class Traceback(tuple):
 
         Frames are listed oldest first unless ``most_recent_first``. A positive
         ``limit`` keeps the ``limit`` most recent frames, a negative one the
-        ``-limit`` oldest. Source lines come from :mod:`linecache` when the file
-        is readable.
+        ``-limit`` oldest (the frames are chosen before the order is applied).
+        Source lines come from :mod:`linecache` when the file is readable.
         """
         whole(limit, "Traceback.format(limit=...)", none=True)
         flag(most_recent_first, "Traceback.format(most_recent_first=...)")
-        oldest_first = list(reversed(self))
+        chosen = list(self)
         if limit is not None:
-            oldest_first = oldest_first[-limit:] if limit > 0 else oldest_first[:limit]
+            chosen = chosen[-limit:] if limit > 0 else chosen[:limit]
         if most_recent_first:
-            oldest_first.reverse()
+            chosen.reverse()
         lines: List[str] = []
-        for frame in oldest_first:
+        for frame in chosen:
             lineno = frame.lineno if frame.lineno and frame.lineno > 0 else None
             head = f'  File "{frame.filename}", line {lineno if lineno else "?"}'
             if frame.name:
@@ -160,7 +187,14 @@ class Traceback(tuple):
         return f"<Traceback {len(self)} frame(s), user frame {self}>"
 
     def __reduce__(self):
-        return (Traceback, (tuple(self),))
+        return (Traceback, (tuple(self), None, self._total))
+
+
+def innermost_first(frames: Sequence[Any]) -> Sequence[Any]:
+    """The frames of a stack, most recent first: a :class:`Traceback`
+    reversed; any other sequence (a raw stack of the C core, a duck-typed
+    report source's frames) as given, since those run innermost first."""
+    return frames[::-1] if getattr(frames, "_oldest_first", False) else frames
 
 
 EMPTY_TRACEBACK = Traceback()
@@ -464,6 +498,24 @@ class Snapshot:
         return Snapshot([a for a in self.allocations if predicate(a)], timestamp_ns=self.timestamp_ns,
                         devices=self.devices, frame_filter=self.frame_filter)
 
+    def filter_traces(self, filters: Iterable[Any]) -> "Snapshot":
+        """A new Snapshot with the allocations that ``filters`` keep, like
+        :meth:`tracemalloc.Snapshot.filter_traces`.
+
+        ``filters`` is a list of :class:`memviz.Filter` and
+        :class:`memviz.DomainFilter` (domain: the CUDA device index). An
+        allocation is kept when an inclusive filter matches it (or there is
+        none) and no exclusive filter matches it; an empty list keeps all.
+        ``Filter`` matches the user's frame (the ``"lineno"`` key), or every
+        frame with ``all_frames=True``; see :mod:`memviz._filters`.
+
+        Example: ``snap.filter_traces([memviz.Filter(False, "*/site-packages/*", all_frames=True)])``.
+        """
+        from ._filters import filter_allocations
+        kept = filter_allocations(self.allocations, filters, self._filter().pick)
+        return Snapshot(kept, timestamp_ns=self.timestamp_ns, devices=self.devices,
+                        frame_filter=self.frame_filter)
+
     # -- grouping ----------------------------------------------------------
 
     def _filter(self) -> FrameFilter:
@@ -685,7 +737,9 @@ def snapshot_from_raw(
             thread_idx, label_or_None, timestamp_ns, stack_id, seq)``;
             kind_code 0=device, 1=host, 2=managed, 3=static, 4=physical, 5=block.
         resolve_stacks: called once with the set of non-zero stack ids; returns
-            ``{stack_id: ((filename, lineno, name), ...)}`` innermost first.
+            ``{stack_id: ((filename, lineno, name), ...)}`` innermost first, as
+            the C core's ``resolve`` returns them (each :class:`Traceback`
+            built from them runs oldest first).
             Stack id 0 means "no Python frames". A missing id becomes the
             pseudo-frame ``<unresolved stack>``. lineno None/-1 becomes 0.
             A ``calls`` attribute on the result (``{stack_id: name}``,
@@ -730,6 +784,7 @@ def snapshot_from_raw(
                     lineno = 0
                 frame = frame_cache[rf] = Frame(filename or "<unknown>", lineno, name or "")
             out.append(frame)
+        out.reverse()  # the C core walks from the innermost frame; a Traceback runs oldest first
         tb_by_id[sid] = Traceback(out, frame_filter)
 
     thread_map = _ThreadMap(threads, _python_thread_names())

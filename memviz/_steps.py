@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from . import _core
 from ._args import path as _path_arg
 from ._errors import InvalidArgument, InvalidArgumentType, NotTracking, OutputError
-from ._frames import frames as _default_filter
+from ._frames import frames as _default_filter, warning_site
 from ._snapshot import Frame
 from ._units import escape_surrogates, format_size, json_finite
 
@@ -639,7 +639,7 @@ class WatchHandle:
                 warnings.warn("memviz.watch(): the optimizer stepped but no memviz tracker is running, "
                               "so the step was not recorded; start one (memviz.start() or "
                               "`with memviz.track():`) around the training loop.", RuntimeWarning,
-                              stacklevel=3)
+                              stacklevel=warning_site()[0])
             return
         extra = self.info() if callable(self.info) else (self.info or {})
         rec, sinks = _record(t, {**extra})  # (a TypeError for a non-mapping, as t.step(**extra))

@@ -77,6 +77,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from . import _callsite, _core
 from ._errors import TraceError
+from ._frames import warning_site
 
 __all__ = ["TraceWriter", "save", "load", "TraceWarning", "MAGIC", "FORMAT_VERSION", "EVENT"]
 
@@ -358,7 +359,7 @@ class TraceWriter:
         if self.error is not None:
             warnings.warn(f"memviz: the trace file {self.path!r} is incomplete: {self.error} "
                           "It loads up to the last complete flush (memviz.load reports it as "
-                          "truncated).", TraceWarning, stacklevel=3)
+                          "truncated).", TraceWarning, stacklevel=warning_site()[0])
 
     def on_freeze(self, tracker: Any) -> None:
         """Nothing to do: the file already holds everything."""

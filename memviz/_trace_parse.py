@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import _trace as F
 from ._errors import TraceError
+from ._frames import warning_site
 from ._trace_fields import _Bad, _int, _key, _opt_int, _r, check_end, check_meta, check_step
 
 __all__ = ["TraceFile"]
@@ -145,7 +146,7 @@ class TraceFile:
                           "tracking ended (killed?); everything up to the last flush loaded")
         if self.truncated:
             warnings.warn(f"memviz trace {self.path!r} is incomplete: {self.error}.",
-                          F.TraceWarning, stacklevel=5)
+                          F.TraceWarning, stacklevel=warning_site()[0])
 
     def _cut(self, offset: int, why: str) -> None:
         self.truncated = True

@@ -30,18 +30,18 @@ import time
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _args, _callsite, _capture, _core
 from ._errors import (AlreadyTracking, CaptureConflict, CaptureUnavailable, InvalidArgument,
                       InvalidArgumentType, NotTracking)
-from ._frames import FrameFilter
+from ._frames import FrameFilter, warning_site
 from ._outputs import Outputs
 from ._snapshot import KIND_NAMES, SEEN_RUNNING, SEEN_THREADS, Snapshot, Traceback, snapshot_from_raw
 from ._units import format_size
 
 __all__ = ["Tracker", "track", "start", "stop", "label", "available", "capture_info",
-           "CaptureWarning", "FailedAllocation", "active_tracker"]
+           "CaptureWarning", "FailedAllocation", "active_tracker", "get_traced_memory", "reset_peak"]
 
 _DEFAULT_DEPTH = 32
 _state_lock = threading.RLock()
@@ -454,7 +454,8 @@ class Tracker(Outputs):
             self.gpu_off_reason = forked
             if not _warned_fork:
                 _warned_fork = True
-                warnings.warn(f"memviz: GPU capture is off: {forked}", CaptureWarning, stacklevel=4)
+                level, _ = warning_site()
+                warnings.warn(f"memviz: GPU capture is off: {forked}", CaptureWarning, stacklevel=level)
             return
         explicit = os.environ.get(_capture.ENV_LIBRARY)
         present, why = _capture.gpu_present()
@@ -462,10 +463,11 @@ class Tracker(Outputs):
             self.gpu_off_reason = why
             if not _warned_gpu_off:
                 _warned_gpu_off = True
+                level, entry = warning_site()
                 warnings.warn(
                     f"memviz: GPU capture is off: {why}. Tracking still works for the "
-                    "features that need no GPU; pass gpu=False to silence this warning.",
-                    CaptureWarning, stacklevel=4)
+                    f"features that need no GPU; {_silence_hint(entry)}.",
+                    CaptureWarning, stacklevel=level)
             return
         lib = _capture.load()  # raises CaptureUnavailable with what it tried
         result, step, error, holder, activity_on, activity_error = _core.start(
@@ -674,6 +676,31 @@ class Tracker(Outputs):
             return t.get(device, {}).get("peak", 0)
         return max((v["peak"] for d, v in t.items() if d >= 0), default=0)
 
+    def reset_peak(self) -> None:
+        """Restart this running tracker's peaks at the current figures, like
+        :func:`tracemalloc.reset_peak`: from now on ``peak_bytes()``,
+        ``totals()`` and ``peak_snapshot()`` (whose peak set becomes what is
+        live now) report the highest memory since this call, on every device.
+
+        A nested tracker resets its own peaks only; the enclosing tracker keeps
+        its own. Step records are not affected (each step has its own peak),
+        and a trace file keeps every event, so ``memviz.load()`` of it finds
+        the whole run's peak. Raises NotTracking when the tracker is not
+        running."""
+        with _state_lock:
+            if not self._running:
+                raise NotTracking(
+                    "reset_peak() restarts the peak of a running tracker, and this tracker is not "
+                    "running. What to do: call it inside the `with memviz.track() as t:` block; a "
+                    "stopped tracker's peak is what it was when it stopped.")
+            if self._view is not None:
+                if not isinstance(self._view, _NoGpuWindow):
+                    _core.reset_peak(self._view.id)
+            elif self._frozen is None:
+                if self.gpu_enabled:
+                    _core.flush()
+                _core.reset_peak()
+
     @property
     def failures(self) -> List[FailedAllocation]:
         """Allocations the driver refused (the last 256), oldest first."""
@@ -792,6 +819,26 @@ _FORK_ADVICE = ("CUDA and CUPTI cannot be used in a fork()ed child (their state 
                 "'spawn')).")
 
 
+def _silence_hint(entry: Optional[str]) -> str:
+    """How to turn GPU capture off, and so silence CaptureWarning, from the
+    entry point that started the tracker (``entry``: the file of the outermost
+    memviz frame, see _frames.warning_site)."""
+    name = os.path.basename(entry or "")
+    folder = os.path.basename(os.path.dirname(entry or ""))
+    if name == "_ipython.py":
+        return "add --no-gpu to the magic's line (%%memviz --no-gpu) to silence this warning"
+    if folder == "integrations":
+        return ("the training callback started this tracker and has no option for it: to silence this "
+                "warning, run the training inside `with memviz.track(gpu=False):` (the callback then "
+                "records on that tracker), or call "
+                "`warnings.filterwarnings('ignore', category=memviz.CaptureWarning)` before it")
+    if name == "pytest_plugin.py":
+        return "run pytest with -W ignore::memviz.CaptureWarning to silence this warning"
+    if name == "_cli_run.py":
+        return "pass --no-gpu to memviz run to silence this warning"
+    return "pass gpu=False (`memviz.track(gpu=False)`) to silence this warning"
+
+
 def _fork_reason() -> Optional[str]:
     """Why this process must not use CUPTI because it is a fork()ed child, or None."""
     if _forked_after_cupti is not None:
@@ -896,6 +943,51 @@ def active_tracker() -> Optional[Tracker]:
     return running[-1] if running else None
 
 
+def _running_tracker(call: str) -> Tracker:
+    t = active_tracker()
+    if t is None:
+        raise NotTracking(
+            f"memviz.{call} reads the running tracker, and no memviz tracker is running. What to do: "
+            f"call it inside a `with memviz.track() as t:` block (or after memviz.start()); a "
+            "stopped tracker keeps its figures: t.current_bytes(), t.peak_bytes(), t.totals().")
+    return t
+
+
+def get_traced_memory(device: Optional[int] = None) -> Tuple[int, int]:
+    """``(current, peak)`` bytes of the running tracker, like
+    :func:`tracemalloc.get_traced_memory`.
+
+    With ``device=None``, summed over the CUDA devices (pinned host memory is
+    left out): ``current`` is the sum of the bytes live on each device, and
+    ``peak`` the sum of each device's own peak. Devices may peak at different
+    moments, so with several devices ``peak`` is an upper bound of what was
+    live on all of them at once (never below ``current``); with one device it
+    is that device's peak. ``device=N`` gives CUDA device ``N`` alone and
+    ``device=-1`` pinned host memory. ``(0, 0)`` where nothing was allocated,
+    or when the tracker does not capture GPU memory (``gpu=False``).
+
+    The running tracker is :func:`active_tracker`'s (a nested tracker counts
+    what was allocated after it started). Raises :class:`NotTracking` when no
+    tracker runs; :func:`reset_peak` restarts the peak."""
+    _args.whole(device, "memviz.get_traced_memory(device=...)", none=True)
+    t = _running_tracker("get_traced_memory()")
+    with _state_lock:
+        totals = t.totals()
+    if device is not None:
+        got = totals.get(device, {})
+        return got.get("current", 0), got.get("peak", 0)
+    cuda = [v for d, v in totals.items() if d >= 0]
+    return sum(v["current"] for v in cuda), sum(v["peak"] for v in cuda)
+
+
+def reset_peak() -> None:
+    """Restart the running tracker's peak at the current figures, on every
+    device, like :func:`tracemalloc.reset_peak` (see :meth:`Tracker.reset_peak`).
+
+    Raises :class:`NotTracking` when no tracker runs."""
+    _running_tracker("reset_peak()").reset_peak()
+
+
 _label_overflow_warned = False
 
 
@@ -924,7 +1016,8 @@ def _user_label_id(name: str) -> int:
                 f"{name if len(name) <= 60 else name[:57] + '...'!r} and every new "
                 f"label after it are recorded as {_core.LABEL_OVERFLOW!r} (capture_info()['store']"
                 "['labels_overflowed'] counts them). Use a few labels that repeat (e.g. 'train step', "
-                "not f'step {i}'): memviz.watch(optimizer) records memory per step."), stacklevel=3)
+                "not f'step {i}'): memviz.watch(optimizer) records memory per step."),
+                stacklevel=warning_site()[0])
     return lid
 
 

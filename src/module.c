@@ -1117,6 +1117,19 @@ static PyObject *core_step_mark(PyObject *self, PyObject *args)
     return Py_BuildValue("(NN)", dev, list);
 }
 
+/* reset_peak(window=-1): the peaks (and peak sets) of the store or of an
+ * open window restart at the current figures. */
+static PyObject *core_reset_peak(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int window;
+    if (parse_window(args, "|i", NULL, &window))
+        return NULL;
+    if (mvz_store_reset_peak(window))
+        return window_closed();
+    Py_RETURN_NONE;
+}
+
 /* copy(window=-1, close=False) -> (live rows, totals, peak rows, timeline,
  * when_ns): what a tracker reads, at one instant (mvz_store_copy). */
 static PyObject *core_copy(PyObject *self, PyObject *args)
@@ -1326,6 +1339,8 @@ static PyMethodDef core_methods[] = {
     {"set_call_namer", core_set_call_namer, METH_O, "What names the calls of dying code objects."},
     {"step_mark", core_step_mark, METH_VARARGS,
      "Per-device (current, window peak, live count) and stacks changed since the last mark."},
+    {"reset_peak", core_reset_peak, METH_VARARGS,
+     "reset_peak(window=-1): peaks restart at the current figures (peak sets: what is live now)."},
     {"copy", core_copy, METH_VARARGS,
      "copy(window=-1, close=False) -> (live, totals, peak rows, timeline, when_ns) at one instant."},
     {"window_open", core_window_open, METH_NOARGS,

@@ -991,6 +991,35 @@ long mvz_store_step_mark(mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
     return step_mark(-1, out, changes);
 }
 
+/* Under the store lock like every writer of the totals, so a callback never
+ * sees a half-reset peak. The new peak is dated with next_ts(), later than
+ * every allocation recorded so far: the peak set ("made before the peak and
+ * live, or freed after it") is then exactly what is live now, and the
+ * graveyard entries that only the old peak needed can go. */
+int mvz_store_reset_peak(int w)
+{
+    LOCK();
+    mvz_totals *t = w < 0 ? totals : mvz_window_totals_locked(w);
+    if (!t) {
+        UNLOCK();
+        return -1;
+    }
+    uint64_t now = next_ts();
+    for (int d = 0; d < MVZ_NSLOTS; d++) {
+        t[d].peak = t[d].current;
+        t[d].peak_timestamp = now;
+        t[d].peak_count = t[d].live_count;
+        if (w < 0) {
+            btotals[d].peak = btotals[d].current;
+            btotals[d].peak_timestamp = now;
+            btotals[d].peak_count = btotals[d].live_count;
+        }
+    }
+    graves_compact();
+    UNLOCK();
+    return 0;
+}
+
 long mvz_store_window_step_mark(int w, mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
 {
     if (w < 0) {

@@ -201,6 +201,12 @@ void mvz_store_resolve_dying(void *code, void *(*resolve)(void *code, int32_t of
  * copied out (malloc'd; the caller frees). Returns the count or -1. */
 long mvz_store_step_mark(mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes);
 
+/* With the GIL, never on the capture path: the peaks of window w (-1: the
+ * store's, PyTorch's blocks' too) restart at the current figures, as if
+ * every device had peaked now; the peak sets become what is live now.
+ * Returns 0, or -1 for a window that is not open. */
+int mvz_store_reset_peak(int w);
+
 /* Trace events: while on, every alloc/free/failure is also appended to a
  * bounded ring (preallocated; when full, events are counted as dropped and a
  * GAP record marks the hole). Drain encodes them as mvz_event records into a

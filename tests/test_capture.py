@@ -71,7 +71,7 @@ def test_nested_calls_keep_the_full_traceback(fake):
     with memviz.track() as t:
         outer_alloc(fake, MiB); call_line = here()  # noqa: E702
     a, = t.snapshot().allocations
-    frames = [(f.filename, f.lineno, f.name) for f in a.traceback if f.filename == THIS]
+    frames = [(f.filename, f.lineno, f.name) for f in reversed(a.traceback) if f.filename == THIS]
     assert frames[:3] == [
         (THIS, _line_of("# INNER"), "inner_alloc"),
         (THIS, _line_of("# OUTER"), "outer_alloc"),
@@ -79,7 +79,7 @@ def test_nested_calls_keep_the_full_traceback(fake):
     ]
     assert a.traceback.user_frame.lineno == _line_of("# INNER")
     # The wrapper of the test double is library code here: skipped for "lineno".
-    assert "fake_cupti" in a.traceback[0].filename
+    assert "fake_cupti" in a.traceback[-1].filename  # the innermost frame
 
 
 class Model:

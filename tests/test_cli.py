@@ -407,7 +407,7 @@ def test_a_script_in_a_folder_whose_name_is_not_utf8(tmp_path, fake_path):
     written = _strict_text(report.read_bytes())
     assert "d\\xffir" in written and "s.py:8" in written and written in err
     loaded = memviz.load(str(trace))  # the trace keeps the real name
-    assert loaded.peak_snapshot().allocations[0].traceback[0].filename == str(s)
+    assert loaded.peak_snapshot().allocations[0].traceback[-1].filename == str(s)
     for fmt in ("text", "json", "html"):
         out = folder / f"r.{fmt}"
         p = _cli_bytes(tmp_path, str(trace), "--format", fmt, "-o", str(out), module="report")

@@ -217,3 +217,16 @@ def test_report_and_exports_of_a_loaded_trace_file(fake, tmp_path):
     assert sum(1 for e in events if e["ph"] == "b") == len(kept)
     snap = torch_snapshot.build(loaded)
     assert sum(s["total_size"] for s in snap["segments"]) == 16 * MiB
+
+
+def test_exports_keep_their_formats_frame_order(run):
+    """memviz.Traceback runs oldest first (tracemalloc's order); torch's snapshot
+    and the Perfetto stacks list the innermost frame first, as before."""
+    a = next(a for a in run.snapshot().allocations if a.traceback
+             and a.traceback.user_frame.lineno == _line_of("# WEIGHTS"))
+    innermost = a.traceback[-1]
+    stack = perfetto._alloc_args(a, a.size)["stack"]
+    assert stack[0] == f"{innermost.filename}:{innermost.lineno} {innermost.name}"
+    assert stack == [f"{f.filename}:{f.lineno} {f.name}" for f in reversed(a.traceback)][:16]
+    frames = torch_snapshot._frame_list(a)
+    assert [(f["filename"], f["line"]) for f in frames] == [(f.filename, f.lineno) for f in reversed(a.traceback)]

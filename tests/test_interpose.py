@@ -138,7 +138,7 @@ def test_wrappers_record_on_the_line_with_no_cupti_callback(torchlib, fake):
         final = t.snapshot()
     (a,) = [a for a in snap if a.size == 3 << 20]
     assert a.address == addr and a.stream == 7 and a.device == 0
-    assert (a.traceback[0].filename, a.traceback[0].lineno) == (__file__, line)
+    assert (a.traceback[-1].filename, a.traceback[-1].lineno) == (__file__, line)
     assert sorted(a.size for a in after) == [1 << 20]
     assert sorted(a.size for a in final) == [1 << 20, 5 << 20]
     assert [a.address for a in final if a.size == 5 << 20] == [again]
@@ -196,7 +196,7 @@ def test_precise_mode_attaches_the_wrappers_and_stop_removes_them(torchlib, fake
         assert t.torch.precise_capture.startswith("wrappers"), t.torch.precise_capture
         torchlib.torch_alloc(4 << 20); line = here()  # noqa: E702
         (a,) = list(t.snapshot())
-    assert a.traceback[0].lineno == line
+    assert a.traceback[-1].lineno == line
     assert fake.is_enabled(DOMAIN_DRIVER_API, CBID_cuMemAllocAsync) or not fake.is_subscribed()
     monkeypatch.setenv("MEMVIZ_PRECISE_CAPTURE", "cupti")
     with memviz.track(precise=True) as t:

@@ -137,3 +137,56 @@ def test_real_kernel_runs_the_magic(monkeypatch, fake_path):
     assert printed.strip() == f"Tracker {40 << 20}"
     off = html_of(nb.cells[3])
     assert len(off) == 1 and "GPU capture off" in off[0] and "No GPU allocation was recorded" in off[0]
+
+
+def _polygon_levels(html):
+    """The bytes each point of the first sparkline's polygon stands for."""
+    import re
+
+    svg = html[html.index("<svg"):]
+    height = int(re.search(r'height="(\d+)"', svg).group(1))
+    points = re.search(r'<polygon points="([^"]+)"', svg).group(1).split()
+    peak_bytes = 656 * MiB
+    top = peak_bytes * 1.08
+    return [(height - 2 - float(p.split(",")[1])) * top / (height - 4) for p in points]
+
+
+def test_sparkline_shows_the_sawtooth_of_steps(fake):
+    """A timeline that alternates 512 and 656 MiB (a step's activations come
+    and go) must not be drawn as a flat line at 656 MiB: each bucket of the
+    sparkline keeps its minimum and its maximum."""
+    from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
+    from memviz.report.html import tracker_repr_html
+
+    with memviz.track() as t:
+        fake.alloc(CBID_cuMemAlloc_v2, 512 * MiB)
+        for _ in range(1500):  # far more points than the sparkline's 200 buckets
+            fake.free(CBID_cuMemFree_v2, fake.alloc(CBID_cuMemAlloc_v2, 144 * MiB))
+    values = [v for ts, d, v in t.timeline() if d == 0]
+    assert {512 * MiB, 656 * MiB} <= set(values) and len(values) > 2000
+    levels = _polygon_levels(tracker_repr_html(t))
+    near = lambda v, want: abs(v - want) < 0.01 * want  # noqa: E731
+    lows = sum(near(v, 512 * MiB) for v in levels)
+    highs = sum(near(v, 656 * MiB) for v in levels)
+    assert lows > 100 and highs > 100, (lows, highs)
+    # up and down all along, not one rise and one fall
+    steps = [v for v in levels if near(v, 512 * MiB) or near(v, 656 * MiB)]
+    changes = sum(1 for a, b in zip(steps, steps[1:]) if near(a, 512 * MiB) != near(b, 512 * MiB))
+    assert changes > 100
+
+
+def test_sparkline_keeps_the_peak_and_a_lone_dip():
+    from memviz.report.html import _sparkline
+
+    ts = list(range(0, 100_000, 10))
+    vs = [656 * MiB] * len(ts)
+    vs[5000] = 0  # one free-everything moment
+    vs[7000] = 900 * MiB  # the peak
+    svg = _sparkline(list(zip(ts, vs)), 900 * MiB, ts[7000], ts[0], ts[-1])
+    import re
+    height = 56
+    pts = re.search(r'<polygon points="([^"]+)"', svg).group(1).split()
+    # without the polygon's corners at the ends, which stand at 0
+    ys = [float(p.split(",")[1]) for p in pts if 0 < float(p.split(",")[0]) < 420]
+    assert min(ys) == pytest.approx(height - 2 - 900 * MiB * (height - 4) / (900 * MiB * 1.08), abs=0.06)
+    assert max(ys) == pytest.approx(height - 2, abs=0.06)  # the dip to 0 is drawn

@@ -78,7 +78,8 @@ def test_build_basic(snap):
     assert (a.address, a.size, a.device, a.kind, a.stream, a.label, a.timestamp_ns, a.seq) == (
         0x1000, 256 * MiB, 0, "device", 0, None, 1001, 1)
     assert a.thread == ThreadInfo(1000, 111, "python3")
-    assert a.traceback[0] == Frame(CTX, 137, "__enter__")
+    assert a.traceback[-1] == Frame(CTX, 137, "__enter__")  # oldest first: the innermost is last
+    assert a.traceback[0] == Frame(TRAIN, 3, "main")
     assert a.user_frame == Frame(TRAIN, 3, "main")
     assert str(a.traceback) == f"{TRAIN}:3"
     assert [x.kind for x in snap] == ["device"] * 5 + ["host"]
@@ -99,10 +100,10 @@ def test_interning_and_resolve_called_once(flt):
     rows = base_rows() + [row(0x9000 + i, 1, 1) for i in range(10)]
     snap = snapshot_from_raw(rows, fake_resolve(calls), THREADS, flt)
     assert calls == [{1, 2, 3}]  # once, without stack id 0
-    tbs = [a.traceback for a in snap if a.traceback == Traceback(Frame(*f) for f in STACKS[1])]
+    tbs = [a.traceback for a in snap if a.traceback == Traceback(Frame(*f) for f in reversed(STACKS[1]))]
     assert len(tbs) == 11 and all(t is tbs[0] for t in tbs)
     # frames shared between stacks are the same object
-    torch_frames = {id(a.traceback[1]) for a in snap if a.traceback and a.traceback[1].filename == TORCH}
+    torch_frames = {id(f) for a in snap for f in a.traceback if f == (TORCH, 1518, "_call_impl")}
     assert len(torch_frames) == 1
     assert snap.allocations[3].traceback is snap.allocations[4].traceback  # empty, shared
 
@@ -111,8 +112,8 @@ def test_unknown_lineno_and_unresolved_stack(flt):
     rows = [row(1, 10, 4), row(2, 20, 77)]
     snap = snapshot_from_raw(rows, fake_resolve(), THREADS, flt)
     tb = snap.allocations[0].traceback
-    assert tb[0] == Frame(MODEL, 0, "init") and tb[1].lineno == 0
-    assert str(tb[0]) == f"{MODEL}:?"
+    assert tb[-1] == Frame(MODEL, 0, "init") and tb[0].lineno == 0
+    assert str(tb[-1]) == f"{MODEL}:?"
     assert any("line ?" in line for line in tb.format())
     assert str(snap.allocations[1].traceback) == "<unresolved stack>:?"
 
@@ -157,7 +158,7 @@ def test_statistics_traceback(snap):
     assert [(s.size, s.count) for s in stats] == [
         (256 * MiB, 1), (129 * MiB, 2), (64 * MiB, 1), (48 * MiB, 2)]
     assert stats[0].traceback is stats[0].key
-    assert [f.lineno for f in stats[0].traceback] == [137, 1518, 3]
+    assert [f.lineno for f in stats[0].traceback] == [3, 1518, 137]  # oldest first
     assert str(stats[0]).startswith(f"{TRAIN}:3: size=256 MiB")
 
 
@@ -282,7 +283,7 @@ def test_snapshot_frame_filter_changes_lineno(flt):
 
 
 def test_traceback_format():
-    tb = Traceback([Frame(__file__, 1, "inner"), Frame("/x/outer.py", 9, "outer")])
+    tb = Traceback([Frame("/x/outer.py", 9, "outer"), Frame(__file__, 1, "inner")])
     lines = tb.format()
     assert lines[0] == '  File "/x/outer.py", line 9, in outer'
     assert lines[1] == f'  File "{__file__}", line 1, in inner'
@@ -366,3 +367,69 @@ def test_build_100k_rows_fast(flt, capsys):
         print(f"\n[memviz] snapshot_from_raw 100k rows: {best * 1000:.1f} ms; "
               f"statistics('lineno'): {t_stats * 1000:.1f} ms")
     assert best < 0.5
+
+
+# ---- tracemalloc's shape: oldest to most recent -------------------------------------------
+
+
+def test_traceback_runs_oldest_to_most_recent_like_tracemalloc(snap):
+    import tracemalloc
+
+    tracemalloc.start(5)
+    try:
+        here = [0]
+
+        def inner():
+            here[0] = __import__("sys")._getframe().f_lineno; return bytearray(1 << 16)  # noqa: E702
+
+        keep = inner()
+        tm_tb = tracemalloc.get_object_traceback(keep)
+    finally:
+        tracemalloc.stop()
+    # tracemalloc's own Traceback: [-1] is the line that allocated, [0] the outermost
+    assert tm_tb[-1].lineno == here[0] and len(tm_tb) > 1
+    a = snap.allocations[0]  # STACKS[1]: train.py:3 -> torch -> contextlib (innermost)
+    assert [f.filename for f in a.traceback] == [TRAIN, TORCH, CTX]
+    assert a.traceback[-1] == Frame(CTX, 137, "__enter__")  # the frame that asked for memory
+    assert a.user_frame == a.traceback.user_frame == Frame(TRAIN, 3, "main")  # the shortcut is unchanged
+
+
+def test_traceback_format_matches_tracemalloc_for_every_limit_and_order():
+    import tracemalloc
+
+    raw = [(__file__, n) for n in (7, 5, 3, 1)]  # most recent first, as tracemalloc takes them
+    tm = tracemalloc.Traceback(tuple(raw))
+    mine = Traceback([Frame(fn, ln, "") for fn, ln in reversed(raw)])
+    assert [(f.filename, f.lineno) for f in mine] == [(f.filename, f.lineno) for f in tm]
+    for limit in (None, -5, -2, -1, 1, 2, 5):
+        for mrf in (False, True):
+            assert mine.format(limit, mrf) == tm.format(limit, mrf), (limit, mrf)
+            assert mine.format(limit=limit, most_recent_first=mrf) == tm.format(limit=limit,
+                                                                                most_recent_first=mrf)
+
+
+def test_traceback_total_nframe():
+    frames = [Frame("/a.py", 1, "f"), Frame("/b.py", 2, "g")]
+    assert Traceback(frames).total_nframe == 2
+    assert Traceback().total_nframe == 0
+    tb = Traceback(frames, total_nframe=40)
+    assert tb.total_nframe == 40 and len(tb) == 2
+    import pickle
+    back = pickle.loads(pickle.dumps(tb))
+    assert back == tb and back.total_nframe == 40 and list(back) == frames
+    from memviz import InvalidArgument
+    with pytest.raises(InvalidArgument, match="total_nframe"):
+        Traceback(frames, total_nframe=1)  # fewer than it holds
+
+
+def test_total_nframe_of_captured_stacks(snap):
+    for a in snap:
+        assert a.traceback.total_nframe == len(a.traceback)
+
+
+def test_frame_filter_pick_reads_a_traceback_in_its_own_order(flt):
+    tb = Traceback([Frame(TRAIN, 3, "main"), Frame(MODEL, 20, "forward"), Frame(TORCH, 9, "f")])
+    assert flt.pick(tb) == Frame(MODEL, 20, "forward")  # the innermost user frame
+    assert flt.pick(list(reversed(tb))) == Frame(MODEL, 20, "forward")  # raw stacks: innermost first
+    libs = Traceback([Frame(CTX, 1, "a"), Frame(TORCH, 9, "f")])
+    assert flt.pick(libs) == Frame(TORCH, 9, "f")  # all library frames: the innermost

@@ -585,3 +585,14 @@ def test_snapshots_while_another_thread_trains_never_touch_its_gradients():
     assert p.returncode == 0, p.stderr[-3000:]
     _, mine, other, n, steps = p.stdout.split()[-5:]
     assert (mine, other) == ("False", "True") and int(n) > 10 and int(steps) >= 20, p.stdout
+
+
+def test_library_outside_pytorch_is_the_innermost_one_on_the_stack():
+    """A JAX call made from inside a CuPy helper is JAX's memory: the innermost
+    library of the (oldest-first) traceback names it."""
+    from memviz.torch import integration
+
+    tb = memviz.Traceback([memviz.Frame("/env/site-packages/cupy/_core.py", 1, "helper"),
+                           memviz.Frame("/env/site-packages/jax/_src/array.py", 2, "put")])
+    a = memviz.Allocation(1, 1, 0, "device", 0, memviz.ThreadInfo(1, 1, "main"), None, 0, tb)
+    assert integration._library_of(a) == "JAX"

@@ -25,6 +25,7 @@ import json
 import os
 from typing import Any, Dict, Iterator, List, Optional, TextIO
 
+from .._snapshot import innermost_first
 from .._units import escape_surrogates, format_size
 from ..report import _source as src
 from ..report._data import category_series
@@ -58,7 +59,7 @@ def _alloc_args(a: Any, size: int) -> Dict[str, Any]:
         if v:
             args[key] = v
     if tb:
-        args["stack"] = [f"{f.filename}:{f.lineno} {f.name}" for f in tb][:16]
+        args["stack"] = [f"{f.filename}:{f.lineno} {f.name}" for f in innermost_first(tb)][:16]
     return args
 
 

@@ -15,7 +15,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from .._report import _short_path
-from .._snapshot import _SIMPLE_KEYS
+from .._snapshot import _SIMPLE_KEYS, innermost_first
 from . import _source as src
 
 __all__ = ["collect"]
@@ -181,7 +181,8 @@ def _flame(buckets: List[list], names: _Names, depth: Optional[int] = None) -> l
     root: list = [names(("all", "", 0)), 0, 0, {}]
     for size, count, a in buckets:
         if a.traceback:
-            path = [names((f.name or "?", f.filename, f.lineno)) for f in reversed(a.traceback)]
+            path = [names((f.name or "?", f.filename, f.lineno))
+                    for f in reversed(innermost_first(a.traceback))]  # root first
             if depth and len(a.traceback) >= depth:
                 path.insert(0, names((f"[outer frames not kept: stack deeper than {depth}]", "", 0)))
         else:

@@ -25,7 +25,7 @@ import os
 import re
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
-from .._snapshot import KIND_NAMES
+from .._snapshot import KIND_NAMES, innermost_first
 from .._units import format_size
 
 __all__ = ["Event", "events", "steps", "findings", "normalize_finding", "time_range",
@@ -168,7 +168,7 @@ def frame_dicts(a: Any) -> List[Dict[str, Any]]:
     it was doing (autograd node, label, kind)."""
     tb = getattr(a, "traceback", None) or ()
     out = [{"filename": f.filename, "line": int(f.lineno or 0), "name": f.name or "?"}
-           for f in tb]
+           for f in innermost_first(tb)]
     if out:
         return out
     thread = getattr(getattr(a, "thread", None), "name", None) or getattr(a, "thread", None) or "?"
@@ -377,27 +377,36 @@ def normalize_finding(f: Any) -> Dict[str, Any]:
     }
 
 
-def downsample(ts: List[int], vs: List[float], n: int) -> Tuple[List[int], List[float]]:
-    """At most about ``n`` points of a series, keeping each time bucket's
-    maximum (so peaks survive), the first and the last point."""
-    if len(ts) <= n:
+def downsample(ts: List[int], vs: List[float], n: int, *, low: bool = False
+               ) -> Tuple[List[int], List[float]]:
+    """At most about ``n`` time buckets of a series, keeping each bucket's
+    maximum (so peaks survive), the first and the last point. With ``low``,
+    each bucket's minimum too, in time order with its maximum (so a sawtooth
+    of steps stays a sawtooth, not a flat line at its tops)."""
+    if len(ts) <= (2 * n if low else n):
         return list(ts), list(vs)
     t0, t1 = ts[0], ts[-1]
     span = max(t1 - t0, 1)
     out_t, out_v = [ts[0]], [vs[0]]
-    bucket, best_i = None, -1
+    bucket, hi, lo = None, -1, -1
+
+    def keep() -> None:
+        for i in ((min(lo, hi), max(lo, hi)) if low and lo != hi else (hi,)):
+            out_t.append(ts[i])
+            out_v.append(vs[i])
+
     for i in range(1, len(ts) - 1):
         b = (ts[i] - t0) * n // span
         if b != bucket:
-            if best_i >= 0:
-                out_t.append(ts[best_i])
-                out_v.append(vs[best_i])
-            bucket, best_i = b, i
-        elif vs[i] > vs[best_i]:
-            best_i = i
-    if best_i >= 0:
-        out_t.append(ts[best_i])
-        out_v.append(vs[best_i])
+            if hi >= 0:
+                keep()
+            bucket, hi, lo = b, i, i
+        elif vs[i] > vs[hi]:
+            hi = i
+        elif vs[i] < vs[lo]:
+            lo = i
+    if hi >= 0:
+        keep()
     out_t.append(ts[-1])
     out_v.append(vs[-1])
     return out_t, out_v

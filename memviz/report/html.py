@@ -248,10 +248,12 @@ def _e(x: Any) -> str:
 
 def _sparkline(points: List[tuple], peak: int, peak_ts: Optional[int], t0: int, t1: int,
                width: int = 420, height: int = 56) -> str:
-    """A static SVG of one device's live bytes over time, peak marked."""
+    """A static SVG of one device's live bytes over time, peak marked; each of
+    its 200 time buckets keeps its lowest and highest point, so the steps of
+    a training loop show as a sawtooth."""
     if not points or peak <= 0 or t1 <= t0:
         return ""
-    ts, vs = src.downsample([p[0] for p in points], [p[1] for p in points], 200)
+    ts, vs = src.downsample([p[0] for p in points], [p[1] for p in points], 200, low=True)
     span, top = t1 - t0, peak * 1.08
 
     def xy(t: int, v: float) -> str:
@@ -297,13 +299,19 @@ def _lines_table(stats: List[Any], top: int, total: int) -> str:
             + "".join(rows) + tail + "</table>")
 
 
-def tracker_repr_html(tracker: Any, top: int = 10) -> str:
+def tracker_repr_html(tracker: Any, top: int = 10, name: str = "t") -> str:
     """Compact HTML for a notebook: state, per-device totals with a small
     timeline each, the top lines at the peak, the steps (a summary and memory
     per step, the findings' steps shaded) and findings when the run recorded
-    steps, and the failures count."""
+    steps, and the failures count.
+
+    ``name`` is the variable that holds the tracker in the notebook, for the
+    code the view suggests (``t`` as in ``with memviz.track() as t:``; the
+    ``%%memviz`` magic keeps its tracker as ``_memviz``)."""
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise InvalidArgument(f"top must be a positive int, got {given(top)}")
+    if not isinstance(name, str) or not name.isidentifier():
+        raise InvalidArgument(f"name must be a Python variable name, got {given(name)}")
     if getattr(tracker, "started_ns", 0) is None:
         return (f'{_NB_STYLE}<div class="mvz-nb"><b>memviz tracker</b> <span class="m">not started: '
                 "use <code>with memviz.track() as t:</code> and run your code in the block</span></div>")
@@ -342,7 +350,8 @@ def tracker_repr_html(tracker: Any, top: int = 10) -> str:
         last = failures[-1]
         parts.append(f'<p class="bad">{len(failures):,} failed allocation(s); the last: '
                      f'{_e(format_size(last.size))} at {_e(src.where(last))}</p>')
-    parts.append('<p class="m">Full report: <code>memviz.report.write(t, "report.html")</code></p></div>')
+    # a method of the tracker: runs as written where the tracker is, with no import
+    parts.append(f'<p class="m">Full report: <code>{name}.to_html("report.html")</code></p></div>')
     return "".join(parts)
 
 

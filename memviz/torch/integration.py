@@ -31,7 +31,7 @@ import weakref
 from typing import Any, Dict, Optional
 
 from .. import _core
-from .._snapshot import Frame, Snapshot, decode_label, encode_node_label
+from .._snapshot import Frame, Snapshot, decode_label, encode_node_label, innermost_first
 from . import allocator as _alloc
 from . import precise as _precise
 from . import segments as _segments
@@ -850,7 +850,7 @@ _LIBRARIES = (("cupy", "CuPy"), ("jax", "JAX"), ("jaxlib", "JAX"), ("nccl", "NCC
 
 
 def _library_of(a) -> Optional[str]:
-    for f in a.traceback:
+    for f in innermost_first(a.traceback):  # the innermost library that asked
         fn = f.filename.replace("\\", "/")
         for needle, name in _LIBRARIES:
             if f"/{needle}/" in fn or fn.startswith(f"{needle}/"):

@@ -30,7 +30,7 @@ torch.cuda.synchronize()
 def blocks(snap):
     return [a for a in snap.allocations if a.kind == "block"]
 def script_line(a):
-    for f in a.traceback:
+    for f in reversed(a.traceback):  # the innermost line of the script
         if f.filename == "<string>":
             return f.lineno
     return None
@@ -309,7 +309,7 @@ def test_tracking_started_before_import_torch_attaches_at_cuda_init():
         t.stop()
         out(waiting=waiting, route=snap.pytorch, total=sum(a.size for a in mine),
             allocated=torch.cuda.memory_allocated(),
-            lines=[f.lineno for a in mine for f in a.traceback[:1] if f.filename == "<string>"], line=line)
+            lines=[f.lineno for a in mine for f in a.traceback[-1:] if f.filename == "<string>"], line=line)
     """)
     print("before import:", r)
     assert r["route"]["route"] == "allocator", r
