@@ -487,7 +487,10 @@ def _when(info: Dict[str, Any]) -> str:
     parts = []
     wall = info.get("start_wall_time")
     if isinstance(wall, (int, float)):
-        parts.append("recorded " + time.strftime("%Y-%m-%d %H:%M", time.localtime(wall)))
+        try:
+            parts.append("recorded " + time.strftime("%Y-%m-%d %H:%M", time.localtime(wall)))
+        except (OverflowError, OSError, ValueError):  # a date no clock of this machine can show
+            parts.append(f"recorded at {wall!r} s of the epoch")
     if isinstance(info.get("duration_s"), (int, float)):
         parts.append(f"{info['duration_s']:.1f} s")
     if info.get("route"):

@@ -284,6 +284,64 @@ def test_pytorchs_peaks_from_the_step_records_where_the_trace_has_no_memory_stat
     assert "alloc_retries" not in f  # only PyTorch's memory_stats have it
 
 
+def test_diff_of_mutated_traces_raises_only_memviz_errors():
+    """The fuzzer's seeds, with a pytorch_peak field in their END, mutated
+    (tests/fuzz_trace.py) for a bounded time: whatever loads compares, with
+    itself and with its seed, in text and JSON, or raises a memviz error."""
+    import random
+    import time
+
+    import fuzz_trace
+    from memviz import _trace as F
+    from memviz._trace_load import LoadedTrace
+
+    figures = {"0": {"categories": {"parameter": 4 * MiB, "activation": 9 * MiB},
+                     "category_counts": {"parameter": 2, "activation": 3},
+                     "fragmentation": {"segments": 2, "reserved": 20 * MiB, "allocated": 13 * MiB,
+                                       "unused": 7 * MiB, "largest_free": 5 * MiB, "free_gaps": 3},
+                     "memory_stats": {"reserved_peak": 24 * MiB, "allocated_peak": 14 * MiB},
+                     "route": "allocator"}}
+
+    def with_figures(data):
+        head, chunks, tail = fuzz_trace.split(data)
+        out = []
+        for ctype, payload in chunks:
+            if ctype & F.KIND_MASK == F.END:
+                end = json.loads(fuzz_trace._payload(ctype, payload)[0])
+                end[D.END_KEY] = figures
+                ctype, payload = F.END, json.dumps(end).encode()
+            out.append((ctype, payload))
+        return fuzz_trace.join(head, out, tail)
+
+    def load(data):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                return LoadedTrace.from_bytes(data, "<fuzz>", recover=bool(data[-1:] == b"\x01"))
+            except memviz.TraceError:
+                return None
+
+    seeds = [with_figures(d) for d in fuzz_trace.seeds()]
+    loaded_seeds = [load(d) for d in seeds]
+    assert all(t is not None and D.END_KEY in t.end for t in loaded_seeds)
+    rnd, runs, stop = random.Random(0), 0, time.monotonic() + float(os.environ.get("MEMVIZ_FUZZ_SECONDS", "20")) / 4
+    while time.monotonic() < stop or runs < 20:
+        k = rnd.randrange(len(seeds))
+        data = fuzz_trace.mutate(rnd, seeds[k])
+        t = load(data)
+        runs += 1
+        if t is None:
+            continue
+        for a, b in ((t, t), (loaded_seeds[k], t)):
+            try:
+                doc = D.compare(a, b, top=5)
+            except memviz.MemvizError:
+                continue
+            D.render(doc).encode("utf-8")
+            json.dumps(doc, allow_nan=False)
+    assert runs >= 20
+
+
 # ---- PyTorch's segments, blocks and categories (the stand-in allocator) ---------------------
 #
 # The stand-in's libraries can be loaded from one build folder per process only (a second
