@@ -6,7 +6,8 @@ Commands:
             tracked, and print a memory report to stderr when it ends
             (-o run.memviz also streams a trace file)
     report  print the report of a .memviz trace file (text, json or html)
-    diff    compare two .memviz trace files line by line
+    diff    compare two .memviz traces of one script run two ways: peaks,
+            reserved against allocated, fragmentation, categories, lines
 
 ``python -m memviz run --help`` shows the options of a command.
 """
@@ -27,8 +28,8 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
             "run a Python script (or -m module) under memviz and print a memory report"),
     "report": ("memviz._cli_report",
                "print the report of a .memviz trace file (text, json or html)"),
-    "diff": ("memviz._cli_report:diff_main",
-             "compare two .memviz trace files line by line"),
+    "diff": ("memviz._cli_diff",
+             "compare two .memviz traces of one script run two ways, side by side"),
 }
 
 

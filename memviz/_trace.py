@@ -37,7 +37,9 @@ EVENTS      7  count:u32, layout:u8, then count 32-byte event records,
 STEPS       8  JSON list of step records (Tracker.steps), appended
 END         9  JSON object written when tracking stops: totals, failure
                count, memviz's own counters, memory outside the tracked
-               allocations; a trace without it was cut short
+               allocations, PyTorch's figures ("pytorch_peak": categories
+               and segments at the peak, memory_stats; memviz._cli_diff);
+               a trace without it was cut short
 TIMELINE   10  JSON list of [timestamp_ns, device, live bytes] (saved
                traces only: streamed traces derive it from the events)
 CALLS      11  JSON object {stack id: call name}: what the stack's innermost
@@ -482,7 +484,16 @@ class TraceWriter:
             "failures": sum(v.get("failed", 0) for v in totals.values()),
             "stats": _core.stats(), "outside": _outside(),
             "events": self.events_written, "dropped_events": self.dropped,
+            **_pytorch_peak(tracker),
         }
+
+
+def _pytorch_peak(tracker: Any) -> Dict[str, Any]:
+    """END's "pytorch_peak": categories, segments and PyTorch's own figures
+    (memviz._cli_diff.pytorch_figures; absent without PyTorch)."""
+    from ._cli_diff import END_KEY, pytorch_figures
+    figures = pytorch_figures(tracker)
+    return {END_KEY: figures} if figures else {}
 
 
 def _alloc_events(rows: List[tuple], label_ids: Dict[Optional[str], int], synthetic: bool,

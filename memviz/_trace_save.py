@@ -17,7 +17,7 @@ from ._errors import OutputError, TraceError
 from ._outputs import own_files, refuse_inputs, write_output
 from ._trace import (END, EVENT, EVENT_LEVEL, EVENTS, FLAG_SYNTHETIC, META, OP_FAILED, OP_FREE,
                      OP_TIME, STEPS, THREADS, TIMELINE, _alloc_events, _event, _meta,
-                     _Tables, _thread_names, chunk, events_payload, header, json_bytes,
+                     _pytorch_peak, _Tables, _thread_names, chunk, events_payload, header, json_bytes,
                      step_dict)
 
 __all__ = ["save"]
@@ -78,7 +78,8 @@ def save(tracker: Any, path: str) -> None:
         "stopped_monotonic_ns": end_ns, "stopped_wall_time": time.time(),
         "totals": {str(d): v for d, v in totals.items()},
         "failures": sum(v.get("failed", 0) for v in totals.values()), "stats": stats,
-        "outside": {}, "events": len(events) // EVENT.size, "dropped_events": 0})))
+        "outside": {}, "events": len(events) // EVENT.size, "dropped_events": 0,
+        **_pytorch_peak(tracker)})))
     try:  # a temporary file made exclusively next to the target, then renamed over it
         write_output(path, b"".join(out), "the trace", inputs=own_files(tracker))
     except OutputError as e:

@@ -310,3 +310,339 @@ def test_hf_wrapped_train_keeps_its_result_and_signature(fake, frameworks):
     assert trainer.train() == "done" and not cb.tracker.running
     assert trainer.train.__wrapped__.__func__ is HFTrainer.train
     HFTrainer([cb], dataset(fake, 1))  # a second trainer with the same callback: wrapped too
+
+
+# ---- metrics through the framework's own logging -------------------------------------------
+#
+# Lightning: DeviceStatsMonitor's convention (callbacks/device_stats_monitor.py): at a logging
+# step (`trainer._logger_connector.should_update_logs`: (_batches_that_stepped + 1) %
+# log_every_n_steps == 0), `logger.log_metrics(metrics, step=trainer.fit_loop.epoch_loop.
+# _batches_that_stepped)` on each of `trainer.loggers`, names joined with `logger.group_separator`;
+# `_batches_that_stepped` grows after on_train_batch_end.
+# transformers 5 (trainer.py, Trainer.log): `state.log_history.append({**logs, "step": ...})`,
+# then `callback_handler.on_log(args, state, control, logs)`, the report_to callbacks first.
+
+from memviz.integrations import step_metrics  # noqa: E402
+
+
+class CaptureLogger:
+    """A Lightning logger (lightning.pytorch.loggers.Logger) keeping what it is sent."""
+
+    def __init__(self, group_separator="/"):
+        self.group_separator = group_separator
+        self.calls = []
+
+    def log_metrics(self, metrics, step=None):
+        self.calls.append((step, dict(metrics)))
+
+
+class LoggingLightningTrainer(LightningTrainer):
+    def __init__(self, callbacks, loggers, log_every_n_steps=50):
+        super().__init__(callbacks)
+        self.loggers = loggers
+        self.logger = loggers[0] if loggers else None
+        self.log_every_n_steps = log_every_n_steps
+        self.fit_loop = SimpleNamespace(epoch_loop=SimpleNamespace(_batches_that_stepped=0))
+        trainer = self
+
+        class Connector:
+            @property
+            def should_update_logs(self):
+                return (trainer.fit_loop.epoch_loop._batches_that_stepped + 1) % trainer.log_every_n_steps == 0
+
+        self._logger_connector = Connector()
+
+    def fit(self, training_step, batches):
+        module = SimpleNamespace()
+        for cb in self.callbacks:
+            cb.on_train_start(self, module)
+        for i, batch in enumerate(batches):
+            out = training_step(batch, i)
+            self.global_step += 1
+            for cb in self.callbacks:
+                cb.on_train_batch_end(self, module, out, batch, i)
+            self.fit_loop.epoch_loop._batches_that_stepped += 1
+        for cb in self.callbacks:
+            cb.on_train_end(self, module)
+
+
+def expected(steps, sep="/", prefix="memviz"):
+    """The metrics of a window of step records, worked out from the records."""
+    last = steps[-1].devices[0]
+    base = f"{prefix}{sep}cuda0{sep}"
+    return {f"{base}current_MiB": last.current / MiB,
+            f"{base}peak_MiB": max(s.devices[0].peak for s in steps) / MiB,
+            f"{base}growth_MiB": sum(s.devices[0].growth for s in steps) / MiB,
+            f"{prefix}{sep}step_time_ms": sum(s.duration_ns for s in steps) / len(steps) / 1e6}
+
+
+def test_lightning_callback_sends_steps_to_every_logger_at_logging_steps(fake, frameworks):
+    seen = []
+    cb = frameworks.lightning(diagnose=False, callback=seen.append)
+    slash, dot = CaptureLogger("/"), CaptureLogger(".")
+    trainer = LoggingLightningTrainer([cb], [slash, dot], log_every_n_steps=2)
+    kept = []
+    trainer.fit(leaky_step(fake, kept, fail_at=None), [None] * 6)
+    steps = cb.tracker.steps
+    assert len(steps) == 6 and seen == steps  # today's sinks still get every record
+    # Steps 1, 3, 5 log (Lightning's step numbers), each with the two steps since the last.
+    assert [s for s, _ in slash.calls] == [s for s, _ in dot.calls] == [1, 3, 5]
+    for k, (_, metrics) in enumerate(slash.calls):
+        window = steps[2 * k: 2 * k + 2]
+        assert metrics == expected(window)
+        assert metrics["memviz/cuda0/growth_MiB"] == 16.0  # 8 MiB kept per step
+    assert dot.calls[0][1] == expected(steps[0:2], sep=".")
+
+
+def test_lightning_callback_without_a_logger_or_with_metrics_off(fake, frameworks):
+    seen = []
+    cb = frameworks.lightning(diagnose=False, callback=seen.append)
+    LoggingLightningTrainer([cb], [], log_every_n_steps=1).fit(
+        lambda b, i: fake.alloc(CBID_cuMemAlloc_v2, MiB), [None] * 3)
+    assert len(seen) == 3 and cb._core.pending == []  # nowhere to send: nothing kept for later
+    logger = CaptureLogger()
+    cb = frameworks.lightning(diagnose=False, metrics=False, callback=seen.append)
+    LoggingLightningTrainer([cb], [logger], log_every_n_steps=1).fit(
+        lambda b, i: fake.alloc(CBID_cuMemAlloc_v2, MiB), [None] * 3)
+    assert logger.calls == [] and len(seen) == 6
+
+
+def test_lightning_callback_prefix_and_bad_options(fake, frameworks):
+    logger = CaptureLogger()
+    cb = frameworks.lightning(diagnose=False, prefix="gpu_mem")
+    LoggingLightningTrainer([cb], [logger], log_every_n_steps=1).fit(
+        lambda b, i: fake.alloc(CBID_cuMemAlloc_v2, MiB), [None] * 2)
+    assert [s for s, _ in logger.calls] == [0, 1]
+    assert logger.calls[1][1] == expected(cb.tracker.steps[1:2], prefix="gpu_mem")
+    with pytest.raises(memviz.InvalidArgumentType, match="metrics"):
+        frameworks.lightning(metrics="yes")
+    for bad in ("", "mem:viz"):
+        with pytest.raises(memviz.InvalidArgument, match="prefix"):
+            frameworks.hf(prefix=bad)
+    with pytest.raises(memviz.InvalidArgumentType, match="prefix"):
+        frameworks.hf(prefix=3)
+
+
+def test_step_metrics_of_no_records_and_of_several_devices(fake):
+    assert step_metrics([]) == {}
+    with memviz.track(torch=False) as t:
+        fake.alloc(CBID_cuMemAlloc_v2, 2 * MiB)
+        t.step()
+        fake.set_device(1)
+        try:
+            fake.alloc(CBID_cuMemAlloc_v2, 4 * MiB)
+        finally:
+            fake.set_device(0)
+        t.step()
+    m = step_metrics(t.steps, sep=".")
+    assert m["memviz.cuda0.current_MiB"] == 2.0 and m["memviz.cuda1.current_MiB"] == 4.0
+    assert m["memviz.cuda1.peak_MiB"] == 4.0 and "memviz.cuda0.allocated_MiB" not in m  # no PyTorch
+
+
+class LoggingCallbackHandler(CallbackHandler):
+    def on_log(self, args, state, control, logs):
+        return self.call_event("on_log", args, state, control, logs=logs)
+
+
+class Reporter(_TrainerCallback):
+    """A report_to integration (TensorBoardCallback, WandbCallback): what on_log gives it."""
+
+    def __init__(self):
+        self.logged = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logged.append(dict(logs))
+
+
+class LoggingHFTrainer(HFTrainer):
+    """HFTrainer with Trainer.log and logging_steps, as transformers 5 has them."""
+
+    def __init__(self, callbacks, dataset, logging_steps=2):
+        self.logging_steps = logging_steps
+        self.args = SimpleNamespace()
+        self.callback_handler = LoggingCallbackHandler(callbacks)
+        self.dataset = dataset
+        self.state = SimpleNamespace(global_step=0, log_history=[])
+        self.control = SimpleNamespace()
+        self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
+
+    def log(self, logs, start_time=None):
+        output = {**logs, "step": self.state.global_step}
+        self.state.log_history.append(output)
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
+
+    def _inner_training_loop(self):
+        h = self.callback_handler
+        self.state.global_step = 0
+        self.control = h.on_train_begin(self.args, self.state, self.control)
+        for batch in self.dataset():
+            self.control = h.on_step_begin(self.args, self.state, self.control)
+            batch()
+            self.state.global_step += 1
+            self.control = h.on_step_end(self.args, self.state, self.control)
+            if self.state.global_step % self.logging_steps == 0:  # _maybe_log_save_evaluate
+                self.log({"loss": 0.5, "learning_rate": 1e-3})
+        self.log({"train_runtime": 1.0})  # the end-of-training summary
+        self.control = h.on_train_end(self.args, self.state, self.control)
+        return "done"
+
+
+def memviz_keys(logs):
+    return {k: v for k, v in logs.items() if k.startswith("memviz/")}
+
+
+def test_hf_metrics_reach_report_to_and_log_history(fake, frameworks):
+    reporter, after = Reporter(), Reporter()
+    seen = []
+    cb = frameworks.hf(diagnose=False, callback=seen.append)
+    kept = []
+    trainer = LoggingHFTrainer([reporter, cb, after], dataset(fake, 5, kept=kept), logging_steps=2)
+    assert trainer.train() == "done"
+    steps = cb.tracker.steps
+    assert len(seen) == 5
+    # Logged at steps 2 and 4 (two steps each) and in the summary (step 5): every log
+    # that follows new steps has their metrics, in log_history and for every callback.
+    windows = [steps[0:2], steps[2:4], steps[4:5]]
+    history = [e for e in trainer.state.log_history]
+    assert [e["step"] for e in history] == [2, 4, 5]
+    for entry, logs_before, logs_after, window in zip(history, reporter.logged, after.logged, windows):
+        want = expected(window)
+        assert memviz_keys(entry) == memviz_keys(logs_before) == memviz_keys(logs_after) == want
+    assert history[0]["loss"] == 0.5 and history[2]["train_runtime"] == 1.0
+    assert trainer.log.__wrapped__.__func__ is LoggingHFTrainer.log
+
+
+def test_hf_metrics_through_on_log_where_log_cannot_be_wrapped(fake, frameworks):
+    class Frozen(LoggingHFTrainer):
+        def __setattr__(self, name, value):
+            if name in ("train", "log"):
+                raise AttributeError(f"{name} is read-only")
+            super().__setattr__(name, value)
+
+    reporter, after = Reporter(), Reporter()
+    cb = frameworks.hf(diagnose=False)
+    trainer = Frozen([reporter, cb, after], dataset(fake, 4, kept=[]), logging_steps=2)
+    trainer.train()
+    steps = cb.tracker.steps
+    history = trainer.state.log_history
+    assert [memviz_keys(e) for e in history] == [expected(steps[0:2]), expected(steps[2:4]), {}]
+    assert [memviz_keys(x) for x in after.logged] == [memviz_keys(e) for e in history]
+    assert all(not memviz_keys(x) for x in reporter.logged)  # before memviz's on_log: too early
+
+
+def test_hf_metrics_off(fake, frameworks):
+    reporter = Reporter()
+    seen = []
+    cb = frameworks.hf(diagnose=False, metrics=False, callback=seen.append)
+    trainer = LoggingHFTrainer([reporter, cb], dataset(fake, 4, kept=[]), logging_steps=2)
+    trainer.train()
+    assert len(seen) == 4 and not any(memviz_keys(e) for e in trainer.state.log_history + reporter.logged)
+
+
+# ---- the real frameworks, where installed -------------------------------------------------
+
+
+def _fresh(monkeypatch, name):
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    import importlib
+
+    return importlib.import_module(name)
+
+
+def test_real_lightning_trainer_sends_memviz_metrics_to_its_logger(fake, tmp_path, monkeypatch):
+    pl = pytest.importorskip("lightning.pytorch")
+    torch = pytest.importorskip("torch")
+    MemvizCallback = _fresh(monkeypatch, "memviz.integrations.lightning").MemvizCallback
+    from lightning.pytorch.loggers import Logger
+
+    class Capture(Logger):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        @property
+        def name(self):
+            return "capture"
+
+        @property
+        def version(self):
+            return 0
+
+        def log_hyperparams(self, params, *args, **kwargs):
+            pass
+
+        def log_metrics(self, metrics, step=None):
+            self.calls.append((step, dict(metrics)))
+
+    kept = []
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, i):
+            kept.append(fake.alloc(CBID_cuMemAlloc_v2, 8 * MiB))
+            loss = self.layer(batch[0]).pow(2).mean()
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(24, 4)), batch_size=4)
+    logger, cb = Capture(), MemvizCallback(diagnose=False)
+    trainer = pl.Trainer(max_steps=6, logger=logger, callbacks=[cb], log_every_n_steps=2,
+                         accelerator="cpu", enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer.fit(Module(), data)
+    mine = [(s, memviz_keys(m)) for s, m in logger.calls if memviz_keys(m)]
+    theirs = [s for s, m in logger.calls if "loss" in m]
+    steps = cb.tracker.steps
+    assert len(steps) == 6 and [s for s, _ in mine] == theirs == [1, 3, 5]  # with self.log's steps
+    for k, (_, m) in enumerate(mine):
+        assert m == expected(steps[2 * k: 2 * k + 2])
+
+
+def test_real_transformers_trainer_puts_memviz_metrics_in_its_logs(fake, tmp_path, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    MemvizCallback = _fresh(monkeypatch, "memviz.integrations.huggingface").MemvizCallback
+    kept = []
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def forward(self, x=None, labels=None):
+            kept.append(fake.alloc(CBID_cuMemAlloc_v2, 8 * MiB))
+            return {"loss": (self.layer(x).squeeze(-1) - labels).pow(2).mean()}
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            return {"x": torch.randn(4), "labels": torch.tensor(0.0)}
+
+    class Report(transformers.TrainerCallback):  # where report_to's callbacks sit: before memviz's
+        def __init__(self):
+            self.logged = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.logged.append(dict(logs))
+
+    reporter, cb = Report(), MemvizCallback(diagnose=False)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=4, logging_steps=2, per_device_train_batch_size=4,
+        report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True,
+        dataloader_num_workers=0)
+    trainer = transformers.Trainer(model=Model(), args=args, train_dataset=Data(), callbacks=[reporter, cb])
+    trainer.train()
+    steps = cb.tracker.steps
+    history = [e for e in trainer.state.log_history if "loss" in e]
+    assert len(steps) == 4 and [e["step"] for e in history] == [2, 4]
+    for entry, window in zip(history, (steps[0:2], steps[2:4])):
+        assert memviz_keys(entry) == expected(window)
+    assert [memviz_keys(x) for x in reporter.logged if "loss" in x] == [expected(steps[0:2]), expected(steps[2:4])]

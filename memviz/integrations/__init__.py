@@ -8,6 +8,23 @@ pass, else the running one, else one they start and stop themselves), send
 the records to the sinks you ask for (see ``memviz.watch``), and at the end
 of training log ``memviz.diagnose()``'s findings on the ``memviz`` logger and
 keep them in ``callback.findings``.
+
+They also hand the steps to the framework's own logging, as its built-in
+monitors do (``metrics=True``, the default): Lightning's callback calls
+``log_metrics(metrics, step=...)`` on the trainer's loggers, transformers'
+puts them in the ``logs`` of ``Trainer.log``, so that they reach
+``report_to`` and ``state.log_history``. The metrics (:func:`step_metrics`)
+cover the steps since the previous logging step, per GPU N::
+
+    memviz/cudaN/current_MiB    driver-level memory at the last step's end
+    memviz/cudaN/peak_MiB       the highest level inside those steps
+    memviz/cudaN/growth_MiB     how much current grew over those steps
+    memviz/cudaN/allocated_MiB  PyTorch's allocated and reserved at the last
+    memviz/cudaN/reserved_MiB   step's end (when PyTorch has initialised CUDA)
+    memviz/step_time_ms         the mean time of those steps
+
+(``prefix="memviz"`` and the logger's separator, ``/`` by default; no colon
+in the names, which some trackers refuse.)
 """
 
 from __future__ import annotations
@@ -15,9 +32,11 @@ from __future__ import annotations
 import atexit
 import logging
 import weakref
-from typing import Any, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
-__all__ = ["CoreViews", "StepCallbackCore", "batch_shape"]
+__all__ = ["CoreViews", "StepCallbackCore", "batch_shape", "step_metrics"]
+
+MiB = float(1 << 20)
 
 
 def batch_shape(batch: Any) -> Optional[tuple]:
@@ -34,6 +53,28 @@ def batch_shape(batch: Any) -> Optional[tuple]:
         if first is not None and hasattr(first, "shape"):
             return tuple(first.shape)
     return None
+
+
+def step_metrics(records: List[Any], prefix: str = "memviz", sep: str = "/") -> Dict[str, float]:
+    """The framework metrics of step records (the steps since the previous
+    logging step; see the module docstring). {} without records."""
+    if not records:
+        return {}
+    out: Dict[str, float] = {}
+    last = records[-1]
+    for dev in sorted({d for r in records for d in r.devices if d >= 0}):
+        steps = [r.devices[dev] for r in records if dev in r.devices]
+        base = f"{prefix}{sep}cuda{dev}{sep}"
+        end = last.devices.get(dev) or steps[-1]
+        peaks = [d.peak for d in steps if d.peak is not None]
+        growth = [d.growth for d in steps if d.growth is not None]
+        for name, value in (("current", end.current), ("peak", max(peaks) if peaks else None),
+                            ("growth", sum(growth) if growth else None),
+                            ("allocated", end.allocated), ("reserved", end.reserved)):
+            if value is not None:
+                out[f"{base}{name}_MiB"] = value / MiB
+    out[f"{prefix}{sep}step_time_ms"] = sum(r.duration_ns for r in records) / len(records) / 1e6
+    return out
 
 
 class CoreViews:
@@ -68,11 +109,23 @@ class StepCallbackCore:
     user started or passed is never stopped by the callback.
     """
 
-    def __init__(self, tracker=None, *, diagnose: bool = True, **sinks: Any) -> None:
+    def __init__(self, tracker=None, *, diagnose: bool = True, metrics: bool = True,
+                 prefix: str = "memviz", **sinks: Any) -> None:
+        from .._errors import InvalidArgument, InvalidArgumentType
         from .._steps import _refuse_same_files, make_sinks
 
+        if not isinstance(metrics, bool):
+            raise InvalidArgumentType(
+                f"MemvizCallback(metrics=...) takes True (send the steps to the framework's "
+                f"logging, the default) or False, got {metrics!r} ({type(metrics).__name__})")
+        if not isinstance(prefix, str) or not prefix or any(c in prefix for c in ":\n"):
+            raise (InvalidArgument if isinstance(prefix, str) else InvalidArgumentType)(
+                f"MemvizCallback(prefix=...) takes the start of the metric names, a non-empty string "
+                f"without ':' or newlines (default 'memviz'), got {prefix!r}")
         self.tracker = tracker
         self.diagnose = diagnose
+        self.metrics, self.prefix = metrics, prefix
+        self.pending: List[Any] = []  # step records not yet handed to the framework's logging
         _refuse_same_files(tracker, sinks)  # jsonl=/csv=: not the trace, nor each other
         self.sinks = make_sinks(**sinks)
         self.findings: List[Any] = []
@@ -89,6 +142,7 @@ class StepCallbackCore:
             # The previous training raised where no framework event reported it.
             self.fail(None, "the previous training did not end before this one began")
         self.error = None
+        self.pending = []
         if self._passed is not None:
             self.tracker, self._own = self._passed, False
         elif memviz.active_tracker() is None:
@@ -112,8 +166,18 @@ class StepCallbackCore:
         if t is None:
             return None
         rec, sinks = _record(t, {k: v for k, v in info.items() if v is not None})
+        if self.metrics:
+            self.pending.append(rec)
         _emit(sinks + self.sinks, rec)  # a step file's write error after every sink had it
         return rec
+
+    def take_metrics(self, seps: Iterable[str] = ("/",)) -> Dict[str, Dict[str, float]]:
+        """{separator: metrics} of the steps since the last call (each
+        separator a logger uses), and forget those steps; {} when none."""
+        records, self.pending = self.pending, []
+        if not records:
+            return {}
+        return {sep: step_metrics(records, self.prefix, sep) for sep in dict.fromkeys(seps)}
 
     def end(self) -> None:
         import memviz
