@@ -195,44 +195,12 @@ class _Side:
         return sorted(d for d in self.totals if d >= 0)
 
     def peak(self, dev: int):
-        """The peak snapshot of ``dev``, with PyTorch's blocks put inside
-        their segments (every byte once, as a live tracker's is)."""
+        """The peak snapshot of ``dev``: a loaded trace puts PyTorch's blocks
+        inside their segments (every byte once, as a live tracker's is)."""
         snap = self._peaks.get(dev)
         if snap is None:
-            snap = self.trace.peak_snapshot(dev)
-            if snap.segments is None and any(a.kind == "block" for a in snap.allocations):
-                from ._snapshot import Snapshot
-                from .torch.segments import reconcile
-
-                allocations, pool = reconcile(list(snap.allocations), None, self._pools(snap, dev))
-                new = Snapshot(allocations, timestamp_ns=snap.timestamp_ns, devices=snap.devices,
-                               frame_filter=snap.frame_filter)
-                new.segments = pool
-                snap = new
-            self._peaks[dev] = snap
+            snap = self._peaks[dev] = self.trace.peak_snapshot(dev)
         return snap
-
-    def _pools(self, snap: Any, dev: int) -> set:
-        """(device, address) of the device allocations live at the peak that
-        held one of PyTorch's blocks at some time in the trace: segments, even
-        when none of their blocks is live at the peak (as a live tracker
-        remembers the segments PyTorch showed)."""
-        from ._snapshot import KIND_NAMES
-
-        cands = sorted((a.address, a.address + a.size) for a in snap.allocations
-                       if a.kind == "device" and a.device == dev)
-        op, kind, addr, devs = (getattr(self.trace, n, None) for n in ("_op", "_kind", "_addr", "_dev"))
-        if not cands or op is None:
-            return set()
-        import bisect
-
-        starts, block, found = [c[0] for c in cands], KIND_NAMES.index("block"), set()
-        for o, k, a, d in zip(op, kind, addr, devs):
-            if o == 1 and k == block and d == dev:
-                i = bisect.bisect_right(starts, a) - 1
-                if i >= 0 and a < cands[i][1]:
-                    found.add((dev, cands[i][0]))
-        return found
 
     def figures(self, dev: int) -> Dict[str, Tuple[Optional[int], str]]:
         """name -> (value or None, where it comes from)."""

@@ -64,6 +64,11 @@ def _column(planes: List[bytes], lo: int, width: int, code: str) -> array:
     return col
 
 
+_KIND_BLOCK = KIND_NAMES.index("block")
+#: how many allocations after a peak to look through for blocks asked for before it
+#: (another thread's events may come between a segment and its block)
+_BLOCK_LOOKAHEAD = 64
+
 class LoadedTrace(TraceFile, Outputs):
     """A trace file read back, with the reading API of a stopped Tracker.
 
@@ -215,8 +220,20 @@ class LoadedTrace(TraceFile, Outputs):
         if p < 0:
             return []
         end, dev, alloc_idx = r["end"], self._dev, r["alloc_idx"]
-        upto = alloc_idx[:bisect.bisect_right(alloc_idx, p)]
-        return [j for j in upto if dev[j] == d and (end[j] == 0 or end[j] > p)]
+        cut = bisect.bisect_right(alloc_idx, p)
+        rows = [j for j in alloc_idx[:cut] if dev[j] == d and (end[j] == 0 or end[j] > p)]
+        # The store dates a block when it was asked for, before the segment made
+        # for it, but the file has the block after that segment. So when the peak
+        # is a segment, the block its thread asked for, which lies inside it, is
+        # live at the peak (as in the live tracker's peak).
+        kind, addr, thread = self._kind, self._addr, self._thread
+        if kind[p] != _KIND_BLOCK:
+            lo, hi = addr[p], addr[p] + self._size[p]
+            for j in alloc_idx[cut:cut + _BLOCK_LOOKAHEAD]:
+                if kind[j] == _KIND_BLOCK and thread[j] == thread[p] and lo <= addr[j] < hi:
+                    rows.append(j)
+                    break
+        return rows
 
     def _derived_totals(self) -> Dict[int, Dict[str, int]]:
         """Totals replayed from the events (for a trace without an END chunk)."""
@@ -256,8 +273,43 @@ class LoadedTrace(TraceFile, Outputs):
         return {i: (n, None, name) for i, (n, _ident, name) in self._threads.items()}
 
     def _snapshot(self, idx: List[int], ts: Optional[int]) -> Snapshot:
-        return snapshot_from_raw(self._rows(idx), self._resolve, self._thread_map(),
+        snap = snapshot_from_raw(self._rows(idx), self._resolve, self._thread_map(),
                                  self.frame_filter, timestamp_ns=ts)
+        if not any(a.kind == "block" for a in snap.allocations):
+            return snap
+        # Recorded on the allocator route: PyTorch's blocks lie inside its segments.
+        # As a live tracker's snapshot does, count each byte once: the blocks, and
+        # of each segment only what no block holds (unused_pool).
+        from .torch.segments import reconcile  # imports no torch
+
+        allocations, segments = reconcile(list(snap.allocations), None, self._pools(snap))
+        out = Snapshot(allocations, timestamp_ns=snap.timestamp_ns, devices=snap.devices,
+                       frame_filter=snap.frame_filter)
+        out.segments = segments
+        return out
+
+    def _pools(self, snap: Snapshot) -> set:
+        """(device, address) of the device allocations live in ``snap`` that
+        held one of PyTorch's blocks at some time in the trace: segments, even
+        when none of their blocks is live then (as a live tracker remembers
+        the segments PyTorch showed)."""
+        cands: Dict[int, List[Tuple[int, int]]] = {}
+        for a in snap.allocations:
+            if a.kind == "device":
+                cands.setdefault(a.device, []).append((a.address, a.address + a.size))
+        if not cands:
+            return set()
+        starts = {d: [c[0] for c in sorted(v)] for d, v in cands.items()}
+        ends = {d: [c[1] for c in sorted(v)] for d, v in cands.items()}
+        found = set()
+        for j in self._replay()["alloc_idx"]:
+            d = self._dev[j]
+            if self._kind[j] != _KIND_BLOCK or d not in starts:
+                continue
+            i = bisect.bisect_right(starts[d], self._addr[j]) - 1
+            if i >= 0 and self._addr[j] < ends[d][i]:
+                found.add((d, starts[d][i]))
+        return found
 
     # -- the Tracker reading API ------------------------------------------
 

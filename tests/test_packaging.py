@@ -94,6 +94,11 @@ def check_sample(trace_file, meta):
     assert len(lines) >= 3, lines
     calls = sorted(re.search(r"torch\.(\w+)\(", source[n - 1]).group(1) for n, _ in lines[:3])
     assert calls == ["empty", "ones", "zeros"]
+    # Every byte once at the peak: the lines add up to the peak (on the allocator
+    # route PyTorch's blocks lie inside its segments; neither is counted twice).
+    peak = trace.peak_snapshot(0)
+    assert peak.total_bytes() == trace.totals()[0]["peak"]
+    assert sum(s.size for s in peak.statistics("lineno")) == trace.totals()[0]["peak"]
     return trace
 
 
