@@ -1,13 +1,10 @@
-"""``memviz report`` and ``memviz diff``: read .memviz trace files.
+"""``memviz report``: read a .memviz trace file (``memviz diff`` is
+memviz._cli_diff).
 
 ``python -m memviz report run.memviz [--format text|json|html] [-o OUT]``
 prints the report of a trace: the same text report ``memviz run`` prints,
 a JSON document (:func:`json_report`), or the HTML page of
 ``memviz.report.html.render``.
-
-``python -m memviz diff a.memviz b.memviz`` compares two traces line by
-line: what each line held at the peak and at the end, largest changes first,
-like ``Snapshot.compare_to`` / ``StatisticDiff``.
 
 JSON report (``--format json``), version 1::
 
@@ -64,7 +61,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
@@ -74,9 +70,9 @@ from ._errors import InvalidArgument, OutputError, TraceError
 from ._outputs import refuse_inputs, write_output
 from ._report import finding_records, step_summary
 from ._trace import TraceWarning, step_dict
-from ._units import escape_surrogates, format_size, json_finite
+from ._units import json_finite
 
-__all__ = ["main", "diff_main", "json_report", "diff_text"]
+__all__ = ["main", "json_report"]
 
 EXIT_USAGE = 2
 FORMATS = ("text", "json", "html")
@@ -241,106 +237,3 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz report") -> int:
         print(f"{prog}: {e}", file=sys.stderr)
         return EXIT_USAGE
     return _write(text, opts.output, prog, what, inputs)
-
-
-# ---- diff ---------------------------------------------------------------------
-
-
-def _loc(key: Any) -> str:
-    from ._report import _location
-    if hasattr(key, "filename"):
-        return _location(key)[0]
-    return str(key)
-
-
-def _diff_lines(diffs: List[Any], top: int) -> List[str]:
-    changed = [d for d in diffs if d.size_diff or d.count_diff]
-    if not changed:
-        return ["  no change"]
-    lines = [f"  {format_size(d.size_diff, sign=True):>11}  {_loc(d.key)}: "
-             f"size={format_size(d.size)}, count={d.count} ({d.count_diff:+d})"
-             for d in changed[:top]]
-    rest = changed[top:]
-    if rest:
-        lines.append(f"  ... {len(rest):,} more changed line(s), "
-                     f"{format_size(sum(d.size_diff for d in rest), sign=True)} in all")
-    return lines
-
-
-def diff_text(a: Any, b: Any, names: tuple = ("A", "B"), top: int = 10,
-              key: str = "lineno") -> str:
-    """Per-line differences of two traces' peak snapshots and final live sets."""
-    ta, tb = a.totals(), b.totals()
-    lines = [f"memviz diff: {names[0]} -> {names[1]}", "=" * 60,
-             "", f"{'Peak per device':<20}{'A':>12}{'B':>12}{'change':>13}"]
-    for dev in sorted(set(ta) | set(tb), key=lambda d: (d < 0, d)):
-        pa, pb = ta.get(dev, {}).get("peak", 0), tb.get(dev, {}).get("peak", 0)
-        lines.append(f"  {_device_name(dev):<18}{format_size(pa):>12}{format_size(pb):>12}"
-                     f"{format_size(pb - pa, sign=True):>13}")
-    lines += ["", f"At the peak ({key}), largest changes first:"]
-    lines += _diff_lines(b.peak_snapshot().compare_to(a.peak_snapshot(), key), top)
-    lines += ["", f"Live at the end ({key}), largest changes first:"]
-    lines += _diff_lines(b.snapshot().compare_to(a.snapshot(), key), top)
-    return escape_surrogates("\n".join(lines) + "\n")  # file names that are not UTF-8
-
-
-def _diff_json(a: Any, b: Any, top: int, key: str) -> Dict[str, Any]:
-    def rows(diffs):
-        return [{"key": _loc(d.key), "size": d.size, "size_diff": d.size_diff,
-                 "count": d.count, "count_diff": d.count_diff}
-                for d in diffs if d.size_diff or d.count_diff][:top]
-    ta, tb = a.totals(), b.totals()
-    return {
-        "memviz_diff": 1, "a": a.path, "b": b.path, "key": key,
-        "peaks": [{"device": d, "a": ta.get(d, {}).get("peak", 0),
-                   "b": tb.get(d, {}).get("peak", 0)} for d in sorted(set(ta) | set(tb))],
-        "at_peak": rows(b.peak_snapshot().compare_to(a.peak_snapshot(), key)),
-        "at_end": rows(b.snapshot().compare_to(a.snapshot(), key)),
-    }
-
-
-def diff_parser(prog: str = "memviz diff") -> argparse.ArgumentParser:
-    from ._snapshot import KEY_TYPES
-
-    parser = argparse.ArgumentParser(
-        prog=prog, description="Compare two .memviz traces: per line, what changed at the "
-                               "peak and in the memory live at the end.",
-        epilog="Example: memviz diff before.memviz after.memviz --top 20", allow_abbrev=False)
-    parser.add_argument("a", help="the older trace")
-    parser.add_argument("b", help="the newer trace")
-    parser.add_argument("--key", choices=KEY_TYPES, default="lineno",
-                        help="group by (default lineno: the user's line)")
-    parser.add_argument("--top", type=_positive, default=10, metavar="N",
-                        help="changes listed per section (default 10)")
-    parser.add_argument("--format", choices=("text", "json"), default="text")
-    parser.add_argument("-o", "--output", metavar="PATH", help="write here instead of stdout")
-    return parser
-
-
-def diff_main(argv: Optional[List[str]] = None, prog: str = "memviz diff") -> int:
-    """Entry point of ``memviz diff``; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        opts = diff_parser(prog).parse_args(argv)
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else EXIT_USAGE
-    inputs = (("the older trace (A)", opts.a), ("the newer trace (B)", opts.b))
-    if opts.output is not None:
-        try:  # before reading anything: -o must not name a trace it compares
-            refuse_inputs(opts.output, inputs, "the diff", hint="choose another -o path")
-        except OutputError as e:
-            print(f"{prog}: {e}", file=sys.stderr)
-            return EXIT_USAGE
-    try:
-        a, b = _load(opts.a, False, prog), _load(opts.b, False, prog)
-    except TraceError as e:
-        print(f"{prog}: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    if opts.format == "json":
-        text = _dumps(_diff_json(a, b, opts.top, opts.key))
-    else:
-        names = (os.path.basename(opts.a), os.path.basename(opts.b))
-        if names[0] == names[1]:
-            names = (opts.a, opts.b)
-        text = diff_text(a, b, names, opts.top, opts.key)
-    return _write(text, opts.output, prog, "the diff", inputs)

@@ -177,7 +177,8 @@ def check(data: bytes, pipeline: bool = True) -> Optional[object]:
     (:class:`PipelineError`)."""
     import pickle
 
-    from memviz._cli_report import diff_text, json_report
+    from memviz._cli_diff import diff_text
+    from memviz._cli_report import json_report
     from memviz._report import text_report
     from memviz._trace_load import LoadedTrace
 

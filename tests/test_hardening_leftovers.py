@@ -17,7 +17,8 @@ import pytest
 
 import memviz
 from fake_cupti import CBID_cuMemAlloc_v2
-from memviz._cli_report import diff_main, diff_text, main as report_main
+from memviz._cli_diff import diff_main, diff_text
+from memviz._cli_report import main as report_main
 from test_pytest_plugin import GPU, run  # (imports torch once, before pytester's inner runs)
 
 pytest_plugins = ["pytester"]
@@ -60,7 +61,7 @@ def test_diff_of_traces_with_a_file_name_that_is_not_utf8(fake, tmp_path, capsys
     out = tmp_path / "d.json"
     assert diff_main([str(a), str(b), "--format", "json", "-o", str(out)]) == 0
     doc = strict_json(out.read_bytes().decode("utf-8"))
-    assert doc["at_peak"][0]["key"].startswith(ODD)  # JSON keeps the name exactly
+    assert doc["devices"][0]["lines"][0]["file"] == ODD  # JSON keeps the name exactly
 
 
 # ---- 2. NaN and infinities in the JSON report --------------------------------------------

@@ -189,11 +189,11 @@ def test_every_tracker_method_named_in_a_message_exists():
 
 
 def test_every_command_line_named_in_a_message_has_those_options():
-    from memviz import _cli_report, _cli_run
+    from memviz import _cli_diff, _cli_report, _cli_run
 
     _, cli, _, _ = _snippets()
     parsers = {"run": _cli_run.build_parser(), "report": _cli_report.report_parser(),
-               "diff": _cli_report.diff_parser()}
+               "diff": _cli_diff.diff_parser()}
     bad = {}
     for line, where in cli.items():
         words = line.replace(_HOLE, "PATH").split()
