@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
+import os
 import sys
 from array import array
 from typing import Any, Dict, List, Optional, Tuple
@@ -104,8 +105,31 @@ class LoadedTrace(TraceFile, Outputs):
         self._finish()
         return self
 
+    def _recording_memviz(self) -> None:
+        """memviz's own frames in a trace recorded elsewhere (another checkout
+        or machine: the sample shipped with memviz) are library code here
+        too: find the recording's memviz folder from the frames that end in
+        one of this memviz's own files, and hide it as this process hides its
+        own."""
+        here = os.path.dirname(os.path.abspath(__file__))
+        own = {os.path.relpath(os.path.join(d, f), here).replace(os.sep, "/")
+               for d, _dirs, files in os.walk(here) for f in files if f.endswith(".py")}
+        roots = set()
+        for filename, _line, _name in self._frames:
+            if not filename or "/memviz/" not in filename or filename.startswith(here + os.sep):
+                continue
+            head, _, rel = filename.rpartition("/memviz/")
+            if rel in own:
+                roots.add(head + "/memviz")
+        if roots:
+            from ._frames import FrameFilter, frames
+
+            self.frame_filter = FrameFilter(library_paths=(*frames.library_paths, *sorted(roots)),
+                                            user_paths=frames.user_paths)
+
     def _finish(self) -> None:
         """Columns of all events (the per-chunk planes are released)."""
+        self._recording_memviz()
         planes = [b"".join(p[k] for p in self._planes) for k in range(F.EVENT.size)] \
             if self._planes else [b""] * F.EVENT.size
         self._planes = []

@@ -237,3 +237,17 @@ def _line_in(path, text):
             if text in line:
                 return i
     raise AssertionError(text)
+
+
+HISTORY: list = []
+
+
+def test_a_module_global_is_named_before_a_stray_dict_that_holds_the_same_list():
+    """gc.get_referrers lists young objects first: a dict left over from
+    reading a frame's locals ({"obj": the list}) must not hide the module
+    global that really keeps it (it named "list `obj`" in CI)."""
+    from memviz.torch.graph import _owner
+
+    stray = [{"obj": HISTORY} for _ in range(8)]  # noqa: F841 - they must exist while _owner looks
+    text = _owner(HISTORY)[0]
+    assert text == f"`HISTORY` in module {__name__}", text

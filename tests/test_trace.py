@@ -447,3 +447,19 @@ def test_cli_errors(tmp_path, good_trace):
     (tmp_path / "cut.memviz").write_bytes(good_trace[:-20])
     p = cli("report", "cut.memviz", cwd=tmp_path)
     assert p.returncode == 0 and "warning" in p.stderr and "incomplete trace" in p.stdout
+
+
+def test_memviz_frames_recorded_in_another_checkout_are_library_code_when_loaded(fake, tmp_path):
+    """A trace recorded by a memviz installed elsewhere (the sample shipped
+    with memviz was recorded on a GPU machine): its memviz frames stay hidden
+    here, so the user's line is the one reported."""
+    elsewhere = "/opt/elsewhere/checkout/memviz/torch/allocator.py"
+    ns = {"fake": fake, "CBID": CBID_cuMemAlloc_v2}
+    exec(compile("def probe(n):\n    return fake.alloc(CBID, n)\n", elsewhere, "exec"), ns)
+    path = str(tmp_path / "t.memviz")
+    with memviz.track(trace=path):
+        kept = ns["probe"](3 * MiB); line = sys._getframe().f_lineno  # noqa: E702
+    loaded = memviz.load(path)
+    top = loaded.peak_snapshot(0).statistics("lineno")[0]
+    assert (top.key.filename, top.key.lineno) == (__file__, line), top
+    fake.free(CBID_cuMemFree_v2, kept)

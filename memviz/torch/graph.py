@@ -377,28 +377,43 @@ def _owner(container):
     import sys
     import types
 
+    # The best name first: a module's global, a running function's local, an
+    # object's attribute; a dict that is none of these (a frame's cached
+    # f_locals, say, left by whatever read it last) only when nothing better
+    # refers to it. gc.get_referrers' order is not the program's.
+    best, rank = None, 9
     for ref in gc.get_referrers(container):
         if isinstance(ref, dict):
             for k, v in ref.items():
                 if v is container and isinstance(k, str):
                     mod = ref.get("__name__") if isinstance(ref.get("__name__"), str) else None
                     fn = ref.get("__file__") if isinstance(ref.get("__file__"), str) else None
-                    return (f"`{k}`" + (f" in module {mod}" if mod else ""), k, fn, 1, None)
-        elif isinstance(ref, types.FrameType):
+                    r = 0 if mod else 3
+                    if r < rank:
+                        best, rank = (f"`{k}`" + (f" in module {mod}" if mod else ""), k, fn, 1, None), r
+                    break
+        elif isinstance(ref, types.FrameType) and rank > 1:
             for k, v in ref.f_locals.items():
                 if v is container:
                     code = ref.f_code
-                    return (f"`{k}` (a local of {code.co_name})", k, code.co_filename,
-                            code.co_firstlineno, None)
-        elif not isinstance(ref, (list, tuple, set, types.FunctionType, type)):
+                    best, rank = (f"`{k}` (a local of {code.co_name})", k, code.co_filename,
+                                  code.co_firstlineno, None), 1
+                    break
+        elif rank > 2 and not isinstance(ref, (list, tuple, set, types.FunctionType, type)):
             attrs = getattr(ref, "__dict__", None)
             if isinstance(attrs, dict):
                 for k, v in attrs.items():
                     if v is container:
                         mod = sys.modules.get(type(ref).__module__)
                         fn = getattr(mod, "__file__", None)
-                        return (f"`{k}` of a {type(ref).__name__} object", k, fn, 1, None)
-    return _local_owner(container)
+                        best, rank = (f"`{k}` of a {type(ref).__name__} object", k, fn, 1, None), 2
+                        break
+        if rank == 0:
+            break
+    if rank <= 2:
+        return best
+    local = _local_owner(container)
+    return local if local is not None else best
 
 
 def _local_owner(container):
