@@ -463,3 +463,27 @@ def test_memviz_frames_recorded_in_another_checkout_are_library_code_when_loaded
     top = loaded.peak_snapshot(0).statistics("lineno")[0]
     assert (top.key.filename, top.key.lineno) == (__file__, line), top
     fake.free(CBID_cuMemFree_v2, kept)
+
+
+@pytest.mark.parametrize("special", ["device", "directory", "fifo"])
+def test_special_files_are_refused_at_once(tmp_path, special):
+    """A device, a directory or a FIFO is not a trace: `memviz report
+    /dev/zero` read until memory ran out, and a FIFO without a writer
+    blocked forever. Both the API and the CLI refuse them before reading."""
+    if special == "device":
+        path, what = "/dev/zero", "a character device"
+    elif special == "directory":
+        path, what = str(tmp_path), "a directory"
+    else:
+        path, what = str(tmp_path / "pipe"), "a FIFO"
+        os.mkfifo(path)
+    code = ("import sys, memviz\n"
+            "try:\n    memviz.load(sys.argv[1])\n"
+            "except memviz.TraceError as e:\n    print('REFUSED', e)\n")
+    for argv in ([sys.executable, "-c", code, path],
+                 [sys.executable, "-m", "memviz", "report", path]):
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=str(tmp_path),
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        out = p.stdout + p.stderr
+        assert f"it is {what}" in out and "What to do:" in out, out
+        assert ("REFUSED" in out) if argv[1] == "-c" else (p.returncode == 2), (p.returncode, out)
