@@ -30,7 +30,7 @@ else
   venv=/tmp/memviz-san-venv$ver
   if [ ! -x "$venv/bin/python" ]; then
     "$base" -m venv "$venv"
-    "$venv/bin/pip" install -q setuptools pytest
+    "$venv/bin/pip" install -q "setuptools>=77" pytest
   fi
   [ -z "${SAN_PIP:-}" ] || "$venv/bin/pip" install -q $SAN_PIP
   py=$venv/bin/python
