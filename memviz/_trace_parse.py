@@ -22,16 +22,31 @@ from ._trace_fields import _Bad, _int, _key, _opt_int, _r, check_end, check_meta
 
 __all__ = ["TraceFile"]
 
-#: deflate expands at most ~1032x; anything claiming more is damaged
-_MAX_RATIO = 1100
+#: How far a chunk may expand when inflated, by kind. Deflate itself allows
+#: about 1032x, which a crafted file uses to make a small file take gigabytes.
+#: memviz's own chunks stay far below: the most regular event streams measured
+#: (one alloc/free pair repeated 500,000 times) inflate 147x, 20,000 empty
+#: steps 27x, string tables and metadata about 2x (benchmarks/RESULTS.md). The
+#: caps leave several times that.
+_MAX_RATIO = {"EVENTS": 512}
+_MAX_RATIO_OTHER = 128
+#: and the whole file: what all its chunks inflate to, at most this many
+#: times the file's size (plus a floor for tiny files)
+_FILE_RATIO = 512
+_FILE_FLOOR = 64 << 20
 
 
-def _inflate(payload: bytes) -> bytes:
+def _inflate(payload: bytes, limit: int, over: str) -> bytes:
+    """The inflated payload, refused past ``limit`` bytes (``over`` says why
+    that is the limit)."""
     d = zlib.decompressobj()
     try:
-        out = d.decompress(payload, len(payload) * _MAX_RATIO + 4096)
+        out = d.decompress(payload, limit + 1)
     except zlib.error as e:
         raise _Bad(f"its compressed payload is damaged ({e})") from None
+    if len(out) > limit:
+        raise _Bad(f"it would inflate to more than {limit:,} bytes, {over}: memviz writes "
+                   "nothing like it, so the file is damaged or crafted")
     if not d.eof or d.unconsumed_tail or d.unused_data:
         raise _Bad("its compressed payload is incomplete or has extra bytes")
     return out
@@ -99,6 +114,7 @@ class TraceFile:
                              "record the trace again")
         pos = F.HEADER.size
         events = 0
+        budget = max(_FILE_FLOOR, n * _FILE_RATIO)  # bytes all chunks may inflate to
         while pos < n:
             start = pos
             if n - pos < F.CHUNK_HEAD.size + F.CRC.size:
@@ -125,7 +141,15 @@ class TraceFile:
                     raise _Bad("it comes after the end-of-trace chunk")
                 payload = bytes(data[start + F.CHUNK_HEAD.size:end])
                 if ctype & F.COMPRESSED:
-                    payload = _inflate(payload)
+                    ratio = _MAX_RATIO.get(name, _MAX_RATIO_OTHER)
+                    own = len(payload) * ratio + 4096
+                    if own <= budget:
+                        payload = _inflate(payload, own, f"over {ratio} times its "
+                                                         f"{len(payload):,} compressed bytes")
+                    else:
+                        payload = _inflate(payload, budget, "which would take the file's chunks "
+                                                            f"past {_FILE_RATIO} times its size")
+                    budget -= len(payload)
                 handler = self._HANDLERS.get(kind)
                 if handler is not None:
                     handler(self, payload)

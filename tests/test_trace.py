@@ -487,3 +487,47 @@ def test_special_files_are_refused_at_once(tmp_path, special):
         out = p.stdout + p.stderr
         assert f"it is {what}" in out and "What to do:" in out, out
         assert ("REFUSED" in out) if argv[1] == "-c" else (p.returncode == 2), (p.returncode, out)
+
+
+@pytest.mark.parametrize("bomb", ["steps", "events", "many"])
+def test_chunks_that_inflate_far_beyond_what_memviz_writes_are_refused(good_trace, tmp_path, bomb):
+    """Deflate lets a few hundred KB stand for gigabytes (a crafted STEPS chunk
+    of 292 KB took the reader past 10 GB). Each chunk may inflate only so far
+    over its compressed size, and the whole file so far over its size: what
+    is past that is refused, quickly, without the memory."""
+    meta_end = chunk_offsets(good_trace)[1]
+    if bomb == "steps":
+        extra = F.chunk(F.STEPS, b"[" + b" " * (96 << 20) + b"]")
+    elif bomb == "events":
+        count = (96 << 20) // F.EVENT.size
+        extra = F.chunk(F.EVENTS, F.EVENTS_HEAD.pack(count, F.LAYOUT_PLANES) + bytes(count * F.EVENT.size))
+    else:  # each chunk under its own cap, together over the file's
+        one = F.chunk(F.STRINGS, b'["' + b"a" * (200 << 10) + b'"]')
+        extra = one * 1400
+    path = tmp_path / "bomb.memviz"
+    path.write_bytes(good_trace[:meta_end] + extra)
+    code = ("import resource, sys, time, memviz\n"
+            "t = time.monotonic()\n"
+            "try:\n    memviz.load(sys.argv[1])\n    print('LOADED')\n"
+            "except memviz.TraceError as e:\n    print('REFUSED', e)\n"
+            "print('RSS_MB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,"
+            " 'S', time.monotonic() - t)\n")
+    p = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    out = p.stdout + p.stderr
+    assert "REFUSED" in out and "inflate to more than" in out and "damaged or crafted" in out, out
+    rss = int(out.split("RSS_MB ")[1].split()[0])
+    assert rss < 400, out  # the inflated payload was never built
+    assert float(out.rsplit("S ", 1)[1]) < 10, out
+
+
+def test_the_most_compressible_traces_memviz_writes_still_load(fake, tmp_path):
+    """The caps above leave room for memviz's own most regular output: one
+    alloc/free pair repeated (its events inflate about 147x) and empty steps."""
+    path = str(tmp_path / "regular.memviz")
+    with memviz.track(trace=path) as t:
+        fake.lib.fake_alloc_free_loop(CBID_cuMemAlloc_v2, CBID_cuMemFree_v2, 200_000, MiB)
+        for _ in range(5000):
+            t.step()
+    loaded = memviz.load(path)
+    assert loaded.event_count >= 400_000 and len(loaded.steps) == 5000
