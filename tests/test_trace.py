@@ -463,3 +463,73 @@ def test_memviz_frames_recorded_in_another_checkout_are_library_code_when_loaded
     top = loaded.peak_snapshot(0).statistics("lineno")[0]
     assert (top.key.filename, top.key.lineno) == (__file__, line), top
     fake.free(CBID_cuMemFree_v2, kept)
+
+
+# ---- events() ---------------------------------------------------------------------
+
+
+def test_events_of_a_loaded_trace_share_seq_with_the_tracker(fake, tmp_path):
+    """Every alloc, free and failure, in order; ``seq`` names the allocation an
+    event concerns with the number the tracker's own Allocation.seq gives it."""
+    from memviz.report import _source
+
+    path = tmp_path / "run.memviz"
+    with memviz.track(trace=str(path), torch=False) as t:
+        busy_run(fake)
+        live_seqs = {(a.device, a.address): a.seq for a in t.snapshot().allocations}
+    loaded = memviz.load(path)
+    evs = list(loaded.events())
+    ops = [e.op for e in evs]
+    totals = loaded.totals()
+    assert ops.count("alloc") == sum(v["allocs"] for v in totals.values())
+    assert ops.count("free") == sum(v["frees"] for v in totals.values()) == 2
+    assert ops.count("failed") == len(loaded.failures) == 1
+    assert [e.timestamp_ns for e in evs] == sorted(e.timestamp_ns for e in evs)
+
+    # seq: what the live tracker and the loaded trace call each allocation
+    assert {(a.device, a.address): a.seq for a in loaded.snapshot().allocations} == live_seqs
+    made = {}
+    for e in evs:
+        if e.op == "alloc":
+            assert e.seq == e.timestamp_ns
+            made[(e.device, e.address)] = e
+        elif e.op == "free":
+            a = made.pop((e.device, e.address))
+            assert (e.seq, e.size, e.traceback, e.label) == (a.seq, a.size, a.traceback, a.label)
+            assert e.timestamp_ns >= a.timestamp_ns
+    assert {k: e.seq for k, e in made.items() if e.kind != "static"} == {
+        k: s for k, s in live_seqs.items() if k in made and made[k].kind != "static"}
+    tmp = next(e for e in evs if e.op == "free" and e.device == 0)
+    assert tmp.size == 64 * MiB and tmp.label == "data loading"
+    worker = next(e for e in evs if e.op == "alloc" and e.thread.name == "loader-1")
+    assert worker.traceback.user_frame.name == "worker_alloc" and worker.size == 3 * MiB
+    failed, = [e for e in evs if e.op == "failed"]
+    assert failed.size == 1 << 40 and failed.seq == failed.timestamp_ns
+
+    # the readers of reports and exports get the same history from both
+    def norm(obj):
+        return [(e.op, e.timestamp_ns, e.device, e.address, e.size, e.kind, e.label)
+                for e in _source.events(obj)]
+    assert norm(loaded) == norm(t) == [(e.op, e.timestamp_ns, e.device, e.address, e.size,
+                                        e.kind, e.label) for e in evs]
+
+
+def test_events_of_a_saved_trace_replay_its_peak_and_live_set(fake, tmp_path):
+    """save() keeps no history: its events are each device's peak set, frees
+    of what was not live any more (at a made-up time), and the rest of the
+    live set; seq still names each allocation as the tracker did."""
+    with memviz.track(torch=False) as t:
+        busy_run(fake)
+    path = tmp_path / "saved.memviz"
+    t.save(str(path))
+    evs = list(memviz.load(path).events())
+    made = {(a.device, a.address, a.seq) for a in t.snapshot().allocations}
+    made |= {(a.device, a.address, a.seq) for a in t.peak_snapshot().allocations}
+    assert {(e.device, e.address, e.seq) for e in evs if e.op == "alloc"} == made
+    live = set()
+    for e in evs:
+        if e.op == "alloc":
+            live.add((e.device, e.address, e.seq))
+        elif e.op == "free":
+            live.remove((e.device, e.address, e.seq))
+    assert live == {(a.device, a.address, a.seq) for a in t.snapshot().allocations}
