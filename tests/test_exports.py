@@ -322,3 +322,38 @@ def test_perfetto_of_a_trace_carries_every_alloc_and_free(temp_trace, tmp_path):
     live = [e["args"]["bytes"] for e in events if e["ph"] == "C" and e["name"] == "live bytes"]
     assert max(live) == temp_trace.peak_bytes(0) == 72 * MiB
     assert not any(e["ph"] == "i" and e.get("cat") == "allocation" for e in events)
+
+
+class AllocatorRouteStub(StubTrace):
+    """A history on PyTorch's allocator route: a 20 MiB segment holding two
+    blocks, the first at the segment's own address."""
+
+    BASE = 0x7F00_0000_0000
+
+    def events(self):
+        t, a = self._t.started_ns, self.BASE
+        for i, (op, kind, addr, size) in enumerate([
+                ("alloc", "device", a, 20 * MiB), ("alloc", "block", a, 8 * MiB),
+                ("alloc", "block", a + 8 * MiB, 4 * MiB), ("free", "block", a, 8 * MiB),
+                ("free", "block", a + 8 * MiB, 4 * MiB), ("free", "device", a, 20 * MiB)]):
+            yield {"op": op, "kind": kind, "timestamp_ns": t + (i + 1) * 1000, "device": 2,
+                   "address": addr, "size": size}
+
+
+def test_exports_of_an_allocator_route_history_keep_blocks_inside_segments(run, memory_viz):
+    snap = torch_snapshot.build(AllocatorRouteStub(run))
+    trace2 = snap["device_traces"][2]
+    assert [(e["action"], e["addr"] - AllocatorRouteStub.BASE, e["size"] // MiB) for e in trace2] == [
+        ("segment_alloc", 0, 20), ("alloc", 0, 8), ("alloc", 8 * MiB, 4),
+        ("free_requested", 0, 8), ("free_completed", 0, 8),
+        ("free_requested", 8 * MiB, 4), ("free_completed", 8 * MiB, 4), ("segment_free", 0, 20)]
+    assert _timeline_peak(trace2) == 12 * MiB  # the blocks: active memory
+    assert _timeline_peak(trace2, "segment_alloc", "segment_free") == 20 * MiB  # reserved
+    assert "cudaFree(" in memory_viz.trace(snap)
+
+    events = [e for e in perfetto.events(AllocatorRouteStub(run)) if e.get("pid") == 3]
+    _check_spans_pair_up(events)
+    spans = [e for e in events if e["ph"] == "b"]
+    assert sorted((e["args"]["kind"], e["args"]["size"] // MiB) for e in spans) == [
+        ("block", 4), ("block", 8), ("device", 20)]
+    assert not any(e["ph"] == "e" and e.get("args", {}).get("live_at_end") for e in events)
