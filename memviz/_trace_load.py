@@ -15,16 +15,16 @@ import operator
 import os
 import sys
 from array import array
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from . import _args, _trace as F
 from ._callsite import Resolved
 from ._errors import TraceError
 from ._outputs import Outputs
-from ._snapshot import KIND_NAMES, Snapshot, snapshot_from_raw
+from ._snapshot import KIND_NAMES, Allocation, Snapshot, snapshot_from_raw
 from ._trace_parse import TraceFile
 
-__all__ = ["load", "LoadedTrace"]
+__all__ = ["load", "LoadedTrace", "TraceEvent"]
 
 _U32, _U64 = ("I" if array("I").itemsize == 4 else "L"), "Q"
 _BIG = sys.byteorder != "little"
@@ -69,6 +69,52 @@ _KIND_BLOCK = KIND_NAMES.index("block")
 #: how many allocations after a peak to look through for blocks asked for before it
 #: (another thread's events may come between a segment and its block)
 _BLOCK_LOOKAHEAD = 64
+
+
+class TraceEvent(NamedTuple):
+    """One allocation event of a trace (:meth:`LoadedTrace.events`).
+
+    Attributes:
+        op: ``"alloc"``, ``"free"`` or ``"failed"`` (a driver call that failed).
+        timestamp_ns: when it happened, on the recording process's monotonic
+            clock (as ``Allocation.timestamp_ns``).
+        seq: the allocation it concerns, by its ``Allocation.seq``: the
+            timestamp of its allocation, which is what a live tracker's
+            snapshots give (so ``(device, address, seq)`` joins an event to
+            the Allocation a live ``Tracker`` or a loaded trace shows). For an
+            alloc or failed event it equals ``timestamp_ns``; a free has its
+            allocation's. None for a free whose allocation is not in the file
+            (made before the trace began or lost in a gap).
+        allocation: the :class:`~memviz.Allocation` made, freed (as it was
+            made: size, line, thread, label) or refused.
+
+    ``device``, ``address``, ``size``, ``kind``, ``stream``, ``thread``,
+    ``label``, ``traceback``, ``autograd_node``, ``forward`` and
+    ``category`` read the allocation's.
+    """
+
+    op: str
+    timestamp_ns: int
+    seq: Optional[int]
+    allocation: Allocation
+
+    device = property(lambda self: self.allocation.device)
+    address = property(lambda self: self.allocation.address)
+    size = property(lambda self: self.allocation.size)
+    kind = property(lambda self: self.allocation.kind)
+    stream = property(lambda self: self.allocation.stream)
+    thread = property(lambda self: self.allocation.thread)
+    label = property(lambda self: self.allocation.label)
+    traceback = property(lambda self: self.allocation.traceback)
+    autograd_node = property(lambda self: self.allocation.autograd_node)
+    forward = property(lambda self: self.allocation.forward)
+    category = property(lambda self: self.allocation.category)
+
+
+_EVENT_OPS = {F.OP_ALLOC: "alloc", F.OP_FREE: "free", F.OP_FAILED: "failed"}
+#: events turned into Allocation objects at a time (events() is lazy)
+_EVENT_BATCH = 1 << 16
+
 
 class LoadedTrace(TraceFile, Outputs):
     """A trace file read back, with the reading API of a stopped Tracker.
@@ -283,7 +329,7 @@ class LoadedTrace(TraceFile, Outputs):
         a, s, d, k, t, lab, st = (self._addr, self._size, self._dev, self._kind, self._thread,
                                   self._label, self._stack)
         return [(a[j], s[j], d[j], k[j], 0, t[j],
-                 (labels.get(lab[j], f"<label {lab[j]}>") if lab[j] else None), ts[j], st[j], j)
+                 (labels.get(lab[j], f"<label {lab[j]}>") if lab[j] else None), ts[j], st[j], ts[j])
                 for j in idx]
 
     def _resolve(self, ids: set) -> Resolved:
@@ -402,6 +448,36 @@ class LoadedTrace(TraceFile, Outputs):
             out.append(FailedAllocation(a.size, a.device, a.kind, 0, a.thread, a.label,
                                         a.timestamp_ns, a.traceback, result, a.op))
         return out
+
+    def events(self) -> Iterator[TraceEvent]:
+        """Every alloc, free and failed allocation in the file, in the order
+        recorded, as :class:`TraceEvent` (lazily, a batch at a time).
+
+        ``seq`` means what it means in a live Tracker's snapshots: the
+        allocation's ``Allocation.seq``, the timestamp of its allocation (the
+        C store numbers allocations by that timestamp; an index into this
+        file would not survive a ring that drops old events). A free carries
+        the allocation it ended, found as the store finds it (by address and
+        kind). A trace written by ``Tracker.save()`` keeps no history: its
+        events are each device's peak set, frees (at a made-up time) of what
+        was not live any more, then the rest of the live set.
+        Blocks of PyTorch's allocator (kind ``"block"``) are events of their
+        own, as recorded: they lie inside segments (kind ``"device"``)."""
+        r = self._replay()
+        end, op, n = r["end"], self._op, self.event_count
+        freed = {end[j]: j for j in r["alloc_idx"] if end[j] and op[end[j]] == F.OP_FREE}
+        idx = list(itertools.compress(range(n), op.translate(
+            _table(F.OP_ALLOC, F.OP_FREE, F.OP_FAILED))))
+        ts = self._ts()
+        for lo in range(0, len(idx), _EVENT_BATCH):
+            chunk = idx[lo:lo + _EVENT_BATCH]
+            made = [freed.get(i, i) for i in chunk]  # a free: the allocation it ended
+            snap = snapshot_from_raw(self._rows(made), self._resolve, self._thread_map(),
+                                     self.frame_filter)
+            for i, j, a in zip(chunk, made, snap.allocations):
+                o = op[i]
+                yield TraceEvent(_EVENT_OPS[o], ts[i], None if o == F.OP_FREE and i == j
+                                 else a.seq, a)
 
     def timeline(self) -> List[tuple]:
         """(timestamp_ns, device, live bytes) points; at most 16,384, peaks kept."""

@@ -30,11 +30,6 @@ __all__ = ["TraceFile"]
 #: caps leave several times that.
 _MAX_RATIO = {"EVENTS": 512}
 _MAX_RATIO_OTHER = 128
-#: and the whole file: what all its chunks inflate to, at most this many
-#: times the file's size (plus a floor for tiny files)
-_FILE_RATIO = 512
-_FILE_FLOOR = 64 << 20
-
 
 def _inflate(payload: bytes, limit: int, over: str) -> bytes:
     """The inflated payload, refused past ``limit`` bytes (``over`` says why
@@ -114,7 +109,6 @@ class TraceFile:
                              "record the trace again")
         pos = F.HEADER.size
         events = 0
-        budget = max(_FILE_FLOOR, n * _FILE_RATIO)  # bytes all chunks may inflate to
         while pos < n:
             start = pos
             if n - pos < F.CHUNK_HEAD.size + F.CRC.size:
@@ -141,15 +135,11 @@ class TraceFile:
                     raise _Bad("it comes after the end-of-trace chunk")
                 payload = bytes(data[start + F.CHUNK_HEAD.size:end])
                 if ctype & F.COMPRESSED:
+                    # Capped per chunk, so the whole file inflates at most that many
+                    # times its size too.
                     ratio = _MAX_RATIO.get(name, _MAX_RATIO_OTHER)
-                    own = len(payload) * ratio + 4096
-                    if own <= budget:
-                        payload = _inflate(payload, own, f"over {ratio} times its "
-                                                         f"{len(payload):,} compressed bytes")
-                    else:
-                        payload = _inflate(payload, budget, "which would take the file's chunks "
-                                                            f"past {_FILE_RATIO} times its size")
-                    budget -= len(payload)
+                    payload = _inflate(payload, len(payload) * ratio + 4096,
+                                       f"over {ratio} times its {len(payload):,} compressed bytes")
                 handler = self._HANDLERS.get(kind)
                 if handler is not None:
                     handler(self, payload)

@@ -213,8 +213,9 @@ def test_report_and_exports_of_a_loaded_trace_file(fake, tmp_path):
     assert {r[0].rsplit(":", 1)[-1] for r in d["tables"]["lines"]["rows"]} == {
         str(_line_of("# WEIGHTS")), str(_line_of("# WORKSPACE"))}
     assert "<script" not in tracker_repr_html(loaded)
-    events = perfetto.events(loaded)
-    assert sum(1 for e in events if e["ph"] == "b") == len(kept)
+    events = list(perfetto.events(loaded))
+    assert sum(1 for e in events if e["ph"] == "b") == len(kept) + 1  # every allocation, the freed one too
+    assert sum(1 for e in events if e["ph"] == "e" and not e.get("args")) == 1
     snap = torch_snapshot.build(loaded)
     assert sum(s["total_size"] for s in snap["segments"]) == 16 * MiB
 
@@ -230,3 +231,129 @@ def test_exports_keep_their_formats_frame_order(run):
     assert stack == [f"{f.filename}:{f.lineno} {f.name}" for f in reversed(a.traceback)][:16]
     frames = torch_snapshot._frame_list(a)
     assert [(f["filename"], f["line"]) for f in frames] == [(f.filename, f.lineno) for f in reversed(a.traceback)]
+
+
+# ---- the whole history: a peak made by temporaries ------------------------------
+
+
+def temporaries(fake):
+    """8 MiB kept; the peak (72 MiB) comes from two temporaries made, then freed."""
+    from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
+
+    keep = fake.alloc(CBID_cuMemAlloc_v2, 8 * MiB)
+    small = fake.alloc(CBID_cuMemAlloc_v2, 16 * MiB)  # TEMP SMALL
+    big = fake.alloc(CBID_cuMemAlloc_v2, 48 * MiB)  # TEMP BIG
+    fake.free(CBID_cuMemFree_v2, small)
+    fake.free(CBID_cuMemFree_v2, big)
+    return keep
+
+
+@pytest.fixture(params=["loaded", "tracker"])
+def temp_trace(request, fake, tmp_path):
+    """A loaded trace, or the stopped tracker that streamed it (track(trace=...))."""
+    path = tmp_path / "temps.memviz"
+    with memviz.track(trace=str(path), torch=False) as t:
+        temporaries(fake)
+    return memviz.load(str(path)) if request.param == "loaded" else t
+
+
+def _timeline_peak(trace, alloc="alloc", free="free_completed"):
+    """The highest live bytes of a device trace, as memory_viz's timelines
+    sum it: + each alloc, - each completed free (segments with plot_segments)."""
+    cur = peak = 0
+    for e in trace:
+        if e["action"] == alloc:
+            cur += e["size"]
+        elif e["action"] == free:
+            cur -= e["size"]
+        peak = max(peak, cur)
+    return peak
+
+
+def test_torch_snapshot_of_a_trace_carries_every_alloc_and_free(temp_trace, tmp_path, memory_viz, capsys):
+    path = tmp_path / "temps.pickle"
+    temp_trace.to_torch_snapshot(path)
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    assert snap["memviz"]["history"] is True
+    trace0 = snap["device_traces"][0]
+    by_action = {a: [e["size"] for e in trace0 if e["action"] == a]
+                 for a in ("segment_alloc", "alloc", "free_requested", "free_completed", "segment_free")}
+    assert by_action["segment_alloc"] == by_action["alloc"] == [8 * MiB, 16 * MiB, 48 * MiB]
+    for a in ("free_requested", "free_completed", "segment_free"):
+        assert by_action[a] == [16 * MiB, 48 * MiB]
+    times = [e["time_us"] for e in trace0]
+    assert times == sorted(times)
+    temps = [e for e in trace0 if e["action"] == "alloc" and e["size"] > 8 * MiB]
+    here = open(__file__).read().splitlines()
+    lines = [next(f["line"] for f in e["frames"] if f["filename"] == __file__) for e in temps]
+    assert [here[n - 1].rstrip()[-8:] for n in lines] == ["MP SMALL", "TEMP BIG"]
+    assert temp_trace.peak_bytes(0) == 72 * MiB
+    assert _timeline_peak(trace0) == temp_trace.peak_bytes(0)
+    assert _timeline_peak(trace0, "segment_alloc", "segment_free") == temp_trace.peak_bytes(0)
+
+    # PyTorch's own reader: its text trace, segment summary and viewer pages.
+    text = memory_viz.trace(snap)
+    assert text.count("cudaMalloc(") == 3 and text.count("cudaFree(") == 2
+    assert text.count("free completed for") == 2
+    assert "total_reserved: 8.0MiB" in memory_viz.segsum(snap)
+    for html in (memory_viz.trace_plot(snap), memory_viz.trace_plot(snap, plot_segments=True),
+                 memory_viz.segment_plot(snap)):
+        assert "snapshot.pickle" in html
+    # Pairing each free with its alloc leaves exactly what is live at the end.
+    kept = memory_viz.filter_alloc_free_pairs(pickle.loads(pickle.dumps(snap)))
+    assert "without free_requested" not in capsys.readouterr().out
+    left = [e for e in kept["device_traces"][0] if e["action"] == "alloc"]
+    assert [e["size"] for e in left] == [8 * MiB]
+
+
+def test_perfetto_of_a_trace_carries_every_alloc_and_free(temp_trace, tmp_path):
+    path = tmp_path / "temps.json"
+    perfetto.write(temp_trace, path)
+    events = load_events(path)
+    _check_spans_pair_up(events)
+    spans = {e["id"]: e for e in events if e["ph"] == "b"}
+    ends = {e["id"]: e for e in events if e["ph"] == "e"}
+    assert sorted(e["args"]["size"] for e in spans.values()) == [8 * MiB, 16 * MiB, 48 * MiB]
+    for uid, b in spans.items():
+        live_at_end = ends[uid].get("args", {}).get("live_at_end", False)
+        assert live_at_end == (b["args"]["size"] == 8 * MiB)
+        assert ends[uid]["ts"] >= b["ts"]
+    live = [e["args"]["bytes"] for e in events if e["ph"] == "C" and e["name"] == "live bytes"]
+    assert max(live) == temp_trace.peak_bytes(0) == 72 * MiB
+    assert not any(e["ph"] == "i" and e.get("cat") == "allocation" for e in events)
+
+
+class AllocatorRouteStub(StubTrace):
+    """A history on PyTorch's allocator route: a 20 MiB segment holding two
+    blocks, the first at the segment's own address."""
+
+    BASE = 0x7F00_0000_0000
+
+    def events(self):
+        t, a = self._t.started_ns, self.BASE
+        for i, (op, kind, addr, size) in enumerate([
+                ("alloc", "device", a, 20 * MiB), ("alloc", "block", a, 8 * MiB),
+                ("alloc", "block", a + 8 * MiB, 4 * MiB), ("free", "block", a, 8 * MiB),
+                ("free", "block", a + 8 * MiB, 4 * MiB), ("free", "device", a, 20 * MiB)]):
+            yield {"op": op, "kind": kind, "timestamp_ns": t + (i + 1) * 1000, "device": 2,
+                   "address": addr, "size": size}
+
+
+def test_exports_of_an_allocator_route_history_keep_blocks_inside_segments(run, memory_viz):
+    snap = torch_snapshot.build(AllocatorRouteStub(run))
+    trace2 = snap["device_traces"][2]
+    assert [(e["action"], e["addr"] - AllocatorRouteStub.BASE, e["size"] // MiB) for e in trace2] == [
+        ("segment_alloc", 0, 20), ("alloc", 0, 8), ("alloc", 8 * MiB, 4),
+        ("free_requested", 0, 8), ("free_completed", 0, 8),
+        ("free_requested", 8 * MiB, 4), ("free_completed", 8 * MiB, 4), ("segment_free", 0, 20)]
+    assert _timeline_peak(trace2) == 12 * MiB  # the blocks: active memory
+    assert _timeline_peak(trace2, "segment_alloc", "segment_free") == 20 * MiB  # reserved
+    assert "cudaFree(" in memory_viz.trace(snap)
+
+    events = [e for e in perfetto.events(AllocatorRouteStub(run)) if e.get("pid") == 3]
+    _check_spans_pair_up(events)
+    spans = [e for e in events if e["ph"] == "b"]
+    assert sorted((e["args"]["kind"], e["args"]["size"] // MiB) for e in spans) == [
+        ("block", 4), ("block", 8), ("device", 20)]
+    assert not any(e["ph"] == "e" and e.get("args", {}).get("live_at_end") for e in events)

@@ -159,14 +159,14 @@ def _from_history(history: Iterator[src.Event], known: Dict[tuple, Any], t0: int
         if e.op == "alloc":
             uid += 1
             a = known.get((e.device, e.address, e.timestamp_ns), e)
-            open_[(e.device, e.address)] = (uid, src.where(a))
+            open_[(e.device, e.address, e.kind)] = (uid, src.where(a))
             yield from _span(a, e.size, e.timestamp_ns, None, uid, t0)
         elif e.op == "free":
-            got = open_.pop((e.device, e.address), None)
+            got = open_.pop((e.device, e.address, e.kind), None)  # a block may start its segment
             if got is not None:
                 yield {"ph": "e", "cat": "allocation", "name": got[1], "pid": _pid(e.device),
                        "tid": 0, "id": f"0x{got[0]:x}", "ts": _us(e.timestamp_ns, t0)}
-    for (dev, _addr), (uid_a, name) in open_.items():
+    for (dev, _addr, _kind), (uid_a, name) in open_.items():
         yield {"ph": "e", "cat": "allocation", "name": name, "pid": _pid(dev), "tid": 0,
                "id": f"0x{uid_a:x}", "ts": _us(last_ts, t0), "args": {"live_at_end": True}}
 

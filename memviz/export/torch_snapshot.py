@@ -11,7 +11,11 @@ label or kind).
 Mapping: memviz records driver allocations, so each allocation live at the
 end is a segment holding one ``active_allocated`` block of the same size.
 The trace has ``segment_alloc`` + ``alloc`` for each allocation and
-``free_requested`` + ``free_completed`` + ``segment_free`` for each free. With
+``free_requested`` + ``free_completed`` + ``segment_free`` for each free; on
+PyTorch's allocator route (a history with blocks) a block is an ``alloc``
+and ``free_requested`` + ``free_completed`` only, and the device allocation
+it lies in a ``segment_alloc`` and ``segment_free`` only, so the Active
+Memory Timeline shows the blocks and the Cached one the segments. With
 a recorded history (a loaded trace, or ``track(trace=...)``) that is every
 event; a plain tracker keeps no history, so its trace lists the allocations
 live at the end, in the order they were made. Pinned host memory has no
@@ -90,6 +94,27 @@ def _entry(action: str, addr: int, size: int, stream: int, frames: list, ts: int
     return e
 
 
+def _pools(history: List[Any]) -> set:
+    """(device, address) of the non-block allocations of a history that held
+    one of PyTorch's blocks (its segments)."""
+    import bisect
+
+    blocks: Dict[int, List[int]] = {}
+    for e in history:
+        if e.op == "alloc" and e.kind == "block":
+            blocks.setdefault(e.device, []).append(e.address)
+    for v in blocks.values():
+        v.sort()
+    out = set()
+    for e in history:
+        got = blocks.get(e.device)
+        if got and e.op == "alloc" and e.kind != "block":
+            i = bisect.bisect_left(got, e.address)
+            if i < len(got) and got[i] < e.address + e.size:
+                out.add((e.device, e.address))
+    return out
+
+
 def build(tracker: Any) -> Dict[str, Any]:
     """The snapshot dict (see the module docstring), plus ``"memviz"``:
     counts of what could not be written."""
@@ -115,24 +140,29 @@ def build(tracker: Any) -> Dict[str, Any]:
             trace.append(_entry("segment_alloc", a.address, a.size, a.stream, fr, a.timestamp_ns, c))
             trace.append(_entry("alloc", a.address, a.size, a.stream, fr, a.timestamp_ns, c))
     else:
-        open_: Dict[Tuple[int, int], Tuple[int, int, list, Any]] = {}
+        history = [e for e in history if e.device >= 0 and e.op != "failed"]
+        pools = _pools(history)
+        open_: Dict[Tuple[int, int, str], Tuple[int, int, list, Any]] = {}
         for e in history:
-            if e.device < 0 or e.op == "failed":
-                continue
             trace = traces.setdefault(e.device, [])
+            # On PyTorch's allocator route a block lies inside a segment (a
+            # device allocation that held blocks): blocks are torch's allocs,
+            # segments its segment_allocs. Anything else is both.
+            seg = e.kind != "block"
+            block = not seg or (e.device, e.address) not in pools
             if e.op == "alloc":
                 a = known.get((e.device, e.address, e.timestamp_ns), e)
                 fr = frames_of(a)
                 c = getattr(a, "category", None) or e.category or ("unknown" if with_categories else None)
-                open_[(e.device, e.address)] = (e.size, e.stream, fr, c)
-                trace.append(_entry("segment_alloc", e.address, e.size, e.stream, fr, e.timestamp_ns, c))
-                trace.append(_entry("alloc", e.address, e.size, e.stream, fr, e.timestamp_ns, c))
+                open_[(e.device, e.address, e.kind)] = (e.size, e.stream, fr, c)
+                for action in ("segment_alloc",) * seg + ("alloc",) * block:
+                    trace.append(_entry(action, e.address, e.size, e.stream, fr, e.timestamp_ns, c))
             else:
-                got = open_.pop((e.device, e.address), None)
+                got = open_.pop((e.device, e.address, e.kind), None)
                 if got is None:  # allocated before the history starts
                     continue
                 size, stream, fr, c = got
-                for action in ("free_requested", "free_completed", "segment_free"):
+                for action in ("free_requested", "free_completed") * block + ("segment_free",) * seg:
                     trace.append(_entry(action, e.address, size, stream, fr, e.timestamp_ns, c))
     for dev, trace in traces.items():
         cats = {e["category"] for e in trace if "category" in e}
