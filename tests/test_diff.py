@@ -467,6 +467,40 @@ def test_a_loaded_trace_has_the_live_trackers_blocks_at_the_peak(standin, tmp_pa
     assert loaded.peak_snapshot(0).total_bytes() == t.peak_snapshot(0).total_bytes()
 
 
+@pool
+def test_the_category_chart_of_a_trace_counts_blocks_inside_their_segments_once(standin, tmp_path):
+    """The HTML report's memory-by-category chart, replayed from the events:
+    blocks and the segments they lie in are one set of bytes (blocks by
+    category, the rest of a segment unused_pool), never negative, and the
+    stacked total at the peak is the device's peak."""
+    from memviz.report._data import category_series
+
+    ans = standin()
+    with memviz.track(trace=str(tmp_path / "a.memviz")) as t:
+        pool_run(ans, t, True)
+    loaded = memviz.load(str(tmp_path / "a.memviz"))
+    peak = loaded.peak_snapshot(0)
+    cats, note = category_series(loaded, list(loaded.snapshot().allocations), list(peak.allocations),
+                                 {0: loaded.totals()[0]["peak_timestamp_ns"]}, loaded.stopped_ns)
+    assert note == "from the recorded events"
+    series = cats[0]
+    assert "unused_pool" in series, series.keys()
+
+    def at(ts):  # each category's value at ts (step functions)
+        total = 0
+        for tss, vs in series.values():
+            v = 0
+            for x, y in zip(tss, vs):
+                if x <= ts:
+                    v = y
+            assert v >= 0
+            total += v
+        return total
+    for tss, vs in series.values():
+        assert min(vs) >= 0, (tss, vs)
+    assert at(loaded.totals()[0]["peak_timestamp_ns"]) == loaded.totals()[0]["peak"]
+
+
 def test_the_remedy_example_says_it_needs_a_gpu_and_exits_0():
     pytest.importorskip("torch", reason="the example needs torch to get as far as the GPU check")
     import torch as _torch

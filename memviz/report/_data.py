@@ -9,6 +9,8 @@ opens at once.
 
 from __future__ import annotations
 
+import bisect
+
 import linecache
 import os
 import time
@@ -57,16 +59,59 @@ def category_series(obj: Any, allocs: List[Any], peak_only: List[Any], peak_ts: 
     evs = src.events(obj)
     if evs is not None:
         known = {(a.device, a.address, a.timestamp_ns): a.category for a in allocs + peak_only}
-        live: Dict[Tuple[int, int], Tuple[str, int]] = {}
+        # Every byte once, as snapshots count them: a PyTorch block (kind "block")
+        # lies inside a segment (a "device" allocation); from the first block seen
+        # in it, the segment counts as unused_pool, less the blocks it holds.
+        live: Dict[Tuple[int, int, str], Tuple[str, int]] = {}
+        segs: Dict[int, List[List[Any]]] = {}  # device -> sorted [address, end, category, pool?, ts]
+        starts: Dict[int, List[int]] = {}
+
+        def add(dev, cat, ts, size):
+            changes.setdefault(dev, {}).setdefault(cat, []).append((ts, size))
+
+        def segment_of(dev, addr):
+            i = bisect.bisect_right(starts.get(dev, []), addr) - 1
+            return segs[dev][i] if i >= 0 and addr < segs[dev][i][1] else None
+
         for e in evs:
+            ts = e.timestamp_ns
             if e.op == "alloc":
-                cat = e.category or known.get((e.device, e.address, e.timestamp_ns)) or "<unknown>"
-                live[(e.device, e.address)] = (cat, e.size)
-                changes.setdefault(e.device, {}).setdefault(cat, []).append((e.timestamp_ns, e.size))
+                cat = e.category or known.get((e.device, e.address, ts)) or "<unknown>"
+                if e.kind == "block":
+                    seg = segment_of(e.device, e.address)
+                    if seg is not None:
+                        # A block is dated when it was asked for, maybe before the
+                        # segment made for it: move the bytes once both exist.
+                        at = max(ts, seg[4])
+                        if not seg[3]:  # the segment's first block: its bytes are the pool's
+                            add(e.device, seg[2], at, -(seg[1] - seg[0]))
+                            add(e.device, "unused_pool", at, seg[1] - seg[0])
+                            seg[2], seg[3] = "unused_pool", True
+                        add(e.device, "unused_pool", at, -e.size)
+                elif e.kind == "device":
+                    lst, st = segs.setdefault(e.device, []), starts.setdefault(e.device, [])
+                    i = bisect.bisect_left(st, e.address)
+                    st.insert(i, e.address)
+                    lst.insert(i, [e.address, e.address + e.size, cat, False, ts])
+                live[(e.device, e.address, e.kind)] = (cat, e.size)
+                add(e.device, cat, ts, e.size)
             elif e.op == "free":
-                cat_size = live.pop((e.device, e.address), None)
-                if cat_size is not None:
-                    changes[e.device][cat_size[0]].append((e.timestamp_ns, -cat_size[1]))
+                cat_size = live.pop((e.device, e.address, e.kind), None)
+                if cat_size is None:
+                    continue
+                if e.kind == "device":
+                    st = starts.get(e.device, [])
+                    i = bisect.bisect_left(st, e.address)
+                    if i < len(st) and st[i] == e.address:
+                        seg = segs[e.device].pop(i)
+                        st.pop(i)
+                        if seg[3]:  # what is left of a pool segment is unused pool
+                            cat_size = ("unused_pool", cat_size[1])
+                elif e.kind == "block":
+                    seg = segment_of(e.device, e.address)
+                    if seg is not None and seg[3]:
+                        add(e.device, "unused_pool", ts, cat_size[1])
+                add(e.device, cat_size[0], ts, -cat_size[1])
         note = "from the recorded events"
     else:
         for a in allocs + peak_only:  # live at the end, or at the peak only (freed after it)
