@@ -135,13 +135,13 @@ def from_stream_ordered_pool(address: int) -> Optional[bool]:
     global _cu_pointer_get_attribute
     if _cu_pointer_get_attribute is None:
         try:
-            fn = ctypes.CDLL("libcuda.so.1").cuPointerGetAttribute
+            # Only the driver this process already loaded (RTLD_NOLOAD): never load it.
+            lib = ctypes.CDLL("libcuda.so.1", mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_LOCAL)
+            fn = lib.cuPointerGetAttribute
             fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64]
-        except (OSError, AttributeError):
-            fn = False
+        except (OSError, AttributeError):  # not loaded (yet): ask again next time
+            return None
         _cu_pointer_get_attribute = fn
-    if not _cu_pointer_get_attribute:
-        return None
     pool = ctypes.c_void_p()
     if _cu_pointer_get_attribute(ctypes.byref(pool), _CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, address) != 0:
         return None
