@@ -10,6 +10,7 @@ its peak snapshot in about a second on one core.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import operator
 import os
@@ -141,6 +142,7 @@ class LoadedTrace(TraceFile, Outputs):
         self._ts_cache: Optional[List[int]] = None
         self._derived: Optional[Dict[int, Dict[str, int]]] = None
         self._timeline_cache: Optional[List[tuple]] = None
+        self._blocks_cache: Optional[Dict[int, List[int]]] = None
 
     @classmethod
     def from_bytes(cls, data: bytes, path: Optional[str] = None, *,
@@ -157,9 +159,7 @@ class LoadedTrace(TraceFile, Outputs):
         too: find the recording's memviz folder from the frames that end in
         one of this memviz's own files, and hide it as this process hides its
         own."""
-        here = os.path.dirname(os.path.abspath(__file__))
-        own = {os.path.relpath(os.path.join(d, f), here).replace(os.sep, "/")
-               for d, _dirs, files in os.walk(here) for f in files if f.endswith(".py")}
+        here, own = _own_files()
         roots = set()
         for filename, _line, _name in self._frames:
             if not filename or "/memviz/" not in filename or filename.startswith(here + os.sep):
@@ -363,23 +363,25 @@ class LoadedTrace(TraceFile, Outputs):
         held one of PyTorch's blocks at some time in the trace: segments, even
         when none of their blocks is live then (as a live tracker remembers
         the segments PyTorch showed)."""
-        cands: Dict[int, List[Tuple[int, int]]] = {}
-        for a in snap.allocations:
-            if a.kind == "device":
-                cands.setdefault(a.device, []).append((a.address, a.address + a.size))
-        if not cands:
-            return set()
-        starts = {d: [c[0] for c in sorted(v)] for d, v in cands.items()}
-        ends = {d: [c[1] for c in sorted(v)] for d, v in cands.items()}
+        blocks = self._block_addresses()
         found = set()
-        for j in self._replay()["alloc_idx"]:
-            d = self._dev[j]
-            if self._kind[j] != _KIND_BLOCK or d not in starts:
-                continue
-            i = bisect.bisect_right(starts[d], self._addr[j]) - 1
-            if i >= 0 and self._addr[j] < ends[d][i]:
-                found.add((d, starts[d][i]))
+        for a in snap.allocations:
+            addrs = blocks.get(a.device) if a.kind == "device" else None
+            if addrs:
+                i = bisect.bisect_left(addrs, a.address)
+                if i < len(addrs) and addrs[i] < a.address + a.size:
+                    found.add((a.device, a.address))
         return found
+
+    def _block_addresses(self) -> Dict[int, List[int]]:
+        """{device: sorted addresses of every block the trace allocated} (once)."""
+        if self._blocks_cache is None:
+            per: Dict[int, set] = {}
+            for j in self._replay()["alloc_idx"]:
+                if self._kind[j] == _KIND_BLOCK:
+                    per.setdefault(self._dev[j], set()).add(self._addr[j])
+            self._blocks_cache = {d: sorted(v) for d, v in per.items()}
+        return self._blocks_cache
 
     # -- the Tracker reading API ------------------------------------------
 
@@ -583,6 +585,14 @@ def load(path: str, *, recover: bool = False) -> LoadedTrace:
             raise TraceError(f"cannot read the file: {e.strerror or e}", path,
                              hint="check the path and that you may read it") from e
     return LoadedTrace.from_bytes(data, path, recover=recover)
+
+
+@functools.lru_cache(maxsize=1)
+def _own_files() -> Tuple[str, frozenset]:
+    """This memviz's folder, and its Python files relative to it ("torch/allocator.py")."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return here, frozenset(os.path.relpath(os.path.join(d, f), here).replace(os.sep, "/")
+                           for d, _dirs, files in os.walk(here) for f in files if f.endswith(".py"))
 
 
 def _special_file(what: str, path: str) -> TraceError:
