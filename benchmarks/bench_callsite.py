@@ -37,7 +37,7 @@ def child():
 
     import torch.nn
     import torch.optim
-    from memviz import _callsite
+    from memviz.capture import callsite as _callsite
 
     sites = []
     for pkg in (torch.nn.modules, torch.optim):

@@ -8,7 +8,7 @@ in fresh processes, alternating:
 
 * ``off``: the plugin not loaded (``-p no:memviz``);
 * ``on``: the plugin loaded (its entry point when memviz is installed, else
-  ``-p memviz.pytest_plugin``), no marker used.
+  ``-p memviz.integrations.pytest_plugin``), no marker used.
 
 Prints one JSON object: per arm the wall times and the CPU times of the
 child (user+sys: steadier on a shared machine), each with median, spread
@@ -52,7 +52,7 @@ class TestGroup:
 
 def installed() -> bool:
     eps = importlib.metadata.entry_points(group="pytest11")
-    return any(ep.value == "memviz.pytest_plugin" for ep in eps)
+    return any(ep.value == "memviz.integrations.pytest_plugin" for ep in eps)
 
 
 def make_suite(folder: str, tests: int) -> None:
@@ -93,7 +93,7 @@ def main():
     a = ap.parse_args()
     global CACHE_BYTECODE
     CACHE_BYTECODE = not a.no_bytecode_cache
-    on_args = [] if installed() else ["-p", "memviz.pytest_plugin"]
+    on_args = [] if installed() else ["-p", "memviz.integrations.pytest_plugin"]
     arms = {"off": ["-p", "no:memviz"], "on": on_args}
     wall = {"off": [], "on": []}
     cpu = {"off": [], "on": []}
@@ -108,7 +108,7 @@ def main():
                 wall[arm].append(w)
                 cpu[arm].append(c)
     out = {"tests": a.tests, "rounds": a.rounds, "suite_summary": summary,
-           "plugin_loaded_by": "entry point" if installed() else "-p memviz.pytest_plugin",
+           "plugin_loaded_by": "entry point" if installed() else "-p memviz.integrations.pytest_plugin",
            "bytecode_cache": CACHE_BYTECODE, "python": sys.version.split()[0], "budget": 0.05}
     for name, times in (("wall", wall), ("cpu", cpu)):
         med = {k: statistics.median(v) for k, v in times.items()}

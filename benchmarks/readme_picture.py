@@ -50,7 +50,7 @@ def _browser(width, height):
 
 def _sample_meta(trace_path):
     """The sample's description (sample.json) when the trace is memviz's sample, else None."""
-    from memviz import _cli_run
+    from memviz.cli import run as _cli_run
 
     if os.path.realpath(trace_path) != os.path.realpath(SAMPLE):
         return None
@@ -62,7 +62,7 @@ def picture(trace_path, out, width=1280, height=1400, title=None):
     import memviz
     from memviz.report import html
 
-    from memviz import _cli_run
+    from memviz.cli import run as _cli_run
 
     trace = memviz.load(trace_path)
     meta = _sample_meta(trace_path)

@@ -1,5 +1,5 @@
 """How far memviz's own trace chunks inflate, by chunk kind (the reader's caps
-in memviz/_trace_parse.py must leave room for them).
+in memviz/trace/parse.py must leave room for them).
 
     python benchmarks/trace_ratios.py
 
@@ -24,7 +24,7 @@ sys.path[:0] = [os.path.join(HERE, ".."), HERE, os.path.join(HERE, "..", "tests"
 def ratios(path):
     import zlib
 
-    import memviz._trace as F
+    import memviz.trace.format as F
 
     data = open(path, "rb").read()
     pos, per = F.HEADER.size, collections.defaultdict(lambda: [0, 0, 0.0])

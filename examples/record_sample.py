@@ -155,7 +155,7 @@ def record(example, out_dir, machine=None, fake_cupti=False):
             sys.path.insert(0, os.path.join(ROOT, "tests"))
             from fake_cupti import FakeCupti, build
 
-            from memviz import _capture
+            from memviz.capture import cupti as _capture
 
             lib = build()
             os.environ[_capture.ENV_LIBRARY] = lib

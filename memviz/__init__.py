@@ -11,19 +11,19 @@ Quick start::
 See README.md for the command line (``python -m memviz run script.py``).
 """
 
-from ._errors import (AlreadyTracking, CaptureConflict, CaptureUnavailable, GraphNotRecorded, MemvizError,
-                      NotTracking, TraceError)
-from ._errors import InvalidArgument, InvalidArgumentType, OutputError
-from ._filters import DomainFilter, Filter
-from ._frames import FrameFilter, frames
-from ._snapshot import (Allocation, Frame, Snapshot, Statistic, StatisticDiff, ThreadInfo,
-                        Traceback)
-from ._tracker import (CaptureWarning, FailedAllocation, Tracker, active_tracker, available,
-                       capture_info, get_traced_memory, label, reset_peak, start, stop, track)
-from ._trace import load
-from ._units import format_size, parse_size
+from memviz._errors import AlreadyTracking, CaptureConflict, CaptureUnavailable, GraphNotRecorded, MemvizError, NotTracking, TraceError
+from memviz._errors import InvalidArgument, InvalidArgumentType, OutputError
+from memviz.model import display as _display
+from memviz.model.filters import DomainFilter, Filter
+from memviz.model.frame_filter import FrameFilter, frames
+from memviz.model.snapshot import Allocation, Snapshot, Statistic, StatisticDiff, ThreadInfo
+from memviz.model.traceback import Frame, Traceback
+from memviz.tracker import CaptureWarning, Tracker, available, capture_info, get_traced_memory, label, reset_peak, start, stop, track
+from memviz.model.snapshot import FailedAllocation
+from memviz.capture.running import active_tracker
+from memviz._units import format_size, parse_size
 
-__version__ = "0.1.0"
+from memviz._package import __version__
 
 __all__ = [
     "track", "start", "stop", "label", "available", "capture_info", "active_tracker",
@@ -35,12 +35,23 @@ __all__ = [
     "watch", "StepRecord", "diagnose", "Finding",
     "InvalidArgument", "InvalidArgumentType", "OutputError",
 ]
-from ._ipython import load_ipython_extension  # noqa: E402,F401  (%load_ext memviz)
+from memviz.integrations.ipython import load_ipython_extension  # noqa: E402,F401  (%load_ext memviz)
 
-_LAZY = {"diagnose": "_diagnose", "Finding": "_diagnose", "watch": "_steps", "StepRecord": "_steps"}
+_LAZY = {"load": "loaded", "diagnose": "analysis.diagnose", "Finding": "analysis.findings", "watch": "analysis.steps",
+         "StepRecord": "model.steps"}
 #: subpackages reachable as memviz.torch, memviz.report, ... after `import memviz`
 #: (memviz.torch imports no torch: PyTorch is imported only where it is used)
 _SUBPACKAGES = ("torch", "report", "export", "integrations")
+
+
+def _snapshot_html(snapshot):
+    """A Snapshot's notebook display (memviz/model/display.py): the report
+    floor is imported only when a snapshot is first shown."""
+    from memviz.report.html import snapshot_repr_html
+    return snapshot_repr_html(snapshot)
+
+
+_display.register("snapshot", _snapshot_html)
 
 
 def __getattr__(name):

@@ -24,11 +24,11 @@ __all__ = ["main", "COMMANDS"]
 
 #: command -> ("module" with main(argv, prog) -> int, or "module:function", one-line help)
 COMMANDS: Dict[str, Tuple[str, str]] = {
-    "run": ("memviz._cli_run",
+    "run": ("memviz.cli.run",
             "run a Python script (or -m module) under memviz and print a memory report"),
-    "report": ("memviz._cli_report",
+    "report": ("memviz.cli.report",
                "print the report of a .memviz trace file (text, json or html)"),
-    "diff": ("memviz._cli_diff",
+    "diff": ("memviz.cli.diff",
              "compare two .memviz traces of one script run two ways, side by side"),
 }
 
@@ -40,7 +40,7 @@ def _prog() -> str:
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    from . import __version__
+    from memviz._package import __version__
 
     parser = argparse.ArgumentParser(
         prog=prog,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, Optional
 
-from ._errors import InvalidArgument, InvalidArgumentType
+from memviz._errors import InvalidArgument, InvalidArgumentType
 
 __all__ = ["given", "whole", "flag", "choice", "path", "bad_value", "bad_type"]
 

@@ -10,10 +10,10 @@ import secrets
 import stat
 from typing import IO, Any, Iterable, Iterator, List, Optional
 
-from ._args import path as _path_arg
-from ._errors import OutputError
+from memviz._args import path as _path_arg
+from memviz._errors import OutputError
 
-__all__ = ["Outputs", "output_file", "write_output", "same_file", "refuse_inputs", "own_files"]
+__all__ = ["output_file", "write_output", "same_file", "refuse_inputs", "own_files"]
 
 
 def same_file(a: Any, b: Any) -> bool:
@@ -173,25 +173,3 @@ def write_output(path: Any, data: "str | bytes", what: str, **kwargs: Any) -> No
         f.write(data)
 
 
-class Outputs:
-    """Mixin: to_perfetto, to_torch_snapshot, to_html and notebook display,
-    for any object the exporters and the report read (Tracker, LoadedTrace)."""
-
-    def to_perfetto(self, path: str) -> None:
-        """Chrome trace JSON for Perfetto / chrome://tracing."""
-        from .export.perfetto import write
-        write(self, path)
-
-    def to_torch_snapshot(self, path: str) -> None:
-        """A pickle in torch.cuda.memory._dump_snapshot's format (PyTorch's memory_viz)."""
-        from .export.torch_snapshot import write
-        write(self, path)
-
-    def _repr_html_(self) -> str:
-        from .report.html import tracker_repr_html
-        return tracker_repr_html(self)
-
-    def to_html(self, path: str) -> str:
-        """Write the self-contained HTML report (works offline); returns the path."""
-        from .report.html import write
-        return write(self, path)

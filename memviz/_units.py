@@ -12,7 +12,7 @@ import re
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any
 
-from ._errors import InvalidArgument, InvalidArgumentType
+from memviz._errors import InvalidArgument, InvalidArgumentType
 
 __all__ = ["format_size", "parse_size", "escape_surrogates", "json_finite"]
 

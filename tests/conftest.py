@@ -12,7 +12,8 @@ if str(ROOT / "tests") not in sys.path:
     sys.path.insert(0, str(ROOT / "tests"))
 
 import memviz  # noqa: E402
-from memviz import _capture, _tracker  # noqa: E402
+from memviz.capture import cupti as _capture
+from memviz import tracker as _tracker  # noqa: E402
 
 
 def here() -> int:

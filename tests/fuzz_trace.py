@@ -47,7 +47,7 @@ from typing import Callable, List, Optional, Tuple
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from memviz import TraceError  # noqa: E402
-from memviz import _trace as F  # noqa: E402
+from memviz.trace import format as F  # noqa: E402
 
 Chunk = Tuple[int, bytes]  # (type byte, payload as stored)
 
@@ -177,10 +177,10 @@ def check(data: bytes, pipeline: bool = True) -> Optional[object]:
     (:class:`PipelineError`)."""
     import pickle
 
-    from memviz._cli_diff import diff_text
-    from memviz._cli_report import json_report
-    from memviz._report import text_report
-    from memviz._trace_load import LoadedTrace
+    from memviz.cli.diff import diff_text
+    from memviz.cli.report import json_report
+    from memviz.report.text import text_report
+    from memviz.loaded import LoadedTrace
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -505,8 +505,8 @@ def main() -> None:
     import atheris
 
     with atheris.instrument_imports():
-        import memviz._trace_load  # noqa: F401
-        import memviz._snapshot  # noqa: F401  (instrumented too)
+        import memviz.trace.reader  # noqa: F401
+        import memviz.model.snapshot  # noqa: F401  (instrumented too)
     dirs = [a for a in sys.argv[1:] if not a.startswith("-")]
     if dirs and os.path.isdir(dirs[0]) and not os.listdir(dirs[0]):
         for i, s in enumerate(seeds()):

@@ -238,7 +238,7 @@ def test_reports_say_which_route(standin, tmp_path):
     with memviz.track() as t:
         _attach(t, ans)
         x, _ = ans.alloc(4096)
-        from memviz._report import text_report
+        from memviz.report.text import text_report
         text = text_report(t, outside={})
         html = t.to_html(str(tmp_path / "r.html"))
         del x
@@ -282,7 +282,7 @@ def test_oom_report_takes_fragmentation_from_the_live_blocks(standin):
 
 
 def test_fragmentation_findings_carry_the_gaps_between_live_blocks(standin):
-    from memviz import _diagnose
+    from memviz.analysis import diagnose as _diagnose
 
     ans = standin()
     with memviz.track() as t:

@@ -15,7 +15,7 @@ import pytest
 
 import memviz
 from fake_cupti import CBID_cuMemAlloc_v2, CUDA_ERROR_OUT_OF_MEMORY
-from memviz import _callsite
+from memviz.capture import callsite as _callsite
 
 pytestmark = pytest.mark.skipif(sys.version_info < (3, 11),
                                 reason="column positions per instruction arrive in Python 3.11")
@@ -91,7 +91,7 @@ def test_names_survive_stop_traces_saves_and_failures(dbl, tmp_path):
 
 
 def test_report_lists_the_calls_at_the_peak(dbl):
-    from memviz._report import text_report
+    from memviz.report.text import text_report
 
     with memviz.track() as t:
         G.alloc(CB, 40 * KiB, 0, 0)

@@ -187,7 +187,8 @@ def test_threads_that_run_one_after_another_keep_their_names(fake):
 
 
 def test_names_of_ended_threads_are_pruned_but_not_those_in_use(fake, monkeypatch):
-    from memviz import _snapshot, _tracker
+    from memviz.model import snapshot as _snapshot
+    from memviz import tracker as _tracker
 
     monkeypatch.setattr(_tracker, "_SEEN_KEEP", 8)
     monkeypatch.setattr(_tracker, "_seen_prune_at", 8)
@@ -684,7 +685,7 @@ def test_a_plugin_that_fails_to_start_leaves_nothing_running(fake, monkeypatch):
     installed: conftest checks none are left), and CUPTI is unsubscribed."""
     import importlib.util
 
-    from memviz import _tracker
+    from memviz import tracker as _tracker
 
     class Boom:
         stopped = False

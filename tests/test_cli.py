@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 import memviz
-from memviz import _capture, _device
+from memviz.capture import cupti as _capture, device as _device
 from memviz.__main__ import main
-from memviz._report import GPU_OFF_SENTENCE, NO_GPU_SENTENCE, WIDTH, text_report
+from memviz.report.text import GPU_OFF_SENTENCE, NO_GPU_SENTENCE, WIDTH, text_report
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_GPU = _capture.gpu_present()[0]

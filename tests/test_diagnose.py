@@ -11,8 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 import memviz
-from memviz._diagnose import Finding, FindingLine, diagnose
-from memviz._steps import DeviceStep, GrowthLine, StepRecord
+from memviz.analysis.findings import Finding, FindingLine
+from memviz.analysis.diagnose import diagnose
+from memviz.model.steps import DeviceStep, GrowthLine, StepRecord
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -162,7 +163,7 @@ def test_counters_in_step_info_are_not_input_sizes():
                                  "batch_shape": (8, 512)})
     f, = run(recs)
     assert f.kind == "fragmentation"
-    from memviz._diagnose import _input_keys
+    from memviz.analysis.findings import _input_keys
     assert _input_keys(recs) == []
 
 

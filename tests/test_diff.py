@@ -1,4 +1,4 @@
-"""`memviz diff A B` (memviz/_cli_diff.py): two runs side by side.
+"""`memviz diff A B` (memviz/cli/diff.py): two runs side by side.
 
 Traces are recorded through the libcupti test double (and, for PyTorch's
 segments and blocks, the stand-in caching allocator of
@@ -15,7 +15,8 @@ import warnings
 import pytest
 
 import memviz
-import memviz._cli_diff as D
+import memviz.cli.diff as D
+import memviz.model.pytorch as P
 from conftest import ROOT, line_of
 from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
 
@@ -248,7 +249,7 @@ def test_odd_recorded_figures_are_left_out(fake, tmp_path, monkeypatch, capsys):
                  "fragmentation": [1, 2], "memory_stats": {"reserved_peak": 9 * MiB, "allocated_peak": "x"},
                  "route": 7},
            "zz": {"categories": {"parameter": 1}}, "1": 7}
-    monkeypatch.setattr(D, "pytorch_figures", lambda tracker: odd)
+    monkeypatch.setattr(P, "pytorch_figures", lambda tracker: odd)
     record(fake, tmp_path / "a.memviz")
     record(fake, tmp_path / "b.memviz", workspace=0)
     assert D.main([str(tmp_path / "a.memviz"), str(tmp_path / "b.memviz"), "--json"]) == 0
@@ -263,7 +264,7 @@ def test_odd_recorded_figures_are_left_out(fake, tmp_path, monkeypatch, capsys):
 def test_pytorchs_peaks_from_the_step_records_where_the_trace_has_no_memory_stats(fake, tmp_path, monkeypatch):
     """A trace without PyTorch's own figures at the end, but with step records
     (which carry PyTorch's allocated, reserved and allocated peak)."""
-    import memviz._steps as steps
+    import memviz.analysis.steps as steps
 
     numbers = {"a": [(10, 40, 30), (10, 70, 50), (10, 60, 35)], "b": [(10, 20, 25), (10, 30, 28)]}
     for name, per_step in numbers.items():
@@ -292,8 +293,8 @@ def test_diff_of_mutated_traces_raises_only_memviz_errors():
     import time
 
     import fuzz_trace
-    from memviz import _trace as F
-    from memviz._trace_load import LoadedTrace
+    from memviz.trace import format as F
+    from memviz.loaded import LoadedTrace
 
     figures = {"0": {"categories": {"parameter": 4 * MiB, "activation": 9 * MiB},
                      "category_counts": {"parameter": 2, "activation": 3},
@@ -308,7 +309,7 @@ def test_diff_of_mutated_traces_raises_only_memviz_errors():
         for ctype, payload in chunks:
             if ctype & F.KIND_MASK == F.END:
                 end = json.loads(fuzz_trace._payload(ctype, payload)[0])
-                end[D.END_KEY] = figures
+                end[P.END_KEY] = figures
                 ctype, payload = F.END, json.dumps(end).encode()
             out.append((ctype, payload))
         return fuzz_trace.join(head, out, tail)
@@ -323,7 +324,7 @@ def test_diff_of_mutated_traces_raises_only_memviz_errors():
 
     seeds = [with_figures(d) for d in fuzz_trace.seeds()]
     loaded_seeds = [load(d) for d in seeds]
-    assert all(t is not None and D.END_KEY in t.end for t in loaded_seeds)
+    assert all(t is not None and P.END_KEY in t.end for t in loaded_seeds)
     rnd, runs, stop = random.Random(0), 0, time.monotonic() + float(os.environ.get("MEMVIZ_FUZZ_SECONDS", "20")) / 4
     while time.monotonic() < stop or runs < 20:
         k = rnd.randrange(len(seeds))
@@ -398,11 +399,11 @@ def test_segments_and_categories_are_the_recording_trackers(standin, tmp_path, m
     peaks = {}
     ans = standin()  # one stand-in library for both runs: memviz attaches to one allocator
     for name, holes in (("a", True), ("b", False)):
-        monkeypatch.setattr(D, "_memory_stats", lambda name=name: {0: stats[name]})
+        monkeypatch.setattr(P, "_memory_stats", lambda name=name: {0: stats[name]})
         with memviz.track(trace=str(tmp_path / f"{name}.memviz")) as t:
             pool_run(ans, t, holes)
         peaks[name] = t.peak_snapshot(0)
-        figures[name] = D.pytorch_figures(t)
+        figures[name] = P.pytorch_figures(t)
     a, b = memviz.load(str(tmp_path / "a.memviz")), memviz.load(str(tmp_path / "b.memviz"))
     (dev,) = D.compare(a, b)["devices"]
     f = dev["figures"]
@@ -429,7 +430,7 @@ def test_segments_and_categories_are_the_recording_trackers(standin, tmp_path, m
 def test_segments_rebuilt_from_the_events_without_recorded_figures(standin, tmp_path, monkeypatch):
     """A trace without END figures (an older memviz): the segment figures come
     from the blocks and segments in the events, every byte once in the lines."""
-    monkeypatch.setattr(D, "pytorch_figures", lambda tracker: {})
+    monkeypatch.setattr(P, "pytorch_figures", lambda tracker: {})
     ans = standin()
     for name, holes in (("a", True), ("b", False)):
         with memviz.track(trace=str(tmp_path / f"{name}.memviz")) as t:

@@ -1,4 +1,4 @@
-"""Tests for memviz._frames (which frame is the user's line)."""
+"""Tests for memviz.model.frame_filter (which frame is the user's line)."""
 
 import os
 import sysconfig
@@ -6,9 +6,10 @@ import types
 
 import pytest
 
-import memviz._frames as frames_mod
-from memviz._frames import FrameFilter, frames as default_frames
-from memviz._snapshot import Frame
+import memviz.model.frame_filter as frames_mod
+from memviz._package import PACKAGE_DIR
+from memviz.model.frame_filter import FrameFilter, frames as default_frames
+from memviz.model.traceback import Frame
 
 STDLIB = sysconfig.get_paths()["stdlib"]
 PURELIB = sysconfig.get_paths()["purelib"]
@@ -42,8 +43,9 @@ def test_stdlib_site_packages_and_user(flt):
 
 def test_memviz_package_is_library(flt):
     assert flt.is_library(frames_mod.__file__)
-    pkg_dir = os.path.dirname(frames_mod.__file__)
-    assert flt.is_library(os.path.join(pkg_dir, "_snapshot.py"))
+    pkg_dir = PACKAGE_DIR
+    assert flt.is_library(os.path.join(pkg_dir, "tracker.py"))
+    assert flt.is_library(os.path.join(pkg_dir, "model", "snapshot.py"))
     # ...but a sibling directory whose name merely starts the same is not.
     assert not flt.is_library(pkg_dir + "_extras/foo.py")
 

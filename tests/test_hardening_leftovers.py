@@ -17,8 +17,8 @@ import pytest
 
 import memviz
 from fake_cupti import CBID_cuMemAlloc_v2
-from memviz._cli_diff import diff_main, diff_text
-from memviz._cli_report import main as report_main
+from memviz.cli.diff import diff_main, diff_text
+from memviz.cli.report import main as report_main
 from test_pytest_plugin import GPU, run  # (imports torch once, before pytester's inner runs)
 
 pytest_plugins = ["pytester"]
@@ -100,7 +100,7 @@ def test_step_files_write_nan_as_null_and_perfetto_stays_json(fake, tmp_path):
 
 
 def test_pytest_summary_escapes_file_names_that_are_not_utf8(fake):
-    from memviz import pytest_plugin
+    from memviz.integrations import pytest_plugin
 
     lines = []
     rep = type("TR", (), {"write_sep": lambda self, *a, **k: None,
@@ -244,7 +244,7 @@ def test_a_step_file_already_written_is_refused_for_another_sink(fake, tmp_path)
 
 
 def test_framework_callbacks_check_and_survive_their_step_files(fake, tmp_path):
-    from memviz.integrations import StepCallbackCore
+    from memviz.integrations.callbacks import StepCallbackCore
 
     with pytest.raises(memviz.OutputError, match="the csv step file.*jsonl step file"):
         StepCallbackCore(jsonl=tmp_path / "s", csv=tmp_path / "s")

@@ -24,7 +24,8 @@ import pytest
 
 import memviz
 from fake_cupti import CBID_cuMemAlloc_v2
-from memviz import _capture, _outputs
+from memviz.capture import cupti as _capture
+from memviz import _outputs
 from memviz.report import html
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -350,7 +351,7 @@ def test_run_refuses_unwritable_outputs_before_the_script_runs(tmp_path, script)
 def test_run_checks_permissions_before_the_script_runs(tmp_path, monkeypatch):
     """The same checks in-process, with os.access answering as for a user
     without the right (root passes every access check)."""
-    from memviz._cli_run import UsageError, _check_report_file
+    from memviz.cli.run import UsageError, _check_report_file
 
     (tmp_path / "locked").mkdir()
     (tmp_path / "ro.txt").write_text("keep")

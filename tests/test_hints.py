@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 import memviz
-from memviz import _capture, _tracker
+from memviz.capture import cupti as _capture
+from memviz import tracker as _tracker
 from conftest import here
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,8 +83,8 @@ def _message_strings():
             if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
                     and id(node) not in parts_of_fstrings):
                 out.append((node.value, f"{path.relative_to(ROOT)}:{node.lineno}"))
-    from memviz import _ipython
-    out.append((_ipython.__doc__, "memviz/_ipython.py (the magic's help)"))
+    from memviz.integrations import ipython as _ipython
+    out.append((_ipython.__doc__, "memviz/integrations/ipython.py (the magic's help)"))
     return out
 
 
@@ -189,7 +190,7 @@ def test_every_tracker_method_named_in_a_message_exists():
 
 
 def test_every_command_line_named_in_a_message_has_those_options():
-    from memviz import _cli_diff, _cli_report, _cli_run
+    from memviz.cli import diff as _cli_diff, report as _cli_report, run as _cli_run
 
     _, cli, _, _ = _snippets()
     parsers = {"run": _cli_run.build_parser(), "report": _cli_report.report_parser(),
@@ -302,7 +303,7 @@ def test_the_magics_capture_warning_says_no_gpu(no_gpu):
 
 
 def test_the_callbacks_capture_warning_does_not_offer_an_option_they_lack(no_gpu):
-    from memviz.integrations import StepCallbackCore
+    from memviz.integrations.callbacks import StepCallbackCore
 
     core = StepCallbackCore()
     with warnings.catch_warnings(record=True) as w:
@@ -344,7 +345,7 @@ def test_incomplete_trace_warning_points_at_the_users_load(tmp_path, fake):
 
 
 def test_diagnose_rule_failure_warning_points_at_the_users_call(fake, monkeypatch):
-    from memviz import _diagnose_rules
+    from memviz.analysis import rules as _diagnose_rules
 
     def broken(*args):
         raise ValueError("test")

@@ -298,7 +298,7 @@ def test_real_step_records_and_findings(fake, tmp_path):
 def test_diagnose_that_fails_or_is_missing_does_not_break_the_report(run):
     class Broken(StubTrace):
         def diagnose(self):
-            raise ImportError("no module named memviz._diagnose")
+            raise ImportError("no module named memviz.analysis.diagnose")
 
     d = embedded_data(render(Broken(run)))
     assert d["findings"] is None and "not available" in d["findings_note"]
@@ -527,7 +527,7 @@ def test_html_report_of_the_deepest_stacks(fake, tmp_path):
     try:
         page = render(t)
         page.encode("utf-8")
-        text = memviz._report.text_report(t, outside={})
+        text = memviz.report.text.text_report(t, outside={})
     finally:
         _sys.setrecursionlimit(old)
     d = embedded_data(page)

@@ -322,7 +322,7 @@ def test_hf_wrapped_train_keeps_its_result_and_signature(fake, frameworks):
 # transformers 5 (trainer.py, Trainer.log): `state.log_history.append({**logs, "step": ...})`,
 # then `callback_handler.on_log(args, state, control, logs)`, the report_to callbacks first.
 
-from memviz.integrations import step_metrics  # noqa: E402
+from memviz.integrations.callbacks import step_metrics  # noqa: E402
 
 
 class CaptureLogger:

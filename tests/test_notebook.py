@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import memviz
-from memviz import _ipython
+from memviz.integrations import ipython as _ipython
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 import memviz
-from memviz import _capture, _cli_run
+from memviz.capture import cupti as _capture
+from memviz.cli import run as _cli_run
 from memviz._errors import TraceError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -79,7 +79,7 @@ def test_explicit_library_that_does_not_load(tmp_path):
 
 def test_no_gpu_warns_once_and_still_tracks(monkeypatch):
     r, p = run("""
-        from memviz import _capture
+        from memviz.capture import cupti as _capture
         _capture.gpu_present = lambda: (False, "no NVIDIA driver or GPU found (test)")
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
@@ -203,7 +203,7 @@ def test_forked_child_of_a_capturing_parent_tracks_without_gpu_and_says_why(fake
                 with memviz.label("in the child"):
                     fake.alloc(CBID_cuMemAlloc_v2, 1 << 20)
                 rec = t.step()
-        from memviz._report import text_report
+        from memviz.report.text import text_report
         report = text_report(t)
         info = memviz.capture_info()
         return {"gpu": t.gpu_enabled, "why": t.gpu_off_reason, "totals": t.totals(),

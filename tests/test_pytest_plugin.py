@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from memviz import _capture
+from memviz.capture import cupti as _capture
 
 try:  # import torch here, once: pytester's in-process runs drop modules first
     import torch  # noqa: F401  imported inside them, and torch cannot be imported twice
@@ -25,12 +25,12 @@ def _installed() -> bool:
         eps = importlib.metadata.entry_points(group="pytest11")
     except TypeError:  # pragma: no cover - Python 3.9 API
         eps = importlib.metadata.entry_points().get("pytest11", [])
-    return any(ep.value == "memviz.pytest_plugin" for ep in eps)
+    return any(ep.value == "memviz.integrations.pytest_plugin" for ep in eps)
 
 
 #: the plugin is active through its entry point once memviz is installed;
 #: from a source checkout load it by name (both at once would register it twice)
-PLUGIN = [] if _installed() else ["-p", "memviz.pytest_plugin"]
+PLUGIN = [] if _installed() else ["-p", "memviz.integrations.pytest_plugin"]
 #: other installed plugins only slow the inner runs down
 QUIET = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:benchmark"]
 
@@ -83,7 +83,7 @@ def test_b():
 def test_no_per_test_hooks_without_markers(pytester):
     src = """
 def test_plain(request):
-    assert request.config.pluginmanager.has_plugin("memviz.pytest_plugin") or \\
+    assert request.config.pluginmanager.has_plugin("memviz.integrations.pytest_plugin") or \\
         request.config.pluginmanager.has_plugin("memviz")
     assert not request.config.pluginmanager.has_plugin("memviz-runner")
 """

@@ -1,4 +1,4 @@
-"""Tests for memviz._snapshot, using synthetic raw rows (no memviz._core)."""
+"""Tests for memviz.model.snapshot, using synthetic raw rows (no memviz._core)."""
 
 import os
 import sysconfig
@@ -7,11 +7,9 @@ import time
 
 import pytest
 
-from memviz._frames import FrameFilter
-from memviz._snapshot import (
-    Allocation, Frame, Snapshot, Statistic, StatisticDiff, ThreadInfo, Traceback,
-    snapshot_from_raw,
-)
+from memviz.model.frame_filter import FrameFilter
+from memviz.model.snapshot import Allocation, Snapshot, Statistic, StatisticDiff, ThreadInfo, snapshot_from_raw
+from memviz.model.traceback import Frame, Traceback
 
 MiB, GiB = 1 << 20, 1 << 30
 PURELIB = sysconfig.get_paths()["purelib"]
@@ -287,7 +285,7 @@ def test_traceback_format():
     lines = tb.format()
     assert lines[0] == '  File "/x/outer.py", line 9, in outer'
     assert lines[1] == f'  File "{__file__}", line 1, in inner'
-    assert lines[2] == '    """Tests for memviz._snapshot, using synthetic raw rows (no memviz._core)."""'
+    assert lines[2] == '    """Tests for memviz.model.snapshot, using synthetic raw rows (no memviz._core)."""'
     assert tb.format(most_recent_first=True)[0] == f'  File "{__file__}", line 1, in inner'
     assert tb.format(limit=1) == lines[1:]
     assert tb.format(limit=-1) == lines[:1]

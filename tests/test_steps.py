@@ -16,15 +16,15 @@ import pytest
 import memviz
 from conftest import here
 from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
-from memviz import _steps
-from memviz._steps import StepRecord
+from memviz.analysis import steps as _steps
+from memviz.model.steps import StepRecord
 
 MiB = 1 << 20
 THIS = os.path.abspath(__file__)
 
 
 def add_sinks(t, **sinks):
-    """tracker.on_step(...) once the Tracker delegates it; memviz._steps.on_step otherwise."""
+    """tracker.on_step(...) once the Tracker delegates it; memviz.analysis.steps.on_step otherwise."""
     if hasattr(t, "on_step"):
         return t.on_step(**sinks)
     return _steps.on_step(t, **sinks)
@@ -362,7 +362,7 @@ def test_integrations_say_what_to_install(monkeypatch):
 
 
 def test_batch_shape_of_common_batches():
-    from memviz.integrations import batch_shape
+    from memviz.integrations.callbacks import batch_shape
 
     x = SimpleNamespace(shape=(2, 3))
     assert batch_shape(x) == batch_shape([x, 1]) == batch_shape({"input_ids": x, "y": 1}) == (2, 3)

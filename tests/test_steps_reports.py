@@ -18,9 +18,9 @@ import pytest
 import memviz
 from conftest import line_of
 from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
-from memviz import _capture
-from memviz._cli_report import json_report, main as report_main
-from memviz._report import WIDTH, step_summary, text_report
+from memviz.capture import cupti as _capture
+from memviz.cli.report import json_report, main as report_main
+from memviz.report.text import WIDTH, step_summary, text_report
 from memviz.report import render, tracker_repr_html
 
 MiB = 1 << 20

@@ -22,8 +22,9 @@ import pytest
 import memviz
 from fake_cupti import (CBID_cuMemAlloc_v2, CBID_cuMemAllocHost_v2, CBID_cuMemFree_v2,
                         CUDA_ERROR_OUT_OF_MEMORY)
-from memviz import _trace as F
-from memviz._trace_load import LoadedTrace
+from memviz.trace import format as F
+from memviz.loaded import LoadedTrace
+from memviz.trace.writer import TraceWriter
 
 MiB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,7 +142,7 @@ def test_steps_are_stored(fake, tmp_path):
     with memviz.track(trace=str(path), torch=False) as t:
         fake.alloc(CBID_cuMemAlloc_v2, MiB)
         t.steps.append({"index": 0, "note": "a plain dict"})
-        t.writer = next(p for p in t._plugins if isinstance(p, F.TraceWriter))
+        t.writer = next(p for p in t._plugins if isinstance(p, TraceWriter))
         t.writer.flush()
         t.steps.append(object())  # unknown: stored by its attributes / repr
     loaded = memviz.load(path)
@@ -197,7 +198,7 @@ def test_writer_failure_never_reaches_the_program(fake, tmp_path, monkeypatch):
     with pytest.warns(F.TraceWarning, match="RuntimeError: disk on fire"):
         with memviz.track(trace=str(path), torch=False) as t:
             fake.alloc(CBID_cuMemAlloc_v2, MiB)
-            writer = next(p for p in t._plugins if isinstance(p, F.TraceWriter))
+            writer = next(p for p in t._plugins if isinstance(p, TraceWriter))
             writer.flush()
 
             def boom():
@@ -237,7 +238,7 @@ def good_trace(fake, tmp_path):
     with memviz.track(trace=str(path), torch=False) as t:
         for k in range(3):
             fake.alloc(CBID_cuMemAlloc_v2, (k + 1) * MiB)
-            next(p for p in t._plugins if isinstance(p, F.TraceWriter)).flush()
+            next(p for p in t._plugins if isinstance(p, TraceWriter)).flush()
         fake.alloc(CBID_cuMemAlloc_v2, 1 << 40, result=CUDA_ERROR_OUT_OF_MEMORY)
     return path.read_bytes()
 
@@ -382,7 +383,7 @@ def test_sigkill_leaves_a_loadable_trace(fake_path, tmp_path):
 
 
 def cli(*args, cwd, env=None, timeout=120):
-    full = {k: v for k, v in os.environ.items() if k != memviz._capture.ENV_LIBRARY}
+    full = {k: v for k, v in os.environ.items() if k != memviz.capture.cupti.ENV_LIBRARY}
     full["PYTHONPATH"] = os.pathsep.join([str(ROOT), full.get("PYTHONPATH", "")])
     full.update(env or {})
     return subprocess.run([sys.executable, "-m", "memviz", *args], cwd=cwd, env=full,
@@ -398,7 +399,7 @@ def test_cli_run_with_output_then_report_and_diff(fake_path, tmp_path):
         weights = lib.fake_alloc(CBID_cuMemAlloc_v2, {size} << 20, 0, 0)
         lib.fake_alloc(CBID_cuMemAlloc_v2, 1 << 40, 0, 2)
     """
-    env = {memviz._capture.ENV_LIBRARY: fake_path}
+    env = {memviz.capture.cupti.ENV_LIBRARY: fake_path}
     for name, size in (("a", 64), ("b", 256)):
         (tmp_path / f"{name}.py").write_text(textwrap.dedent(body.format(
             tests=str(ROOT / "tests"), fake=fake_path, size=size)))

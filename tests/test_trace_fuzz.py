@@ -24,7 +24,8 @@ import pytest
 
 import fuzz_trace
 import memviz
-from memviz import _trace as F
+import memviz.loaded
+from memviz.trace import format as F
 
 ROOT = Path(__file__).resolve().parents[1]
 SECONDS = float(os.environ.get("MEMVIZ_FUZZ_SECONDS", "20"))
@@ -180,13 +181,13 @@ CRAFTED = [
 def test_a_crafted_field_is_a_trace_error_naming_the_chunk_and_field(kind, change, message):
     data = _with(kind, change)
     with pytest.raises(memviz.TraceError, match=message) as e:
-        memviz._trace_load.LoadedTrace.from_bytes(data, "crafted.memviz")
+        memviz.loaded.LoadedTrace.from_bytes(data, "crafted.memviz")
     assert "crafted.memviz" in str(e.value) and " at byte " in str(e.value)
     if kind == F.META:  # nothing comes before the header
         return
     with warnings.catch_warnings():  # recover=True keeps what came before it
         warnings.simplefilter("ignore")
-        t = memviz._trace_load.LoadedTrace.from_bytes(data, "crafted.memviz", recover=True)
+        t = memviz.loaded.LoadedTrace.from_bytes(data, "crafted.memviz", recover=True)
     assert t.truncated and f"the {F.CHUNK_NAMES[kind]} chunk is invalid" in t.error
     assert fuzz_trace.check(data[:-1] + b"\x01") is not None  # and the rest works
 

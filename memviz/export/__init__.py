@@ -10,6 +10,6 @@ Both take a :class:`~memviz.Tracker` (running or stopped) or a loaded trace;
 ``Tracker.to_perfetto(path)`` and ``Tracker.to_torch_snapshot(path)`` call them.
 """
 
-from . import perfetto, torch_snapshot
+from memviz.export import perfetto, torch_snapshot
 
 __all__ = ["perfetto", "torch_snapshot"]

@@ -25,10 +25,10 @@ import json
 import os
 from typing import Any, Dict, Iterator, List, Optional, TextIO
 
-from .._snapshot import innermost_first
-from .._units import escape_surrogates, format_size
-from ..report import _source as src
-from ..report._data import category_series
+from memviz.model.traceback import innermost_first
+from memviz._units import escape_surrogates, format_size
+from memviz.report import _source as src
+from memviz.report._data import category_series
 
 __all__ = ["write", "events"]
 
@@ -204,7 +204,7 @@ def write(tracker: Any, path: "str | os.PathLike[str]") -> int:
     Open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing.
     Returns the number of trace events written. Raises :class:`memviz.OutputError`
     (an OSError) when ``path`` cannot be written; an existing file stays as it was."""
-    from .._outputs import output_file, own_files
+    from memviz._outputs import output_file, own_files
 
     with output_file(path, "the Perfetto trace", inputs=own_files(tracker)) as f:
         return _dump(tracker, f)

@@ -30,7 +30,7 @@ import os
 import pickle
 from typing import Any, Dict, List, Mapping, Tuple
 
-from ..report import _source as src
+from memviz.report import _source as src
 
 __all__ = ["build", "write"]
 
@@ -188,7 +188,7 @@ def write(tracker: Any, path: "str | os.PathLike[str]") -> Dict[str, Any]:
     page, or ``python -m torch.cuda._memory_viz trace_plot FILE -o out.html``).
     Returns what :func:`build` returned. Raises :class:`memviz.OutputError`
     (an OSError) when ``path`` cannot be written; an existing file stays as it was."""
-    from .._outputs import output_file, own_files
+    from memviz._outputs import output_file, own_files
 
     data = build(tracker)
     with output_file(path, "the torch snapshot", binary=True, inputs=own_files(tracker)) as f:

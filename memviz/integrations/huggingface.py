@@ -44,7 +44,7 @@ import functools
 import sys
 from typing import Any
 
-from . import CoreViews, StepCallbackCore
+from memviz.integrations.callbacks import CoreViews, StepCallbackCore
 
 try:
     from transformers import TrainerCallback

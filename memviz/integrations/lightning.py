@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import CoreViews, StepCallbackCore, batch_shape
+from memviz.integrations.callbacks import CoreViews, StepCallbackCore, batch_shape
 
 try:
     from lightning.pytorch.callbacks import Callback

@@ -16,9 +16,10 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from .._report import _short_path
-from .._snapshot import _SIMPLE_KEYS, innermost_first
-from . import _source as src
+from memviz.report.text import _short_path
+from memviz.model.snapshot import _SIMPLE_KEYS
+from memviz.model.traceback import innermost_first
+from memviz.report import _source as src
 
 __all__ = ["collect"]
 
@@ -393,11 +394,11 @@ def _step_plot(obj: Any, rows: List[Dict[str, Any]], points: int = STEP_PLOT_POI
                ) -> Optional[Dict[str, Any]]:
     """Memory per step for the steps view: ``{"steps": [index, ...], "bucket":
     steps per point, "devices": [{"device", "name", "series": {name: [bytes or
-    None per step]}}], "summary": memviz._report.step_summary()}``; series
+    None per step]}}], "summary": memviz.report.text.step_summary()}``; series
     are current and peak (memviz's) and allocated/reserved (PyTorch's) where
     the steps have them. More than ``points`` steps are drawn in buckets of
     consecutive steps, each the highest of its steps."""
-    from .._report import STEP_SERIES, step_records, step_summary
+    from memviz.report.text import STEP_SERIES, step_records, step_summary
 
     recs = step_records(obj)
     devices: List[Dict[str, Any]] = []

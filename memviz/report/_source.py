@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
-from .._snapshot import KIND_NAMES, innermost_first
-from .._units import format_size
+from memviz.model.snapshot import KIND_NAMES
+from memviz.model.traceback import innermost_first
+from memviz._units import format_size
 
 __all__ = ["Event", "events", "steps", "findings", "normalize_finding", "time_range",
            "device_name", "where", "frame_dicts", "downsample", "call", "is_bytes_key"]
@@ -100,31 +100,14 @@ def _normalize(ev: Any) -> Optional[Event]:
 
 
 def events(obj: Any) -> Optional[Iterator[Event]]:
-    """The object's allocation events as :class:`Event`, in order; None when
-    it keeps none (a plain Tracker keeps totals, not a history).
-
-    A stopped Tracker that streamed a trace file (``track(trace=path)``) is
-    read back through ``memviz.load`` when that is available."""
+    """The recording's allocation events (``obj.events()``, see
+    memviz/model/recording.py) as :class:`Event`, in order; None when it keeps
+    none (a Tracker without a streamed trace keeps totals, not a history)."""
     fn = getattr(obj, "events", None)
-    if not callable(fn):
-        from .._tracker import Tracker
-        path = getattr(obj, "trace_path", None)
-        if (not isinstance(obj, Tracker) or not path or obj.running
-                or not os.path.exists(path)):
-            return None
-        try:
-            from .._trace_load import LoadedTrace, load
-        except ImportError:
-            return None
-        if not callable(getattr(LoadedTrace, "events", None)):
-            return None  # the reader keeps no event history: do not read the file for nothing
-        try:
-            fn = load(path).events
-        except Exception:  # noqa: BLE001 - an unreadable file: no history
-            return None
-        if not callable(fn):
-            return None
-    return (e for e in (_normalize(raw) for raw in fn()) if e is not None)
+    raw = fn() if callable(fn) else None
+    if raw is None:
+        return None
+    return (e for e in (_normalize(r) for r in raw) if e is not None)
 
 
 def call(obj: Any, name: str, *args: Any, default: Any = None) -> Any:
@@ -361,7 +344,7 @@ def normalize_finding(f: Any) -> Dict[str, Any]:
     if isinstance(lines, (str, bytes, Mapping)) or not isinstance(lines, Iterable):
         lines = [lines]
     nums = {str(k): (v if _number(v) else str(v)) for k, v in numbers.items()}
-    from .._report import finding_steps
+    from memviz.report.text import finding_steps
     device = numbers.get("device")
     return {
         "kind": str(d.get("kind") or "finding"),

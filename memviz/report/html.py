@@ -25,11 +25,11 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Iterable, List, Optional
 
-from .._args import given
-from .._errors import InvalidArgument, InvalidArgumentType
-from .._report import _short_path
-from .._units import escape_surrogates, format_size
-from . import _data, _source as src
+from memviz._args import given
+from memviz._errors import InvalidArgument, InvalidArgumentType
+from memviz.report.text import _short_path
+from memviz._units import escape_surrogates, format_size
+from memviz.report import _data, _source as src
 
 __all__ = ["render", "write", "tracker_repr_html", "snapshot_repr_html", "findings_repr_html",
            "json_for_script"]
@@ -211,7 +211,7 @@ def render(tracker_or_trace: Any, title: Optional[str] = None) -> str:
     data, heights = _clean(_data.collect(tracker_or_trace, title))
     js = _asset("report.js")
     digest = base64.b64encode(hashlib.sha256(js.encode("utf-8")).digest()).decode("ascii")
-    from .. import __version__
+    from memviz._package import __version__
     return _PAGE.format(
         title=html.escape(data["meta"]["title"]), version=html.escape(__version__),
         script_hash=f"sha256-{digest}", css=_asset("report.css"), data=_script_json(data, heights),
@@ -224,7 +224,7 @@ def write(tracker_or_trace: Any, path: "str | os.PathLike[str]", title: Optional
     Written to a temporary file in the same folder, then renamed over
     ``path``; raises :class:`memviz.OutputError` (an OSError) saying why and
     what to do when it cannot be written, leaving an existing file as it was."""
-    from .._outputs import own_files, write_output
+    from memviz._outputs import own_files, write_output
 
     page = render(tracker_or_trace, title)
     write_output(path, page, "the HTML report", inputs=own_files(tracker_or_trace))
@@ -398,7 +398,7 @@ def _step_svg(plot: dict, dv: dict, found: List[dict], width: int = 420, height:
 def _steps_view(obj: Any) -> str:
     """The notebook view's steps (a summary table, memory per step with the
     findings' steps shaded) and findings; "" when there are no steps."""
-    from .._report import STEP_SERIES, step_series_label, step_summary
+    from memviz.report.text import STEP_SERIES, step_series_label, step_summary
 
     summary = step_summary(obj)
     rows = src.steps(obj)

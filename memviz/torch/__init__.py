@@ -8,8 +8,8 @@ tensors autograd graphs keep, and an out-of-memory inside ``track()`` leaves
 stream-ordered pool so every tensor is seen.
 """
 
-from .graph import GraphRecorder, SavedRecord
-from .oom import OomReport
-from .precise import PreciseModeTooLate
+from memviz.torch.graph import GraphRecorder, SavedRecord
+from memviz.torch.oom import OomReport
+from memviz.torch.precise import PreciseModeTooLate
 
 __all__ = ["GraphRecorder", "SavedRecord", "OomReport", "PreciseModeTooLate"]

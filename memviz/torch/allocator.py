@@ -22,7 +22,7 @@ import os
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import _core
+from memviz import _core
 
 __all__ = ["HOLDER", "TorchAnswers", "Route", "attach", "detach", "last_route"]
 
@@ -83,8 +83,8 @@ class TorchAnswers:
         handle.record_stream(self._stream())
 
     def view(self):
-        """PyTorch's own segments and blocks now (memviz.torch.segments)."""
-        from .segments import torch_view
+        """PyTorch's own segments and blocks now (memviz.model.segments)."""
+        from memviz.model.segments import torch_view
         return torch_view(self.torch)
 
     def stream_use_holds(self, make) -> bool:

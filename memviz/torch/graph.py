@@ -26,13 +26,14 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
-from .._frames import frames as _default_filter
-from .._snapshot import Frame
-from .._units import format_size
+from memviz._package import PACKAGE_DIR
+from memviz.model.frame_filter import frames as _default_filter
+from memviz.model.traceback import Frame
+from memviz._units import format_size
 
 __all__ = ["SavedRecord", "GraphRecorder", "Holder", "holders", "describe_holders", "keep_line"]
 
-_MEMVIZ_DIR = __file__.rsplit("/", 2)[0]
+_MEMVIZ_DIR = PACKAGE_DIR
 
 
 @dataclass

@@ -30,12 +30,13 @@ import threading
 import weakref
 from typing import Any, Dict, Optional
 
-from .. import _core
-from .._snapshot import Frame, Snapshot, decode_label, encode_node_label, innermost_first
-from . import allocator as _alloc
-from . import precise as _precise
-from . import segments as _segments
-from .graph import GraphRecorder
+from memviz import _core
+from memviz.model.traceback import Frame, innermost_first
+from memviz.model.snapshot import Snapshot, decode_label, encode_node_label
+from memviz.torch import allocator as _alloc
+from memviz.torch import precise as _precise
+from memviz.model import segments as _segments
+from memviz.torch.graph import GraphRecorder
 
 __all__ = ["attach", "TorchIntegration"]
 
@@ -678,7 +679,7 @@ class TorchIntegration:
     # -- out of memory -----------------------------------------------------
 
     def _on_oom(self, device, alloc, device_total, device_free) -> None:
-        from .oom import capture_oom
+        from memviz.torch.oom import capture_oom
 
         tracker = self._tracker()
         if tracker is not None:

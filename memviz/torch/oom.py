@@ -7,9 +7,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from .._callsite import call_name
-from .._units import format_size
-from .graph import _MEMVIZ_DIR, user_line
+from memviz.capture.callsite import call_name
+from memviz._units import format_size
+from memviz.torch.graph import _MEMVIZ_DIR, user_line
 
 __all__ = ["OomReport", "capture_oom", "from_failure"]
 
@@ -82,7 +82,7 @@ def _fill(report: OomReport, snap) -> None:
 
 
 def _segments(report: OomReport, snap, device: int) -> None:
-    """Fragmentation from the live blocks (memviz.torch.segments), where the
+    """Fragmentation from the live blocks (memviz.model.segments), where the
     allocator route saw them: the same figures as PyTorch's snapshot."""
     frag = snap.fragmentation(device).get(device) if getattr(snap, "segments", None) else None
     if not frag:

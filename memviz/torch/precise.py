@@ -13,8 +13,8 @@ import os
 import sys
 from typing import Any, Optional
 
-from .. import _core
-from .._errors import MemvizError
+from memviz import _core
+from memviz._errors import MemvizError
 
 __all__ = ["PreciseModeTooLate", "enable", "merged_conf", "active", "attach_wrappers", "detach_wrappers"]
 

@@ -245,7 +245,7 @@ def test_forked_child_tracks_without_cupti_and_the_parent_keeps_capturing():
                                 cpu = torch.ones(1 << 16) * 2
                             rec = c.step()
                             snap = c.snapshot()
-                        from memviz._report import text_report
+                        from memviz.report.text import text_report
                         text = text_report(c)  # reads what it can of the device, never CUDA
                     res = dict(gpu=c.gpu_enabled, why=c.gpu_off_reason, steps=len(c.steps),
                                live=len(snap), totals=c.totals(), available=memviz.available(),

@@ -226,7 +226,7 @@ def _plugin_args():
     import importlib.metadata
 
     eps = importlib.metadata.entry_points(group="pytest11")
-    return [] if any(ep.value == "memviz.pytest_plugin" for ep in eps) else ["-p", "memviz.pytest_plugin"]
+    return [] if any(ep.value == "memviz.integrations.pytest_plugin" for ep in eps) else ["-p", "memviz.integrations.pytest_plugin"]
 
 
 def test_peak_and_leak_markers_on_real_torch_allocations(pytester, monkeypatch):

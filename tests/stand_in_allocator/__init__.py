@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from memviz.torch.allocator import HOLDER
-from memviz.torch.segments import PoolView
+from memviz.model.segments import PoolView
 
 HERE = Path(__file__).resolve().parent
 STATES = {0: "inactive", 1: "active_allocated", 2: "active_pending_free"}

@@ -110,9 +110,9 @@ def memviz_tracker(request):
     if plan is not None and plan.tracker is not None:
         yield plan.tracker
         return
-    import memviz
+    from memviz.tracker import track
 
-    with memviz.track() as t:
+    with track() as t:
         yield t
 
 
@@ -212,7 +212,7 @@ _KEYWORDS = ("peak", "leaks", "own_code", "filter_fn")
 
 
 def _marker_plan(item, own_code_default: bool = False) -> _Plan:
-    from ._units import parse_size
+    from memviz._units import parse_size
 
     plan = _Plan()
     m = item.get_closest_marker("memviz")
@@ -311,8 +311,8 @@ class _Runner:
         if self._capture is None:
             import os
 
-            from . import _capture
-            from ._errors import CaptureUnavailable
+            from memviz.capture import cupti as _capture
+            from memviz._errors import CaptureUnavailable
 
             present, why = _capture.gpu_present()
             if not os.environ.get(_capture.ENV_LIBRARY) and not present:
@@ -357,13 +357,14 @@ class _Runner:
             self._start(item, plan)
 
     def _start(self, item, plan: _Plan) -> None:
-        import memviz
+        from memviz._errors import AlreadyTracking, CaptureConflict, CaptureUnavailable
+        from memviz.tracker import track
 
         _torch_release()
         try:
             # No PyTorch integration: its categories cost a heap scan per snapshot,
             # and budgets and leaks need only the lines.
-            plan.tracker = memviz.track(torch=False).start()
+            plan.tracker = track(torch=False).start()
             if plan.gpu and not plan.tracker.gpu_enabled:
                 why = plan.tracker.gpu_off_reason
                 plan.tracker.stop()
@@ -372,15 +373,15 @@ class _Runner:
                               "let the tracker memviz starts for the test capture: stop a tracker started "
                               "with gpu=False around the tests, or run them in a process not fork()ed "
                               "from one that tracks")
-        except memviz.AlreadyTracking as e:
+        except AlreadyTracking as e:
             if plan.gpu:
                 pytest.fail(f"memviz: {', '.join(plan.gpu_checks())} (marker at {plan.where}) needs its "
                             f"own tracker, but {e} What to do: stop the other tracker before this test, "
                             f"or drop the marker and check the other tracker's numbers directly.",
                             pytrace=False)
-        except memviz.CaptureUnavailable as e:
+        except CaptureUnavailable as e:
             plan.skip_gpu(f"memviz cannot capture GPU allocations: {e.reason.rstrip('.')}", e.hint)
-        except memviz.CaptureConflict as e:
+        except CaptureConflict as e:
             reason, _, todo = str(e).partition(" What to do: ")
             plan.skip_gpu(reason.rstrip(), todo or "stop the other profiler before the test")
 
@@ -395,7 +396,7 @@ class _Runner:
         plan.call_start_ns = time.monotonic_ns()
         plan.function = getattr(item, "function", None)
         if plan.graph:
-            from .torch.graph import GraphRecorder
+            from memviz.torch.graph import GraphRecorder
 
             plan.seq = GraphRecorder.autograd_mark()
             plan.recorder = GraphRecorder().start()
@@ -424,8 +425,8 @@ class _Runner:
     def _gpu_checks(self, plan: _Plan, passed: bool) -> None:
         import os
 
-        from ._snapshot import Snapshot
-        from ._units import format_size
+        from memviz.model.snapshot import Snapshot
+        from memviz._units import format_size
 
         t = plan.tracker
         live = [a for a in t.snapshot_raw().allocations
@@ -503,7 +504,7 @@ class _Runner:
         """(counted, not counted, error message or None) of the allocations still alive."""
         import os
 
-        from ._units import format_size
+        from memviz._units import format_size
 
         if plan.leaks is None:
             return live, [], None
@@ -539,8 +540,8 @@ class _Runner:
         return counted, ignored, None
 
     def _graph_check(self, plan: _Plan) -> None:
-        from ._units import format_size
-        from .torch.graph import GraphRecorder, holders
+        from memviz._units import format_size
+        from memviz.torch.graph import GraphRecorder, holders
 
         roots = GraphRecorder.roots_since(plan.seq, limit=1000)
         if not roots:
@@ -586,7 +587,7 @@ class _Runner:
         if plan is not None and plan.failures:
             rep = outcome.get_result()
             rep.outcome = "failed"
-            from ._units import escape_surrogates  # file names that are not UTF-8
+            from memviz._units import escape_surrogates  # file names that are not UTF-8
             rep.longrepr = escape_surrogates("\n\n".join(plan.failures))
 
     @pytest.hookimpl(tryfirst=True)
@@ -609,7 +610,7 @@ class _Runner:
         plan.tracker = plan.recorder = plan.function = plan.filter_fn = None
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        from ._units import escape_surrogates, format_size
+        from memviz._units import escape_surrogates, format_size
 
         def write_line(text: str) -> None:  # test ids and file names that are not UTF-8
             terminalreporter.write_line(escape_surrogates(text))
@@ -662,8 +663,8 @@ class _Runner:
             return
         ok, why = self.capture()
         data = {"capture_available": ok, "capture_reason": why or None, "tests": self.results}
-        from ._errors import OutputError
-        from ._outputs import write_output
+        from memviz._errors import OutputError
+        from memviz._outputs import write_output
 
         try:  # through a temporary file renamed over the path
             write_output(path, json.dumps(data, indent=1), "the --memviz-report file")

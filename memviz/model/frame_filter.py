@@ -37,7 +37,8 @@ import threading
 from types import ModuleType
 from typing import Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
 
-from ._errors import InvalidArgument, InvalidArgumentType
+from memviz._package import PACKAGE_DIR
+from memviz._errors import InvalidArgument, InvalidArgumentType
 
 __all__ = ["FrameFilter", "frames"]
 
@@ -46,7 +47,7 @@ _F = TypeVar("_F")
 
 _PSEUDO_LIBRARY_PREFIXES = ("<frozen ", "<frozen>", "<built-in")
 _PACKAGE_DIR_NAMES = ("site-packages", "dist-packages")
-_MEMVIZ_DIR = os.path.dirname(os.path.abspath(__file__))
+_MEMVIZ_DIR = PACKAGE_DIR
 
 
 def _variants(path: str) -> Tuple[str, ...]:

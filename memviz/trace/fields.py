@@ -1,6 +1,6 @@
 """What each decoded field of a .memviz trace may hold, checked when it is read.
 
-:mod:`memviz._trace_parse` frames the chunks and decodes their JSON; the
+:mod:`memviz.trace.parse` frames the chunks and decodes their JSON; the
 functions here check the fields of the META, STEPS and END chunks (and give
 the small checks the other chunk handlers use): every field memviz reads
 has a type and a range, a field it does not read (one of a newer memviz)
@@ -16,7 +16,7 @@ import json
 import math
 from typing import Any, Dict, Optional, Tuple
 
-from . import _core
+from memviz import _core
 
 __all__ = ["check_meta", "check_step", "check_end"]
 

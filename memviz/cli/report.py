@@ -1,5 +1,5 @@
 """``memviz report``: read a .memviz trace file (``memviz diff`` is
-memviz._cli_diff).
+memviz.cli.diff).
 
 ``python -m memviz report run.memviz [--format text|json|html] [-o OUT]``
 prints the report of a trace: the same text report ``memviz run`` prints,
@@ -65,12 +65,12 @@ import sys
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
-from ._cli_run import _positive
-from ._errors import InvalidArgument, OutputError, TraceError
-from ._outputs import refuse_inputs, write_output
-from ._report import finding_records, step_summary
-from ._trace import TraceWarning, step_dict
-from ._units import json_finite
+from memviz.cli.run import _positive
+from memviz._errors import InvalidArgument, OutputError, TraceError
+from memviz._outputs import refuse_inputs, write_output
+from memviz.report.text import finding_records, step_summary
+from memviz.trace.format import TraceWarning, step_dict
+from memviz._units import json_finite
 
 __all__ = ["main", "json_report"]
 
@@ -80,7 +80,7 @@ FORMATS = ("text", "json", "html")
 
 def _load(path: str, recover: bool, prog: str):
     """The loaded trace; a warning about a cut-off file goes to stderr as one line."""
-    from ._trace_load import load
+    from memviz.loaded import load
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TraceWarning)
@@ -156,7 +156,7 @@ def _dumps(doc: Any) -> str:
 
 def _html(trace: Any) -> str:
     try:
-        from .report import html
+        from memviz.report import html
     except ModuleNotFoundError as e:
         if e.name and e.name.startswith("memviz"):
             raise TraceError(
@@ -224,7 +224,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz report") -> int:
     try:
         trace = _load(opts.trace, opts.recover, prog)
         if opts.format == "text":
-            from ._report import text_report
+            from memviz.report.text import text_report
             text = text_report(trace, top=opts.top, outside=trace.outside,
                                command=trace.command)
             if trace.truncated:

@@ -8,7 +8,7 @@ recorded steps), memory the process holds outside the tracked allocations, and
 memviz's own cost.
 
 :func:`step_summary` and :func:`finding_records` are the steps and findings
-every report shows (text here, JSON in memviz._cli_report, the HTML page and
+every report shows (text here, JSON in memviz.cli.report, the HTML page and
 the notebook view in memviz.report), from a Tracker or a loaded trace.
 """
 
@@ -22,11 +22,12 @@ import time
 from collections.abc import Mapping
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _capture, _core
-from ._device import SOURCE_CUMEMGETINFO, process_device_memory
-from ._args import given
-from ._errors import InvalidArgument
-from ._units import escape_surrogates, format_size
+from memviz.capture import cupti as _capture
+from memviz import _core
+from memviz.capture.device import SOURCE_CUMEMGETINFO, process_device_memory
+from memviz._args import given
+from memviz._errors import InvalidArgument
+from memviz._units import escape_surrogates, format_size
 
 __all__ = ["text_report", "step_summary", "finding_records", "finding_steps", "GPU_OFF_SENTENCE",
            "NO_GPU_SENTENCE"]
@@ -209,14 +210,14 @@ def step_records(obj: Any) -> List[Any]:
     steps = getattr(obj, "steps", None)
     if not steps:
         return []
-    from ._diagnose import _as_records
+    from memviz.analysis.findings import _as_records
     return _as_records(steps)
 
 
 def _trend_start(n: int) -> int:
     """Position of the first step the trend reads: after diagnose()'s default
     warm-up (the first steps allocate weights and caches), if two are left."""
-    from ._diagnose import _warmup
+    from memviz.analysis.findings import _warmup
     warm = _warmup(n, None)
     return warm if n - warm >= 2 else 0
 
@@ -311,7 +312,7 @@ def _finding_line(x: Any) -> Dict[str, Any]:
         nbytes, note = x.get("bytes"), str(x.get("note") or "")
         text = str(x.get("text") or "") or location + (
             f": {format_size(nbytes, sign=True)}" if _is_int(nbytes) else "") + (f" ({note})" if note else "")
-    elif hasattr(x, "location"):  # memviz._diagnose.FindingLine: "file:line: +72 MiB (note)"
+    elif hasattr(x, "location"):  # memviz.analysis.findings.FindingLine: "file:line: +72 MiB (note)"
         location, nbytes, note, text = str(x.location), getattr(x, "bytes", None), \
             str(getattr(x, "note", "") or ""), str(x)
     else:
@@ -408,7 +409,7 @@ def _findings(tracker: Any, summary: Optional[Dict[str, Any]]) -> List[str]:
     if why is not None:
         return [""] + _wrap(f"{head}: none shown, {why}.", first="", indent="  ")
     if not found:
-        from ._diagnose import MIN_STEPS, _warmup
+        from memviz.analysis.findings import MIN_STEPS, _warmup
         n = summary["count"] if summary is not None else 0
         need = _warmup(n, None) + MIN_STEPS
         if n < need:
@@ -546,7 +547,7 @@ def text_report(tracker: Any, top: int = 10, outside: Optional[Dict[int, Tuple[i
         tracker: a started :class:`~memviz.Tracker` (running or stopped).
         top: how many lines to list per device at its peak (and failures).
         outside: ``{device: (bytes, source)}`` of what the process holds per
-            device; ``None`` asks :func:`memviz._device.process_device_memory`.
+            device; ``None`` asks :func:`memviz.capture.device.process_device_memory`.
         command: what ran (shown in the title), e.g. ``"python train.py"``.
 
     Raises :class:`~memviz.NotTracking` for a tracker that never started.

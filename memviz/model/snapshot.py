@@ -10,7 +10,7 @@ Differences from tracemalloc, on purpose:
 * A :class:`Traceback` is, as in tracemalloc, a tuple of :class:`Frame` from
   the oldest frame to the most recent (``tb[-1]`` is the line that
   allocated). ``str(traceback)`` and the ``"lineno"`` key use the *user's*
-  frame (the innermost non-library frame, see :mod:`memviz._frames`), not
+  frame (the innermost non-library frame, see :mod:`memviz.model.frame_filter`), not
   the innermost frame.
 * Allocations made by threads with no Python frames (e.g. PyTorch's autograd
   threads) have an empty traceback. Frame-based statistics group them under a
@@ -26,16 +26,17 @@ Differences from tracemalloc, on purpose:
 
 from __future__ import annotations
 
-import linecache
 import threading
 from dataclasses import dataclass
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple,
                     Optional, Sequence, Tuple)
 
-from ._args import bad_type, flag, whole
-from ._errors import InvalidArgument
-from ._frames import FrameFilter, frames as _default_filter
-from ._units import format_size
+from memviz._args import bad_type, flag, whole
+from memviz._errors import InvalidArgument
+from memviz.model.frame_filter import FrameFilter, frames as _default_filter
+from memviz._units import format_size
+from memviz.model import display
+from memviz.model.traceback import EMPTY_TRACEBACK, Frame, Traceback, _FRAME_KEYS, innermost_first
 
 #: Labels set by the autograd integration start with this character and
 #: carry "node\x1fforward line"; everything else is a user label. Labels the
@@ -65,139 +66,7 @@ KIND_NAMES: Tuple[str, ...] = ("device", "host", "managed", "static", "physical"
 #: key types accepted by Snapshot.statistics() and compare_to()
 KEY_TYPES: Tuple[str, ...] = ("lineno", "filename", "traceback", "label", "device", "kind", "thread",
                                "category", "autograd_node", "op")
-_FRAME_KEYS = ("lineno", "filename", "traceback")
 _CUMULATIVE_KEYS = ("lineno", "filename")
-
-
-class Frame(NamedTuple):
-    """One Python frame: file name, line number and function name.
-
-    ``lineno`` is 0 when the line is unknown; ``str()`` then shows ``file:?``.
-    """
-
-    filename: str
-    lineno: int
-    name: str = ""
-
-    def __str__(self) -> str:
-        lineno = self.lineno
-        if lineno is None or lineno <= 0:
-            if self.filename.startswith("<thread "):
-                return self.filename
-            return f"{self.filename}:?"
-        return f"{self.filename}:{lineno}"
-
-    def __repr__(self) -> str:
-        return f"<Frame {self.filename}:{self.lineno} in {self.name or '?'}>"
-
-
-class Traceback(tuple):
-    """The Python stack of an allocation: a tuple of :class:`Frame`, oldest to
-    most recent, as :class:`tracemalloc.Traceback` (``tb[-1]`` is the frame
-    that asked for the memory, ``tb[0]`` the outermost one memviz kept).
-
-    Args:
-        frames: the frames, oldest first.
-        frame_filter: decides :attr:`user_frame` (``memviz.frames`` if None).
-        total_nframe: how many frames the stack had before memviz kept only
-            its ``depth`` most recent ones; ``len(frames)`` when not given.
-
-    Empty when the allocating thread had no Python frames. Equal tracebacks
-    compare and hash equal whatever filter they carry.
-    """
-
-    #: read by FrameFilter.pick: this sequence runs oldest to most recent
-    _oldest_first = True
-
-    def __new__(cls, frames: Iterable[Frame] = (), frame_filter: Optional[FrameFilter] = None,
-                total_nframe: Optional[int] = None):
-        self = tuple.__new__(cls, frames)
-        if total_nframe is not None:
-            whole(total_nframe, "Traceback(total_nframe=...)", len(self))
-        self._filter = frame_filter
-        self._total = total_nframe
-        self._user = None  # (filter, generation, frame) cache
-        return self
-
-    @property
-    def total_nframe(self) -> int:
-        """The number of frames the stack had before memviz truncated it to
-        its capture depth (``track(depth=...)``).
-
-        memviz's capture stops walking a stack at the depth and does not count
-        the frames beyond it, so this is ``len(self)`` unless the traceback
-        was built with a known total: exact for every stack shorter than the
-        depth, and a lower bound for one exactly as deep (its outer frames
-        may be missing)."""
-        return len(self) if self._total is None else self._total
-
-    @property
-    def frame_filter(self) -> FrameFilter:
-        """The filter used by :attr:`user_frame` (the default ``frames`` if none given)."""
-        return self._filter if self._filter is not None else _default_filter
-
-    @property
-    def user_frame(self) -> Optional[Frame]:
-        """The innermost non-library frame (the innermost frame if all are library
-        frames); ``None`` for an empty traceback."""
-        flt = self.frame_filter
-        cached = self._user
-        if cached is not None and cached[0] is flt and cached[1] == flt.generation:
-            return cached[2]
-        frame = flt.pick(self)
-        self._user = (flt, flt.generation, frame)
-        return frame
-
-    def format(self, limit: Optional[int] = None, most_recent_first: bool = False) -> List[str]:
-        """Format like :meth:`tracemalloc.Traceback.format`: a list of lines.
-
-        Frames are listed oldest first unless ``most_recent_first``. A positive
-        ``limit`` keeps the ``limit`` most recent frames, a negative one the
-        ``-limit`` oldest (the frames are chosen before the order is applied).
-        Source lines come from :mod:`linecache` when the file is readable.
-        """
-        whole(limit, "Traceback.format(limit=...)", none=True)
-        flag(most_recent_first, "Traceback.format(most_recent_first=...)")
-        chosen = list(self)
-        if limit is not None:
-            chosen = chosen[-limit:] if limit > 0 else chosen[:limit]
-        if most_recent_first:
-            chosen.reverse()
-        lines: List[str] = []
-        for frame in chosen:
-            lineno = frame.lineno if frame.lineno and frame.lineno > 0 else None
-            head = f'  File "{frame.filename}", line {lineno if lineno else "?"}'
-            if frame.name:
-                head += f", in {frame.name}"
-            lines.append(head)
-            if lineno:
-                try:
-                    source = linecache.getline(frame.filename, lineno).strip()
-                except ValueError:  # a name no path can be: a lone surrogate, a NUL
-                    source = ""
-                if source:
-                    lines.append(f"    {source}")
-        return lines
-
-    def __str__(self) -> str:
-        frame = self.user_frame
-        return str(frame) if frame is not None else "<no Python frames>"
-
-    def __repr__(self) -> str:
-        return f"<Traceback {len(self)} frame(s), user frame {self}>"
-
-    def __reduce__(self):
-        return (Traceback, (tuple(self), None, self._total))
-
-
-def innermost_first(frames: Sequence[Any]) -> Sequence[Any]:
-    """The frames of a stack, most recent first: a :class:`Traceback`
-    reversed; any other sequence (a raw stack of the C core, a duck-typed
-    report source's frames) as given, since those run innermost first."""
-    return frames[::-1] if getattr(frames, "_oldest_first", False) else frames
-
-
-EMPTY_TRACEBACK = Traceback()
 
 
 class ThreadInfo(NamedTuple):
@@ -439,9 +308,8 @@ class Snapshot:
             d["free_gaps"] += seg.free_gaps
         return out
 
-    def _repr_html_(self) -> str:
-        from .report.html import snapshot_repr_html
-        return snapshot_repr_html(self)
+    def _repr_html_(self) -> Optional[str]:
+        return display.html("snapshot", self)
 
     def graph_resident(self) -> list:
         """Tensors the autograd graph keeps for backward (any device, CPU too),
@@ -450,7 +318,7 @@ class Snapshot:
         Raises GraphNotRecorded when the tracker did not record them
         (``graph=True``, or ``autograd=True``, turns that on)."""
         if self.graph_records is None:
-            from ._errors import GraphNotRecorded
+            from memviz._errors import GraphNotRecorded
             raise GraphNotRecorded()
         return list(self.graph_records)
 
@@ -507,11 +375,11 @@ class Snapshot:
         allocation is kept when an inclusive filter matches it (or there is
         none) and no exclusive filter matches it; an empty list keeps all.
         ``Filter`` matches the user's frame (the ``"lineno"`` key), or every
-        frame with ``all_frames=True``; see :mod:`memviz._filters`.
+        frame with ``all_frames=True``; see :mod:`memviz.model.filters`.
 
         Example: ``snap.filter_traces([memviz.Filter(False, "*/site-packages/*", all_frames=True)])``.
         """
-        from ._filters import filter_allocations
+        from memviz.model.filters import filter_allocations
         kept = filter_allocations(self.allocations, filters, self._filter().pick)
         return Snapshot(kept, timestamp_ns=self.timestamp_ns, devices=self.devices,
                         frame_filter=self.frame_filter)
@@ -743,7 +611,7 @@ def snapshot_from_raw(
             Stack id 0 means "no Python frames". A missing id becomes the
             pseudo-frame ``<unresolved stack>``. lineno None/-1 becomes 0.
             A ``calls`` attribute on the result (``{stack_id: name}``,
-            :class:`memviz._callsite.Resolved`) gives ``Allocation.op``.
+            :class:`memviz.capture.callsite.Resolved`) gives ``Allocation.op``.
         threads: ``{thread_idx: (native_tid, pthread_ident, native_name[, serial])}``.
             Names of live Python threads (``threading``) are preferred.
         frame_filter: stored on the snapshot and its tracebacks.
@@ -803,3 +671,27 @@ def snapshot_from_raw(
         for addr, size, dev, kc, stream, tidx, label, ts, sid, seq in rows
     ]
     return Snapshot(allocations, timestamp_ns=timestamp_ns, devices=devices, frame_filter=frame_filter)
+
+
+@dataclass(frozen=True)
+class FailedAllocation:
+    """An allocation the driver refused (out of memory or another error)."""
+
+    size: int
+    device: int
+    kind: str
+    stream: int
+    thread: Any
+    label: Optional[str]
+    timestamp_ns: int
+    traceback: Traceback
+    result: int
+    #: what the innermost Python frame was calling (see ``Allocation.op``)
+    op: Optional[str] = None
+
+    def __str__(self) -> str:
+        where = str(self.traceback) if self.traceback else f"<thread {self.thread.name}>"
+        if self.op:
+            where += f" ({self.op})"
+        return (f"{where}: failed to allocate {format_size(self.size)} on "
+                f"{'host' if self.device < 0 else f'cuda:{self.device}'} (CUDA error {self.result})")

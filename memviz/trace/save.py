@@ -3,7 +3,7 @@
 A tracker that did not stream keeps no event history, only its live set, the
 allocations live at each device's peak, the last failures and a bounded
 timeline. :func:`save` writes those in the trace format of
-:mod:`memviz._trace` as made-up events that replay to the same peak and the
+:mod:`memviz.trace.format` as made-up events that replay to the same peak and the
 same end state.
 """
 
@@ -12,13 +12,12 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional
 
-from . import _args, _callsite, _core
-from ._errors import OutputError, TraceError
-from ._outputs import own_files, refuse_inputs, write_output
-from ._trace import (END, EVENT, EVENT_LEVEL, EVENTS, FLAG_SYNTHETIC, META, OP_FAILED, OP_FREE,
-                     OP_TIME, STEPS, THREADS, TIMELINE, _alloc_events, _event, _meta,
-                     _pytorch_peak, _Tables, _thread_names, chunk, events_payload, header, json_bytes,
-                     step_dict)
+from memviz import _args, _core
+from memviz.capture import callsite as _callsite
+from memviz._errors import OutputError, TraceError
+from memviz._outputs import own_files, refuse_inputs, write_output
+from memviz.trace.format import END, EVENT, EVENT_LEVEL, EVENTS, FLAG_SYNTHETIC, META, OP_FAILED, OP_FREE, OP_TIME, STEPS, THREADS, TIMELINE, chunk, events_payload, header, json_bytes, step_dict
+from memviz.trace.writer import _alloc_events, _event, _meta, _pytorch_peak, _Tables, _thread_names
 
 __all__ = ["save"]
 

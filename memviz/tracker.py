@@ -29,16 +29,18 @@ import threading
 import time
 import warnings
 import weakref
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from . import _args, _callsite, _capture, _core
-from ._errors import (AlreadyTracking, CaptureConflict, CaptureUnavailable, InvalidArgument,
-                      InvalidArgumentType, NotTracking)
-from ._frames import FrameFilter, warning_site
-from ._outputs import Outputs
-from ._snapshot import KIND_NAMES, SEEN_RUNNING, SEEN_THREADS, Snapshot, Traceback, snapshot_from_raw
-from ._units import format_size
+from memviz._package import PACKAGE_DIR
+from memviz import _args, _core
+from memviz.capture import callsite as _callsite, cupti as _capture
+from memviz._errors import AlreadyTracking, CaptureConflict, CaptureUnavailable, InvalidArgument, InvalidArgumentType, NotTracking
+from memviz.model.frame_filter import FrameFilter, warning_site
+from memviz.outputs import Outputs
+from memviz.model.snapshot import KIND_NAMES, SEEN_RUNNING, SEEN_THREADS, Snapshot, snapshot_from_raw
+from memviz._units import format_size
+from memviz.capture.running import active_tracker, running as _running
+from memviz.model.snapshot import FailedAllocation
 
 __all__ = ["Tracker", "track", "start", "stop", "label", "available", "capture_info",
            "CaptureWarning", "FailedAllocation", "active_tracker", "get_traced_memory", "reset_peak"]
@@ -46,7 +48,6 @@ __all__ = ["Tracker", "track", "start", "stop", "label", "available", "capture_i
 _DEFAULT_DEPTH = 32
 _state_lock = threading.RLock()
 _active: Optional["Tracker"] = None  # the latest started of the running trackers
-_running: List["Tracker"] = []  # every running tracker, in start order (all threads)
 #: how the running capture was set up by the first tracker (nested ones share it)
 _shared: Dict[str, Any] = {}
 _latest: Optional["weakref.ReferenceType[Tracker]"] = None  # owns the C store's data
@@ -61,30 +62,6 @@ _warned_fork = False
 
 class CaptureWarning(UserWarning):
     """GPU capture is off for this tracker; the message says why."""
-
-
-@dataclass(frozen=True)
-class FailedAllocation:
-    """An allocation the driver refused (out of memory or another error)."""
-
-    size: int
-    device: int
-    kind: str
-    stream: int
-    thread: Any
-    label: Optional[str]
-    timestamp_ns: int
-    traceback: Traceback
-    result: int
-    #: what the innermost Python frame was calling (see ``Allocation.op``)
-    op: Optional[str] = None
-
-    def __str__(self) -> str:
-        where = str(self.traceback) if self.traceback else f"<thread {self.thread.name}>"
-        if self.op:
-            where += f" ({self.op})"
-        return (f"{where}: failed to allocate {format_size(self.size)} on "
-                f"{'host' if self.device < 0 else f'cuda:{self.device}'} (CUDA error {self.result})")
 
 
 def _thread_entry(t: threading.Thread) -> tuple:
@@ -273,6 +250,11 @@ class Tracker(Outputs):
     per device already live when it started.
     """
 
+    #: a recording of this process (memviz/model/recording.py): its PyTorch and
+    #: device figures can be asked now
+    is_live = True
+
+
     def __init__(self, *, gpu: bool = True, depth: Optional[int] = None,
                  activity: Optional[bool] = None, frame_filter: Optional[FrameFilter] = None,
                  trace: Optional[str] = None, precise: bool = False,
@@ -320,7 +302,7 @@ class Tracker(Outputs):
             raise InvalidArgument("autograd=True needs the PyTorch integration; do not pass torch=False with it")
         if self.record_graph and torch is False:
             raise InvalidArgument("graph=True needs the PyTorch integration; do not pass torch=False with it")
-        #: per-step records (see step()); filled by memviz._steps
+        #: per-step records (see step()); filled by memviz.analysis.steps
         self.steps: List[Any] = []
         #: objects with on_start(tracker) / on_stop(tracker) / on_freeze(tracker)
         self._plugins: List[Any] = []
@@ -528,7 +510,7 @@ class Tracker(Outputs):
         return self
 
     def _step_mark(self):
-        """The store's step mark (memviz._steps), or this nested tracker's:
+        """The store's step mark (memviz.analysis.steps), or this nested tracker's:
         ({device: (current, window peak, live count)}, changed stacks since
         this tracker's previous mark)."""
         devs, changed = self._view.step_mark() if self._view is not None else _core.step_mark()
@@ -537,17 +519,17 @@ class Tracker(Outputs):
     def _start_plugins(self) -> None:
         # Precise mode must act before PyTorch loads its allocator: first.
         if self.precise and self.outer is None:
-            from .torch import precise
+            from memviz.torch import precise
             self.precise_how = precise.enable()
         elif self.precise:
             self.precise_how = _shared.get("precise_how")
         if self.torch_integration or (self.torch_integration is None and _torch_installed()):
-            from .torch import integration
+            from memviz.torch import integration
             integ = integration.attach(self)
             if self.outer is not None:
                 _share_torch_features(self, integ)
         if self.trace_path is not None:
-            from ._trace import TraceWriter
+            from memviz.trace.writer import TraceWriter
             self._plugins.append(TraceWriter(self, self.trace_path))
         for plugin in self._plugins:
             if hasattr(plugin, "on_start"):
@@ -558,24 +540,38 @@ class Tracker(Outputs):
 
     def step(self, **info: Any) -> Any:
         """Mark the end of a training step; returns its record (see memviz.StepRecord)."""
-        from ._steps import record_step
+        from memviz.analysis.steps import record_step
         return record_step(self, **info)
 
     def on_step(self, **sinks: Any) -> Any:
         """Where step records go: callback=, log=, print_every=, jsonl=, csv=,
-        tensorboard= (see memviz._steps.on_step); returns a handle with remove()."""
-        from ._steps import on_step
+        tensorboard= (see memviz.analysis.steps.on_step); returns a handle with remove()."""
+        from memviz.analysis.steps import on_step
         return on_step(self, **sinks)
 
     def diagnose(self) -> List[Any]:
         """Findings about this run (growth, fragmentation, spikes, ...)."""
-        from ._diagnose import diagnose
+        from memviz.analysis.diagnose import diagnose
         return diagnose(self)
 
     def save(self, path: str) -> None:
         """Write what this tracker recorded to a .memviz trace file."""
-        from ._trace import save
+        from memviz.trace.save import save
         save(self, path)
+
+    def events(self) -> Optional[Iterator[Any]]:
+        """The allocation events of the trace this tracker streamed
+        (``track(trace=path)``), read back once it stopped, as
+        ``memviz.load(path).events()`` gives them; None while it runs, and
+        without a trace (a tracker keeps totals and live sets, not a history)."""
+        path = self.trace_path
+        if not path or self._running or not os.path.exists(path):
+            return None
+        from memviz.loaded import load
+        try:
+            return load(path).events()
+        except Exception:  # noqa: BLE001 - an unreadable file: no history
+            return None
 
     def __enter__(self) -> "Tracker":
         return self.start()
@@ -634,7 +630,7 @@ class Tracker(Outputs):
         integ = getattr(self, "torch", None)
         if integ is not None and integ.oom_report is not None:
             return integ.oom_report
-        from .torch.oom import from_failure
+        from memviz.torch.oom import from_failure
         return from_failure(self)
 
     def peak_snapshot(self, device: Optional[int] = None) -> Snapshot:
@@ -822,19 +818,18 @@ _FORK_ADVICE = ("CUDA and CUPTI cannot be used in a fork()ed child (their state 
 def _silence_hint(entry: Optional[str]) -> str:
     """How to turn GPU capture off, and so silence CaptureWarning, from the
     entry point that started the tracker (``entry``: the file of the outermost
-    memviz frame, see _frames.warning_site)."""
-    name = os.path.basename(entry or "")
-    folder = os.path.basename(os.path.dirname(entry or ""))
-    if name == "_ipython.py":
+    memviz frame, see memviz.model.frame_filter.warning_site)."""
+    where = os.path.relpath(entry, PACKAGE_DIR).replace(os.sep, "/") if entry else ""
+    if where == "integrations/ipython.py":
         return "add --no-gpu to the magic's line (%%memviz --no-gpu) to silence this warning"
-    if folder == "integrations":
+    if where == "integrations/pytest_plugin.py":
+        return "run pytest with -W ignore::memviz.CaptureWarning to silence this warning"
+    if where.startswith("integrations/"):
         return ("the training callback started this tracker and has no option for it: to silence this "
                 "warning, run the training inside `with memviz.track(gpu=False):` (the callback then "
                 "records on that tracker), or call "
                 "`warnings.filterwarnings('ignore', category=memviz.CaptureWarning)` before it")
-    if name == "pytest_plugin.py":
-        return "run pytest with -W ignore::memviz.CaptureWarning to silence this warning"
-    if name == "_cli_run.py":
+    if where == "cli/run.py":
         return "pass --no-gpu to memviz run to silence this warning"
     return "pass gpu=False (`memviz.track(gpu=False)`) to silence this warning"
 
@@ -877,7 +872,7 @@ def _hint_for(result: int) -> str:
 
 def _caller_location() -> str:
     f = sys._getframe(1)
-    here = os.path.dirname(__file__)
+    here = PACKAGE_DIR
     while f is not None and f.f_code.co_filename.startswith(here):
         f = f.f_back
     return f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "?"
@@ -930,17 +925,6 @@ def stop() -> Tracker:
     if t is None:
         raise NotTracking("no memviz tracker is running: call memviz.start() first.")
     return t.stop()
-
-
-def active_tracker() -> Optional[Tracker]:
-    """The running tracker: the latest one this thread started, else the
-    latest one started (trackers nest, also across threads); None if none runs."""
-    running = list(_running)
-    me = threading.get_ident()
-    for t in reversed(running):
-        if t._thread == me:
-            return t
-    return running[-1] if running else None
 
 
 def _running_tracker(call: str) -> Tracker:
@@ -996,7 +980,7 @@ def _user_label_id(name: str) -> int:
     (65,534 labels, 4 MiB of text: labels are never forgotten) new names all
     get the overflow label, with one warning per process."""
     global _label_overflow_warned
-    from ._errors import InvalidArgument
+    from memviz._errors import InvalidArgument
 
     if "\0" in name:
         raise InvalidArgument(f"memviz.label() names cannot contain NUL characters ('\\0'), got {name!r}: "

@@ -1,6 +1,6 @@
 """``memviz.diagnose(tracker)``: practitioners' rules of thumb, applied with evidence.
 
-Each rule reads the step records (``tracker.steps``, see memviz._steps), skips
+Each rule reads the step records (``tracker.steps``, see memviz.analysis.steps), skips
 a warm-up (the first steps allocate parameters, optimizer state and the
 allocator's cache), and fires only on a consistent pattern with thresholds
 relative to the memory in use, so run-to-run noise never fires:
@@ -26,175 +26,25 @@ relative to the memory in use, so run-to-run noise never fires:
 Everything works on a loaded trace too: diagnose() reads ``steps``,
 ``failures``, ``peak_snapshot()`` and ``snapshot()``, whichever exist.
 This module holds the API, the shared helpers and the growth and
-fragmentation rules; memviz._diagnose_rules holds the other three.
+fragmentation rules; memviz.analysis.rules holds the other three.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-import re
-import statistics
 import sys
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
-from ._args import whole
-from ._errors import InvalidArgumentType
-from ._units import format_size
+from memviz._errors import InvalidArgumentType
+from memviz._units import format_size
+from memviz.analysis.findings import _long_input_positions, MiB, _devices, _series, FRAG_REL, Finding, FindingLine, GRAPH_FIX, GROWTH_FLOOR, GROWTH_REL, MIN_STEPS, _as_records, _dev, _is_live_tracker, _steady_rise, _torch_cuda, _warmup
 
 __all__ = ["Finding", "FindingLine", "diagnose"]
 
-MiB = 1 << 20
-MIN_STEPS = 5  # post-warm-up steps a trend needs
-GROWTH_REL = 0.05  # a rise of at least 5% of the level ...
-GROWTH_FLOOR = 1 * MiB  # ... and at least this much
-FRAG_REL = 0.10
-OUTLIER = 1.5  # an input this many times the median input is "long"
-SPIKE_REL = 0.25  # a step needing 25% more than what was live before it
-CHURN_SHARE = 0.6
-OUTSIDE_REL, OUTSIDE_ABS = 0.25, 256 * MiB
-KINDS = ("growth", "fragmentation", "spike", "cache_churn", "outside_pytorch")
-
-GRAPH_FIX = ("Keep loss.item() (or loss.detach()) instead of the tensor, and evaluate under "
-             "torch.no_grad(), so each step's autograd graph is freed.")
-
-
-class FindingLine(str):
-    """A ``"file:line: +480 MiB (note)"`` string with ``.location``, ``.bytes``, ``.note``."""
-
-    location: str
-    bytes: int
-    note: str
-
-    def __new__(cls, location: str, nbytes: int, note: str = "", sign: bool = True):
-        text = f"{location}: {format_size(nbytes, sign=sign)}" + (f" ({note})" if note else "")
-        self = super().__new__(cls, text)
-        self.location, self.bytes, self.note = location, int(nbytes), note
-        return self
-
-    def to_dict(self) -> Dict[str, Any]:
-        return {"location": self.location, "bytes": self.bytes, "note": self.note}
-
-
-@dataclass
-class Finding:
-    """One diagnosis: what happened (``message``, one sentence), the evidence
-    (``numbers``, ``lines``), and what to do (``fix``, one sentence)."""
-
-    kind: str
-    message: str
-    numbers: Dict[str, Any] = field(default_factory=dict)
-    lines: List[FindingLine] = field(default_factory=list)
-    fix: str = ""
-
-    def __str__(self) -> str:
-        out = [f"[{self.kind}] {self.message}"]
-        out += [f"    {line}" for line in self.lines]
-        if self.fix:
-            out.append(f"  fix: {self.fix}")
-        return "\n".join(out)
-
-    def to_dict(self) -> Dict[str, Any]:
-        return {"kind": self.kind, "message": self.message, "numbers": dict(self.numbers),
-                "lines": [ln.to_dict() if isinstance(ln, FindingLine) else str(ln) for ln in self.lines],
-                "fix": self.fix}
 
 
 # ---- helpers ------------------------------------------------------------------
-
-
-def _fit(ys: Sequence[float]):
-    """(slope, r^2) of a least-squares line through (i, ys[i])."""
-    n = len(ys)
-    mx = (n - 1) / 2
-    my = sum(ys) / n
-    sxx = sum((i - mx) ** 2 for i in range(n))
-    sxy = sum((i - mx) * (y - my) for i, y in enumerate(ys))
-    syy = sum((y - my) ** 2 for y in ys)
-    slope = sxy / sxx if sxx else 0.0
-    r2 = (sxy * sxy) / (sxx * syy) if sxx and syy else 0.0
-    return slope, r2
-
-
-def _steady_rise(ys: Sequence[int], rel: float, floor: int, skip=()) -> Optional[Dict[str, Any]]:
-    """The trend of ``ys`` if it rises steadily and enough, else None.
-
-    Enough: the rise, end to end and along the fitted line, is at least
-    ``rel`` of the highest value and ``floor``. Steady: most steps increase
-    (>= 60%, twice as many ups as downs) along a straight-ish line (r^2 >=
-    0.6), or it climbs in stairs (no step down, at least 3 up, r^2 >= 0.8). ``skip``: step positions whose change does not count."""
-    n = len(ys)
-    if n < MIN_STEPS:
-        return None
-    slope, r2 = _fit(ys)
-    rise = ys[-1] - ys[0]
-    scale = max(max(ys), 1)
-    if min(rise, slope * (n - 1)) < max(rel * scale, floor):
-        return None
-    diffs = [ys[i] - ys[i - 1] for i in range(1, n) if i not in skip]
-    ups = sum(1 for d in diffs if d > 0)
-    downs = sum(1 for d in diffs if d < 0)
-    steady = ((ups >= 0.6 * len(diffs) and ups >= 2 * downs and r2 >= 0.6)
-              or (downs == 0 and ups >= 3 and r2 >= 0.8))
-    if not steady:
-        return None
-    return {"rise": int(rise), "slope": int(slope), "ups": ups, "downs": downs, "r2": round(r2, 3),
-            "steps": n, "start": int(ys[0]), "end": int(ys[-1])}
-
-
-def _series(steps, dev: int, attr: str) -> Optional[List[int]]:
-    out = []
-    for s in steps:
-        d = s.devices.get(dev)
-        v = getattr(d, attr, None) if d is not None else None
-        if v is None:
-            return None
-        out.append(v)
-    return out
-
-
-def _as_records(steps) -> list:
-    """The memviz step records among ``steps`` (StepRecords, or their dicts);
-    anything else (a record the program appended itself) says nothing here."""
-    from ._steps import StepRecord
-
-    out = []
-    for s in steps or []:
-        if isinstance(s, dict) and "index" in s and "timestamp_ns" in s:
-            try:
-                s = StepRecord.from_dict(s)
-            except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
-                continue
-        if isinstance(s, StepRecord):
-            out.append(s)
-    return out
-
-
-def _warmup(n: int, warmup: Optional[int]) -> int:
-    if warmup is not None:
-        return whole(warmup, "memviz.diagnose(warmup=...)", low=0)  # steps to skip
-    return max(3, min(10, n // 10))
-
-
-def _dev(d: int) -> str:
-    return f"cuda:{d}"
-
-
-def _is_live_tracker(obj) -> bool:
-    from ._tracker import Tracker
-
-    return isinstance(obj, Tracker)
-
-
-def _torch_cuda():
-    torch = sys.modules.get("torch")
-    try:
-        if torch is not None and torch.cuda.is_initialized():
-            return torch
-    except Exception:  # noqa: BLE001
-        pass
-    return None
 
 
 # ---- entry point ------------------------------------------------------------------
@@ -219,7 +69,7 @@ def diagnose(tracker, *, warmup: Optional[int] = None, graph=None) -> List[Findi
     graph = graph if graph is not None else getattr(tracker, "graph", None)
     if graph is not None and not callable(getattr(graph, "resident", None)):
         graph = None
-    from . import _diagnose_rules as more
+    from memviz.analysis import rules as more
 
     findings: List[Finding] = []
     for rule in (_growth, _fragmentation, more.spike, more.churn, more.outside):
@@ -228,15 +78,11 @@ def diagnose(tracker, *, warmup: Optional[int] = None, graph=None) -> List[Findi
         except Exception as e:  # noqa: BLE001 - one rule's trouble must not hide the others
             import warnings
 
-            from ._frames import warning_site
+            from memviz.model.frame_filter import warning_site
             warnings.warn(f"memviz.diagnose(): the {rule.__name__.strip('_')} rule failed ({e!r}); "
                           "the other findings are unaffected. Please report this.", RuntimeWarning,
                           stacklevel=warning_site()[0])
     return findings
-
-
-def _devices(steps) -> List[int]:
-    return sorted({d for s in steps for d in s.devices if d >= 0})
 
 
 # ---- growth ---------------------------------------------------------------------------
@@ -323,7 +169,7 @@ def _graph_evidence(obj, steps, warm, graph) -> Optional[Dict[str, Any]]:
     start_seq = steps[warm - 1].autograd_seq if warm > 0 else None
     if (_is_live_tracker(obj) and "torch" in sys.modules and start_seq is not None
             and all(q is not None for q in seqs)):
-        from .torch.graph import GraphRecorder
+        from memviz.torch.graph import GraphRecorder
 
         roots = GraphRecorder.roots_since(start_seq, limit=100_000)
         root_intervals = {bisect.bisect_left(seqs, r.grad_fn._sequence_nr()) for r in roots} - {len(post)}
@@ -335,7 +181,7 @@ def _graph_evidence(obj, steps, warm, graph) -> Optional[Dict[str, Any]]:
     lines: List[FindingLine] = []
     holder_text = ""
     if roots:
-        from .torch.graph import holders
+        from memviz.torch.graph import holders
 
         # The oldest root outlived the most steps: what holds it is the leak
         # (the newest is often also held by the loop's own variable).
@@ -540,43 +386,3 @@ def _near_full(obj, post, done) -> List[Finding]:
 # ---- input sizes (spike and fragmentation) ----------------------------------------
 
 
-#: numbers in step info that are not input sizes (counters, rates, losses)
-_NOT_SIZES = re.compile(r"(^|_)(step|steps|idx|index|epoch|iter|iteration|lr|rate|loss|time|seed|rank)s?$")
-
-
-def _input_size(v) -> Optional[float]:
-    """A step-info value as an input size: a number, or a shape's element count."""
-    if isinstance(v, bool) or v is None:
-        return None
-    try:
-        if isinstance(v, (int, float)):
-            x = float(v)
-        elif isinstance(v, (tuple, list)) and v and all(isinstance(e, int) for e in v):
-            x = float(math.prod(v))
-        else:
-            return None
-    except OverflowError:  # beyond any float: no input has that many elements
-        return None
-    return x if math.isfinite(x) else None
-
-
-def _input_keys(post) -> List[str]:
-    """Step-info keys that describe the input's size and vary across steps."""
-    keys = []
-    for k in dict.fromkeys(k for s in post for k in s.info):
-        if _NOT_SIZES.search(k.lower()) and not any(isinstance(s.info.get(k), tuple) for s in post):
-            continue
-        xs = [_input_size(s.info.get(k)) for s in post]
-        if sum(x is not None for x in xs) >= 0.8 * len(post) and len({x for x in xs if x is not None}) > 1:
-            keys.append(k)
-    return keys
-
-
-def _long_input_positions(post) -> set:
-    """Positions (in ``post``) of steps whose input is a long outlier."""
-    out = set()
-    for k in _input_keys(post):
-        xs = [_input_size(s.info.get(k)) for s in post]
-        med = statistics.median([x for x in xs if x is not None])
-        out |= {i for i, x in enumerate(xs) if x is not None and med > 0 and x >= OUTLIER * med}
-    return out

@@ -1,9 +1,9 @@
 """Parsing .memviz trace files: framing, checksums and chunk contents.
 
-:class:`TraceFile` reads the chunks of :mod:`memviz._trace`'s format into
+:class:`TraceFile` reads the chunks of :mod:`memviz.trace.format`'s format into
 tables (strings, frames, stacks, threads, labels), byte planes of the event
 records, step records and the END and TIMELINE chunks, checking every CRC
-and every value it keeps; :class:`memviz._trace_load.LoadedTrace` builds the
+and every value it keeps; :class:`memviz.loaded.LoadedTrace` builds the
 reading API on top. Problems raise :class:`memviz.TraceError` with the file
 and the byte offset of the chunk.
 """
@@ -15,10 +15,10 @@ import warnings
 import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _trace as F
-from ._errors import TraceError
-from ._frames import warning_site
-from ._trace_fields import _Bad, _int, _key, _opt_int, _r, check_end, check_meta, check_step
+from memviz.trace import format as F
+from memviz._errors import TraceError
+from memviz.model.frame_filter import warning_site
+from memviz.trace.fields import _Bad, _int, _key, _opt_int, _r, check_end, check_meta, check_step
 
 __all__ = ["TraceFile"]
 

@@ -41,12 +41,14 @@ import traceback
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _callsite, _core
-from ._errors import CaptureConflict, CaptureUnavailable, MemvizError, OutputError
-from ._outputs import same_file, write_output
-from ._report import WIDTH, text_report
-from ._trace import TraceWarning
-from ._tracker import CaptureWarning, Tracker
+from memviz._package import PACKAGE_DIR
+from memviz.capture import callsite as _callsite
+from memviz import _core
+from memviz._errors import CaptureConflict, CaptureUnavailable, MemvizError, OutputError
+from memviz._outputs import same_file, write_output
+from memviz.report.text import WIDTH, text_report
+from memviz.trace.format import TraceWarning
+from memviz.tracker import CaptureWarning, Tracker
 
 __all__ = ["main", "build_parser"]
 
@@ -54,7 +56,7 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_OUTPUT = 2  # the script succeeded but a report file or the trace could not be written
 _VALUE_OPTIONS = ("--depth", "--top", "--report-file", "-o", "--output")
-_MEMVIZ_DIR = os.path.dirname(os.path.abspath(__file__))
+_MEMVIZ_DIR = PACKAGE_DIR
 _RUNPY_FILES = {"<frozen runpy>", os.path.abspath(runpy.__file__)}
 #: a script's global that asks for the sample report where GPU capture is off
 SAMPLE_OPT_IN = "MEMVIZ_SAMPLE_WITHOUT_GPU"
@@ -264,7 +266,7 @@ def _execute(script: Optional[str], module: Optional[str], args: List[str]) -> D
     returns its globals when it returned.
 
     The target runs in a temporary ``__main__`` that is gone when the report
-    is written; its globals are handed to memviz._callsite, which names
+    is written; its globals are handed to memviz.capture.callsite, which names
     calls through the target's module aliases (``F.linear``)."""
     try:
         if module is not None:
@@ -321,7 +323,7 @@ def _say(line: str) -> None:
 def _trace_note(tracker: Tracker, path: str) -> bool:
     """One line saying where the trace went and how to read it; False (and
     what went wrong, what to do) when writing it stopped early."""
-    from ._units import format_size
+    from memviz._units import format_size
 
     writer = next((p for p in tracker._plugins if getattr(p, "path", None) == path), None)
     events = f"{writer.events_written:,} events, " if writer is not None else ""
@@ -343,7 +345,7 @@ def _sample_folder() -> Any:
     """Where the sample's files are: memviz/data, as installed."""
     from importlib import resources
 
-    return resources.files(__package__).joinpath("data")
+    return resources.files("memviz").joinpath("data")
 
 
 def load_sample() -> Tuple[Any, Dict[str, str]]:
@@ -356,8 +358,8 @@ def load_sample() -> Tuple[Any, Dict[str, str]]:
     install), saying which and what to do."""
     from importlib import resources
 
-    from ._errors import TraceError
-    from ._trace_load import load
+    from memviz._errors import TraceError
+    from memviz.loaded import load
 
     folder = _sample_folder()
     trace_file, meta_file = (folder.joinpath(name) for name in _SAMPLE_FILES)

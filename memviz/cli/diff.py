@@ -20,7 +20,7 @@ shows A, B, B - A and B / A of:
 
 The PyTorch figures and categories are what the recording tracker knew when
 it stopped: the trace writer stores them in the END chunk under
-``"pytorch_peak"`` (see :func:`pytorch_figures`). Traces without them (no
+``"pytorch_peak"`` (see :func:`memviz.model.pytorch.pytorch_figures`). Traces without them (no
 PyTorch, or recorded by an older memviz) show "-" there; the segment figures
 are then rebuilt from the events when PyTorch's blocks are in the trace.
 
@@ -55,23 +55,14 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ._errors import InvalidArgument, MemvizError, OutputError
-from ._units import escape_surrogates, format_size
+from memviz._errors import InvalidArgument, MemvizError, OutputError
+from memviz._units import escape_surrogates, format_size
+from memviz.model.pytorch import END_KEY, pytorch_figures
 
-__all__ = ["main", "diff_main", "compare", "render", "diff_text", "pytorch_figures", "END_KEY"]
+__all__ = ["main", "diff_main", "compare", "render", "diff_text"]
 
 EXIT_USAGE = 2
-#: the END chunk's field with the recording tracker's PyTorch figures
-END_KEY = "pytorch_peak"
 
-#: memory_stats keys kept when tracking stops (name in the trace -> PyTorch's key)
-_MEMORY_STATS = {
-    "allocated": "allocated_bytes.all.current", "reserved": "reserved_bytes.all.current",
-    "allocated_peak": "allocated_bytes.all.peak", "reserved_peak": "reserved_bytes.all.peak",
-    "active_peak": "active_bytes.all.peak", "inactive_split": "inactive_split_bytes.all.current",
-    "alloc_retries": "num_alloc_retries", "ooms": "num_ooms",
-}
-_FRAGMENTATION = ("segments", "reserved", "allocated", "unused", "largest_free", "free_gaps")
 
 #: (name, label, unit) of the figure rows, in the order shown
 FIGURES: Tuple[Tuple[str, str, str], ...] = (
@@ -92,59 +83,6 @@ FIGURES: Tuple[Tuple[str, str, str], ...] = (
 
 
 # ---- what the recording tracker stores (called by the trace writer) -----------
-
-
-def pytorch_figures(tracker: Any) -> Dict[str, Dict[str, Any]]:
-    """``{device: {"categories", "category_counts", "fragmentation",
-    "memory_stats", "route"}}`` (device as str): what ``memviz diff`` needs
-    that the events do not hold. Categories and fragmentation are those of the
-    tracker's peak snapshot, memory_stats PyTorch's own figures now. {} without
-    the PyTorch integration. Never raises: a figure for later reports must not
-    stop tracking."""
-    try:
-        return _pytorch_figures(tracker)
-    except Exception:  # noqa: BLE001
-        return {}
-
-
-def _pytorch_figures(tracker: Any) -> Dict[str, Dict[str, Any]]:
-    if getattr(tracker, "torch", None) is None or "torch" not in sys.modules:
-        return {}
-    out: Dict[str, Dict[str, Any]] = {}
-    snap = tracker.peak_snapshot()
-    route = (getattr(snap, "pytorch", None) or {}).get("route")
-    frag = snap.fragmentation()
-    for dev, part in snap.by_device().items():
-        if dev < 0:
-            continue
-        cats = [s for s in part.statistics("category") if s.key != "<unknown>"]
-        entry: Dict[str, Any] = {}
-        if cats:
-            entry["categories"] = {str(s.key): s.size for s in cats}
-            entry["category_counts"] = {str(s.key): s.count for s in cats}
-        if dev in frag:
-            entry["fragmentation"] = {k: int(frag[dev][k]) for k in _FRAGMENTATION}
-        if isinstance(route, str):
-            entry["route"] = route
-        out[str(dev)] = entry
-    for dev, stats in _memory_stats().items():
-        out.setdefault(str(dev), {})["memory_stats"] = stats
-    return {d: e for d, e in out.items() if e}
-
-
-def _memory_stats() -> Dict[int, Dict[str, int]]:
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return {}
-    out = {}
-    for d in range(torch.cuda.device_count()):
-        try:
-            st = torch.cuda.memory_stats(d)
-        except Exception:  # noqa: BLE001
-            continue
-        if st:
-            out[d] = {name: int(st.get(key, 0)) for name, key in _MEMORY_STATS.items()}
-    return out
 
 
 # ---- reading one side ---------------------------------------------------------
@@ -318,7 +256,7 @@ def _pairs(a: _Side, b: _Side, devices: Optional[Sequence[Tuple[int, int]]]) -> 
 
 
 def _lines(a: _Side, b: _Side, da: int, db: int, key: str, top: int):
-    from ._report import _location
+    from memviz.report.text import _location
 
     old, new = a.peak(da), b.peak(db)
     if da != db:  # a Frame key holds no device; a "device" key would never match
@@ -339,7 +277,7 @@ def _lines(a: _Side, b: _Side, da: int, db: int, key: str, top: int):
 
 
 def _renumbered(snap: Any, dev: int):
-    from ._snapshot import Snapshot
+    from memviz.model.snapshot import Snapshot
 
     new = Snapshot([x._replace(device=dev) for x in snap.allocations], timestamp_ns=snap.timestamp_ns,
                    frame_filter=snap.frame_filter)
@@ -391,7 +329,7 @@ def compare(a: Any, b: Any, *, names: Tuple[str, str] = ("A", "B"), top: int = 1
     """The comparison of two loaded traces (or trackers) as the JSON document
     of the module docstring. Raises InvalidArgument when they cannot be put
     side by side (different devices, one recorded without GPU capture)."""
-    from ._snapshot import KEY_TYPES
+    from memviz.model.snapshot import KEY_TYPES
 
     if key not in KEY_TYPES:
         raise InvalidArgument(f"memviz diff: key {key!r} is not one of {', '.join(KEY_TYPES)}")
@@ -533,8 +471,8 @@ def _device_pairs(text: str) -> List[Tuple[int, int]]:
 
 
 def diff_parser(prog: str = "memviz diff") -> argparse.ArgumentParser:
-    from ._cli_run import _positive
-    from ._snapshot import KEY_TYPES
+    from memviz.cli.run import _positive
+    from memviz.model.snapshot import KEY_TYPES
 
     parser = argparse.ArgumentParser(
         prog=prog, description="Compare two .memviz traces of one script run two ways (with and "
@@ -564,8 +502,8 @@ def diff_parser(prog: str = "memviz diff") -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None, prog: str = "memviz diff") -> int:
     """Entry point of ``memviz diff``; returns the exit status (2: an error,
     said on stderr)."""
-    from ._cli_report import _dumps, _load, _write
-    from ._outputs import refuse_inputs
+    from memviz.cli.report import _dumps, _load, _write
+    from memviz._outputs import refuse_inputs
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -64,10 +64,10 @@ def memviz_cell(line: str, cell: str, ipython: Optional[Any] = None) -> Any:
     """Run ``cell`` under memviz.track() in ``ipython`` and display the report.
 
     Returns the tracker (also stored as ``_memviz`` in the user namespace)."""
-    import memviz
     from IPython.display import HTML, display
 
-    from .report.html import tracker_repr_html
+    from memviz.report.html import tracker_repr_html
+    from memviz.tracker import track
 
     if ipython is None:
         from IPython import get_ipython
@@ -82,7 +82,7 @@ def memviz_cell(line: str, cell: str, ipython: Optional[Any] = None) -> Any:
     kwargs = {"gpu": not opts.no_gpu}
     if opts.depth is not None:
         kwargs["depth"] = opts.depth
-    tracker = memviz.track(**kwargs)
+    tracker = track(**kwargs)
     ipython.user_ns["_memviz"] = tracker
     with tracker:
         # run_cell shows the cell's own output and exceptions like any cell;

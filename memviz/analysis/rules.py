@@ -1,5 +1,5 @@
 """The ``spike``, ``cache_churn`` and ``outside_pytorch`` rules of
-:func:`memviz.diagnose` (see memviz._diagnose for the rules' contract)."""
+:func:`memviz.diagnose` (see memviz.analysis.diagnose for the rules' contract)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import os
 import statistics
 from typing import Any, Dict, List, Optional
 
-from ._diagnose import (CHURN_SHARE, GROWTH_FLOOR, MIN_STEPS, OUTLIER, OUTSIDE_ABS, OUTSIDE_REL,
-                        SPIKE_REL, Finding, FindingLine, _dev, _devices, _input_keys, _input_size,
-                        _is_live_tracker, _torch_cuda)
-from ._units import format_size
+from memviz.analysis.findings import CHURN_SHARE, GROWTH_FLOOR, MIN_STEPS, OUTLIER, OUTSIDE_ABS, OUTSIDE_REL, SPIKE_REL, Finding, FindingLine, _dev, _devices, _is_live_tracker, _torch_cuda
+from memviz.analysis.findings import _input_keys, _input_size
+from memviz._units import format_size
 
 __all__ = ["spike", "churn", "outside"]
 
@@ -195,7 +194,7 @@ def outside(obj, steps, warm, graph) -> List[Finding]:
             allocs = [a for a in snap.allocations if a.device == dev]
             if any(a.category for a in allocs):
                 allocs = [a for a in allocs if a.category in (None, "outside_pytorch")]
-            from ._snapshot import Snapshot
+            from memviz.model.snapshot import Snapshot
 
             sub = Snapshot(allocs, frame_filter=getattr(snap, "frame_filter", None))
             for key in ("category", "kind", "label"):

@@ -1,6 +1,6 @@
 """Reading .memviz trace files: :func:`load` and :class:`LoadedTrace`.
 
-The format is described in :mod:`memviz._trace`. Loading checks every chunk's
+The format is described in :mod:`memviz.trace.format`. Loading checks every chunk's
 CRC and structure; events are kept as columns (``array``/``bytearray``,
 built with C-speed slicing, no per-event Python work) and replayed once, on
 first use, in a single Python loop. A 1,000,000-event trace loads and gives
@@ -10,7 +10,6 @@ its peak snapshot in about a second on one core.
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 import operator
 import os
@@ -18,14 +17,15 @@ import sys
 from array import array
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
-from . import _args, _trace as F
-from ._callsite import Resolved
-from ._errors import TraceError
-from ._outputs import Outputs
-from ._snapshot import KIND_NAMES, Allocation, Snapshot, snapshot_from_raw
-from ._trace_parse import TraceFile
+from memviz._package import PACKAGE_DIR
+from memviz import _args
+from memviz.trace import format as F
+from memviz.capture.callsite import Resolved
+from memviz.model.snapshot import KIND_NAMES, Allocation, Snapshot, snapshot_from_raw
+from memviz.trace.parse import TraceFile
+import functools
 
-__all__ = ["load", "LoadedTrace", "TraceEvent"]
+__all__ = ["TraceReader", "TraceEvent"]
 
 _U32, _U64 = ("I" if array("I").itemsize == 4 else "L"), "Q"
 _BIG = sys.byteorder != "little"
@@ -117,7 +117,7 @@ _EVENT_OPS = {F.OP_ALLOC: "alloc", F.OP_FREE: "free", F.OP_FAILED: "failed"}
 _EVENT_BATCH = 1 << 16
 
 
-class LoadedTrace(TraceFile, Outputs):
+class TraceReader(TraceFile):
     """A trace file read back, with the reading API of a stopped Tracker.
 
     Attributes:
@@ -131,10 +131,14 @@ class LoadedTrace(TraceFile, Outputs):
         event_count: events in the file; dropped_events: events lost
             because the ring was full (GAP records).
         steps: step records (dicts, or memviz StepRecord objects when
-            memviz._steps can rebuild them).
+            memviz.analysis.steps can rebuild them).
         outside: ``{device: (bytes, source)}`` the process held outside the
             tracked allocations when tracking stopped.
     """
+
+    #: read back from a file: nothing of the recording process can be asked now
+    is_live = False
+
 
     def __init__(self, path: Optional[str]) -> None:
         super().__init__(path)
@@ -146,7 +150,7 @@ class LoadedTrace(TraceFile, Outputs):
 
     @classmethod
     def from_bytes(cls, data: bytes, path: Optional[str] = None, *,
-                   recover: bool = False) -> "LoadedTrace":
+                   recover: bool = False) -> "TraceReader":
         """Parse a whole trace held in memory (``path`` only names it in errors)."""
         self = cls(path)
         self._parse(memoryview(data).toreadonly(), recover)
@@ -168,7 +172,7 @@ class LoadedTrace(TraceFile, Outputs):
             if rel in own:
                 roots.add(head + "/memviz")
         if roots:
-            from ._frames import FrameFilter, frames
+            from memviz.model.frame_filter import FrameFilter, frames
 
             self.frame_filter = FrameFilter(library_paths=(*frames.library_paths, *sorted(roots)),
                                             user_paths=frames.user_paths)
@@ -350,7 +354,7 @@ class LoadedTrace(TraceFile, Outputs):
         # Recorded on the allocator route: PyTorch's blocks lie inside its segments.
         # As a live tracker's snapshot does, count each byte once: the blocks, and
         # of each segment only what no block holds (unused_pool).
-        from .torch.segments import reconcile  # imports no torch
+        from memviz.model.segments import reconcile  # imports no torch
 
         allocations, segments = reconcile(list(snap.allocations), None, self._pools(snap))
         out = Snapshot(allocations, timestamp_ns=snap.timestamp_ns, devices=snap.devices,
@@ -439,7 +443,7 @@ class LoadedTrace(TraceFile, Outputs):
     @property
     def failures(self) -> List[Any]:
         """Allocations the driver refused, oldest first (every one in the file)."""
-        from ._tracker import FailedAllocation
+        from memviz.model.snapshot import FailedAllocation
 
         idx = self._replay()["fail_idx"]
         snap = self._snapshot(idx, None)
@@ -526,23 +530,13 @@ class LoadedTrace(TraceFile, Outputs):
                     depth=self.depth, store=stats if isinstance(stats, dict) else None)
         return info
 
-    def diagnose(self) -> List[Any]:
-        """Findings about the run (memviz._diagnose), or [] where it is absent."""
-        try:
-            from ._diagnose import diagnose
-        except ModuleNotFoundError as e:
-            if e.name and e.name.startswith("memviz"):
-                return []
-            raise
-        return diagnose(self)
-
     def threads(self) -> Dict[int, tuple]:
         """{thread index: (native id, ident in the recording process, name)}."""
         return dict(self._threads)
 
     def __repr__(self) -> str:
         state = "truncated" if self.truncated else ("saved" if self.saved else "complete")
-        from ._units import format_size
+        from memviz._units import format_size
         return (f"<memviz.LoadedTrace {self.path!r} {state}, {self.event_count:,} events, "
                 f"peak={format_size(self.peak_bytes())}>")
 
@@ -552,69 +546,27 @@ def _step_records(steps: List[Any]) -> List[Any]:
     the STEPS chunk was read); other entries (records the program appended
     itself) stay dicts."""
     try:
-        from ._steps import StepRecord
+        from memviz.model.steps import StepRecord
     except ImportError:
         return steps
     return [StepRecord.from_dict(s) if "index" in s and "timestamp_ns" in s else s for s in steps]
 
 
-def load(path: str, *, recover: bool = False) -> LoadedTrace:
-    """Read a trace file (see :func:`memviz._trace.load`)."""
-    path = _args.path(path, "memviz.load(path)")
-    _args.flag(recover, "memviz.load(recover=...)")
-    try:
-        # Non-blocking: opening a FIFO must not wait for a writer; the mode is
-        # read from the open file, so what is checked is what is read.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        if isinstance(e, IsADirectoryError) or os.path.isdir(path):
-            raise _special_file("a directory", path) from e
-        raise TraceError(f"cannot read the file: {e.strerror or e}", path,
-                         hint="check the path and that you may read it") from e
-    try:
-        what = _not_a_file(os.fstat(fd).st_mode)
-    except OSError:
-        what = None
-    if what is not None:
-        os.close(fd)
-        raise _special_file(what, path)
-    with open(fd, "rb", closefd=True) as f:
-        try:
-            data = f.read()
-        except OSError as e:
-            raise TraceError(f"cannot read the file: {e.strerror or e}", path,
-                             hint="check the path and that you may read it") from e
-    return LoadedTrace.from_bytes(data, path, recover=recover)
+#: memviz's files before the package took its floors (docs/architecture.md):
+#: traces recorded then (the shipped sample among them) carry these names
+_EARLIER_FILES = frozenset((
+    "_callsite.py", "_capture.py", "_cli_diff.py", "_cli_report.py", "_cli_run.py", "_device.py",
+    "_diagnose.py", "_diagnose_rules.py", "_filters.py", "_frames.py", "_ipython.py", "_report.py",
+    "_snapshot.py", "_steps.py", "_trace.py", "_trace_fields.py", "_trace_load.py",
+    "_trace_parse.py", "_trace_save.py", "_tracker.py", "pytest_plugin.py", "torch/segments.py",
+    "torch/integration.py"))
 
 
 @functools.lru_cache(maxsize=1)
 def _own_files() -> Tuple[str, frozenset]:
-    """This memviz's folder, and its Python files relative to it ("torch/allocator.py")."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    return here, frozenset(os.path.relpath(os.path.join(d, f), here).replace(os.sep, "/")
-                           for d, _dirs, files in os.walk(here) for f in files if f.endswith(".py"))
-
-
-def _special_file(what: str, path: str) -> TraceError:
-    """The error for a path that is not a regular file, said before reading."""
-    if what == "a directory":
-        return TraceError("it is a directory, not a trace file", path,
-                          hint="give the .memviz file inside it (memviz.track(trace=...), "
-                               "Tracker.save() or `memviz run -o` write one)")
-    return TraceError(f"it is {what}, not a trace file: memviz reads only regular files, "
-                      "since reading this could block or never end", path,
-                      hint="give the .memviz file written by memviz.track(trace=...), "
-                           "Tracker.save() or `memviz run -o`; to read a trace from a pipe, "
-                           "save it to a file first")
-
-
-def _not_a_file(mode: int) -> Optional[str]:
-    """What a file of ``mode`` is, when it is not a regular file."""
-    import stat
-
-    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return what
-    return None if stat.S_ISREG(mode) else "not a regular file"
+    """This memviz's folder, and its Python files relative to it
+    ("torch/allocator.py"), with the names they had in earlier layouts."""
+    here = PACKAGE_DIR
+    return here, _EARLIER_FILES | frozenset(
+        os.path.relpath(os.path.join(d, f), here).replace(os.sep, "/")
+        for d, _dirs, files in os.walk(here) for f in files if f.endswith(".py"))

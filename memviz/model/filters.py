@@ -23,7 +23,7 @@ import fnmatch
 import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from ._args import bad_type, flag, whole
+from memviz._args import bad_type, flag, whole
 
 __all__ = ["Filter", "DomainFilter", "filter_allocations"]
 
@@ -159,7 +159,7 @@ def filter_allocations(allocations: Iterable[Any], filters: Any, pick: Callable[
         return allocations
     include = [f for f in flts if f.inclusive]
     exclude = [f for f in flts if not f.inclusive]
-    from ._snapshot import Frame
+    from memviz.model.traceback import Frame
 
     frames_of: Dict[Any, Tuple[tuple, tuple]] = {}  # traceback (or thread) -> (user frame, all frames)
 

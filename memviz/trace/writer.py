@@ -1,176 +1,26 @@
-"""The .memviz trace file: format, the streaming writer, and ``save()``.
-
-A trace is written while tracking (``memviz.track(trace="run.memviz")``,
-``python -m memviz run -o run.memviz script.py``) or afterwards from a
-tracker's data (``t.save("run.memviz")``), and read back with
-:func:`memviz.load` (see :mod:`memviz._trace_load`).
-
-File format, version 1 (all integers little-endian)::
-
-    file    = header chunk*
-    header  = MAGIC (8 bytes, b"MEMVIZ\\0\\1")  version:u32
-    chunk   = type:u8  length:u32  payload[length]  crc:u32
-
-``crc`` is the CRC-32 of the type, length and payload bytes, so a torn or
-damaged chunk is detected and everything before it still loads. ``type``
-bits 0-5 are the chunk kind, bit 6 (0x40) marks a chunk a reader may skip
-when it does not know the kind, bit 7 (0x80) says the payload is
-zlib-compressed. Kinds:
-
-=========  ==  ===========================================================
-META        1  JSON object, always the first chunk: format, memviz and
-               Python versions, pid, start wall time and monotonic ns,
-               command line, the tracker's settings and capture_info()
-STRINGS     2  JSON list of str, appended to the string table (filenames,
-               function names); ids count from 0 across the whole file
-FRAMES      3  JSON list of [filename string id, lineno, name string id],
-               appended to the frame table
-STACKS      4  JSON list of [stack id, [frame id, ...]], innermost first;
-               each stack is written once, lines resolved when written
-THREADS     5  JSON object {thread index: [native id, ident, name]};
-               later entries replace earlier ones
-LABELS      6  JSON object {label id: label}
-EVENTS      7  count:u32, layout:u8, then count 32-byte event records,
-               ``EVENT`` below; layout 0 = records one after another,
-               layout 1 = byte planes (byte k of every record, then byte
-               k+1, ...), which compresses 3-5x better
-STEPS       8  JSON list of step records (Tracker.steps), appended
-END         9  JSON object written when tracking stops: totals, failure
-               count, memviz's own counters, memory outside the tracked
-               allocations, PyTorch's figures ("pytorch_peak": categories
-               and segments at the peak, memory_stats; memviz._cli_diff);
-               a trace without it was cut short
-TIMELINE   10  JSON list of [timestamp_ns, device, live bytes] (saved
-               traces only: streamed traces derive it from the events)
-CALLS      11  JSON object {stack id: call name}: what the stack's innermost
-               frame was calling (``Allocation.op``); written with the
-               skippable bit, so readers that predate it load the rest
-=========  ==  ===========================================================
-
-An event record is the C core's ``struct.Struct("<IBBbBIHHQQ")``: ts_delta
-(ns since the previous event), op, kind, device (-1 host), flags, stack id,
-thread index, label id, address, size. Ops: 1 ALLOC, 2 FREE (size is the
-freed allocation's), 3 FAILED (address = CUresult, size = requested),
-4 TIME (address = absolute monotonic ns; every drain starts with one),
-5 GAP (address = events dropped because the ring was full). Flags bit 7
-marks events the Python writer made up (the live set when tracing began,
-and everything in a saved trace).
-
-The streaming writer drains the core's event ring every 0.5 s and appends
-the chunks with one ``os.write`` per flush (no user-space buffer), so a
-process killed with SIGKILL leaves a file that loads up to the last flush.
-"""
+"""The streaming trace writer: drains the C ring into a .memviz file while
+tracking (``track(trace=path)``); the format is in memviz/trace/format.py."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import shlex
-import struct
 import sys
 import threading
 import time
 import traceback
 import warnings
 import weakref
-import zlib
+from memviz import _core
+from memviz.capture import callsite as _callsite
+from memviz._errors import TraceError
+from memviz.model.frame_filter import warning_site
+from memviz.trace.format import CALLS, DEFAULT_CAPACITY, DEFAULT_INTERVAL, END, EVENT, EVENTS, EVENT_LEVEL, FLAG_SYNTHETIC, FORMAT_VERSION, FRAMES, LABELS, META, OPTIONAL, OP_ALLOC, OP_GAP, OP_TIME, STACKS, STEPS, STRINGS, THREADS, TraceWarning, chunk, events_payload, header, json_bytes, step_dict
 from typing import Any, Dict, Iterable, List, Optional
-
-from . import _callsite, _core
-from ._errors import TraceError
-from ._frames import warning_site
-
-__all__ = ["TraceWriter", "save", "load", "TraceWarning", "MAGIC", "FORMAT_VERSION", "EVENT"]
-
-MAGIC = b"MEMVIZ\x00\x01"
-FORMAT_VERSION = 1
-HEADER = struct.Struct("<8sI")
-CHUNK_HEAD = struct.Struct("<BI")
-CRC = struct.Struct("<I")
-EVENT = struct.Struct("<IBBbBIHHQQ")
-EVENTS_HEAD = struct.Struct("<IB")
-
-META, STRINGS, FRAMES, STACKS, THREADS, LABELS, EVENTS, STEPS, END, TIMELINE, CALLS = range(1, 12)
-CHUNK_NAMES = {META: "META", STRINGS: "STRINGS", FRAMES: "FRAMES", STACKS: "STACKS",
-               THREADS: "THREADS", LABELS: "LABELS", EVENTS: "EVENTS", STEPS: "STEPS",
-               END: "END", TIMELINE: "TIMELINE", CALLS: "CALLS"}
-KIND_MASK, OPTIONAL, COMPRESSED = 0x3F, 0x40, 0x80
-
-OP_ALLOC, OP_FREE, OP_FAILED, OP_TIME, OP_GAP = 1, 2, 3, 4, 5
-FLAG_SYNTHETIC = 0x80
-LAYOUT_ROWS, LAYOUT_PLANES = 0, 1
-
-#: events the C ring holds between drains (drained every 0.5 s)
-DEFAULT_CAPACITY = 1 << 20
-DEFAULT_INTERVAL = 0.5
-#: zlib level of event chunks (1 is ~2x faster than 6 and ~10% larger)
-EVENT_LEVEL = 6
-
-
-class TraceWarning(UserWarning):
-    """A trace file was cut short, or the writer had to stop; the message says why."""
-
-
-# ---- encoding -----------------------------------------------------------------
-
-
-def chunk(kind: int, payload: bytes, *, compress: Optional[int] = 6) -> bytes:
-    """One framed chunk; the payload is zlib-compressed at level ``compress``
-    when that makes it smaller (``None``: never)."""
-    ctype = kind
-    if compress is not None and len(payload) > 64:
-        packed = zlib.compress(payload, compress)
-        if len(packed) < len(payload):
-            payload, ctype = packed, kind | COMPRESSED
-    head = CHUNK_HEAD.pack(ctype, len(payload))
-    return head + payload + CRC.pack(zlib.crc32(payload, zlib.crc32(head)))
-
-
-def json_bytes(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), default=_jsonable).encode("utf-8",
-                                                                             "surrogatepass")
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
-    if isinstance(obj, bytes):
-        return obj.decode("utf-8", "replace")
-    return repr(obj)
-
-
-def events_payload(rows: bytes, layout: int = LAYOUT_PLANES) -> bytes:
-    """The EVENTS payload of packed 32-byte records."""
-    n = len(rows) // EVENT.size
-    if layout == LAYOUT_PLANES:
-        data = b"".join(rows[k::EVENT.size] for k in range(EVENT.size))
-    else:
-        data = bytes(rows)
-    return EVENTS_HEAD.pack(n, layout) + data
-
-
-def header() -> bytes:
-    return HEADER.pack(MAGIC, FORMAT_VERSION)
-
-
-def step_dict(step: Any) -> Any:
-    """A JSON-able form of a step record: to_dict(), a dict, a dataclass, a
-    named tuple, or its attributes; anything else as its repr."""
-    for attempt in (lambda s: s.to_dict(), lambda s: dict(s) if isinstance(s, dict) else None,
-                    lambda s: dataclasses.asdict(s) if dataclasses.is_dataclass(s) else None,
-                    lambda s: s._asdict(), lambda s: dict(vars(s))):
-        try:
-            out = attempt(step)
-        except Exception:  # noqa: BLE001 - be lenient with foreign records
-            continue
-        if out is not None:
-            return out
-    return {"repr": repr(step)}
 
 
 def _meta(tracker: Any, mode: str) -> Dict[str, Any]:
-    from . import __version__
+    from memviz._package import __version__
 
     try:
         capture = tracker.capture_info()
@@ -196,7 +46,7 @@ def _meta(tracker: Any, mode: str) -> Dict[str, Any]:
 
 def _outside() -> Dict[str, List[Any]]:
     try:
-        from ._device import process_device_memory
+        from memviz.capture.device import process_device_memory
         return {str(d): [b, s] for d, (b, s) in process_device_memory().items()}
     except Exception:  # noqa: BLE001 - optional information
         return {}
@@ -204,7 +54,7 @@ def _outside() -> Dict[str, List[Any]]:
 
 def _thread_names(threads: Dict[int, tuple]) -> Dict[str, List[Any]]:
     """{idx: [native id, ident, name]} with the names a snapshot would show now."""
-    from ._snapshot import _python_thread_names, _thread_info
+    from memviz.model.snapshot import _python_thread_names, _thread_info
 
     py = _python_thread_names()
     return {str(idx): [e[0], e[1], _thread_info(idx, e, py).name] for idx, e in threads.items()}
@@ -272,8 +122,6 @@ def _write_all(fd: int, data: bytes) -> None:
         n = os.write(fd, view)
         view = view[n:]
 
-
-# ---- the streaming writer -------------------------------------------------------
 
 _writers: "weakref.WeakSet[TraceWriter]" = weakref.WeakSet()
 
@@ -490,8 +338,8 @@ class TraceWriter:
 
 def _pytorch_peak(tracker: Any) -> Dict[str, Any]:
     """END's "pytorch_peak": categories, segments and PyTorch's own figures
-    (memviz._cli_diff.pytorch_figures; absent without PyTorch)."""
-    from ._cli_diff import END_KEY, pytorch_figures
+    (memviz.model.pytorch.pytorch_figures; absent without PyTorch)."""
+    from memviz.model.pytorch import END_KEY, pytorch_figures
     figures = pytorch_figures(tracker)
     return {END_KEY: figures} if figures else {}
 
@@ -520,29 +368,6 @@ def _event(op: int, ts: int, prev: int, kind: int, dev: int, flags: int, sid: in
     return pre + EVENT.pack(delta, op, kind & 0xFF, max(-128, min(127, dev)), flags,
                             sid & 0xFFFFFFFF, min(tidx, 0xFFFF), min(label, 0xFFFF),
                             addr & 0xFFFFFFFFFFFFFFFF, size & 0xFFFFFFFFFFFFFFFF)
-
-
-# ---- save() and load() --------------------------------------------------------
-
-
-def save(tracker: Any, path: str) -> None:
-    """Write a trace file from a tracker's current data (``Tracker.save``);
-    see :func:`memviz._trace_save.save`."""
-    from ._trace_save import save as _save
-    _save(tracker, path)
-
-
-def load(path: str, *, recover: bool = False) -> Any:
-    """Read a .memviz trace file; returns a :class:`memviz._trace_load.LoadedTrace`
-    with the reading API of a Tracker (snapshot(), peak_snapshot(), totals(),
-    failures, timeline(), steps, capture_info(), diagnose()).
-
-    Raises :class:`memviz.TraceError` (naming the file and byte offset) for a
-    file that is not a trace or is corrupted; with ``recover=True`` a
-    corrupted chunk ends the trace there instead, as a cut-off tail does.
-    """
-    from ._trace_load import load as _load
-    return _load(path, recover=recover)
 
 
 def _after_fork_in_child() -> None:

@@ -15,8 +15,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from . import _core
-from ._errors import CaptureUnavailable
+from memviz import _core
+from memviz._errors import CaptureUnavailable
 
 ENV_LIBRARY = "MEMVIZ_CUPTI_LIBRARY"
 

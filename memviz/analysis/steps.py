@@ -27,15 +27,15 @@ import sys
 import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _core
-from ._args import path as _path_arg
-from ._errors import InvalidArgument, InvalidArgumentType, NotTracking, OutputError
-from ._frames import frames as _default_filter, warning_site
-from ._snapshot import Frame
-from ._units import escape_surrogates, format_size, json_finite
+from memviz import _core
+from memviz._args import path as _path_arg
+from memviz._errors import InvalidArgument, InvalidArgumentType, NotTracking, OutputError
+from memviz.model.frame_filter import frames as _default_filter, warning_site
+from memviz.model.traceback import Frame
+from memviz._units import escape_surrogates, json_finite
+from memviz.model.steps import DeviceStep, GrowthLine, StepRecord
 
 __all__ = ["StepRecord", "DeviceStep", "GrowthLine", "record_step", "on_step", "watch",
            "WatchHandle", "TOP_LINES"]
@@ -47,136 +47,6 @@ LOGGER_NAME = "memviz"
 
 
 # ---- records ------------------------------------------------------------------
-
-
-@dataclass
-class DeviceStep:
-    """One device's memory at the end of a step.
-
-    ``current``/``peak``/``growth``/``live_count`` are driver-level (what
-    memviz captures; None when memviz did not capture this device);
-    ``allocated``/``reserved``/``allocated_peak`` are PyTorch's caching
-    allocator's numbers (None unless PyTorch had initialised CUDA).
-    ``segment_*`` count the driver allocations and frees during the step.
-    """
-
-    current: Optional[int] = None
-    peak: Optional[int] = None
-    growth: Optional[int] = None
-    live_count: Optional[int] = None
-    segment_allocs: int = 0
-    segment_frees: int = 0
-    segment_alloc_bytes: int = 0
-    allocated: Optional[int] = None
-    reserved: Optional[int] = None
-    allocated_peak: Optional[int] = None
-
-
-@dataclass
-class GrowthLine:
-    """A user line whose surviving allocations changed during a step."""
-
-    location: str  # "file:line"
-    name: str  # function name
-    bytes: int  # net growth of its live bytes during the step
-    count: int  # net growth of its live allocation count
-    live_bytes: int  # its live bytes at the end of the step
-    live_count: int
-
-    def __str__(self) -> str:
-        return f"{self.location}: {format_size(self.bytes, sign=True)} (live {format_size(self.live_bytes)})"
-
-
-@dataclass
-class StepRecord:
-    """What one training step did to GPU memory (see the module docstring).
-
-    ``index`` counts from 0; ``duration_ns`` is the time since the previous
-    step (or since the tracker started); ``info`` is what was passed to
-    ``t.step(**info)`` (shapes become tuples of ints); ``autograd_seq`` is the
-    autograd sequence number at the step's end (lets diagnose() find graphs
-    that outlive their step).
-    """
-
-    index: int
-    timestamp_ns: int
-    duration_ns: int
-    devices: Dict[int, DeviceStep] = field(default_factory=dict)
-    lines: List[GrowthLine] = field(default_factory=list)
-    info: Dict[str, Any] = field(default_factory=dict)
-    autograd_seq: Optional[int] = None
-
-    # -- totals over the GPUs (device >= 0) -----------------------------------
-
-    def _sum(self, attr: str) -> Optional[int]:
-        vals = [getattr(d, attr) for k, d in self.devices.items() if k >= 0]
-        vals = [v for v in vals if v is not None]
-        return sum(vals) if vals else None
-
-    @property
-    def current(self) -> Optional[int]:
-        """Driver-level bytes on all GPUs at the step's end."""
-        return self._sum("current")
-
-    @property
-    def peak(self) -> Optional[int]:
-        """Sum of each GPU's highest level inside the step."""
-        return self._sum("peak")
-
-    @property
-    def growth(self) -> Optional[int]:
-        return self._sum("growth")
-
-    @property
-    def allocated(self) -> Optional[int]:
-        return self._sum("allocated")
-
-    @property
-    def reserved(self) -> Optional[int]:
-        return self._sum("reserved")
-
-    def to_dict(self) -> Dict[str, Any]:
-        """A JSON-ready dict (device keys become strings); see :meth:`from_dict`."""
-        return {
-            "index": self.index,
-            "timestamp_ns": self.timestamp_ns,
-            "duration_ns": self.duration_ns,
-            "devices": {str(k): asdict(v) for k, v in self.devices.items()},
-            "lines": [asdict(line) for line in self.lines],
-            "info": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.info.items()},
-            "autograd_seq": self.autograd_seq,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "StepRecord":
-        """Rebuild a record from :meth:`to_dict` output (e.g. from a trace file)."""
-        info = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.get("info", {}).items()}
-        return cls(
-            index=int(d["index"]), timestamp_ns=int(d["timestamp_ns"]),
-            duration_ns=int(d.get("duration_ns") or 0),
-            devices={int(k): DeviceStep(**v) for k, v in d.get("devices", {}).items()},
-            lines=[GrowthLine(**g) for g in d.get("lines", [])],
-            info=info, autograd_seq=d.get("autograd_seq"))
-
-    def summary(self) -> str:
-        """One line: the step, its time, each GPU's numbers and the top growing line."""
-        parts = []
-        for dev in sorted(k for k in self.devices if k >= 0):
-            d = self.devices[dev]
-            text = f"cuda:{dev}"
-            if d.current is not None:
-                text += (f" current {format_size(d.current)} ({format_size(d.growth or 0, sign=True)}),"
-                         f" peak {format_size(d.peak or 0)}")
-            if d.allocated is not None:
-                text += f", allocated {format_size(d.allocated)}, reserved {format_size(d.reserved or 0)}"
-            parts.append(text)
-        text = f"memviz step {self.index} ({self.duration_ns / 1e9:.3f} s): " + ("; ".join(parts) or "no GPU memory seen")
-        grew = [g for g in self.lines if g.bytes > 0]
-        if grew:
-            text += f"; grew: {grew[0].location} ({format_size(grew[0].bytes, sign=True)})"
-        return escape_surrogates(text)  # a file name that is not UTF-8, shown escaped
-
-    __str__ = summary
 
 
 # ---- recording ----------------------------------------------------------------
@@ -407,7 +277,7 @@ class _File(_Sink):
             self.f.close()  # retries the flush once more; the file is closed either way
         except OSError:
             pass
-        from ._outputs import _error
+        from memviz._outputs import _error
         err = _error(f"the {self.what} step file", self.path, e)
         when = f"step {rec.index} and later steps" if rec is not None else "the steps"
         return OutputError(err.what, err.path, err.reason, errno=err.errno, hint=(
@@ -570,7 +440,7 @@ def _refuse_same_files(tracker, sinks: Dict[str, Any]) -> None:
     """Before anything is opened: a jsonl=/csv= path must not be the tracker's
     trace file, a step file the tracker writes already, or the other of the two
     (one file by device and inode, through links)."""
-    from ._outputs import own_files, refuse_inputs
+    from memviz._outputs import own_files, refuse_inputs
 
     taken = own_files(tracker) if tracker is not None else []
     st = tracker.__dict__.get("_memviz_steps") if tracker is not None else None
@@ -630,7 +500,7 @@ class WatchHandle:
         self._hook = optimizer.register_step_post_hook(self._after_step)
 
     def _after_step(self, optimizer, args, kwargs) -> None:
-        from ._tracker import active_tracker
+        from memviz.capture.running import active_tracker
 
         t = self.tracker if self.tracker is not None else active_tracker()
         if t is None or not t.running:
@@ -685,6 +555,6 @@ def watch(optimizer, tracker=None, *, info=None, **sinks) -> WatchHandle:
                                   f"got {type(info).__name__}")
     _check_sink_names(sinks, "memviz.watch()")
     if sinks.get("jsonl") is not None or sinks.get("csv") is not None:
-        from ._tracker import active_tracker
+        from memviz.capture.running import active_tracker
         _refuse_same_files(tracker if tracker is not None else active_tracker(), sinks)
     return WatchHandle(optimizer, tracker, make_sinks(**sinks), info)

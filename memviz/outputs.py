@@ -1,0 +1,31 @@
+"""What a recording can be turned into: the HTML report, the exports and the
+notebook display, for a live :class:`~memviz.tracker.Tracker` and a
+:class:`~memviz.loaded.LoadedTrace` alike (the top floor: it reaches down
+to memviz/report and memviz/export when asked)."""
+
+from __future__ import annotations
+
+
+
+class Outputs:
+    """Mixin: to_perfetto, to_torch_snapshot, to_html and notebook display,
+    for any object the exporters and the report read (Tracker, LoadedTrace)."""
+
+    def to_perfetto(self, path: str) -> None:
+        """Chrome trace JSON for Perfetto / chrome://tracing."""
+        from memviz.export.perfetto import write
+        write(self, path)
+
+    def to_torch_snapshot(self, path: str) -> None:
+        """A pickle in torch.cuda.memory._dump_snapshot's format (PyTorch's memory_viz)."""
+        from memviz.export.torch_snapshot import write
+        write(self, path)
+
+    def _repr_html_(self) -> str:
+        from memviz.report.html import tracker_repr_html
+        return tracker_repr_html(self)
+
+    def to_html(self, path: str) -> str:
+        """Write the self-contained HTML report (works offline); returns the path."""
+        from memviz.report.html import write
+        return write(self, path)
