@@ -16,6 +16,7 @@
 #include "frames.h"
 #include "allocator.h"
 #include "interpose.h"
+#include "labels.h"
 #include "nodes.h"
 #include "seqmap.h"
 #include "store.h"
@@ -431,7 +432,7 @@ static PyObject *core_label_get(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    return PyLong_FromUnsignedLong(mvz_label_get());
+    return PyLong_FromUnsignedLong(mvz_capture_label_get());
 }
 
 static PyObject *core_label_set(PyObject *self, PyObject *arg)
@@ -444,7 +445,7 @@ static PyObject *core_label_set(PyObject *self, PyObject *arg)
         PyErr_SetString(PyExc_ValueError, "label_set() takes an id from label_intern()");
         return NULL;
     }
-    mvz_label_set((uint32_t)id);
+    mvz_capture_label_set((uint32_t)id);
     Py_RETURN_NONE;
 }
 

@@ -3,6 +3,7 @@
  */
 #define _GNU_SOURCE
 #include "store.h"
+#include "clock.h"
 #include "region.h"
 #include "trace_ring.h"
 #include "window.h"
@@ -12,7 +13,6 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 /* A graveyard entry: an allocation freed after the peak of its device. The
@@ -111,14 +111,6 @@ static inline uint64_t key_hash(uint64_t address, int kind)
 static inline int key_eq(const mvz_alloc *a, uint64_t address, int kind)
 {
     return a->address == address && key_space(a->kind) == key_space(kind);
-}
-
-uint64_t mvz_now_ns(void)
-{
-    /* vDSO clock read: no lock, no allocation; safe on any thread. */
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
 /* Called with the lock held: a strictly increasing timestamp, so that

@@ -3,6 +3,7 @@
 #include "trace_ring.h"
 #include "region.h"
 #include "store.h"
+#include "clock.h"
 
 #include <stdlib.h>
 #include <string.h>
