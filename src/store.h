@@ -141,6 +141,8 @@ typedef struct {
 
 /* Lifetime (with the GIL). */
 int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames);
+/* Whether mvz_store_init succeeded. */
+int mvz_store_ready(void);
 /* Forget everything recorded. Python references the store held (code
  * objects, resolved tuples) are returned through *refs / *nrefs (malloc'd)
  * for the caller to release after the lock is dropped. */
