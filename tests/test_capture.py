@@ -710,3 +710,100 @@ def test_a_plugin_that_fails_to_start_leaves_nothing_running(fake, monkeypatch):
     assert not Boom.stopped  # it never started
     if has_torch:
         assert t.torch in t._started_plugins and not t.graph.running
+
+
+# ---- named records (the C core's rows) ----------------------------------------
+
+RECORD_FIELDS = {
+    "AllocationRow": ("address", "size", "device", "kind", "stream", "thread", "label",
+                      "timestamp_ns", "stack_id", "seq"),
+    "FailureRow": ("size", "device", "kind", "stream", "thread", "label", "timestamp_ns",
+                   "stack_id", "result"),
+    "SiteRow": ("stack_id", "live_bytes", "live_count", "peak_bytes", "alloc_count",
+                "alloc_bytes"),
+    "TimelinePoint": ("timestamp_ns", "device", "bytes"),
+    "ThreadRow": ("native_id", "ident", "name", "serial"),
+    "StepTotals": ("current", "window_peak", "live_count"),
+    "StepChange": ("stack_id", "live_bytes", "live_count", "delta_bytes", "delta_count"),
+    "Frame": ("filename", "lineno", "name"),
+    "StoreCopy": ("live", "totals", "peaks", "timeline", "when_ns"),
+    "StepMark": ("devices", "changes"),
+    "WindowOpen": ("id", "start_ns", "live"),
+    "StartResult": ("result", "step", "error", "holder", "activity", "activity_error"),
+}
+
+
+def _is_record(obj, name):
+    """obj is a _core.<name>: a tuple whose fields are also its named attributes."""
+    from memviz import _core
+
+    cls = getattr(_core, name)
+    assert type(obj) is cls, (type(obj), name)
+    assert isinstance(obj, tuple) and len(obj) == len(RECORD_FIELDS[name])
+    assert tuple(getattr(obj, f) for f in RECORD_FIELDS[name]) == tuple(obj)
+    return True
+
+
+def test_record_types_have_named_documented_fields():
+    from memviz import _core
+
+    for name, fields in RECORD_FIELDS.items():
+        cls = getattr(_core, name)
+        assert cls.__module__ == "memviz._core" and cls.__name__ == name
+        assert cls.n_fields == cls.n_sequence_fields == len(fields)
+        assert cls.__doc__
+        for f in fields:
+            assert getattr(cls, f).__doc__, f"{name}.{f} has no docstring"
+
+
+def test_rows_are_named_records_in_the_old_order(fake):
+    import pickle
+
+    from memviz import _core
+
+    with memviz.track() as t:
+        keep = fake.alloc(CBID_cuMemAlloc_v2, 3 * MiB); line = here()  # noqa: E702
+        gone = fake.alloc(CBID_cuMemAlloc_v2, MiB)
+        fake.free(CBID_cuMemFree_v2, gone)
+        fake.alloc(CBID_cuMemAlloc_v2, 80 << 30, result=CUDA_ERROR_OUT_OF_MEMORY)
+
+        live = [r for r in _core.live() if r.address == keep]
+        assert len(live) == 1 and _is_record(live[0], "AllocationRow")
+        r = live[0]
+        assert (r[0], r[1], r[2], r[3]) == (keep, 3 * MiB, 0, _core.KIND_DEVICE)
+        assert r.seq == r.timestamp_ns == r[7] == r[9] and r.stack_id == r[8] > 0
+        assert pickle.loads(pickle.dumps(r)) == r  # importable type: rows pickle
+        assert tuple(r) == r  # still equal to the plain tuple
+
+        assert any(p.address == keep for p in _core.peak_live(0))
+        assert all(_is_record(p, "AllocationRow") for p in _core.peak_live(0))
+        fail = [f for f in _core.failures() if f.size == 80 << 30]
+        assert fail and _is_record(fail[-1], "FailureRow")
+        assert fail[-1].result == fail[-1][8] == CUDA_ERROR_OUT_OF_MEMORY
+        sites = {s.stack_id: s for s in _core.sites()}
+        assert _is_record(sites[r.stack_id], "SiteRow") and sites[r.stack_id].live_bytes >= 3 * MiB
+        points = _core.timeline()
+        assert points and all(_is_record(p, "TimelinePoint") for p in points)
+        threads = _core.threads()
+        assert _is_record(threads[r.thread], "ThreadRow")
+        assert threads[r.thread].ident == threading.get_ident()
+
+        (stack,) = _core.resolve([r.stack_id]).values()
+        assert all(_is_record(f, "Frame") for f in stack)
+        assert (THIS, line) in {(f.filename, f.lineno) for f in stack}
+
+        c = _core.copy()
+        assert _is_record(c, "StoreCopy") and c.live is c[0] and c.when_ns == c[4]
+        assert all(_is_record(x, "AllocationRow") for x in c.live + c.peaks)
+        w = _core.window_open()
+        try:
+            assert _is_record(w, "WindowOpen") and w.live == w[2]
+            assert _core.copy(w.id).live == []
+        finally:
+            _core.window_close(w.id)
+        mark = _core.step_mark()
+        assert _is_record(mark, "StepMark")
+        devs, changes = mark  # unpacks as before
+        assert _is_record(devs[0], "StepTotals") and devs[0].current == devs[0][0]
+        assert all(_is_record(x, "StepChange") for x in changes)
+    assert t.current_bytes() == 3 * MiB
