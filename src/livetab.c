@@ -52,6 +52,8 @@ void mvz_live_reset(mvz_livetab *t)
     mvz_region_ensure(&t->index_a_r, t->index_in_a ? t->index_cap * 4 : 0);
 }
 
+/* Capture path, no GIL, store lock held: a probe sequence in an index kept
+ * at most half full; reads only. */
 size_t mvz_live_find(const mvz_livetab *t, uint64_t address, int kind, int *found)
 {
     size_t mask = t->index_cap - 1;
@@ -66,8 +68,8 @@ size_t mvz_live_find(const mvz_livetab *t, uint64_t address, int kind, int *foun
     return i;
 }
 
-/* Rebuild the index at twice the size in the other region (both reserved
- * up front: no allocation). */
+/* Capture path, no GIL, store lock held: rebuild the index at twice the
+ * size in the other region (both reserved up front: no allocation). */
 static int index_grow(mvz_livetab *t)
 {
     size_t ncap = t->index_cap * 2;
@@ -90,6 +92,8 @@ static int index_grow(mvz_livetab *t)
     return 0;
 }
 
+/* Capture path, no GIL, store lock held: arithmetic on the reservations,
+ * and at most one index rebuild (index_grow). */
 int mvz_live_make_room(mvz_livetab *t)
 {
     if (t->count >= t->max || mvz_region_ensure(&t->allocs_r, (t->count + 1) * sizeof(mvz_alloc)))
@@ -99,6 +103,8 @@ int mvz_live_make_room(mvz_livetab *t)
     return 0;
 }
 
+/* Capture path, no GIL, store lock held: two writes into preallocated
+ * memory. */
 mvz_alloc *mvz_live_insert(mvz_livetab *t, size_t i)
 {
     mvz_alloc *a = &t->allocs[t->count];
@@ -107,7 +113,8 @@ mvz_alloc *mvz_live_insert(mvz_livetab *t, size_t i)
     return a;
 }
 
-/* Deletes index slot i with backward shifting (no tombstones). */
+/* Capture path, no GIL, store lock held: deletes index slot i with backward
+ * shifting (no tombstones), in place. */
 static void index_delete(mvz_livetab *t, size_t i)
 {
     size_t mask = t->index_cap - 1;
@@ -129,6 +136,7 @@ static void index_delete(mvz_livetab *t, size_t i)
     }
 }
 
+/* Capture path, no GIL, store lock held: in-place moves only. */
 void mvz_live_remove(mvz_livetab *t, size_t i)
 {
     uint32_t k = t->index[i] - 1;

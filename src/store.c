@@ -1,19 +1,20 @@
 /* The store (see store.h). It owns one leaf mutex, `store_lock`, and all the
  * state it guards: the live table (livetab.c), the stacks (stacks.c), the
- * windows (window.c), the trace ring (trace_ring.c), the totals, timeline,
- * graveyard, failures and threads. Those files are called only from here,
+ * windows (window.c), the trace ring (trace_ring.c), the graveyard of peak
+ * sets (peakset.c), the totals, timeline, failures and threads. Those files are called only from here,
  * with the lock held, and never take it; the accounting rules come from
  * accounting.c. Every function that runs on the capture path says why it is
  * safe without the GIL.
  *
- * Calls down only: livetab, stacks, window, trace_ring, accounting, region,
- * clock.
+ * Calls down only: livetab, stacks, peakset, window, trace_ring, accounting,
+ * region, clock.
  */
 #define _GNU_SOURCE
 #include "store.h"
 #include "accounting.h"
 #include "clock.h"
 #include "livetab.h"
+#include "peakset.h"
 #include "region.h"
 #include "stacks.h"
 #include "trace_ring.h"
@@ -26,14 +27,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-/* A graveyard entry: an allocation freed after the peak of its device. The
- * set live at a peak is "live now and made before the peak" plus "in the
- * graveyard, made before the peak and freed after it". */
-typedef struct {
-    mvz_alloc a;
-    uint64_t freed;
-} mvz_grave;
-
 /* Everything below is protected by store_lock (but the thread-locals and
  * the atomics named as such). */
 static pthread_mutex_t store_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -44,9 +37,7 @@ static mvz_stacks stacks;
 static mvz_windows windows;
 static mvz_trace_ring ring;
 
-static mvz_region graves_r;
-static mvz_grave *graves;
-static size_t ngraves;
+static mvz_graveyard graves; /* peak sets' freed half (peakset.h) */
 
 static mvz_totals totals[MVZ_NSLOTS];
 /* PyTorch's blocks: inside segments `totals` already counts, so apart. Peak
@@ -92,9 +83,8 @@ int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames)
     if (initialized)
         return 0;
     if (mvz_live_init(&live, max_live) || mvz_stacks_init(&stacks, max_stacks, max_frames) ||
-        mvz_region_reserve(&graves_r, max_live * sizeof(mvz_grave), 1 << 16))
+        mvz_graves_init(&graves, max_live))
         return -1;
-    graves = (mvz_grave *)graves_r.base;
     initialized = 1;
     return 0;
 }
@@ -112,8 +102,7 @@ void mvz_store_clear(void ***refs, size_t *nrefs)
     /* Without memory for the list the references leak, which is safe. */
     mvz_live_reset(&live);
     mvz_stacks_reset(&stacks);
-    ngraves = 0;
-    mvz_region_discard(&graves_r);
+    mvz_graves_reset(&graves);
     mvz_windows_reset(&windows);
     memset(totals, 0, sizeof totals);
     memset(btotals, 0, sizeof btotals);
@@ -238,20 +227,6 @@ uint32_t mvz_store_stack_count(void)
 
 /* ---- writers (capture path) ---------------------------------------------- */
 
-/* Lock held. Drop graveyard entries that can no longer belong to a peak
- * set; amortised O(1) per free. */
-static void graves_compact(void)
-{
-    size_t keep = 0;
-    for (size_t k = 0; k < ngraves; k++) {
-        const mvz_grave *g = &graves[k];
-        if (g->freed > totals[g->a.slot].peak_timestamp ||
-            (windows.open && mvz_windows_want_grave(&windows, &g->a, g->freed)))
-            graves[keep++] = *g;
-    }
-    ngraves = keep;
-}
-
 /* Capture path, no GIL: takes the store lock (a leaf lock, see store.h) and
  * touches only preallocated memory. */
 uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int slot, int kind,
@@ -343,25 +318,7 @@ void mvz_store_free(uint64_t address, int kind)
         return;
     }
     mvz_alloc a = *mvz_live_at(&live, i);
-    if (a.timestamp <= totals[a.slot].peak_timestamp ||
-        (windows.open && mvz_windows_want_grave(&windows, &a, ts))) {
-        if (ngraves >= live.max) {
-            graves_compact();
-        }
-        if (ngraves < live.max &&
-            mvz_region_ensure(&graves_r, (ngraves + 1) * sizeof(mvz_grave)) == 0) {
-            graves[ngraves].a = a;
-            graves[ngraves].freed = ts;
-            ngraves++;
-        }
-        size_t bound = 0;
-        for (int d = 0; d < MVZ_NSLOTS; d++)
-            bound += totals[d].peak_count;
-        if (windows.open)
-            bound += mvz_windows_peak_count(&windows);
-        if (ngraves > 2 * bound + 1024)
-            graves_compact();
-    }
+    mvz_graves_on_free(&graves, &a, ts, totals, &windows);
     mvz_live_remove(&live, i);
 
     mvz_stack *s = &stacks.stacks[a.stack_id];
@@ -413,7 +370,7 @@ static size_t room_live(void) { return __atomic_load_n(&live.count, __ATOMIC_REL
 static size_t room_live_graves(void)
 {
     return __atomic_load_n(&live.count, __ATOMIC_RELAXED) +
-           __atomic_load_n(&ngraves, __ATOMIC_RELAXED);
+           __atomic_load_n(&graves.n, __ATOMIC_RELAXED);
 }
 static size_t room_stacks(void) { return __atomic_load_n(&stacks.n, __ATOMIC_RELAXED); }
 
@@ -461,28 +418,6 @@ static size_t collect_live(uint64_t after, mvz_alloc *out)
     return m;
 }
 
-/* Lock held: the allocations made after `after` that were live at the peak
- * of their device in `t`: live now and made before it, or in the graveyard
- * and freed after it. Of one slot, or of every slot with slot < 0. */
-static size_t collect_peak_set(const mvz_totals *t, int slot, uint64_t after, mvz_alloc *out)
-{
-    size_t m = 0;
-    for (size_t k = 0; k < live.count; k++) {
-        const mvz_alloc *a = &live.allocs[k];
-        if ((slot < 0 || a->slot == slot) && a->timestamp > after &&
-            a->timestamp <= t[a->slot].peak_timestamp)
-            out[m++] = *a;
-    }
-    for (size_t k = 0; k < ngraves; k++) {
-        const mvz_grave *g = &graves[k];
-        uint64_t peak_ts = t[g->a.slot].peak_timestamp;
-        if ((slot < 0 || g->a.slot == slot) && g->a.timestamp > after &&
-            g->a.timestamp <= peak_ts && g->freed > peak_ts)
-            out[m++] = g->a;
-    }
-    return m;
-}
-
 long mvz_store_live(mvz_alloc **out)
 {
     void *buf;
@@ -506,7 +441,7 @@ static long peak_live(int w, int slot, mvz_alloc **out)
         return -1;
     uint64_t after;
     const mvz_totals *t = totals_of_window(w, &after);
-    size_t m = t ? collect_peak_set(t, slot, after, buf) : 0;
+    size_t m = t ? mvz_peak_set(&live, &graves, t, slot, after, buf) : 0;
     UNLOCK();
     if (!t) {
         free(buf);
@@ -617,11 +552,11 @@ void mvz_store_get_stats(mvz_store_stats *o)
     /* Bytes in use: what each region has handed out (an upper bound of its
      * resident pages) plus the fixed tables. */
     o->bytes_used = live.count * sizeof(mvz_alloc) + live.index_cap * sizeof(uint32_t) +
-                    mvz_stacks_bytes_used(&stacks) + ngraves * sizeof(mvz_grave) +
+                    mvz_stacks_bytes_used(&stacks) + graves.n * sizeof(mvz_grave) +
                     sizeof totals + sizeof failures + sizeof timeline_points + sizeof threads;
     o->bytes_reserved = live.allocs_r.reserved + live.index_a_r.reserved +
                         live.index_b_r.reserved + mvz_stacks_bytes_reserved(&stacks) +
-                        graves_r.reserved;
+                        graves.r.reserved;
     UNLOCK();
 }
 
@@ -693,7 +628,7 @@ int mvz_store_reset_peak(int w)
             btotals[d].peak_count = btotals[d].live_count;
         }
     }
-    graves_compact();
+    mvz_graves_compact(&graves, totals, &windows);
     UNLOCK();
     return 0;
 }
@@ -719,7 +654,7 @@ int mvz_store_copy(int w, int close, mvz_store_copy_t *out)
     }
     memcpy(out->totals, t, sizeof totals);
     out->nlive = collect_live(after, bufs[0]);
-    out->npeaks = collect_peak_set(t, -1, after, bufs[1]);
+    out->npeaks = mvz_peak_set(&live, &graves, t, -1, after, bufs[1]);
     if (w < 0) {
         memcpy(points, timeline_points, timeline.n * sizeof(mvz_point));
         out->ntimeline = timeline.n;
