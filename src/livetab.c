@@ -52,6 +52,14 @@ void mvz_live_reset(mvz_livetab *t)
     mvz_region_ensure(&t->index_a_r, t->index_in_a ? t->index_cap * 4 : 0);
 }
 
+void mvz_live_release(mvz_livetab *t)
+{
+    mvz_region_release(&t->allocs_r);
+    mvz_region_release(&t->index_a_r);
+    mvz_region_release(&t->index_b_r);
+    memset(t, 0, sizeof *t);
+}
+
 /* Capture path, no GIL, store lock held: a probe sequence in an index kept
  * at most half full; reads only. */
 size_t mvz_live_find(const mvz_livetab *t, uint64_t address, int kind, int *found)

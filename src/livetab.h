@@ -26,6 +26,8 @@ typedef struct {
 int mvz_live_init(mvz_livetab *t, size_t max_live);
 /* Forget every allocation. */
 void mvz_live_reset(mvz_livetab *t);
+/* Give the reservations back (a table made for one job: replay.c). */
+void mvz_live_release(mvz_livetab *t);
 /* The index slot holding (address, kind), *found = 1; else the empty slot
  * where it would go, *found = 0. */
 size_t mvz_live_find(const mvz_livetab *t, uint64_t address, int kind, int *found);

@@ -1,12 +1,13 @@
 /* memviz._core's bindings for reading the store: rows and snapshots,
  * totals, timelines, threads, stacks, step marks, peaks, windows and the
- * trace ring. Every function here runs with the GIL; none of them holds the
+ * trace ring, and the replay of a loaded trace's events through the same
+ * rules. Every function here runs with the GIL; none of them holds the
  * store lock while calling Python (the store copies out, then objects are
  * built), so a garbage collection or a finalizer that allocates GPU memory
  * cannot deadlock against the capture callback.
  *
- * Calls down only: store, records, codeobj, capture and labels (counters
- * for stats), frames (its ABI name). module.c adds the table at the end to
+ * Calls down only: store, replay, records, codeobj, capture and labels
+ * (counters for stats), frames (its ABI name). module.c adds the table at the end to
  * the module.
  */
 #define PY_SSIZE_T_CLEAN
@@ -21,6 +22,7 @@
 #include "frames.h"
 #include "labels.h"
 #include "records.h"
+#include "replay.h"
 #include "store.h"
 
 static PyObject *core_live(PyObject *self, PyObject *unused)
@@ -557,6 +559,165 @@ static PyObject *core_stack_count(PyObject *self, PyObject *unused)
     return PyLong_FromUnsignedLong(mvz_store_stack_count());
 }
 
+/* ---- replay of a loaded trace (replay.h) ---------------------------------- */
+
+/* A column of a trace's events: a buffer of n items of `width` bytes (bytes,
+ * bytearray, array), copied when it is not aligned for them. */
+typedef struct {
+    Py_buffer view;
+    const void *data;
+    void *copy;
+    Py_ssize_t n;
+} column;
+
+static int column_get(PyObject *obj, Py_ssize_t width, const char *name, column *c)
+{
+    memset(c, 0, sizeof *c);
+    if (PyObject_GetBuffer(obj, &c->view, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (c->view.len % width) {
+        PyErr_Format(PyExc_ValueError, "replay(): %s holds %zd bytes, not a whole number of "
+                     "%zd-byte items", name, c->view.len, width);
+        return -1;
+    }
+    c->n = c->view.len / width;
+    c->data = c->view.buf;
+    if ((uintptr_t)c->view.buf % (uintptr_t)width) {
+        c->copy = malloc(c->view.len ? (size_t)c->view.len : 1);
+        if (!c->copy) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(c->copy, c->view.buf, (size_t)c->view.len);
+        c->data = c->copy;
+    }
+    return 0;
+}
+
+static void column_release(column *c)
+{
+    if (c->view.obj)
+        PyBuffer_Release(&c->view);
+    free(c->copy);
+}
+
+/* {device: values[slot]} for the devices of ALLOC and FAILED events. */
+static PyObject *per_device(const int present[MVZ_REPLAY_SLOTS], const uint64_t *u,
+                            const int64_t *s)
+{
+    PyObject *d = PyDict_New();
+    for (int dev = -128; d && dev < 128; dev++) {
+        int slot = (uint8_t)(int8_t)dev;
+        if (!present[slot])
+            continue;
+        PyObject *k = PyLong_FromLong(dev);
+        PyObject *v = u ? PyLong_FromUnsignedLongLong(u[slot]) : PyLong_FromLongLong(s[slot]);
+        if (!k || !v || PyDict_SetItem(d, k, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+    }
+    return d;
+}
+
+/* Indices i with op[i] == want, as a list. */
+static PyObject *indices_of(const uint8_t *op, Py_ssize_t n, uint8_t want)
+{
+    PyObject *list = PyList_New(0);
+    for (Py_ssize_t i = 0; list && i < n; i++) {
+        if (op[i] != want)
+            continue;
+        PyObject *v = PyLong_FromSsize_t(i);
+        if (!v || PyList_Append(list, v) < 0)
+            Py_CLEAR(list);
+        Py_XDECREF(v);
+    }
+    return list;
+}
+
+/* replay(op, address, size, kind, device) -> dict: a loaded trace's event
+ * columns (op, kind: 1 byte each; device: signed bytes; address, size: u64
+ * in native order) replayed through the store's rules (replay.h). The keys
+ * are LoadedTrace._replay's: end (array 'q': for each ALLOC, the event that
+ * ended it, 0: never), live (ALLOC indices live at the end), alloc_idx,
+ * fail_idx, and per device of ALLOC/FAILED events cur, peak and peak_i (the
+ * ALLOC that made the peak, -1: none). */
+static PyObject *core_replay(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o[5];
+    if (!PyArg_ParseTuple(args, "OOOOO:replay", &o[0], &o[1], &o[2], &o[3], &o[4]))
+        return NULL;
+    static const char *names[5] = {"op", "address", "size", "kind", "device"};
+    static const Py_ssize_t widths[5] = {1, 8, 8, 1, 1};
+    column c[5];
+    memset(c, 0, sizeof c);
+    PyObject *result = NULL, *end = NULL;
+    mvz_replay_result r;
+    memset(&r, 0, sizeof r);
+    for (int k = 0; k < 5; k++)
+        if (column_get(o[k], widths[k], names[k], &c[k]) < 0)
+            goto done;
+    Py_ssize_t n = c[0].n;
+    for (int k = 1; k < 5; k++)
+        if (c[k].n != n) {
+            PyErr_Format(PyExc_ValueError, "replay(): %s has %zd events, op has %zd", names[k],
+                         c[k].n, n);
+            goto done;
+        }
+    end = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    if (!end)
+        goto done;
+    r.end = (int64_t *)PyBytes_AS_STRING(end);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = mvz_replay((size_t)n, c[0].data, c[1].data, c[2].data, c[3].data,
+                                           c[4].data, &r);
+    Py_END_ALLOW_THREADS
+    if (rc) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const uint8_t *op = c[0].data;
+    const int8_t *dev = c[4].data;
+    int present[MVZ_REPLAY_SLOTS] = {0};
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (op[i] == MVZ_EV_ALLOC || op[i] == MVZ_EV_FAILED)
+            present[(uint8_t)dev[i]] = 1;
+    PyObject *live = PyList_New((Py_ssize_t)r.nlive);
+    for (size_t k = 0; live && k < r.nlive; k++) {
+        PyObject *v = PyLong_FromSize_t(r.live[k]);
+        if (!v)
+            Py_CLEAR(live);
+        else
+            PyList_SET_ITEM(live, (Py_ssize_t)k, v);
+    }
+    PyObject *array_mod = PyImport_ImportModule("array");
+    PyObject *end_array = array_mod ? PyObject_CallMethod(array_mod, "array", "sO", "q", end) : NULL;
+    Py_XDECREF(array_mod);
+    PyObject *alloc_idx = indices_of(op, n, MVZ_EV_ALLOC);
+    PyObject *fail_idx = indices_of(op, n, MVZ_EV_FAILED);
+    PyObject *cur = per_device(present, r.current, NULL);
+    PyObject *peak = per_device(present, r.peak, NULL);
+    PyObject *peak_i = per_device(present, NULL, r.peak_index);
+    if (live && end_array && alloc_idx && fail_idx && cur && peak && peak_i)
+        result = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "end", end_array, "live", live,
+                               "alloc_idx", alloc_idx, "fail_idx", fail_idx, "cur", cur, "peak",
+                               peak, "peak_i", peak_i);
+    Py_XDECREF(live);
+    Py_XDECREF(end_array);
+    Py_XDECREF(alloc_idx);
+    Py_XDECREF(fail_idx);
+    Py_XDECREF(cur);
+    Py_XDECREF(peak);
+    Py_XDECREF(peak_i);
+done:
+    Py_XDECREF(end);
+    free(r.live);
+    for (int k = 0; k < 5; k++)
+        column_release(&c[k]);
+    return result;
+}
+
 PyMethodDef mvz_store_bindings[] = {
     {"live", core_live, METH_NOARGS, "AllocationRow list: the live allocations."},
     {"peak_live", core_peak_live, METH_VARARGS,
@@ -593,5 +754,8 @@ PyMethodDef mvz_store_bindings[] = {
     {"window_open", core_window_open, METH_NOARGS,
      "Open a window (a nested tracker's figures): WindowOpen(id, start_ns, {device: live bytes}) "
      "or None."},
+    {"replay", core_replay, METH_VARARGS,
+     "replay(op, address, size, kind, device) -> LoadedTrace._replay's dict, from the store's "
+     "own live-table and accounting rules."},
     {NULL, NULL, 0, NULL},
 };
