@@ -1,13 +1,19 @@
 /* The CUPTI driver callback: the only code that runs inside other
- * libraries' cudaMalloc. Everything it calls is listed in DESIGN.md's rule 1
- * budget: field reads of this thread's frames, thread-local reads, atomics and
- * the store's leaf lock. No GIL, no Python API, no malloc, no CUDA call.
+ * libraries' cudaMalloc. Everything it calls is within the budget of
+ * docs/architecture.md, rule 1: field reads of this thread's frames,
+ * thread-local reads, atomics and the store's leaf lock. No GIL, no Python
+ * API, no malloc, no CUDA call.
+ *
+ * Calls down only: store, frames, nodes, labels, seqmap, cupti, clock. The
+ * wrappers above it (interpose.c, allocator.c) call in through
+ * mvz_capture_async / mvz_capture_block / mvz_capture_set_inside.
  */
 #define _GNU_SOURCE
 #include "capture.h"
 #include "cupti.h"
 #include "frames.h"
-#include "interpose.h"
+#include "clock.h"
+#include "labels.h"
 #include "nodes.h"
 #include "seqmap.h"
 #include "store.h"
@@ -18,7 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 const char *const mvz_op_names[MVZ_OP_COUNT] = {
     "alloc",  "alloc_async", "alloc_managed", "alloc_host",   "create",
@@ -62,93 +67,15 @@ static uint64_t profile_calls, profile_ns;
 
 void (*mvz_new_stack_hook)(void);
 
-/* ---- labels ----------------------------------------------------------- */
+/* ---- this thread's label (labels.h has the table) ---------------------- */
 
-/* Ids fit the trace's 16 bits; the last one is the overflow label, which
- * every label that finds no room (no id left, or no arena space) gets. */
-#define MAX_LABELS 65536
-#define LABEL_OVERFLOW (MAX_LABELS - 1)
-#define LABEL_SLOTS (2 * MAX_LABELS) /* hash index, at most half full */
-static const char overflow_name[] = MVZ_LABEL_OVERFLOW_NAME;
-static const char *labels[MAX_LABELS] = {[LABEL_OVERFLOW] = overflow_name};
-/* labels[i] names an autograd node ("\x01..."): written before the id is
- * published to anyone, read lock-free in the callback. */
-static uint8_t label_is_node[MAX_LABELS];
-static uint32_t nlabels = 1; /* 0 means "no label" */
-static uint32_t label_slots[LABEL_SLOTS]; /* id, or 0 for an empty slot */
-static uint64_t labels_overflowed;        /* requests answered with LABEL_OVERFLOW */
-static pthread_mutex_t label_lock = PTHREAD_MUTEX_INITIALIZER;
-/* Label strings, never freed: 4 MiB of zero pages until used. */
-static char arena[4u << 20];
-static size_t arena_used;
 static __thread uint32_t tl_label __attribute__((tls_model("initial-exec")));
-
-static uint32_t label_hash(const char *s, size_t len)
-{
-    uint32_t h = 2166136261u; /* FNV-1a */
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ (uint8_t)s[i]) * 16777619u;
-    return h;
-}
-
-/* Any thread, also the driver callback (nodes.c, once per new node label):
- * label_lock is a leaf lock, and whoever holds it does a bounded amount of
- * work (one hash probe sequence in a table kept at most half full, and a
- * copy into the static arena): no malloc, no Python, no other lock. */
-uint32_t mvz_label_intern(const char *name)
-{
-    if (name == NULL)
-        return 0;
-    size_t len = strlen(name);
-    uint32_t mask = LABEL_SLOTS - 1, i = label_hash(name, len) & mask;
-    pthread_mutex_lock(&label_lock);
-    uint32_t id;
-    for (; (id = label_slots[i]) != 0; i = (i + 1) & mask)
-        if (strcmp(labels[id], name) == 0)
-            break;
-    if (!id) {
-        if (strcmp(name, overflow_name) == 0) {
-            id = LABEL_OVERFLOW;
-        } else if (nlabels < LABEL_OVERFLOW && len < sizeof arena - arena_used) {
-            char *copy = arena + arena_used; /* the callback interns too: no malloc */
-            memcpy(copy, name, len + 1);
-            arena_used += len + 1;
-            id = nlabels;
-            labels[id] = copy;
-            label_is_node[id] = name[0] == '\x01';
-            label_slots[i] = id;
-            nlabels++;
-        } else {
-            id = LABEL_OVERFLOW; /* the table is full: counted, never an error */
-            labels_overflowed++;
-        }
-    }
-    pthread_mutex_unlock(&label_lock);
-    return id;
-}
-
-void mvz_label_stats(uint32_t *count, uint64_t *overflowed, uint64_t *bytes)
-{
-    pthread_mutex_lock(&label_lock);
-    *count = nlabels - 1;
-    *overflowed = labels_overflowed;
-    *bytes = arena_used;
-    pthread_mutex_unlock(&label_lock);
-}
-
-const char *mvz_label_name(uint32_t id)
-{
-    const char *s = NULL;
-    pthread_mutex_lock(&label_lock);
-    if ((id > 0 && id < nlabels) || id == LABEL_OVERFLOW)
-        s = labels[id]; /* never freed, so the pointer stays valid */
-    pthread_mutex_unlock(&label_lock);
-    return s;
-}
+/* 1 while this thread runs a real call from interpose.c's wrappers. */
+static __thread int tl_inside __attribute__((tls_model("initial-exec")));
 
 /* Thread-local, initial-exec: reading it is one load from this thread's
  * own TLS block, safe in the callback. */
-uint32_t mvz_label_get(void) { return tl_label; }
+uint32_t mvz_capture_label_get(void) { return tl_label; }
 
 /* A node label set from Python inside a node (a saved tensor's unpack hook
  * names its pack line) holds only while that same node runs: the callback
@@ -156,10 +83,10 @@ uint32_t mvz_label_get(void) { return tl_label; }
 static __thread const void *tl_label_node __attribute__((tls_model("initial-exec")));
 static __thread uint64_t tl_label_seq __attribute__((tls_model("initial-exec")));
 
-void mvz_label_set(uint32_t id)
+void mvz_capture_label_set(uint32_t id)
 {
     tl_label = id;
-    const void *node = id < MAX_LABELS && label_is_node[id] ? mvz_nodes_current() : NULL;
+    const void *node = mvz_label_is_node(id) ? mvz_nodes_current() : NULL;
     tl_label_node = node;
     tl_label_seq = mvz_nodes_seq(node);
 }
@@ -172,7 +99,7 @@ static uint32_t current_label(const void *node)
     uint32_t lab = tl_label;
     if (!node)
         return lab;
-    if (lab && lab < MAX_LABELS && label_is_node[lab] && tl_label_node == node &&
+    if (lab && mvz_label_is_node(lab) && tl_label_node == node &&
         tl_label_seq == mvz_nodes_seq(node))
         return lab;
     uint32_t id = mvz_nodes_label(node);
@@ -346,13 +273,6 @@ static int decode(uint32_t cbid, const void *p, int ok, decoded *d)
 
 static void record_call(int domain, uint32_t cbid, const void *data);
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* The entry point CUPTI calls; see record_call for why it is GIL-free. */
 static void on_driver_call(void *userdata, int domain, uint32_t cbid, const void *data)
 {
@@ -365,9 +285,9 @@ static void on_driver_call(void *userdata, int domain, uint32_t cbid, const void
     __atomic_fetch_add(&profile_calls, 1, __ATOMIC_RELAXED);
     if (mode == PROFILE_NOOP)
         return;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = mvz_now_ns();
     record_call(domain, cbid, data);
-    __atomic_fetch_add(&profile_ns, now_ns() - t0, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&profile_ns, mvz_now_ns() - t0, __ATOMIC_RELAXED);
 }
 
 /* Runs on whichever thread made the driver call, possibly holding other
@@ -396,7 +316,7 @@ static void record_call(int domain, uint32_t cbid, const void *data)
             count(d.op);
         return;
     }
-    if ((d.op == MVZ_OP_ALLOC_ASYNC || d.op == MVZ_OP_FREE_ASYNC) && mvz_interpose_inside())
+    if ((d.op == MVZ_OP_ALLOC_ASYNC || d.op == MVZ_OP_FREE_ASYNC) && tl_inside)
         return; /* the wrapper around this very call records it (interpose.h) */
     record(&d, result, d.kind == MVZ_KIND_HOST ? MVZ_HOST_SLOT : device_of(cb->context), 0);
 }
@@ -438,7 +358,7 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
         count(d.op);
         uint32_t stack = mvz_store_alloc_at(stamp, d.address, d.size, d.stream, slot, d.kind, lab,
                                             frames, depth);
-        if (!node && (lab >= MAX_LABELS || !label_is_node[lab])) /* not inside a backward node */
+        if (!node && !mvz_label_is_node(lab)) /* not inside a backward node */
             mvz_seqmap_note(stack);   /* the autograd node this line may have just made */
     }
     if (mvz_new_stack_hook && mvz_store_has_pending())
@@ -463,6 +383,10 @@ static int current_slot(void)
         return (int)dev;
     return 0;
 }
+
+/* Hot path, no GIL: this thread's own TLS (interpose.c's wrappers set it
+ * around the real call; record_call reads it). */
+void mvz_capture_set_inside(int on) { tl_inside = on; }
 
 /* The wrappers' path (interpose.c): a cudaMallocAsync/cudaFreeAsync that
  * PyTorch just made on this thread, on the current context's device
@@ -733,5 +657,5 @@ void mvz_capture_atfork_child(void)
     __atomic_store_n(&inflight, 0, __ATOMIC_RELEASE); /* the parent's threads are not here */
     subscriber = NULL;
     activity_on = 0;
-    pthread_mutex_init(&label_lock, NULL);
+    mvz_labels_atfork_child();
 }

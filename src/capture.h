@@ -1,4 +1,6 @@
 /* CUPTI subscription, the driver callback and activity records. */
+/* capture.c calls down into store, frames, nodes, labels, seqmap, cupti and
+ * clock; interpose.c, allocator.c and the bindings call it. */
 #ifndef MEMVIZ_CAPTURE_H
 #define MEMVIZ_CAPTURE_H
 
@@ -54,17 +56,10 @@ void mvz_capture_forget_counts(void);
 /* After fork, in the child: capture is off and CUPTI is not touched. */
 void mvz_capture_atfork_child(void);
 
-/* Thread-local labels. Ids come from mvz_label_intern (any thread, the
- * driver callback included: a leaf lock, no allocation). Past 65,534
- * distinct labels or 4 MiB of their text, every new label gets the id of
- * MVZ_LABEL_OVERFLOW_NAME (counted in mvz_label_stats), never 0. */
-#define MVZ_LABEL_OVERFLOW_NAME "<labels overflowed>"
-uint32_t mvz_label_intern(const char *name);
-const char *mvz_label_name(uint32_t id);
-/* Labels interned, requests that got the overflow label, bytes of text. */
-void mvz_label_stats(uint32_t *count, uint64_t *overflowed, uint64_t *bytes);
-uint32_t mvz_label_get(void);
-void mvz_label_set(uint32_t id);
+/* This thread's label id (labels.h interns them): read in the callback,
+ * set by Python with the GIL. Thread-local, no lock. */
+uint32_t mvz_capture_label_get(void);
+void mvz_capture_label_set(uint32_t id);
 
 /* Called on the capture path after a new stack was interned, when set:
  * module.c uses it on Python < 3.12 to schedule keeping code objects alive
@@ -84,6 +79,11 @@ void mvz_capture_async(int is_free, int result, uint64_t address, uint64_t size,
  * ran (0: now). */
 void mvz_capture_block(int is_free, uint64_t address, uint64_t size, uint64_t stream, int slot,
                        uint64_t stamp);
+/* Hot path (interpose.c's wrappers, no GIL): 1 while this thread runs the
+ * real call from a wrapper, 0 after; the CUPTI callback then ignores that
+ * call's own stream-ordered event. This thread's TLS only. */
+void mvz_capture_set_inside(int on);
+
 /* With the GIL, before wrappers that run after driver calls are installed. */
 void mvz_capture_prepare_wrappers(void);
 

@@ -1,4 +1,4 @@
-/* libcupti, loaded at run time with dlopen (DESIGN.md rule 5). */
+/* libcupti, loaded at run time with dlopen (docs/architecture.md, rule 5). */
 #ifndef MEMVIZ_CUPTI_H
 #define MEMVIZ_CUPTI_H
 

@@ -1,6 +1,6 @@
 /* The calling thread's Python frames, read with field loads only.
  *
- * Why this is safe without the GIL (DESIGN.md rule 2): a thread that is
+ * Why this is safe without the GIL (docs/architecture.md, rule 2): a thread that is
  * inside a CUDA driver call is not running Python, so it cannot push or pop
  * its own frames while we walk them, and each frame holds a strong reference
  * to its code object, so neither can go away during the walk. Other threads

@@ -1,4 +1,5 @@
-/* See interpose.h. */
+/* See interpose.h. Calls down into capture.c (the capture path and the
+ * "inside a wrapper" flag) and libfind.c; nothing calls it but module.c. */
 #define _GNU_SOURCE
 #include "interpose.h"
 
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "capture.h"
+#include "libfind.h"
 
 #if defined(__x86_64__) && defined(__GLIBC__)
 #define HAVE_INTERPOSE 1
@@ -25,7 +27,6 @@ typedef int (*free_async_fn)(void *ptr, void *stream);
  * is still running after detach keeps calling the real function. */
 static malloc_async_fn real_malloc_async;
 static free_async_fn real_free_async;
-static __thread int tl_inside __attribute__((tls_model("initial-exec")));
 
 #define MAX_PATCHES 64
 #define MAX_MODULES 32
@@ -39,17 +40,17 @@ typedef struct {
 static patch patches[MAX_PATCHES];
 static int npatches;
 
-int mvz_interpose_inside(void) { return tl_inside; }
 int mvz_interpose_attached(void) { return npatches > 0; }
 
 /* Hot path, any thread, no GIL: what PyTorch called, then the capture path
  * that the CUPTI callback uses (capture.c: mvz_capture_async), with the
- * same guarantees. The flag is this thread's own. */
+ * same guarantees. The "inside a wrapper" flag is this thread's own TLS,
+ * kept by capture.c (the layer below) so the callback reads it there. */
 static int wrap_malloc_async(void **ptr, size_t size, void *stream)
 {
-    tl_inside = 1;
+    mvz_capture_set_inside(1);
     int r = real_malloc_async(ptr, size, stream);
-    tl_inside = 0;
+    mvz_capture_set_inside(0);
     mvz_capture_async(0, r, r == 0 && ptr ? (uint64_t)(uintptr_t)*ptr : 0, size,
                       (uint64_t)(uintptr_t)stream);
     return r;
@@ -57,36 +58,11 @@ static int wrap_malloc_async(void **ptr, size_t size, void *stream)
 
 static int wrap_free_async(void *ptr, void *stream)
 {
-    tl_inside = 1;
+    mvz_capture_set_inside(1);
     int r = real_free_async(ptr, stream);
-    tl_inside = 0;
+    mvz_capture_set_inside(0);
     mvz_capture_async(1, r, (uint64_t)(uintptr_t)ptr, 0, (uint64_t)(uintptr_t)stream);
     return r;
-}
-
-typedef struct {
-    const char *suffix;
-    struct dl_phdr_info *out;
-    int found;
-} lookup;
-
-static int match(struct dl_phdr_info *info, size_t size, void *data)
-{
-    lookup *l = data;
-    size_t nl = strlen(info->dlpi_name), sl = strlen(l->suffix);
-    if (nl < sl || strcmp(info->dlpi_name + nl - sl, l->suffix) != 0)
-        return 0;
-    memset(l->out, 0, sizeof *l->out);
-    memcpy(l->out, info, size < sizeof *l->out ? size : sizeof *l->out);
-    l->found = 1;
-    return 1;
-}
-
-int mvz_find_library(const char *suffix, struct dl_phdr_info *out)
-{
-    lookup l = {suffix, out, 0};
-    dl_iterate_phdr(match, &l);
-    return l.found;
 }
 
 #if HAVE_INTERPOSE

@@ -17,13 +17,7 @@
 #ifndef MEMVIZ_INTERPOSE_H
 #define MEMVIZ_INTERPOSE_H
 
-#include <link.h>
 #include <stddef.h>
-
-/* The loaded library whose path ends with `suffix` (the first one), copied
- * into *out (its pointers stay valid while the library is loaded); 0 when
- * none. Takes the loader's lock: never on the capture path. */
-int mvz_find_library(const char *suffix, struct dl_phdr_info *out);
 
 /* With the GIL: patch the loaded library whose path ends with `suffix` (it
  * must import cudaMallocAsync or cudaFreeAsync; several libraries may be
@@ -36,9 +30,5 @@ int mvz_interpose_attached(void);
 
 /* With the GIL: put every patched slot back. */
 void mvz_interpose_detach(void);
-
-/* Any thread: 1 while this thread runs a real call from a wrapper (the CUPTI
- * callback then ignores the same call's stream-ordered event). */
-int mvz_interpose_inside(void);
 
 #endif

@@ -1,4 +1,4 @@
-/* See nodes.h. */
+/* See nodes.h. Calls down into labels.c, libfind.c and seqmap.c only. */
 #define _GNU_SOURCE 1 /* as pyconfig.h spells it: no redefinition warning */
 #include "nodes.h"
 
@@ -11,8 +11,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "capture.h"
-#include "interpose.h"
+#include "labels.h"
+#include "libfind.h"
 #include "seqmap.h"
 
 #if defined(__x86_64__) && defined(__GLIBC__)

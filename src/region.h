@@ -1,6 +1,6 @@
 /* Growable memory regions backed by anonymous mmap.
  *
- * The capture path may not call malloc (DESIGN.md rule 1), and the store's
+ * The capture path may not call malloc (docs/architecture.md, rule 1), and the store's
  * tables must never move while a reader holds a pointer into them. A region
  * reserves a large range of address space once (MAP_NORESERVE, so it costs no
  * memory until touched) and is used as a plain array from its start; only

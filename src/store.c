@@ -1,9 +1,22 @@
-/* The store (see store.h). One leaf mutex guards everything here; every
- * function that runs on the capture path says why it is safe without the GIL.
+/* The store (see store.h). It owns one leaf mutex, `store_lock`, and all the
+ * state it guards: the live table (livetab.c), the stacks (stacks.c), the
+ * windows (window.c), the trace ring (trace_ring.c), the graveyard of peak
+ * sets (peakset.c), the totals, timeline, failures and threads. Those files are called only from here,
+ * with the lock held, and never take it; the accounting rules come from
+ * accounting.c. Every function that runs on the capture path says why it is
+ * safe without the GIL.
+ *
+ * Calls down only: livetab, stacks, peakset, window, trace_ring, accounting,
+ * region, clock.
  */
 #define _GNU_SOURCE
 #include "store.h"
+#include "accounting.h"
+#include "clock.h"
+#include "livetab.h"
+#include "peakset.h"
 #include "region.h"
+#include "stacks.h"
 #include "trace_ring.h"
 #include "window.h"
 
@@ -12,46 +25,19 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
-/* A graveyard entry: an allocation freed after the peak of its device. The
- * set live at a peak is "live now and made before the peak" plus "in the
- * graveyard, made before the peak and freed after it". */
-typedef struct {
-    mvz_alloc a;
-    uint64_t freed;
-} mvz_grave;
-
-typedef struct {
-    uint64_t hash;
-    uint32_t first_frame;
-    uint16_t depth;
-    uint16_t adopted; /* its code objects are referenced by memviz */
-    uint64_t live_bytes, peak_bytes, alloc_count, alloc_bytes;
-    uint32_t live_count, mark_count;
-    uint64_t mark_bytes; /* live bytes at the last step mark */
-} mvz_stack;
-
-
+/* Everything below is protected by store_lock (but the thread-locals and
+ * the atomics named as such). */
 static pthread_mutex_t store_lock = PTHREAD_MUTEX_INITIALIZER;
 static int initialized;
 
-static mvz_region allocs_r, index_a_r, index_b_r, stacks_r, frames_r, stack_index_r, pending_r,
-    graves_r;
-static mvz_alloc *allocs;
-static uint32_t *live_index; /* slot -> alloc index + 1; 0 empty */
-static size_t live_count, max_live, live_index_cap;
-static int live_index_in_a;
+static mvz_livetab live;
+static mvz_stacks stacks;
+static mvz_windows windows;
+static mvz_trace_ring ring;
 
-static mvz_stack *stacks;
-static mvz_frame *frames;
-static uint32_t *stack_index; /* slot -> stack id + 1 */
-static uint32_t *pending;    /* stack ids whose code objects are not yet adopted */
-static size_t nstacks, max_stacks, nframes, max_frames, stack_index_cap, npending;
-
-static mvz_grave *graves;
-static size_t ngraves;
+static mvz_graveyard graves; /* peak sets' freed half (peakset.h) */
 
 static mvz_totals totals[MVZ_NSLOTS];
 /* PyTorch's blocks: inside segments `totals` already counts, so apart. Peak
@@ -64,12 +50,11 @@ static inline mvz_totals *totals_of(int kind, int slot)
 }
 static mvz_failure failures[MVZ_FAILURES];
 static uint64_t nfailures;
-static mvz_point timeline[MVZ_TIMELINE_POINTS];
-static size_t ntimeline;
-static uint64_t timeline_stride = 1, timeline_tick;
+static mvz_point timeline_points[MVZ_TIMELINE_POINTS];
+static mvz_series timeline = {timeline_points, 0, MVZ_TIMELINE_POINTS, 1, 0};
 static mvz_thread threads[MVZ_MAX_THREADS];
 static uint32_t nthreads;
-static uint64_t last_ts, unmatched_frees, dropped_allocs, dropped_stacks, dropped_threads;
+static uint64_t last_ts, unmatched_frees, dropped_allocs, dropped_threads;
 static uint64_t last_serial; /* atomic */
 static uint32_t generation = 1;
 
@@ -82,45 +67,6 @@ static __thread uint64_t tl_serial __attribute__((tls_model("initial-exec")));
 #define LOCK() pthread_mutex_lock(&store_lock)
 #define UNLOCK() pthread_mutex_unlock(&store_lock)
 
-void mvz_store_lock(void) { LOCK(); }
-void mvz_store_unlock(void) { UNLOCK(); }
-
-static inline uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return x;
-}
-
-/* Keys: an address lives once per key space. Physical handles are not
- * addresses, and a PyTorch block may start where its segment starts. */
-static inline int key_space(int kind)
-{
-    return kind == MVZ_KIND_PHYSICAL ? 1 : kind == MVZ_KIND_BLOCK ? 2 : 0;
-}
-
-static inline uint64_t key_hash(uint64_t address, int kind)
-{
-    static const uint64_t salt[3] = {0, 0x9e3779b97f4a7c15ULL, 0xc2b2ae3d27d4eb4fULL};
-    return mix64(address ^ salt[key_space(kind)]);
-}
-
-static inline int key_eq(const mvz_alloc *a, uint64_t address, int kind)
-{
-    return a->address == address && key_space(a->kind) == key_space(kind);
-}
-
-uint64_t mvz_now_ns(void)
-{
-    /* vDSO clock read: no lock, no allocation; safe on any thread. */
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-}
-
 /* Called with the lock held: a strictly increasing timestamp, so that
  * "made before the peak" and "freed after it" are never ambiguous. */
 static uint64_t next_ts(void)
@@ -132,104 +78,44 @@ static uint64_t next_ts(void)
     return t;
 }
 
-int mvz_store_init(size_t max_live_, size_t max_stacks_, size_t max_frames_)
+int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames)
 {
     if (initialized)
         return 0;
-    max_live = max_live_;
-    max_stacks = max_stacks_;
-    max_frames = max_frames_;
-    /* The live index holds at most half-full max_live entries. */
-    size_t cap = 1024;
-    while (cap < 2 * max_live)
-        cap <<= 1;
-    size_t scap = 1024;
-    while (scap < 2 * max_stacks)
-        scap <<= 1;
-    if (mvz_region_reserve(&allocs_r, max_live * sizeof(mvz_alloc), 1 << 20) ||
-        mvz_region_reserve(&index_a_r, cap * sizeof(uint32_t), 1 << 16) ||
-        mvz_region_reserve(&index_b_r, cap * sizeof(uint32_t), 0) ||
-        mvz_region_reserve(&stacks_r, max_stacks * sizeof(mvz_stack), 1 << 16) ||
-        mvz_region_reserve(&frames_r, max_frames * sizeof(mvz_frame), 1 << 18) ||
-        mvz_region_reserve(&stack_index_r, scap * sizeof(uint32_t), 1 << 16) ||
-        mvz_region_reserve(&pending_r, max_stacks * sizeof(uint32_t), 1 << 14) ||
-        mvz_region_reserve(&graves_r, max_live * sizeof(mvz_grave), 1 << 16))
+    if (mvz_live_init(&live, max_live) || mvz_stacks_init(&stacks, max_stacks, max_frames) ||
+        mvz_graves_init(&graves, max_live))
         return -1;
-    allocs = (mvz_alloc *)allocs_r.base;
-    live_index = (uint32_t *)index_a_r.base;
-    live_index_in_a = 1;
-    live_index_cap = 1024;
-    stacks = (mvz_stack *)stacks_r.base;
-    frames = (mvz_frame *)frames_r.base;
-    stack_index = (uint32_t *)stack_index_r.base;
-    stack_index_cap = 1024;
-    pending = (uint32_t *)pending_r.base;
-    graves = (mvz_grave *)graves_r.base;
-    mvz_region_ensure(&index_a_r, live_index_cap * sizeof(uint32_t));
-    mvz_region_ensure(&stack_index_r, stack_index_cap * sizeof(uint32_t));
-    /* Stack 0 is the empty stack: allocations made with no Python frames. */
-    nstacks = 1;
-    memset(&stacks[0], 0, sizeof stacks[0]);
-    stacks[0].adopted = 1;
-    mvz_region_ensure(&stacks_r, sizeof(mvz_stack));
     initialized = 1;
     return 0;
 }
+
+int mvz_store_ready(void) { return initialized; }
 
 void mvz_store_clear(void ***refs, size_t *nrefs)
 {
     *refs = NULL;
     *nrefs = 0;
     LOCK();
-    size_t count = 0;
-    for (size_t s = 1; s < nstacks; s++)
-        if (stacks[s].adopted)
-            count += stacks[s].depth;
-    for (size_t s = 1; s < nstacks; s++) /* resolved tuples are owned even when pending */
-        if (!stacks[s].adopted)
-            for (uint32_t f = 0; f < stacks[s].depth; f++)
-                if (frames[stacks[s].first_frame + f].flags & MVZ_FRAME_RESOLVED)
-                    count++;
+    size_t count = mvz_stacks_refs(&stacks, NULL);
     void **out = count ? malloc(count * sizeof(void *)) : NULL;
-    size_t n = 0;
-    if (out) {
-        for (size_t s = 1; s < nstacks; s++)
-            for (uint32_t f = 0; f < stacks[s].depth; f++) {
-                mvz_frame *fr = &frames[stacks[s].first_frame + f];
-                if (stacks[s].adopted || (fr->flags & MVZ_FRAME_RESOLVED))
-                    out[n++] = fr->code;
-            }
-    }
+    size_t n = out ? mvz_stacks_refs(&stacks, out) : 0;
     /* Without memory for the list the references leak, which is safe. */
-    live_count = 0;
-    memset(live_index, 0, live_index_cap * sizeof(uint32_t));
-    nstacks = 1;
-    memset(&stacks[0], 0, sizeof stacks[0]);
-    stacks[0].adopted = 1;
-    nframes = 0;
-    npending = 0;
-    memset(stack_index, 0, stack_index_cap * sizeof(uint32_t));
-    ngraves = 0;
-    mvz_windows_open = 0;
+    mvz_live_reset(&live);
+    mvz_stacks_reset(&stacks);
+    mvz_graves_reset(&graves);
+    mvz_windows_reset(&windows);
     memset(totals, 0, sizeof totals);
     memset(btotals, 0, sizeof btotals);
-    mvz_trace_reset_locked();
+    mvz_ring_reset(&ring);
     nfailures = 0;
-    ntimeline = 0;
-    timeline_stride = 1;
-    timeline_tick = 0;
+    mvz_series_reset(&timeline);
     nthreads = 0;
-    unmatched_frees = dropped_allocs = dropped_stacks = dropped_threads = 0;
+    unmatched_frees = dropped_allocs = dropped_threads = 0;
     generation++;
-    mvz_region_discard(&allocs_r);
-    mvz_region_discard(&graves_r);
-    mvz_region_discard(&frames_r);
-    mvz_region_ensure(&index_a_r, live_index_in_a ? live_index_cap * 4 : 0);
     UNLOCK();
     *refs = out;
     *nrefs = n;
 }
-
 /* ---- threads ---------------------------------------------------------- */
 
 /* Any thread, no GIL: this thread's own TLS and one atomic add. */
@@ -270,132 +156,24 @@ uint32_t mvz_store_thread_index(void)
     return idx;
 }
 
-/* ---- stacks ----------------------------------------------------------- */
-
-static uint64_t stack_hash(const mvz_frame *f, int depth)
-{
-    /* One multiply per frame (the multiply-xorshift chain keeps order and
-     * mixes well enough for a table keyed on pointers), one full mix at the
-     * end: hashing a 32-frame stack costs tens of nanoseconds. */
-    uint64_t h = 0x84222325cbf29ce4ULL ^ (uint64_t)depth;
-    for (int i = 0; i < depth; i++) {
-        uint64_t w = (uint64_t)(uintptr_t)f[i].code ^ ((uint64_t)(uint32_t)f[i].offset << 40);
-        h = (h ^ w) * 0x9e3779b97f4a7c15ULL;
-        h ^= h >> 29;
-    }
-    return mix64(h);
-}
-
-static int stack_eq(const mvz_stack *s, uint64_t h, const mvz_frame *f, int depth)
-{
-    if (s->hash != h || s->depth != depth)
-        return 0;
-    const mvz_frame *g = &frames[s->first_frame];
-    for (int i = 0; i < depth; i++)
-        if (g[i].code != f[i].code || g[i].offset != f[i].offset)
-            return 0;
-    return 1;
-}
-
-static int stack_index_grow(void)
-{
-    size_t ncap = stack_index_cap * 2;
-    if (mvz_region_ensure(&stack_index_r, ncap * sizeof(uint32_t)))
-        return -1;
-    memset(stack_index, 0, ncap * sizeof(uint32_t));
-    stack_index_cap = ncap;
-    for (uint32_t id = 1; id < nstacks; id++) {
-        size_t i = stacks[id].hash & (ncap - 1);
-        while (stack_index[i])
-            i = (i + 1) & (ncap - 1);
-        stack_index[i] = id + 1;
-    }
-    return 0;
-}
-
-/* Lock held. Returns the id of the stack, interning it when new; 0 when
- * there are no frames or no room (counted in dropped_stacks). */
-static uint32_t intern_stack(const mvz_frame *f, int depth)
-{
-    if (depth <= 0)
-        return 0;
-    uint64_t h = stack_hash(f, depth);
-    size_t mask = stack_index_cap - 1;
-    size_t i = h & mask;
-    for (; stack_index[i]; i = (i + 1) & mask) {
-        uint32_t id = stack_index[i] - 1;
-        if (stack_eq(&stacks[id], h, f, depth))
-            return id;
-    }
-    if (nstacks >= max_stacks || nframes + (size_t)depth > max_frames ||
-        mvz_region_ensure(&frames_r, (nframes + depth) * sizeof(mvz_frame)) ||
-        mvz_region_ensure(&stacks_r, (nstacks + 1) * sizeof(mvz_stack))) {
-        dropped_stacks++;
-        return 0;
-    }
-    if (2 * (nstacks + 1) > stack_index_cap) {
-        if (stack_index_grow()) {
-            dropped_stacks++;
-            return 0;
-        }
-        mask = stack_index_cap - 1;
-        for (i = h & mask; stack_index[i]; i = (i + 1) & mask)
-            ;
-    }
-    uint32_t id = (uint32_t)nstacks++;
-    mvz_stack *s = &stacks[id];
-    memset(s, 0, sizeof *s);
-    s->hash = h;
-    s->depth = (uint16_t)depth;
-    s->first_frame = (uint32_t)nframes;
-    memcpy(&frames[nframes], f, (size_t)depth * sizeof(mvz_frame));
-    for (int k = 0; k < depth; k++)
-        frames[nframes + k].flags = 0;
-    nframes += (size_t)depth;
-    stack_index[i] = id + 1;
-    mvz_region_ensure(&pending_r, (npending + 1) * sizeof(uint32_t));
-    pending[npending++] = id;
-    return id;
-}
+/* ---- stacks (with the GIL; stacks.c holds the table) ------------------- */
 
 int mvz_store_has_pending(void)
 {
-    return __atomic_load_n(&npending, __ATOMIC_RELAXED) != 0;
+    return __atomic_load_n(&stacks.npending, __ATOMIC_RELAXED) != 0;
 }
 
 void mvz_store_adopt_pending(void (*adopt)(void *code))
 {
     LOCK();
-    for (size_t p = 0; p < npending; p++) {
-        mvz_stack *s = &stacks[pending[p]];
-        for (uint32_t f = 0; f < s->depth; f++) {
-            mvz_frame *fr = &frames[s->first_frame + f];
-            /* A DYING frame is being resolved by the death event (which may
-             * run Python, and so this, meanwhile): its code object must not
-             * be referenced, and only the resolver clears the mark. */
-            if (!(fr->flags & (MVZ_FRAME_DYING | MVZ_FRAME_RESOLVED)))
-                adopt(fr->code);
-        }
-        s->adopted = 1;
-    }
-    npending = 0;
+    mvz_stacks_adopt_pending(&stacks, adopt);
     UNLOCK();
 }
 
 size_t mvz_store_mark_dying(void *code)
 {
-    size_t n = 0;
     LOCK();
-    for (size_t p = 0; p < npending; p++) {
-        mvz_stack *s = &stacks[pending[p]];
-        for (uint32_t f = 0; f < s->depth; f++) {
-            mvz_frame *fr = &frames[s->first_frame + f];
-            if (fr->code == code && !(fr->flags & MVZ_FRAME_RESOLVED)) {
-                fr->flags |= MVZ_FRAME_DYING;
-                n++;
-            }
-        }
-    }
+    size_t n = mvz_stacks_mark_dying(&stacks, code);
     UNLOCK();
     return n;
 }
@@ -407,20 +185,9 @@ void mvz_store_resolve_dying(void *code, void *(*resolve)(void *code, int32_t of
      * time; frames marked DYING are skipped by adoption meanwhile, and only
      * this thread (holding the GIL) clears the mark. */
     for (;;) {
-        mvz_frame *target = NULL;
-        int32_t offset = 0;
         LOCK();
-        for (size_t s = 1; s < nstacks && !target; s++) {
-            mvz_stack *st = &stacks[s];
-            for (uint32_t f = 0; f < st->depth; f++) {
-                mvz_frame *fr = &frames[st->first_frame + f];
-                if (fr->code == code && (fr->flags & MVZ_FRAME_DYING)) {
-                    target = fr;
-                    offset = fr->offset;
-                    break;
-                }
-            }
-        }
+        mvz_frame *target = mvz_stacks_find_dying(&stacks, code);
+        int32_t offset = target ? target->offset : 0;
         UNLOCK();
         if (!target)
             return;
@@ -444,119 +211,26 @@ void mvz_store_resolve_dying(void *code, void *(*resolve)(void *code, int32_t of
 
 int mvz_store_stack_frames(uint32_t id, mvz_frame *out, int cap)
 {
-    int depth = -1;
     LOCK();
-    if (id < nstacks) {
-        depth = stacks[id].depth;
-        if (depth > cap)
-            depth = cap;
-        memcpy(out, &frames[stacks[id].first_frame], (size_t)depth * sizeof(mvz_frame));
-    }
+    int depth = mvz_stacks_frames(&stacks, id, out, cap);
     UNLOCK();
     return depth;
 }
 
-/* ---- live table ------------------------------------------------------- */
-
-/* Lock held. Index of the slot holding `address`, or of the empty slot
- * where it would go. */
-static size_t live_find(uint64_t address, int kind, int *found)
+uint32_t mvz_store_stack_count(void)
 {
-    size_t mask = live_index_cap - 1;
-    size_t i = key_hash(address, kind) & mask;
-    for (; live_index[i]; i = (i + 1) & mask) {
-        if (key_eq(&allocs[live_index[i] - 1], address, kind)) {
-            *found = 1;
-            return i;
-        }
-    }
-    *found = 0;
-    return i;
+    LOCK();
+    uint32_t n = (uint32_t)stacks.n;
+    UNLOCK();
+    return n;
 }
 
-static int live_index_grow(void)
-{
-    size_t ncap = live_index_cap * 2;
-    mvz_region *dst = live_index_in_a ? &index_b_r : &index_a_r;
-    mvz_region *src = live_index_in_a ? &index_a_r : &index_b_r;
-    if (mvz_region_ensure(dst, ncap * sizeof(uint32_t)))
-        return -1;
-    uint32_t *ni = (uint32_t *)dst->base;
-    memset(ni, 0, ncap * sizeof(uint32_t));
-    for (size_t k = 0; k < live_count; k++) {
-        size_t i = key_hash(allocs[k].address, allocs[k].kind) & (ncap - 1);
-        while (ni[i])
-            i = (i + 1) & (ncap - 1);
-        ni[i] = (uint32_t)k + 1;
-    }
-    mvz_region_discard(src);
-    live_index = ni;
-    live_index_cap = ncap;
-    live_index_in_a = !live_index_in_a;
-    return 0;
-}
-
-/* Lock held. Deletes slot i with backward shifting (no tombstones). */
-static void live_index_delete(size_t i)
-{
-    size_t mask = live_index_cap - 1;
-    size_t j = i;
-    live_index[i] = 0;
-    for (;;) {
-        j = (j + 1) & mask;
-        if (!live_index[j])
-            return;
-        const mvz_alloc *a = &allocs[live_index[j] - 1];
-        size_t home = key_hash(a->address, a->kind) & mask;
-        /* Move j back into the hole unless its home lies cyclically in (i, j]. */
-        int home_in_range = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
-        if (!home_in_range) {
-            live_index[i] = live_index[j];
-            live_index[j] = 0;
-            i = j;
-        }
-    }
-}
-
-static void timeline_push(uint64_t ts, int slot)
-{
-    if (++timeline_tick < timeline_stride)
-        return;
-    timeline_tick = 0;
-    if (ntimeline == MVZ_TIMELINE_POINTS) {
-        /* Halve the resolution, keeping the larger point of each pair so
-         * peaks survive. */
-        for (size_t k = 0; k < MVZ_TIMELINE_POINTS / 2; k++) {
-            mvz_point *a = &timeline[2 * k], *b = &timeline[2 * k + 1];
-            timeline[k] = (b->total > a->total) ? *b : *a;
-        }
-        ntimeline = MVZ_TIMELINE_POINTS / 2;
-        timeline_stride *= 2;
-    }
-    timeline[ntimeline].timestamp = ts;
-    timeline[ntimeline].total = totals[slot].current;
-    timeline[ntimeline].slot = slot;
-    ntimeline++;
-}
-
-/* Lock held. Drop graveyard entries that can no longer belong to a peak
- * set; amortised O(1) per free. */
-static void graves_compact(void)
-{
-    size_t keep = 0;
-    for (size_t k = 0; k < ngraves; k++) {
-        const mvz_grave *g = &graves[k];
-        if (g->freed > totals[g->a.slot].peak_timestamp ||
-            (mvz_windows_open && mvz_windows_want_grave(&g->a, g->freed)))
-            graves[keep++] = *g;
-    }
-    ngraves = keep;
-}
+/* ---- writers (capture path) ---------------------------------------------- */
 
 /* Capture path, no GIL: takes the store lock (a leaf lock, see store.h) and
  * touches only preallocated memory. */
 uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int slot, int kind,
-                     uint32_t label_id, const mvz_frame *f, int depth)
+                         uint32_t label_id, const mvz_frame *f, int depth)
 {
     return mvz_store_alloc_at(0, address, size, stream, slot, kind, label_id, f, depth);
 }
@@ -567,7 +241,8 @@ uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int s
 uint64_t mvz_store_stamp(void) { return mvz_now_ns(); }
 
 /* Capture path, no GIL: takes the store lock (a leaf lock, see store.h) and
- * touches only preallocated memory. */
+ * touches only preallocated memory (livetab.c, stacks.c, window.c,
+ * trace_ring.c, accounting.c run under it). */
 uint32_t mvz_store_alloc_at(uint64_t stamp, uint64_t address, uint64_t size, uint64_t stream,
                             int slot, int kind, uint32_t label_id, const mvz_frame *f, int depth)
 {
@@ -578,31 +253,25 @@ uint32_t mvz_store_alloc_at(uint64_t stamp, uint64_t address, uint64_t size, uin
     uint64_t now = next_ts();
     uint64_t ts = stamp && stamp < now ? stamp : now; /* dated when asked for (store.h) */
     int found;
-    size_t i = live_find(address, kind, &found);
+    size_t i = mvz_live_find(&live, address, kind, &found);
     if (found) {
         /* The free of an earlier allocation at this address was not seen
          * (made before tracking started, or lost): retire it first. */
         UNLOCK();
         mvz_store_free(address, kind);
         LOCK();
-        i = live_find(address, kind, &found);
+        i = mvz_live_find(&live, address, kind, &found);
     }
-    if (live_count >= max_live ||
-        mvz_region_ensure(&allocs_r, (live_count + 1) * sizeof(mvz_alloc))) {
+    int room = mvz_live_make_room(&live);
+    if (room < 0) {
         dropped_allocs++;
         UNLOCK();
         return 0;
     }
-    if (2 * (live_count + 1) > live_index_cap) {
-        if (live_index_grow()) {
-            dropped_allocs++;
-            UNLOCK();
-            return 0;
-        }
-        i = live_find(address, kind, &found);
-    }
-    uint32_t stack_id = intern_stack(f, depth);
-    mvz_alloc *a = &allocs[live_count];
+    if (room > 0)
+        i = mvz_live_find(&live, address, kind, &found);
+    uint32_t stack_id = mvz_stacks_intern(&stacks, f, depth);
+    mvz_alloc *a = mvz_live_insert(&live, i);
     a->address = address;
     a->size = size;
     a->stream = stream;
@@ -613,10 +282,8 @@ uint32_t mvz_store_alloc_at(uint64_t stamp, uint64_t address, uint64_t size, uin
     a->slot = (int16_t)slot;
     a->kind = (uint8_t)kind;
     a->flags = 0;
-    live_index[i] = (uint32_t)live_count + 1;
-    live_count++;
 
-    mvz_stack *s = &stacks[stack_id];
+    mvz_stack *s = &stacks.stacks[stack_id];
     s->live_bytes += size;
     s->live_count++;
     s->alloc_count++;
@@ -624,25 +291,15 @@ uint32_t mvz_store_alloc_at(uint64_t stamp, uint64_t address, uint64_t size, uin
     if (s->live_bytes > s->peak_bytes)
         s->peak_bytes = s->live_bytes;
 
-    mvz_totals *t = totals_of(kind, slot);
-    t->current += size;
-    t->live_count++;
-    t->allocs++;
-    t->alloc_bytes += size;
-    if (t->current > t->peak) {
-        t->peak = t->current;
-        t->peak_timestamp = ts;
-        t->peak_count = t->live_count;
-        timeline_tick = timeline_stride; /* always record a new peak */
-    }
-    if (t->current > t->window_peak)
-        t->window_peak = t->current;
+    if (mvz_totals_alloc(totals_of(kind, slot), size, ts))
+        mvz_series_force_next(&timeline); /* always record a new peak */
     if (kind != MVZ_KIND_BLOCK) { /* blocks lie inside segments the device totals hold */
-        timeline_push(ts, slot);
-        if (mvz_windows_open)
-            mvz_windows_alloc(a);
+        mvz_series_push(&timeline, ts, totals[slot].current, slot);
+        if (windows.open)
+            mvz_windows_alloc(&windows, a);
     }
-    mvz_trace_record(MVZ_EV_ALLOC, now, address, size, stack_id, thread_idx, label_id, kind, slot);
+    mvz_ring_record(&ring, MVZ_EV_ALLOC, now, address, size, stack_id, thread_idx, label_id,
+                    kind, slot);
     UNLOCK();
     return stack_id;
 }
@@ -654,58 +311,28 @@ void mvz_store_free(uint64_t address, int kind)
     LOCK();
     uint64_t ts = next_ts();
     int found;
-    size_t i = live_find(address, kind, &found);
+    size_t i = mvz_live_find(&live, address, kind, &found);
     if (!found) {
         unmatched_frees++; /* allocated before tracking started */
         UNLOCK();
         return;
     }
-    uint32_t k = live_index[i] - 1;
-    mvz_alloc a = allocs[k];
-    mvz_totals *t = totals_of(a.kind, a.slot);
-    if (a.timestamp <= totals[a.slot].peak_timestamp ||
-        (mvz_windows_open && mvz_windows_want_grave(&a, ts))) {
-        if (ngraves >= max_live) {
-            graves_compact();
-        }
-        if (ngraves < max_live &&
-            mvz_region_ensure(&graves_r, (ngraves + 1) * sizeof(mvz_grave)) == 0) {
-            graves[ngraves].a = a;
-            graves[ngraves].freed = ts;
-            ngraves++;
-        }
-        size_t bound = 0;
-        for (int d = 0; d < MVZ_NSLOTS; d++)
-            bound += totals[d].peak_count;
-        if (mvz_windows_open)
-            bound += mvz_windows_peak_count();
-        if (ngraves > 2 * bound + 1024)
-            graves_compact();
-    }
-    live_index_delete(i);
-    size_t last = live_count - 1;
-    if (k != last) {
-        /* Move the last entry into the hole and repoint its index slot. */
-        int f2;
-        size_t j = live_find(allocs[last].address, allocs[last].kind, &f2);
-        allocs[k] = allocs[last];
-        live_index[j] = k + 1;
-    }
-    live_count--;
+    mvz_alloc a = *mvz_live_at(&live, i);
+    mvz_graves_on_free(&graves, &a, ts, totals, &windows);
+    mvz_live_remove(&live, i);
 
-    mvz_stack *s = &stacks[a.stack_id];
+    mvz_stack *s = &stacks.stacks[a.stack_id];
     s->live_bytes -= a.size;
     s->live_count--;
-    t->current -= a.size;
-    t->live_count--;
-    t->frees++;
+    mvz_totals *t = totals_of(a.kind, a.slot);
+    mvz_totals_free(t, a.size);
     if (a.kind != MVZ_KIND_BLOCK) {
-        timeline_push(ts, a.slot);
-        if (mvz_windows_open)
-            mvz_windows_free(&a, ts);
+        mvz_series_push(&timeline, ts, totals[a.slot].current, a.slot);
+        if (windows.open)
+            mvz_windows_free(&windows, &a, ts);
     }
-    mvz_trace_record(MVZ_EV_FREE, ts, a.address, a.size, a.stack_id, a.thread_idx, a.label_id, a.kind,
-                 a.slot);
+    mvz_ring_record(&ring, MVZ_EV_FREE, ts, a.address, a.size, a.stack_id, a.thread_idx,
+                    a.label_id, a.kind, a.slot);
     UNLOCK();
 }
 
@@ -721,7 +348,7 @@ void mvz_store_failure(uint64_t size, uint64_t stream, int slot, int kind, uint3
     x->size = size;
     x->stream = stream;
     x->timestamp = next_ts();
-    x->stack_id = intern_stack(f, depth);
+    x->stack_id = mvz_stacks_intern(&stacks, f, depth);
     x->thread_idx = thread_idx;
     x->label_id = label_id;
     x->result = result;
@@ -729,88 +356,99 @@ void mvz_store_failure(uint64_t size, uint64_t stream, int slot, int kind, uint3
     x->kind = (uint8_t)kind;
     nfailures++;
     totals[slot].failed++;
-    if (mvz_windows_open)
-        mvz_windows_failure(slot);
-    mvz_trace_record(MVZ_EV_FAILED, x->timestamp, (uint64_t)(int64_t)result, size, x->stack_id,
-                 thread_idx, label_id, kind, slot);
+    if (windows.open)
+        mvz_windows_failure(&windows, slot);
+    mvz_ring_record(&ring, MVZ_EV_FAILED, x->timestamp, (uint64_t)(int64_t)result, size,
+                    x->stack_id, thread_idx, label_id, kind, slot);
     UNLOCK();
 }
+/* ---- readers (with the GIL) ------------------------------------------------ */
 
-/* ---- readers ---------------------------------------------------------- */
+/* How many entries a copy-out needs: read without the lock to size the
+ * buffers (relaxed atomics), and again with it to check they still fit. */
+static size_t room_live(void) { return __atomic_load_n(&live.count, __ATOMIC_RELAXED); }
+static size_t room_live_graves(void)
+{
+    return __atomic_load_n(&live.count, __ATOMIC_RELAXED) +
+           __atomic_load_n(&graves.n, __ATOMIC_RELAXED);
+}
+static size_t room_stacks(void) { return __atomic_load_n(&stacks.n, __ATOMIC_RELAXED); }
 
-#define COPY_OUT(type, src, n, out)                                                        \
-    do {                                                                                   \
-        *(out) = NULL;                                                                     \
-        if ((n) == 0)                                                                      \
-            return 0;                                                                      \
-        type *buf_ = malloc((n) * sizeof(type));                                           \
-        if (!buf_)                                                                         \
-            return -1;                                                                     \
-        memcpy(buf_, (src), (n) * sizeof(type));                                           \
-        *(out) = buf_;                                                                     \
-        return (long)(n);                                                                  \
-    } while (0)
+/* The one way every copy-out starts: `k` buffers of room()+64 entries of
+ * `elem` bytes are malloc'd before the lock (nothing under it allocates),
+ * then the lock is taken; when the tables grew past them meanwhile, the
+ * buffers go and it starts again. Returns 0 with the lock held and bufs[]
+ * set, or -1 without the lock (out of memory). */
+static int lock_with_room(size_t (*room)(void), size_t elem, int k, void **bufs)
+{
+    for (;;) {
+        size_t n = room() + 64;
+        int ok = 1;
+        for (int b = 0; b < k; b++)
+            ok &= (bufs[b] = malloc(n * elem)) != NULL;
+        if (ok) {
+            LOCK();
+            if (room() <= n)
+                return 0;
+            UNLOCK();
+        }
+        for (int b = 0; b < k; b++)
+            free(bufs[b]);
+        if (!ok)
+            return -1;
+    }
+}
+
+/* The totals a reader of window w (-1: the store) sees, and the timestamp
+ * after which its allocations were made (store timestamps are > 0). Lock
+ * held; NULL when w is not open. */
+static mvz_totals *totals_of_window(int w, uint64_t *after)
+{
+    *after = w < 0 ? 0 : mvz_window_start(&windows, w);
+    return w < 0 ? totals : mvz_window_totals(&windows, w);
+}
+
+/* Lock held: the live allocations made after `after`, into out. */
+static size_t collect_live(uint64_t after, mvz_alloc *out)
+{
+    size_t m = 0;
+    for (size_t k = 0; k < live.count; k++)
+        if (live.allocs[k].timestamp > after)
+            out[m++] = live.allocs[k];
+    return m;
+}
 
 long mvz_store_live(mvz_alloc **out)
 {
-    /* Copy with the lock held; malloc happens before taking it. */
-    for (;;) {
-        size_t n = __atomic_load_n(&live_count, __ATOMIC_RELAXED) + 64;
-        mvz_alloc *buf = malloc(n * sizeof(mvz_alloc));
-        if (!buf)
-            return -1;
-        LOCK();
-        if (live_count <= n) {
-            size_t m = live_count;
-            memcpy(buf, allocs, m * sizeof(mvz_alloc));
-            UNLOCK();
-            *out = buf;
-            return (long)m;
-        }
-        UNLOCK();
-        free(buf);
-    }
+    void *buf;
+    *out = NULL;
+    if (lock_with_room(room_live, sizeof(mvz_alloc), 1, &buf))
+        return -1;
+    size_t m = collect_live(0, buf);
+    UNLOCK();
+    *out = buf;
+    return (long)m;
 }
 
 /* The allocations live at the peak of `slot`, in window w (-1: the store). */
 static long peak_live(int w, int slot, mvz_alloc **out)
 {
+    void *buf;
     *out = NULL;
     if (slot < 0 || slot >= MVZ_NSLOTS)
         return 0;
-    for (;;) {
-        size_t n = __atomic_load_n(&live_count, __ATOMIC_RELAXED) +
-                   __atomic_load_n(&ngraves, __ATOMIC_RELAXED) + 64;
-        mvz_alloc *buf = malloc(n * sizeof(mvz_alloc));
-        if (!buf)
-            return -1;
-        LOCK();
-        if (live_count + ngraves > n) {
-            UNLOCK();
-            free(buf);
-            continue;
-        }
-        const mvz_totals *t = w < 0 ? totals : mvz_window_totals_locked(w);
-        if (!t) {
-            UNLOCK();
-            free(buf);
-            return -1;
-        }
-        uint64_t after = w < 0 ? 0 : mvz_window_start_locked(w); /* store timestamps are > 0 */
-        uint64_t peak_ts = t[slot].peak_timestamp;
-        size_t m = 0;
-        for (size_t k = 0; k < live_count; k++)
-            if (allocs[k].slot == slot && allocs[k].timestamp <= peak_ts &&
-                allocs[k].timestamp > after)
-                buf[m++] = allocs[k];
-        for (size_t k = 0; k < ngraves; k++)
-            if (graves[k].a.slot == slot && graves[k].a.timestamp <= peak_ts &&
-                graves[k].a.timestamp > after && graves[k].freed > peak_ts)
-                buf[m++] = graves[k].a;
-        UNLOCK();
-        *out = buf;
-        return (long)m;
+    if (lock_with_room(room_live_graves, sizeof(mvz_alloc), 1, &buf))
+        return -1;
+    uint64_t after;
+    const mvz_totals *t = totals_of_window(w, &after);
+    size_t m = t ? mvz_peak_set(&live, &graves, t, slot, after, buf) : 0;
+    UNLOCK();
+    if (!t) {
+        free(buf);
+        return -1;
     }
+    *out = buf;
+    return (long)m;
 }
 
 long mvz_store_peak_live(int slot, mvz_alloc **out) { return peak_live(-1, slot, out); }
@@ -826,56 +464,44 @@ long mvz_store_window_peak_live(int w, int slot, mvz_alloc **out)
 
 long mvz_store_sites(mvz_site **out)
 {
-    for (;;) {
-        size_t n = __atomic_load_n(&nstacks, __ATOMIC_RELAXED) + 64;
-        mvz_site *buf = malloc(n * sizeof(mvz_site));
-        if (!buf)
-            return -1;
-        LOCK();
-        if (nstacks > n) {
-            UNLOCK();
-            free(buf);
-            continue;
-        }
-        size_t m = 0;
-        for (size_t s = 0; s < nstacks; s++) {
-            if (!stacks[s].alloc_count)
-                continue;
-            buf[m].stack_id = (uint32_t)s;
-            buf[m].live_count = stacks[s].live_count;
-            buf[m].live_bytes = stacks[s].live_bytes;
-            buf[m].peak_bytes = stacks[s].peak_bytes;
-            buf[m].alloc_count = stacks[s].alloc_count;
-            buf[m].alloc_bytes = stacks[s].alloc_bytes;
-            m++;
-        }
-        UNLOCK();
-        *out = buf;
-        return (long)m;
-    }
+    void *buf;
+    *out = NULL;
+    if (lock_with_room(room_stacks, sizeof(mvz_site), 1, &buf))
+        return -1;
+    size_t m = mvz_stacks_sites(&stacks, buf);
+    UNLOCK();
+    *out = buf;
+    return (long)m;
 }
 
 long mvz_store_failures(mvz_failure **out)
 {
-    mvz_failure tmp[MVZ_FAILURES];
-    size_t n;
+    *out = NULL;
+    mvz_failure *buf = malloc(sizeof failures);
+    if (!buf)
+        return -1;
     LOCK();
-    n = nfailures < MVZ_FAILURES ? (size_t)nfailures : MVZ_FAILURES;
+    size_t n = nfailures < MVZ_FAILURES ? (size_t)nfailures : MVZ_FAILURES;
     /* Oldest first. */
     for (size_t k = 0; k < n; k++)
-        tmp[k] = failures[(nfailures - n + k) % MVZ_FAILURES];
+        buf[k] = failures[(nfailures - n + k) % MVZ_FAILURES];
     UNLOCK();
-    COPY_OUT(mvz_failure, tmp, n, out);
+    if (n == 0) {
+        free(buf);
+        return 0;
+    }
+    *out = buf;
+    return (long)n;
 }
 
 long mvz_store_timeline(mvz_point **out)
 {
-    mvz_point *buf = malloc(sizeof timeline);
+    mvz_point *buf = malloc(sizeof timeline_points);
     if (!buf)
         return -1;
     LOCK();
-    size_t n = ntimeline;
-    memcpy(buf, timeline, n * sizeof(mvz_point));
+    size_t n = timeline.n;
+    memcpy(buf, timeline_points, n * sizeof(mvz_point));
     UNLOCK();
     *out = buf;
     return (long)n;
@@ -912,83 +538,69 @@ void mvz_store_get_stats(mvz_store_stats *o)
 {
     memset(o, 0, sizeof *o);
     LOCK();
-    o->live = live_count;
-    o->stacks = nstacks - 1;
-    o->frames = nframes;
+    o->live = live.count;
+    o->stacks = stacks.n - 1;
+    o->frames = stacks.nframes;
     o->threads = nthreads;
     o->unmatched_frees = unmatched_frees;
     o->dropped_allocs = dropped_allocs;
-    o->dropped_stacks = dropped_stacks;
+    o->dropped_stacks = stacks.dropped;
     o->dropped_threads = dropped_threads;
-    o->timeline_points = ntimeline;
+    o->timeline_points = timeline.n;
     o->generation = generation;
-    o->max_live = (uint32_t)max_live;
+    o->max_live = (uint32_t)live.max;
     /* Bytes in use: what each region has handed out (an upper bound of its
      * resident pages) plus the fixed tables. */
-    o->bytes_used = live_count * sizeof(mvz_alloc) + live_index_cap * sizeof(uint32_t) +
-                    nstacks * sizeof(mvz_stack) + nframes * sizeof(mvz_frame) +
-                    stack_index_cap * sizeof(uint32_t) + npending * sizeof(uint32_t) +
-                    ngraves * sizeof(mvz_grave) + sizeof totals + sizeof failures +
-                    sizeof timeline + sizeof threads;
-    o->bytes_reserved = allocs_r.reserved + index_a_r.reserved + index_b_r.reserved +
-                        stacks_r.reserved + frames_r.reserved + stack_index_r.reserved +
-                        pending_r.reserved + graves_r.reserved;
+    o->bytes_used = live.count * sizeof(mvz_alloc) + live.index_cap * sizeof(uint32_t) +
+                    mvz_stacks_bytes_used(&stacks) + graves.n * sizeof(mvz_grave) +
+                    sizeof totals + sizeof failures + sizeof timeline_points + sizeof threads;
+    o->bytes_reserved = live.allocs_r.reserved + live.index_a_r.reserved +
+                        live.index_b_r.reserved + mvz_stacks_bytes_reserved(&stacks) +
+                        graves.r.reserved;
     UNLOCK();
 }
 
-/* ---- step marks --------------------------------------------------------- */
+/* ---- step marks, peaks, windows (with the GIL) ----------------------------- */
 
 /* The step mark of window w (-1: the store's): its window peaks restart at
  * the current value; the per-stack marks are the store's. */
 static long step_mark(int w, mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
 {
+    void *buf;
     *changes = NULL;
-    for (;;) {
-        size_t n = __atomic_load_n(&nstacks, __ATOMIC_RELAXED) + 64;
-        mvz_site_change *buf = malloc(n * sizeof *buf);
-        if (!buf)
-            return -1;
-        LOCK();
-        if (nstacks > n) {
-            UNLOCK();
-            free(buf);
-            continue;
-        }
-        mvz_totals *t = w < 0 ? totals : mvz_window_totals_locked(w);
-        if (!t) {
-            UNLOCK();
-            free(buf);
-            return -1;
-        }
-        size_t m = 0;
-        for (size_t s = 0; s < nstacks; s++) {
-            mvz_stack *st = &stacks[s];
-            if (st->live_bytes == st->mark_bytes && st->live_count == st->mark_count)
-                continue;
-            buf[m].stack_id = (uint32_t)s;
-            buf[m].live_count = st->live_count;
-            buf[m].live_bytes = st->live_bytes;
-            buf[m].delta_bytes = (int64_t)st->live_bytes - (int64_t)st->mark_bytes;
-            buf[m].delta_count = (int64_t)st->live_count - (int64_t)st->mark_count;
-            st->mark_bytes = st->live_bytes;
-            st->mark_count = st->live_count;
-            m++;
-        }
-        memcpy(out, t, sizeof totals);
-        for (int d = 0; d < MVZ_NSLOTS; d++) {
-            t[d].window_peak = t[d].current;
-            if (w < 0)
-                btotals[d].window_peak = btotals[d].current;
-        }
+    if (lock_with_room(room_stacks, sizeof(mvz_site_change), 1, &buf))
+        return -1;
+    uint64_t after;
+    mvz_totals *t = totals_of_window(w, &after);
+    if (!t) {
         UNLOCK();
-        *changes = buf;
-        return (long)m;
+        free(buf);
+        return -1;
     }
+    size_t m = mvz_stacks_step_changes(&stacks, buf);
+    memcpy(out, t, sizeof totals);
+    for (int d = 0; d < MVZ_NSLOTS; d++) {
+        t[d].window_peak = t[d].current;
+        if (w < 0)
+            btotals[d].window_peak = btotals[d].current;
+    }
+    UNLOCK();
+    *changes = buf;
+    return (long)m;
 }
 
 long mvz_store_step_mark(mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
 {
     return step_mark(-1, out, changes);
+}
+
+long mvz_store_window_step_mark(int w, mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
+{
+    if (w < 0) {
+        *changes = NULL;
+        return -1;
+    }
+    return step_mark(w, out, changes);
 }
 
 /* Under the store lock like every writer of the totals, so a callback never
@@ -999,7 +611,8 @@ long mvz_store_step_mark(mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
 int mvz_store_reset_peak(int w)
 {
     LOCK();
-    mvz_totals *t = w < 0 ? totals : mvz_window_totals_locked(w);
+    uint64_t after;
+    mvz_totals *t = totals_of_window(w, &after);
     if (!t) {
         UNLOCK();
         return -1;
@@ -1015,92 +628,54 @@ int mvz_store_reset_peak(int w)
             btotals[d].peak_count = btotals[d].live_count;
         }
     }
-    graves_compact();
+    mvz_graves_compact(&graves, totals, &windows);
     UNLOCK();
     return 0;
-}
-
-long mvz_store_window_step_mark(int w, mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes)
-{
-    if (w < 0) {
-        *changes = NULL;
-        return -1;
-    }
-    return step_mark(w, out, changes);
 }
 
 int mvz_store_copy(int w, int close, mvz_store_copy_t *out)
 {
     memset(out, 0, sizeof *out);
     _Static_assert(MVZ_TIMELINE_POINTS >= MVZ_WINDOW_POINTS, "one buffer serves both timelines");
-    for (;;) {
-        /* Buffers before the lock (nothing under it allocates); retry if the
-         * tables grew meanwhile. */
-        size_t n = __atomic_load_n(&live_count, __ATOMIC_RELAXED) +
-                   __atomic_load_n(&ngraves, __ATOMIC_RELAXED) + 64;
-        mvz_alloc *live = malloc(n * sizeof(mvz_alloc));
-        mvz_alloc *peaks = malloc(n * sizeof(mvz_alloc));
-        mvz_point *points = malloc(MVZ_TIMELINE_POINTS * sizeof(mvz_point));
-        if (!live || !peaks || !points) {
-            free(live);
-            free(peaks);
-            free(points);
-            return -1;
-        }
-        LOCK();
-        if (live_count + ngraves > n) {
-            UNLOCK();
-            free(live);
-            free(peaks);
-            free(points);
-            continue;
-        }
-        const mvz_totals *t = w < 0 ? totals : mvz_window_totals_locked(w);
-        if (!t) {
-            UNLOCK();
-            free(live);
-            free(peaks);
-            free(points);
-            return -1;
-        }
-        uint64_t after = w < 0 ? 0 : mvz_window_start_locked(w); /* store timestamps are > 0 */
-        memcpy(out->totals, t, sizeof totals);
-        for (size_t k = 0; k < live_count; k++) {
-            const mvz_alloc *a = &allocs[k];
-            if (a->timestamp <= after)
-                continue;
-            live[out->nlive++] = *a;
-            if (a->timestamp <= t[a->slot].peak_timestamp)
-                peaks[out->npeaks++] = *a;
-        }
-        for (size_t k = 0; k < ngraves; k++) {
-            const mvz_grave *g = &graves[k];
-            uint64_t peak_ts = t[g->a.slot].peak_timestamp;
-            if (g->a.timestamp > after && g->a.timestamp <= peak_ts && g->freed > peak_ts)
-                peaks[out->npeaks++] = g->a;
-        }
-        if (w < 0) {
-            memcpy(points, timeline, ntimeline * sizeof(mvz_point));
-            out->ntimeline = ntimeline;
-        } else {
-            out->ntimeline = mvz_window_timeline_locked(w, points);
-        }
-        out->when = next_ts();
-        if (close && w >= 0)
-            mvz_window_close_locked(w);
-        UNLOCK();
-        out->live = live;
-        out->peaks = peaks;
-        out->timeline = points;
-        return 0;
+    mvz_point *points = malloc(MVZ_TIMELINE_POINTS * sizeof(mvz_point));
+    void *bufs[2]; /* live, peaks */
+    if (!points || lock_with_room(room_live_graves, sizeof(mvz_alloc), 2, bufs)) {
+        free(points);
+        return -1;
     }
+    uint64_t after;
+    const mvz_totals *t = totals_of_window(w, &after);
+    if (!t) {
+        UNLOCK();
+        free(bufs[0]);
+        free(bufs[1]);
+        free(points);
+        return -1;
+    }
+    memcpy(out->totals, t, sizeof totals);
+    out->nlive = collect_live(after, bufs[0]);
+    out->npeaks = mvz_peak_set(&live, &graves, t, -1, after, bufs[1]);
+    if (w < 0) {
+        memcpy(points, timeline_points, timeline.n * sizeof(mvz_point));
+        out->ntimeline = timeline.n;
+    } else {
+        out->ntimeline = (size_t)mvz_window_timeline(&windows, w, points);
+    }
+    out->when = next_ts();
+    if (close && w >= 0)
+        mvz_window_close(&windows, w);
+    UNLOCK();
+    out->live = bufs[0];
+    out->peaks = bufs[1];
+    out->timeline = points;
+    return 0;
 }
 
 int mvz_store_window_open(uint64_t *start, mvz_totals at_open[MVZ_NSLOTS])
 {
     LOCK();
     uint64_t ts = next_ts(); /* every later event has a larger timestamp */
-    int w = mvz_window_open_locked(ts);
+    int w = mvz_window_open(&windows, ts);
     if (w >= 0) {
         *start = ts;
         memcpy(at_open, totals, sizeof totals);
@@ -1109,16 +684,78 @@ int mvz_store_window_open(uint64_t *start, mvz_totals at_open[MVZ_NSLOTS])
     return w;
 }
 
-uint32_t mvz_store_stack_count(void)
+void mvz_store_window_close(int w)
 {
     LOCK();
-    uint32_t n = (uint32_t)nstacks;
+    mvz_window_close(&windows, w);
     UNLOCK();
+}
+
+int mvz_store_window_totals(int w, mvz_totals out[MVZ_NSLOTS])
+{
+    LOCK();
+    const mvz_totals *t = mvz_window_totals(&windows, w);
+    if (t)
+        memcpy(out, t, sizeof totals);
+    UNLOCK();
+    return t ? 0 : -1;
+}
+
+long mvz_store_window_timeline(int w, mvz_point **out)
+{
+    *out = NULL;
+    mvz_point *buf = malloc(MVZ_WINDOW_POINTS * sizeof(mvz_point)); /* before the lock */
+    if (!buf)
+        return -1;
+    LOCK();
+    long n = mvz_window_timeline(&windows, w, buf);
+    UNLOCK();
+    if (n < 0) {
+        free(buf);
+        return -1;
+    }
+    *out = buf;
     return n;
+}
+
+/* ---- the trace ring (with the GIL; trace_ring.c holds it) ------------------ */
+
+int mvz_store_trace_enable(size_t capacity)
+{
+    LOCK();
+    int rc = mvz_ring_enable(&ring, capacity);
+    UNLOCK();
+    return rc;
+}
+
+void mvz_store_trace_disable(void)
+{
+    LOCK();
+    ring.on = 0;
+    UNLOCK();
+}
+
+long mvz_store_trace_drain(uint8_t **out)
+{
+    *out = NULL;
+    /* Copy the ring out under the lock, encode outside it. */
+    size_t n = mvz_ring_pending(&ring) + 256;
+    mvz_raw_event *raw = malloc(n * sizeof *raw);
+    if (!raw)
+        return -1;
+    uint64_t dropped;
+    LOCK();
+    size_t m = mvz_ring_take(&ring, raw, n, &dropped);
+    UNLOCK();
+    long len = mvz_ring_encode(raw, m, dropped, out);
+    free(raw);
+    return len;
 }
 
 /* ---- fork ------------------------------------------------------------- */
 
+/* The lock is taken around fork() so the child never inherits it held by a
+ * thread that does not exist there. */
 void mvz_store_atfork_prepare(void) { LOCK(); }
 void mvz_store_atfork_parent(void) { UNLOCK(); }
 void mvz_store_atfork_child(void)

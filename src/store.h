@@ -8,7 +8,7 @@
  * buffer callback; readers are the module's functions (with the GIL). All of
  * them take one leaf mutex, `store lock`, for a bounded time: nothing that
  * holds it calls Python, CUDA, CUPTI or malloc, or takes another lock, so it
- * cannot take part in a deadlock (DESIGN.md rule 1).
+ * cannot take part in a deadlock (docs/architecture.md, rule 1).
  */
 #ifndef MEMVIZ_STORE_H
 #define MEMVIZ_STORE_H
@@ -141,6 +141,8 @@ typedef struct {
 
 /* Lifetime (with the GIL). */
 int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames);
+/* Whether mvz_store_init succeeded. */
+int mvz_store_ready(void);
 /* Forget everything recorded. Python references the store held (code
  * objects, resolved tuples) are returned through *refs / *nrefs (malloc'd)
  * for the caller to release after the lock is dropped. */
@@ -168,7 +170,6 @@ uint64_t mvz_store_stamp(void);
 void mvz_store_free(uint64_t address, int kind);
 void mvz_store_failure(uint64_t size, uint64_t stream, int slot, int kind, uint32_t label_id,
                        int result, const mvz_frame *frames, int depth);
-uint64_t mvz_now_ns(void);
 
 /* Readers (with the GIL). Each copies under the lock into a malloc'd array
  * the caller frees; they return the count, or -1 when out of memory. */

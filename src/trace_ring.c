@@ -1,36 +1,25 @@
-/* The trace event ring (see trace_ring.h). Its state is guarded by the
- * store's lock: writers already hold it, readers take it. */
+/* The trace event ring (trace_ring.h). The ring's state is the store's and
+ * is guarded by the store's lock, which every caller of the functions that
+ * touch it holds; nothing here takes a lock. Calls region.c and clock.c. */
 #include "trace_ring.h"
-#include "region.h"
+#include "clock.h"
 #include "store.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-/* A trace event as kept in the ring (encoded into mvz_event on drain). */
-typedef struct {
-    uint64_t timestamp, address, size;
-    uint32_t stack_id, thread_idx, label_id;
-    uint8_t op, kind;
-    int16_t slot;
-} mvz_raw_event;
-
-static mvz_region trace_r;
-static mvz_raw_event *trace_ring;
-static size_t trace_cap, trace_head, trace_len; /* ring: oldest at head */
-static uint64_t trace_dropped;
-static int trace_on;
-
-void mvz_trace_record(int op, uint64_t ts, uint64_t address, uint64_t size, uint32_t stack_id,
-                      uint32_t thread_idx, uint32_t label_id, int kind, int slot)
+/* Capture path, no GIL, store lock held by the caller: one write into the
+ * preallocated ring, or a counter increment. */
+void mvz_ring_record(mvz_trace_ring *t, int op, uint64_t ts, uint64_t address, uint64_t size,
+                     uint32_t stack_id, uint32_t thread_idx, uint32_t label_id, int kind, int slot)
 {
-    if (!trace_on)
+    if (!t->on)
         return;
-    if (trace_len == trace_cap) {
-        trace_dropped++;
+    if (t->len == t->cap) {
+        t->dropped++;
         return;
     }
-    mvz_raw_event *e = &trace_ring[(trace_head + trace_len) % trace_cap];
+    mvz_raw_event *e = &t->events[(t->head + t->len) % t->cap];
     e->timestamp = ts;
     e->address = address;
     e->size = size;
@@ -40,40 +29,43 @@ void mvz_trace_record(int op, uint64_t ts, uint64_t address, uint64_t size, uint
     e->op = (uint8_t)op;
     e->kind = (uint8_t)kind;
     e->slot = (int16_t)slot;
-    trace_len++;
+    t->len++;
 }
 
-void mvz_trace_reset_locked(void)
+void mvz_ring_reset(mvz_trace_ring *t)
 {
-    trace_head = trace_len = 0;
-    trace_dropped = 0;
-    trace_on = 0;
+    t->head = t->len = 0;
+    t->dropped = 0;
+    t->on = 0;
 }
 
-int mvz_store_trace_enable(size_t capacity)
+int mvz_ring_enable(mvz_trace_ring *t, size_t capacity)
 {
-    mvz_store_lock();
-    if (trace_r.base == NULL) {
-        if (mvz_region_reserve(&trace_r, capacity * sizeof(mvz_raw_event), 1 << 20)) {
-            mvz_store_unlock();
+    if (t->r.base == NULL) {
+        if (mvz_region_reserve(&t->r, capacity * sizeof(mvz_raw_event), 1 << 20))
             return -1;
-        }
-        trace_cap = capacity;
-        mvz_region_ensure(&trace_r, capacity * sizeof(mvz_raw_event));
-        trace_ring = (mvz_raw_event *)trace_r.base;
+        t->cap = capacity;
+        mvz_region_ensure(&t->r, capacity * sizeof(mvz_raw_event));
+        t->events = (mvz_raw_event *)t->r.base;
     }
-    trace_head = trace_len = 0;
-    trace_dropped = 0;
-    trace_on = 1;
-    mvz_store_unlock();
+    t->head = t->len = 0;
+    t->dropped = 0;
+    t->on = 1;
     return 0;
 }
 
-void mvz_store_trace_disable(void)
+size_t mvz_ring_pending(const mvz_trace_ring *t) { return __atomic_load_n(&t->len, __ATOMIC_RELAXED); }
+
+size_t mvz_ring_take(mvz_trace_ring *t, mvz_raw_event *out, size_t room, uint64_t *dropped)
 {
-    mvz_store_lock();
-    trace_on = 0;
-    mvz_store_unlock();
+    size_t m = t->len < room ? t->len : room;
+    for (size_t k = 0; k < m; k++)
+        out[k] = t->events[(t->head + k) % t->cap];
+    t->head = t->cap ? (t->head + m) % t->cap : 0;
+    t->len -= m;
+    *dropped = t->dropped;
+    t->dropped = 0;
+    return m;
 }
 
 static void put_event(mvz_event *e, uint64_t *prev_ts, const mvz_raw_event *r)
@@ -92,31 +84,15 @@ static void put_event(mvz_event *e, uint64_t *prev_ts, const mvz_raw_event *r)
     e->size = r->size;
 }
 
-long mvz_store_trace_drain(uint8_t **out)
+long mvz_ring_encode(const mvz_raw_event *raw, size_t m, uint64_t dropped, uint8_t **out)
 {
     *out = NULL;
-    /* Copy the ring out under the lock, encode outside it. */
-    size_t n = __atomic_load_n(&trace_len, __ATOMIC_RELAXED) + 256;
-    mvz_raw_event *raw = malloc(n * sizeof *raw);
-    if (!raw)
-        return -1;
-    mvz_store_lock();
-    size_t m = trace_len < n ? trace_len : n;
-    for (size_t k = 0; k < m; k++)
-        raw[k] = trace_ring[(trace_head + k) % trace_cap];
-    trace_head = trace_cap ? (trace_head + m) % trace_cap : 0;
-    trace_len -= m;
-    uint64_t dropped = trace_dropped;
-    trace_dropped = 0;
-    mvz_store_unlock();
     /* Every drain starts with a TIME record, so each chunk decodes alone; a
      * new TIME record follows any gap longer than a u32 of nanoseconds. */
     size_t cap = 2 * m + 2;
     mvz_event *ev = malloc(cap * sizeof *ev);
-    if (!ev) {
-        free(raw);
+    if (!ev)
         return -1;
-    }
     size_t k = 0;
     uint64_t prev = m ? raw[0].timestamp : mvz_now_ns();
     memset(&ev[k], 0, sizeof ev[k]);
@@ -139,8 +115,6 @@ long mvz_store_trace_drain(uint8_t **out)
         }
         put_event(&ev[k++], &prev, &raw[i]);
     }
-    free(raw);
     *out = (uint8_t *)ev;
     return (long)(k * sizeof *ev);
 }
-

@@ -1,20 +1,50 @@
 /* The bounded ring of trace events behind track(trace=...): appended by the
- * store while it holds its lock, drained with the GIL into 32-byte records
- * (mvz_event, store.h) for the .memviz file. */
+ * store, drained with the GIL into 32-byte records (mvz_event, store.h) for
+ * the .memviz file.
+ *
+ * The ring (mvz_trace_ring) is the store's: store.c owns it and calls the
+ * functions below that touch it with its lock held; this file takes no
+ * lock. It calls region.c and clock.c only. */
 #ifndef MEMVIZ_TRACE_RING_H
 #define MEMVIZ_TRACE_RING_H
 
+#include "region.h"
+
+#include <stddef.h>
 #include <stdint.h>
+
+/* A trace event as kept in the ring (encoded into mvz_event on drain). */
+typedef struct {
+    uint64_t timestamp, address, size;
+    uint32_t stack_id, thread_idx, label_id;
+    uint8_t op, kind;
+    int16_t slot;
+} mvz_raw_event;
+
+typedef struct {
+    mvz_region r;
+    mvz_raw_event *events;
+    size_t cap, head, len; /* ring: oldest at head */
+    uint64_t dropped;
+    int on;
+} mvz_trace_ring;
 
 /* Store lock held (capture path, no GIL): one write into preallocated
  * memory, or a dropped-event count when the ring is full. */
-void mvz_trace_record(int op, uint64_t ts, uint64_t address, uint64_t size, uint32_t stack_id,
-                      uint32_t thread_idx, uint32_t label_id, int kind, int slot);
+void mvz_ring_record(mvz_trace_ring *t, int op, uint64_t ts, uint64_t address, uint64_t size,
+                     uint32_t stack_id, uint32_t thread_idx, uint32_t label_id, int kind, int slot);
 /* Store lock held: forget the ring's contents and stop recording. */
-void mvz_trace_reset_locked(void);
-
-/* The store's leaf lock, for the ring's own entry points. */
-void mvz_store_lock(void);
-void mvz_store_unlock(void);
+void mvz_ring_reset(mvz_trace_ring *t);
+/* Store lock held, with the GIL: start recording into a ring of `capacity`
+ * events (reserved on the first call, mmap only); returns 0 or -1. */
+int mvz_ring_enable(mvz_trace_ring *t, size_t capacity);
+/* Events held now, read without the lock (to size a buffer before it). */
+size_t mvz_ring_pending(const mvz_trace_ring *t);
+/* Store lock held: move at most `room` oldest events into out[] and the
+ * dropped count into *dropped (both then forgotten); returns how many. */
+size_t mvz_ring_take(mvz_trace_ring *t, mvz_raw_event *out, size_t room, uint64_t *dropped);
+/* No lock: encode taken events as mvz_event records into a malloc'd buffer
+ * (the caller frees); returns its length in bytes, or -1. */
+long mvz_ring_encode(const mvz_raw_event *raw, size_t m, uint64_t dropped, uint8_t **out);
 
 #endif

@@ -711,3 +711,212 @@ def test_a_plugin_that_fails_to_start_leaves_nothing_running(fake, monkeypatch):
     assert not Boom.stopped  # it never started
     if has_torch:
         assert t.torch in t._started_plugins and not t.graph.running
+
+
+# ---- named records (the C core's rows) ----------------------------------------
+
+RECORD_FIELDS = {
+    "AllocationRow": ("address", "size", "device", "kind", "stream", "thread", "label",
+                      "timestamp_ns", "stack_id", "seq"),
+    "FailureRow": ("size", "device", "kind", "stream", "thread", "label", "timestamp_ns",
+                   "stack_id", "result"),
+    "SiteRow": ("stack_id", "live_bytes", "live_count", "peak_bytes", "alloc_count",
+                "alloc_bytes"),
+    "TimelinePoint": ("timestamp_ns", "device", "bytes"),
+    "ThreadRow": ("native_id", "ident", "name", "serial"),
+    "StepTotals": ("current", "window_peak", "live_count"),
+    "StepChange": ("stack_id", "live_bytes", "live_count", "delta_bytes", "delta_count"),
+    "Frame": ("filename", "lineno", "name"),
+    "StoreCopy": ("live", "totals", "peaks", "timeline", "when_ns"),
+    "StepMark": ("devices", "changes"),
+    "WindowOpen": ("id", "start_ns", "live"),
+    "StartResult": ("result", "step", "error", "holder", "activity", "activity_error"),
+}
+
+
+def _is_record(obj, name):
+    """obj is a _core.<name>: a tuple whose fields are also its named attributes."""
+    from memviz import _core
+
+    cls = getattr(_core, name)
+    assert type(obj) is cls, (type(obj), name)
+    assert isinstance(obj, tuple) and len(obj) == len(RECORD_FIELDS[name])
+    assert tuple(getattr(obj, f) for f in RECORD_FIELDS[name]) == tuple(obj)
+    return True
+
+
+def test_record_types_have_named_documented_fields():
+    from memviz import _core
+
+    for name, fields in RECORD_FIELDS.items():
+        cls = getattr(_core, name)
+        assert cls.__module__ == "memviz._core" and cls.__name__ == name
+        assert cls.n_fields == cls.n_sequence_fields == len(fields)
+        assert cls.__doc__
+        for f in fields:
+            assert getattr(cls, f).__doc__, f"{name}.{f} has no docstring"
+
+
+def test_rows_are_named_records_in_the_old_order(fake):
+    import pickle
+
+    from memviz import _core
+
+    with memviz.track() as t:
+        keep = fake.alloc(CBID_cuMemAlloc_v2, 3 * MiB); line = here()  # noqa: E702
+        gone = fake.alloc(CBID_cuMemAlloc_v2, MiB)
+        fake.free(CBID_cuMemFree_v2, gone)
+        fake.alloc(CBID_cuMemAlloc_v2, 80 << 30, result=CUDA_ERROR_OUT_OF_MEMORY)
+
+        live = [r for r in _core.live() if r.address == keep]
+        assert len(live) == 1 and _is_record(live[0], "AllocationRow")
+        r = live[0]
+        assert (r[0], r[1], r[2], r[3]) == (keep, 3 * MiB, 0, _core.KIND_DEVICE)
+        assert r.seq == r.timestamp_ns == r[7] == r[9] and r.stack_id == r[8] > 0
+        assert pickle.loads(pickle.dumps(r)) == r  # importable type: rows pickle
+        assert tuple(r) == r  # still equal to the plain tuple
+
+        assert any(p.address == keep for p in _core.peak_live(0))
+        assert all(_is_record(p, "AllocationRow") for p in _core.peak_live(0))
+        fail = [f for f in _core.failures() if f.size == 80 << 30]
+        assert fail and _is_record(fail[-1], "FailureRow")
+        assert fail[-1].result == fail[-1][8] == CUDA_ERROR_OUT_OF_MEMORY
+        sites = {s.stack_id: s for s in _core.sites()}
+        assert _is_record(sites[r.stack_id], "SiteRow") and sites[r.stack_id].live_bytes >= 3 * MiB
+        points = _core.timeline()
+        assert points and all(_is_record(p, "TimelinePoint") for p in points)
+        threads = _core.threads()
+        assert _is_record(threads[r.thread], "ThreadRow")
+        assert threads[r.thread].ident == threading.get_ident()
+
+        (stack,) = _core.resolve([r.stack_id]).values()
+        assert all(_is_record(f, "Frame") for f in stack)
+        assert (THIS, line) in {(f.filename, f.lineno) for f in stack}
+
+        c = _core.copy()
+        assert _is_record(c, "StoreCopy") and c.live is c[0] and c.when_ns == c[4]
+        assert all(_is_record(x, "AllocationRow") for x in c.live + c.peaks)
+        w = _core.window_open()
+        try:
+            assert _is_record(w, "WindowOpen") and w.live == w[2]
+            assert _core.copy(w.id).live == []
+        finally:
+            _core.window_close(w.id)
+        mark = _core.step_mark()
+        assert _is_record(mark, "StepMark")
+        devs, changes = mark  # unpacks as before
+        assert _is_record(devs[0], "StepTotals") and devs[0].current == devs[0][0]
+        assert all(_is_record(x, "StepChange") for x in changes)
+    assert t.current_bytes() == 3 * MiB
+
+
+# ---- replay: a loaded trace through the store's rules ----------------------------
+
+def _replay_oracle(op, addr, size, kind, dev):
+    """The rules replay() follows, written plainly: an ALLOC at a live address
+    retires it, a FREE of an unknown address is ignored, blocks do not count
+    in the device totals; a device's peak is the first ALLOC that reached it."""
+    end, live, cur, peak, peak_i = [0] * len(op), {}, {}, {}, {}
+    for i, (o, a, s, k, d) in enumerate(zip(op, addr, size, kind, dev)):
+        if o not in (1, 2):
+            continue
+        j = live.pop((a, k), None)
+        if j is not None:
+            end[j] = i
+            if kind[j] != 5:
+                cur[dev[j]] -= size[j]
+        if o == 1:
+            live[(a, k)] = i
+            if k != 5:
+                cur[d] = cur.get(d, 0) + s
+                if cur[d] > peak.get(d, 0):
+                    peak[d], peak_i[d] = cur[d], i
+    devices = sorted({d for o, d in zip(op, dev) if o in (1, 3)})
+    return {"end": list(end), "live": sorted(live.values()),
+            "alloc_idx": [i for i, o in enumerate(op) if o == 1],
+            "fail_idx": [i for i, o in enumerate(op) if o == 3],
+            "cur": {d: cur.get(d, 0) for d in devices}, "peak": {d: peak.get(d, 0) for d in devices},
+            "peak_i": {d: peak_i.get(d, -1) for d in devices}}
+
+
+def _columns(events):
+    from array import array
+
+    op, addr, size, kind, dev = zip(*events) if events else ((),) * 5
+    return (bytes(op), array("Q", addr), array("Q", size), bytes(kind), array("b", dev))
+
+
+def test_replay_follows_the_store_rules_on_random_events():
+    import random
+
+    from memviz import _core
+
+    rng = random.Random(13)
+    for trial in range(200):
+        events = []
+        for _ in range(rng.randrange(0, 120)):
+            k = rng.choice([0, 1, 3, 4, 5])
+            # one address pool per key space, so exact kinds and key spaces agree
+            a = (k + 1) << 40 | rng.randrange(6) << 12
+            events.append((rng.choice([1, 1, 1, 2, 2, 3, 4, 5]), a, rng.randrange(0, 5) << 20, k,
+                           rng.choice([0, 1, -1, 7])))
+        cols = _columns(events)
+        got = _core.replay(*cols)
+        want = _replay_oracle(*cols)
+        assert got["end"].typecode == "q"
+        assert {**got, "end": list(got["end"])} == want, (trial, events)
+
+
+def test_replay_retires_across_kinds_of_one_key_space():
+    """As the store: device, host, managed and static memory share addresses
+    (one key space); an ALLOC at a live address of another kind retires it."""
+    from memviz import _core
+
+    A = 1 << 30
+    got = _core.replay(*_columns([(1, A, 10, 0, 0), (1, A, 20, 2, 0), (2, A, 0, 2, 0)]))
+    assert list(got["end"]) == [1, 2, 0] and got["live"] == []
+    assert got["cur"] == {0: 0} and got["peak"] == {0: 20} and got["peak_i"] == {0: 1}
+    # blocks and physical handles have key spaces of their own
+    got = _core.replay(*_columns([(1, A, 10, 0, 0), (1, A, 4, 5, 0), (1, A, 8, 4, 0)]))
+    assert got["live"] == [0, 1, 2] and got["cur"] == {0: 18}
+
+
+def test_replay_rejects_ragged_or_misaligned_columns():
+    from array import array
+
+    from memviz import _core
+
+    op, addr, size, kind, dev = _columns([(1, 4096, 1, 0, 0), (2, 4096, 0, 0, 0)])
+    with pytest.raises(ValueError, match="size has 1 events, op has 2"):
+        _core.replay(op, addr, array("Q", [1]), kind, dev)
+    with pytest.raises(ValueError, match="not a whole number"):
+        _core.replay(op, addr, bytes(9), kind, dev)
+    with pytest.raises(TypeError):
+        _core.replay(op, addr, size, kind, [0, 0])
+    unaligned = memoryview(b"\0" + addr.tobytes())[1:]
+    got = _core.replay(op, unaligned, size, kind, dev)
+    assert list(got["end"]) == [1, 0] and got["live"] == []
+
+
+def test_replay_matches_the_loaded_trace(fake, tmp_path):
+    """On a trace the store recorded, replay() gives what LoadedTrace's own
+    replay does (the lead wires the loaded trace to it)."""
+    from memviz import _core
+
+    path = tmp_path / "run.memviz"
+    with memviz.track(trace=str(path), torch=False):
+        kept = [fake.alloc(CBID_cuMemAlloc_v2, (i + 1) * MiB) for i in range(6)]
+        for a in kept[::2]:
+            fake.free(CBID_cuMemFree_v2, a)
+        host = fake.alloc(CBID_cuMemHostAlloc, 3 * MiB)
+        fake.alloc(CBID_cuMemAlloc_v2, 80 << 30, result=CUDA_ERROR_OUT_OF_MEMORY)
+        fake.free(CBID_cuMemFreeHost, host)
+        fake.alloc(CBID_cuMemAlloc_v2, 9 * MiB)
+    loaded = memviz.load(path)
+    cols = (loaded._op, loaded._addr, loaded._size, loaded._kind, loaded._dev)
+    got = _core.replay(*cols)
+    want = loaded._replay() if hasattr(loaded, "_replay") else _replay_oracle(*cols)
+    assert got["end"].tolist() == list(want["end"])
+    assert {k: v for k, v in got.items() if k != "end"} == \
+        {k: v for k, v in want.items() if k != "end"}
+    assert got["fail_idx"] and got["live"] and got["peak"][0] >= 9 * MiB

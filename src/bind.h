@@ -1,0 +1,23 @@
+/* What the binding files (module.c, module_store.c) share. Header only;
+ * with the GIL. */
+#ifndef MEMVIZ_BIND_H
+#define MEMVIZ_BIND_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "store.h"
+
+/* 0 when the store is ready, else -1 with RuntimeError set. */
+static inline int mvz_ensure_store(void)
+{
+    if (mvz_store_ready())
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "memviz._core.init() was not called");
+    return -1;
+}
+
+/* The store's readers, window and trace bindings (module_store.c). */
+extern PyMethodDef mvz_store_bindings[];
+
+#endif
