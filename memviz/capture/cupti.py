@@ -1,6 +1,6 @@
 """Finding and loading libcupti, and deciding whether GPU capture can run.
 
-DESIGN.md rule 5: prefer the copy already mapped in the process, then the
+docs/architecture.md, rule 5: prefer the copy already mapped in the process, then the
 CUDA wheels' folders, then ``CUDA_HOME``; never map two different files.
 ``MEMVIZ_CUPTI_LIBRARY=/path/to/libcupti.so`` overrides the search (the test
 suite points it at its libcupti test double).

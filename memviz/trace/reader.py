@@ -18,7 +18,7 @@ from array import array
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from memviz._package import PACKAGE_DIR
-from memviz import _args
+from memviz import _args, _core
 from memviz.trace import format as F
 from memviz.capture.callsite import Resolved
 from memviz.model.snapshot import KIND_NAMES, Allocation, Snapshot, snapshot_from_raw
@@ -30,7 +30,6 @@ __all__ = ["TraceReader", "TraceEvent"]
 _U32, _U64 = ("I" if array("I").itemsize == 4 else "L"), "Q"
 _BIG = sys.byteorder != "little"
 _TIMELINE_POINTS = 16384
-_BLOCK_KIND = KIND_NAMES.index("block")
 
 
 def _table(*ops: int) -> bytes:
@@ -244,48 +243,15 @@ class TraceReader(TraceFile):
         return self._ts_cache
 
     def _replay(self) -> Dict[str, Any]:
-        """One pass over the events: which ALLOC each FREE ends, the live set
-        at the end, and each device's peak. Mirrors the C store: a FREE of an
-        unknown address is ignored, an ALLOC at a live address retires it."""
-        if self._replayed is not None:
-            return self._replayed
-        op, addr, size, kind, dev = self._op, self._addr, self._size, self._kind, self._dev
-        n = self.event_count
-        end = array("q", bytes(8 * n))  # alloc index -> the index that ended it (0: never)
-        live: Dict[int, int] = {}
-        cur, peak, peak_i = [0] * 256, [0] * 256, [-1] * 256
-        i = -1
-        block = _BLOCK_KIND  # PyTorch's blocks lie inside segments: not in device totals
-        for o, a, k, s, d in zip(op, addr, kind, size, dev):
-            i += 1
-            if o == 1:
-                key = (a << 8) | k
-                j = live.get(key)
-                if j is not None:  # its free was not seen
-                    end[j] = i
-                    if k != block:
-                        cur[dev[j]] -= size[j]
-                live[key] = i
-                if k == block:
-                    continue
-                c = cur[d] + s
-                cur[d] = c
-                if c > peak[d]:
-                    peak[d] = c
-                    peak_i[d] = i
-            elif o == 2:
-                j = live.pop((a << 8) | k, None)
-                if j is not None:
-                    end[j] = i
-                    if k != block:
-                        cur[dev[j]] -= size[j]
-        alloc_idx = list(itertools.compress(range(n), op.translate(_IS_ALLOC)))
-        fail_idx = list(itertools.compress(range(n), op.translate(_IS_FAILED)))
-        devices = sorted(set(itertools.compress(dev, op.translate(_IS_ALLOC_OR_FAILED))))
-        self._replayed = {"end": end, "live": sorted(live.values()), "alloc_idx": alloc_idx,
-                          "fail_idx": fail_idx, "cur": {d: cur[d] for d in devices},
-                          "peak": {d: peak[d] for d in devices},
-                          "peak_i": {d: peak_i[d] for d in devices}}
+        """One pass over the events through the C store's own rules
+        (``_core.replay``: its live table and its totals and peak
+        bookkeeping, on a private table): which ALLOC each FREE ends, the
+        live set at the end, and each device's peak. As in a live store, a
+        FREE of an unknown address is ignored, an ALLOC at a live address
+        retires it, and PyTorch's blocks (which lie inside segments) count
+        in no device total."""
+        if self._replayed is None:
+            self._replayed = _core.replay(self._op, self._addr, self._size, self._kind, self._dev)
         return self._replayed
 
     def _peak_rows(self, d: int) -> List[int]:
