@@ -17,7 +17,8 @@ script that sets ``MEMVIZ_SAMPLE_WITHOUT_GPU = True`` in its globals (memviz's
 demo, examples/basic.py, does) is followed, after its own report, by the
 report of the sample trace shipped in memviz/data (sample.memviz, recorded on
 a GPU from that demo), headed by the machine, date and script it was
-recorded on (sample.json), and marked as a recording, not this machine's data.
+recorded on (sample.json), and marked as a recording, not this machine's data
+(memviz.cli.sample).
 
 No report comes out when the process ends without unwinding the Python stack:
 ``os._exit()``, a fatal signal (SIGKILL, SIGTERM without a handler, a crash),
