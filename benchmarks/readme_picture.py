@@ -50,11 +50,11 @@ def _browser(width, height):
 
 def _sample_meta(trace_path):
     """The sample's description (sample.json) when the trace is memviz's sample, else None."""
-    from memviz.cli import run as _cli_run
+    from memviz.cli import sample as _cli_sample
 
     if os.path.realpath(trace_path) != os.path.realpath(SAMPLE):
         return None
-    return _cli_run.load_sample()[1]
+    return _cli_sample.load_sample()[1]
 
 
 def picture(trace_path, out, width=1280, height=1400, title=None):
@@ -62,14 +62,14 @@ def picture(trace_path, out, width=1280, height=1400, title=None):
     import memviz
     from memviz.report import html
 
-    from memviz.cli import run as _cli_run
+    from memviz.cli import sample as _cli_sample
 
     trace = memviz.load(trace_path)
     meta = _sample_meta(trace_path)
     if meta is not None and title is None:
         title = f"memviz report: {meta['script']} (recorded on {meta['machine']}, {meta['date']})"
     # The sample's lines read as recorded (sample.json has the script's text).
-    with _cli_run.recorded_source(meta) if meta is not None else contextlib.nullcontext():
+    with _cli_sample.recorded_source(meta) if meta is not None else contextlib.nullcontext():
         page = html.render(trace, title=title)
     out = os.path.abspath(out)
     os.makedirs(os.path.dirname(out), exist_ok=True)

@@ -5,16 +5,20 @@ a value of the wrong type and :class:`memviz.InvalidArgument` (also a
 ValueError) for a value out of range, with a message that names the argument,
 shows what was given and says what is accepted. ``bool`` is an ``int``
 subclass in Python; where a number is expected, True and False are refused.
+
+:func:`whole_option` is the one argparse ``type=`` for whole-number options
+of memviz's command lines and of the ``%%memviz`` magic.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from memviz._errors import InvalidArgument, InvalidArgumentType
 
-__all__ = ["given", "whole", "flag", "choice", "path", "bad_value", "bad_type"]
+__all__ = ["given", "whole", "flag", "choice", "path", "bad_value", "bad_type", "whole_option"]
 
 
 def given(value: Any) -> str:
@@ -92,3 +96,27 @@ def path(value: Any, name: str) -> str:
     if "\0" in text:
         raise bad_value(name, value, accepted + " without NUL characters")
     return text
+
+
+def whole_option(low: int = 1, high: Optional[int] = None) -> Callable[[str], int]:
+    """An argparse ``type=`` reading a whole number in [low, high] from the
+    command line; anything else is an ``argparse.ArgumentTypeError`` saying
+    what is accepted and what was given (argparse turns it into a usage error)."""
+    if high is not None:
+        accepted = f"a whole number from {low} to {high}"
+    elif low == 1:
+        accepted = "a positive whole number"
+    else:
+        accepted = f"a whole number >= {low}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {accepted}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {accepted}, got {value}")
+        return value
+
+    parse.__name__ = "whole number"  # argparse names the type in its message
+    return parse

@@ -562,3 +562,19 @@ def test_without_nvidias_bindings_or_a_driver_nvml_is_skipped(monkeypatch):
     assert _device._from_nvml(None) == {}
     monkeypatch.setitem(sys.modules, "pynvml", _StandInNvml([], init_fails=True))
     assert _device._from_nvml(None) == {}
+
+
+def test_every_command_reads_its_whole_number_options_alike(capsys):
+    """run, report and diff take --top (and run --depth) through one argparse
+    type: the same usage error, naming what is accepted and what was given."""
+    from memviz import _core
+
+    for argv, said in ((["run", "--top", "0", "ok.py"], "expected a positive whole number, got 0"),
+                       (["report", "t.memviz", "--top", "x"], "expected a positive whole number, got 'x'"),
+                       (["diff", "a.memviz", "b.memviz", "--top", "-1"],
+                        "expected a positive whole number, got -1"),
+                       (["run", "--depth", str(_core.MAX_DEPTH + 1), "ok.py"],
+                        f"expected a whole number from 1 to {_core.MAX_DEPTH}, got {_core.MAX_DEPTH + 1}")):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert said in err and "usage:" in err, (argv, err)

@@ -1,4 +1,4 @@
-"""`memviz diff A B` (memviz/cli/diff.py): two runs side by side.
+"""`memviz diff A B` (memviz/cli/diff.py, diff_compare.py, diff_render.py): two runs side by side.
 
 Traces are recorded through the libcupti test double (and, for PyTorch's
 segments and blocks, the stand-in caching allocator of

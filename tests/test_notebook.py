@@ -26,6 +26,18 @@ def test_options_are_parsed_and_bad_ones_explained():
         assert "Usage: %%memviz" in str(e.value)
 
 
+def test_a_depth_memviz_cannot_keep_is_a_usage_error_of_the_magic():
+    """--depth is checked against the frames memviz keeps at most, as
+    `memviz run --depth` is: the usage line, not an error from inside track()."""
+    from memviz import _core
+
+    assert _ipython.parse_options(f"--depth {_core.MAX_DEPTH}").depth == _core.MAX_DEPTH
+    with pytest.raises(_ipython.MagicUsageError, match=f"from 1 to {_core.MAX_DEPTH}, got "
+                                                        f"{_core.MAX_DEPTH + 1}") as e:
+        _ipython.parse_options(f"--depth {_core.MAX_DEPTH + 1}")
+    assert "Usage: %%memviz" in str(e.value)
+
+
 @pytest.fixture
 def shell():
     IPython = pytest.importorskip("IPython", reason="the cell magic needs IPython (pip install ipython)")

@@ -21,7 +21,7 @@ import pytest
 
 import memviz
 from memviz.capture import cupti as _capture
-from memviz.cli import run as _cli_run
+from memviz.cli import sample as _cli_sample
 from memviz._errors import TraceError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,11 +188,11 @@ def test_a_broken_sample_says_what_to_do(tmp_path, monkeypatch, capsys, damage):
         (tmp_path / "sample.memviz").write_bytes(b"not a trace at all")
     if text is not None:
         (tmp_path / "sample.json").write_text(text)
-    monkeypatch.setattr(_cli_run, "_sample_folder", lambda: tmp_path)
+    monkeypatch.setattr(_cli_sample, "_sample_folder", lambda: tmp_path)
     with pytest.raises(TraceError) as e:
-        _cli_run.sample_report()
+        _cli_sample.sample_report()
     assert "sample" in str(e.value) and "pip install --force-reinstall memviz-gpu" in str(e.value)
-    _cli_run._show_sample(10)  # never raises: one line saying why
+    _cli_sample.show_sample(10)  # never raises: one line saying why
     err = capsys.readouterr().err
     assert err.startswith("memviz: no sample report to show: ") and err.count("\n") == 1
 
@@ -202,7 +202,7 @@ def test_the_sample_report_reads_the_recorded_source_and_puts_linecache_back():
 
     meta = sample_meta()
     before = linecache.cache.get(meta["script"])
-    text = _cli_run.sample_report()
+    text = _cli_sample.sample_report()
     assert linecache.cache.get(meta["script"]) == before
     assert "memviz report" not in text  # not to be taken for this run's report
     n = top_lines(memviz.load(DATA / "sample.memviz"), meta["script"])[0][0]

@@ -60,38 +60,18 @@ frames is ``"<thread NAME>"`` with line 0. NaN and infinities (a step's
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
-from memviz.cli.run import _positive
-from memviz._errors import InvalidArgument, OutputError, TraceError
-from memviz._outputs import refuse_inputs, write_output
+from memviz._errors import TraceError
+from memviz.cli.common import (EXIT_USAGE, device_name, dumps, load_trace, parse, positive,
+                               refuse_output, write_text)
 from memviz.report.text import finding_records, step_summary
-from memviz.trace.format import TraceWarning, step_dict
-from memviz._units import json_finite
+from memviz.trace.format import step_dict
 
-__all__ = ["main", "json_report"]
+__all__ = ["main", "json_report", "report_parser"]
 
-EXIT_USAGE = 2
 FORMATS = ("text", "json", "html")
-
-
-def _load(path: str, recover: bool, prog: str):
-    """The loaded trace; a warning about a cut-off file goes to stderr as one line."""
-    from memviz.loaded import load
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", TraceWarning)
-        trace = load(path, recover=recover)
-    for w in caught:
-        print(f"{prog}: warning: {w.message}", file=sys.stderr)
-    return trace
-
-
-def _device_name(dev: int) -> str:
-    return "pinned host" if dev < 0 else f"cuda:{dev}"
 
 
 def _line(stat: Any) -> Dict[str, Any]:
@@ -109,7 +89,7 @@ def json_report(trace: Any, top: int = 10) -> Dict[str, Any]:
         t = totals[dev]
         at_end = end_snap.get(dev)
         devices.append({
-            "device": dev, "name": _device_name(dev),
+            "device": dev, "name": device_name(dev),
             **{k: t.get(k, 0) for k in ("current", "peak", "peak_timestamp_ns", "allocs",
                                         "frees", "failed")},
             "top_lines_at_peak": [_line(s) for s in
@@ -149,11 +129,6 @@ def json_report(trace: Any, top: int = 10) -> Dict[str, Any]:
     }
 
 
-def _dumps(doc: Any) -> str:
-    """Valid JSON (a NaN step value is null), one document and a newline."""
-    return json.dumps(json_finite(doc), indent=1, default=str, allow_nan=False) + "\n"
-
-
 def _html(trace: Any) -> str:
     try:
         from memviz.report import html
@@ -168,28 +143,6 @@ def _html(trace: Any) -> str:
     return html.render(trace)
 
 
-def _write(text: str, out: Optional[str], prog: str, what: str = "the report",
-           inputs: Tuple[Tuple[str, str], ...] = ()) -> int:
-    """Print ``text``, or write it to ``out`` (never over one of ``inputs``:
-    (name, path) pairs; through a temporary file renamed over ``out``)."""
-    if out is None:
-        try:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-        except OSError as e:  # a closed pipe, a full disk behind a redirection
-            print(f"{prog}: cannot write {what} to stdout: {e.strerror or e}. What to do: "
-                  "check where stdout goes, or write to a file with -o PATH.", file=sys.stderr)
-            return EXIT_USAGE
-        return 0
-    try:
-        write_output(out, text, what, inputs=inputs)
-    except (OutputError, InvalidArgument) as e:  # InvalidArgument: -o ''
-        print(f"{prog}: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    print(f"{prog}: wrote {out}", file=sys.stderr)
-    return 0
-
-
 def report_parser(prog: str = "memviz report") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, description="Print the memory report of a .memviz trace file.",
@@ -199,7 +152,7 @@ def report_parser(prog: str = "memviz report") -> argparse.ArgumentParser:
     parser.add_argument("--format", choices=FORMATS, default="text",
                         help="text (default), json or html")
     parser.add_argument("-o", "--output", metavar="PATH", help="write here instead of stdout")
-    parser.add_argument("--top", type=_positive, default=10, metavar="N",
+    parser.add_argument("--top", type=positive, default=10, metavar="N",
                         help="lines listed per device (default 10)")
     parser.add_argument("--recover", action="store_true",
                         help="read a corrupted file up to the damaged part")
@@ -209,20 +162,16 @@ def report_parser(prog: str = "memviz report") -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None, prog: str = "memviz report") -> int:
     """Entry point of ``memviz report``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        opts = report_parser(prog).parse_args(argv)
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    opts = parse(report_parser(prog), argv)
+    if isinstance(opts, int):
+        return opts
     inputs = (("the trace being reported", opts.trace),)
     what = {"text": "the report", "json": "the JSON report", "html": "the HTML report"}[opts.format]
-    if opts.output is not None:
-        try:  # before reading anything: -o must not name the trace it reports
-            refuse_inputs(opts.output, inputs, what, hint="choose another -o path")
-        except OutputError as e:
-            print(f"{prog}: {e}", file=sys.stderr)
-            return EXIT_USAGE
+    refused = refuse_output(opts.output, inputs, what, prog)  # -o must not name the trace it reports
+    if refused is not None:
+        return refused
     try:
-        trace = _load(opts.trace, opts.recover, prog)
+        trace = load_trace(opts.trace, opts.recover, prog)
         if opts.format == "text":
             from memviz.report.text import text_report
             text = text_report(trace, top=opts.top, outside=trace.outside,
@@ -230,10 +179,10 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz report") -> int:
             if trace.truncated:
                 text = f"(incomplete trace: {trace.error})\n" + text
         elif opts.format == "json":
-            text = _dumps(json_report(trace, opts.top))
+            text = dumps(json_report(trace, opts.top))
         else:
             text = _html(trace)
     except TraceError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return EXIT_USAGE
-    return _write(text, opts.output, prog, what, inputs)
+    return write_text(text, opts.output, prog, what, inputs)

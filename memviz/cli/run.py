@@ -17,7 +17,8 @@ script that sets ``MEMVIZ_SAMPLE_WITHOUT_GPU = True`` in its globals (memviz's
 demo, examples/basic.py, does) is followed, after its own report, by the
 report of the sample trace shipped in memviz/data (sample.memviz, recorded on
 a GPU from that demo), headed by the machine, date and script it was
-recorded on (sample.json), and marked as a recording, not this machine's data.
+recorded on (sample.json), and marked as a recording, not this machine's data
+(memviz.cli.sample).
 
 No report comes out when the process ends without unwinding the Python stack:
 ``os._exit()``, a fatal signal (SIGKILL, SIGTERM without a handler, a crash),
@@ -27,65 +28,39 @@ or a fork()ed child (only the parent reports).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
-import json
-import linecache
 import os
 import runpy
 import shlex
 import sys
-import textwrap
 import threading
 import traceback
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from memviz._package import PACKAGE_DIR
-from memviz.capture import callsite as _callsite
 from memviz import _core
+from memviz._args import whole_option
 from memviz._errors import CaptureConflict, CaptureUnavailable, MemvizError, OutputError
 from memviz._outputs import same_file, write_output
-from memviz.report.text import WIDTH, text_report
+from memviz._package import PACKAGE_DIR
+from memviz.capture import callsite as _callsite
+from memviz.cli.common import EXIT_USAGE, parse, positive, say
+from memviz.cli.sample import SAMPLE_OPT_IN, show_sample
+from memviz.report.text import text_report
 from memviz.trace.format import TraceWarning
 from memviz.tracker import CaptureWarning, Tracker
 
 __all__ = ["main", "build_parser"]
 
-EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_OUTPUT = 2  # the script succeeded but a report file or the trace could not be written
 _VALUE_OPTIONS = ("--depth", "--top", "--report-file", "-o", "--output")
 _MEMVIZ_DIR = PACKAGE_DIR
 _RUNPY_FILES = {"<frozen runpy>", os.path.abspath(runpy.__file__)}
-#: a script's global that asks for the sample report where GPU capture is off
-SAMPLE_OPT_IN = "MEMVIZ_SAMPLE_WITHOUT_GPU"
-_SAMPLE_FILES = ("sample.memviz", "sample.json")
-_REINSTALL = "reinstall memviz (pip install --force-reinstall memviz-gpu)"
 
 
 class UsageError(Exception):
     """A mistake in the command line: one line, no traceback, exit status 2."""
-
-
-def _depth(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if not 1 <= value <= _core.MAX_DEPTH:
-        raise argparse.ArgumentTypeError(f"must be between 1 and {_core.MAX_DEPTH}, got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def build_parser(prog: str = "memviz run") -> argparse.ArgumentParser:
@@ -105,11 +80,11 @@ def build_parser(prog: str = "memviz run") -> argparse.ArgumentParser:
     parser.add_argument("--autograd", action="store_true",
                         help="label backward allocations with their autograd node and forward line, "
                              "and record what autograd graphs keep (saved-tensor hooks)")
-    parser.add_argument("--depth", type=_depth, default=32, metavar="N",
+    parser.add_argument("--depth", type=whole_option(1, _core.MAX_DEPTH), default=32, metavar="N",
                         help=f"Python frames kept per allocation (1-{_core.MAX_DEPTH}, default 32)")
     parser.add_argument("--no-gpu", action="store_true",
                         help="do not capture GPU allocations (run and report only)")
-    parser.add_argument("--top", type=_positive, default=10, metavar="N",
+    parser.add_argument("--top", type=positive, default=10, metavar="N",
                         help="lines listed per device at its peak (default 10)")
     parser.add_argument("--report-file", metavar="PATH",
                         help="also write the report to this file")
@@ -307,17 +282,9 @@ def _emit(report: str, report_file: Optional[str],
         try:
             write_output(report_file, report, "the report", inputs=inputs)
         except OutputError as e:
-            _say(str(e))  # "memviz cannot write the report to ...: why. What to do: ..."
+            say(str(e))  # "memviz cannot write the report to ...: why. What to do: ..."
             return False
     return True
-
-
-def _say(line: str) -> None:
-    """One line on stderr, if stderr still takes it."""
-    try:
-        print(line, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 def _trace_note(tracker: Tracker, path: str) -> bool:
@@ -333,110 +300,12 @@ def _trace_note(tracker: Tracker, path: str) -> bool:
         size = "?"
     read = f"read it with `python -m memviz report {shlex.quote(path)}`"
     if writer is not None and writer.error is not None:
-        _say(f"memviz: the trace {path} is incomplete ({events}{size}): {writer.error} "
+        say(f"memviz: the trace {path} is incomplete ({events}{size}): {writer.error} "
              f"What to do: free some disk space or choose another -o path next time; {read} "
              "(it loads up to the last complete flush).")
         return False
-    _say(f"memviz: trace written to {path} ({events}{size}); {read}")
+    say(f"memviz: trace written to {path} ({events}{size}); {read}")
     return True
-
-
-def _sample_folder() -> Any:
-    """Where the sample's files are: memviz/data, as installed."""
-    from importlib import resources
-
-    return resources.files("memviz").joinpath("data")
-
-
-def load_sample() -> Tuple[Any, Dict[str, str]]:
-    """(the loaded sample trace, its description) from memviz/data.
-
-    The description (sample.json) has "machine", "date" and "script" (what
-    ran, as its lines are recorded, e.g. "examples/basic.py"), and may have
-    "script_source": the script's text when it was recorded. Raises
-    :class:`~memviz.TraceError` when a file is missing or unreadable (a broken
-    install), saying which and what to do."""
-    from importlib import resources
-
-    from memviz._errors import TraceError
-    from memviz.loaded import load
-
-    folder = _sample_folder()
-    trace_file, meta_file = (folder.joinpath(name) for name in _SAMPLE_FILES)
-    try:
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        if not isinstance(meta, dict):
-            raise ValueError("it is not a JSON object")
-        if not all(isinstance(meta.get(k), str) and meta[k]
-                   for k in ("machine", "date", "script")):
-            raise ValueError('it lacks one of "machine", "date" and "script" (non-empty strings)')
-        if not isinstance(meta.get("script_source", ""), str):
-            raise ValueError('its "script_source" is not a string')
-    except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
-        raise TraceError(f"memviz's sample description {meta_file} cannot be read ({e}); "
-                         f"{_REINSTALL}.") from None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TraceWarning)  # a cut-off sample is still a sample
-        with resources.as_file(trace_file) as path:
-            if not os.path.isfile(path):
-                raise TraceError(f"memviz's sample trace {path} is missing; {_REINSTALL}.")
-            try:
-                trace = load(os.fspath(path))
-            except TraceError as e:
-                raise TraceError(f"memviz's sample trace cannot be read: {e}; "
-                                 f"{_REINSTALL}.") from None
-    return trace, meta
-
-
-@contextlib.contextmanager
-def recorded_source(meta: Dict[str, str]):
-    """Within it, the sample's lines read as they were when it was recorded
-    (its "script_source" put in linecache under its "script" name), not as
-    that file reads now, if it exists here at all."""
-    name, text = meta["script"], meta.get("script_source")
-    if not text:
-        yield
-        return
-    saved = linecache.cache.get(name)
-    lines = text.splitlines(keepends=True)
-    linecache.cache[name] = (len(text), None, lines, name)  # no mtime: never re-read
-    try:
-        yield
-    finally:
-        if saved is None:
-            linecache.cache.pop(name, None)
-        else:
-            linecache.cache[name] = saved
-
-
-def sample_report(top: int = 10) -> str:
-    """The text report of the sample trace shipped in memviz/data, headed by
-    the machine, date and script it was recorded on (see :func:`load_sample`)."""
-    trace, meta = load_sample()
-    machine, date, script = meta["machine"], meta["date"], meta["script"]
-    heading = (f"memviz: GPU capture was off, so here is a SAMPLE instead, a recording shipped "
-               f"with memviz and not this machine's data: the report of a run recorded on "
-               f"{machine} on {date} running {script}.")
-    with recorded_source(meta):
-        report = text_report(trace, top=top, outside=trace.outside, command=script)
-    rest = report.split("\n", 1)[1]  # below its title ("memviz report: ...")
-    title = f"SAMPLE (recorded on {date}, not on this machine): {script}"
-    return ("\n".join(textwrap.wrap(heading, WIDTH, subsequent_indent="  ")) + "\n\n"
-            + title + "\n" + rest)
-
-
-def _show_sample(top: int) -> None:
-    """Print the sample report after the run's own (never fails the run)."""
-    try:
-        text = sample_report(top)
-    except MemvizError as e:
-        _say(f"memviz: no sample report to show: {e}")
-        return
-    try:
-        sys.stderr.write("\n" + text)
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
 
 
 def _start(opts: argparse.Namespace) -> Tracker:
@@ -458,10 +327,9 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
     parser = build_parser(prog)
     try:
         own, script, module, args = _split(argv)
-        try:
-            opts = parser.parse_args(own)
-        except SystemExit as e:  # --help, or argparse's own usage error
-            return e.code if isinstance(e.code, int) else EXIT_USAGE
+        opts = parse(parser, own)
+        if isinstance(opts, int):  # --help, or argparse's own usage error
+            return opts
         if opts.module is not None:  # "-m" given as the last memviz option, e.g. -m=x
             module = opts.module
         if script is None and not module:
@@ -526,7 +394,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
         if opts.output is not None:
             written = _trace_note(tracker, opts.output) and written
         if not opts.no_gpu and not tracker.gpu_enabled and ns.get(SAMPLE_OPT_IN) is True:
-            _show_sample(opts.top)
+            show_sample(opts.top)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception:  # noqa: BLE001 - keep the script's status; show what broke

@@ -52,8 +52,19 @@ def step_metrics(records: List[Any], prefix: str = "memviz", sep: str = "/") -> 
 
 
 class CoreViews:
-    """What a framework callback shows of the run it tracks (through its
-    ``_core``, a :class:`StepCallbackCore`)."""
+    """What the framework callbacks share on their face: the arguments they
+    take (each makes its ``_core``, a :class:`StepCallbackCore`, of them) and
+    what they show of the run they track.
+
+    A framework's ``MemvizCallback`` derives from this class first and from
+    the framework's callback class second, so that ``super().__init__()``
+    here reaches the framework's ``__init__``."""
+
+    def __init__(self, tracker=None, *, diagnose: bool = True, metrics: bool = True,
+                 prefix: str = "memviz", **sinks: Any) -> None:
+        super().__init__()
+        self._core = StepCallbackCore(tracker, diagnose=diagnose, metrics=metrics, prefix=prefix,
+                                      **sinks)
 
     @property
     def tracker(self):
@@ -68,6 +79,13 @@ class CoreViews:
     def oom_report(self):
         """The out-of-memory report of a training that failed, or None."""
         return self._core.oom_report
+
+    @property
+    def error(self):
+        """The exception that ended the last training (Lightning's
+        ``on_exception``; for transformers, the one that escaped
+        ``Trainer.train()``), or None."""
+        return self._core.error
 
 
 class StepCallbackCore:

@@ -42,9 +42,8 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any
 
-from memviz.integrations.callbacks import CoreViews, StepCallbackCore
+from memviz.integrations.callbacks import CoreViews
 
 try:
     from transformers import TrainerCallback
@@ -61,16 +60,6 @@ _CALLERS_SEARCHED = 12  # Trainer.__init__ is 3 frames up (handler.on_init_end, 
 
 class MemvizCallback(CoreViews, TrainerCallback):
     """A transformers TrainerCallback recording a memviz step per optimizer step."""
-
-    def __init__(self, tracker=None, *, diagnose: bool = True, metrics: bool = True,
-                 prefix: str = "memviz", **sinks: Any) -> None:
-        super().__init__()
-        self._core = StepCallbackCore(tracker, diagnose=diagnose, metrics=metrics, prefix=prefix, **sinks)
-
-    @property
-    def error(self):
-        """The exception that escaped the last ``train()``, or None."""
-        return self._core.error
 
     def on_init_end(self, args, state, control, **kwargs) -> None:
         self._wrap_trainer()

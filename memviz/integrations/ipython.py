@@ -14,7 +14,8 @@ keeps the tracker in the notebook as ``_memviz`` for more questions
 Nothing is fetched from the network; the report is static HTML.
 
 Options: ``--no-gpu`` (track without GPU capture), ``--top N`` (lines shown,
-default 10), ``--depth N`` (Python frames kept per allocation).
+default 10), ``--depth N`` (Python frames kept per allocation, at most
+memviz._core.MAX_DEPTH, as for ``memviz run``).
 """
 
 from __future__ import annotations
@@ -23,9 +24,14 @@ import argparse
 import shlex
 from typing import Any, List, Optional
 
+from memviz import _core
+from memviz._args import whole_option
+
 __all__ = ["load_ipython_extension", "unload_ipython_extension", "memviz_cell", "parse_options"]
 
 USAGE = "%%memviz [--no-gpu] [--top N] [--depth N]"
+_top = whole_option(1)
+_depth = whole_option(1, _core.MAX_DEPTH)  # as memviz run --depth
 
 
 class MagicUsageError(ValueError):
@@ -37,22 +43,12 @@ class _Parser(argparse.ArgumentParser):
         raise MagicUsageError(f"%%memviz: {message}. Usage: {USAGE}")
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
-    return value
-
-
 def parse_options(line: str) -> argparse.Namespace:
     """The options of a ``%%memviz`` line; MagicUsageError says what is wrong."""
     p = _Parser(prog="%%memviz", add_help=False)
     p.add_argument("--no-gpu", action="store_true", dest="no_gpu")
-    p.add_argument("--top", type=_positive, default=10)
-    p.add_argument("--depth", type=_positive, default=None)
+    p.add_argument("--top", type=_top, default=10)
+    p.add_argument("--depth", type=_depth, default=None)
     try:
         words: List[str] = shlex.split(line or "")
     except ValueError as e:

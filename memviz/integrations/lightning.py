@@ -23,9 +23,7 @@ without the loggers.
 
 from __future__ import annotations
 
-from typing import Any
-
-from memviz.integrations.callbacks import CoreViews, StepCallbackCore, batch_shape
+from memviz.integrations.callbacks import CoreViews, batch_shape
 
 try:
     from lightning.pytorch.callbacks import Callback
@@ -43,16 +41,6 @@ __all__ = ["MemvizCallback"]
 
 class MemvizCallback(CoreViews, Callback):
     """A Lightning callback recording a memviz step per training batch."""
-
-    def __init__(self, tracker=None, *, diagnose: bool = True, metrics: bool = True,
-                 prefix: str = "memviz", **sinks: Any) -> None:
-        super().__init__()
-        self._core = StepCallbackCore(tracker, diagnose=diagnose, metrics=metrics, prefix=prefix, **sinks)
-
-    @property
-    def error(self):
-        """The exception that ended the last training, or None."""
-        return self._core.error
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._core.begin()

@@ -1,0 +1,108 @@
+"""What the verbs of the command line share: the usage exit status, reading
+a trace for a command, refusing an output path that names one of the
+command's inputs, printing or writing the command's text, JSON, the names of
+devices and the whole-number options.
+
+Imports only the floors below memviz.cli (docs/architecture.md); each verb
+(run.py, sample.py, report.py, diff.py ...) imports this module, never another verb.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+from memviz._args import whole_option
+from memviz._errors import InvalidArgument, OutputError
+from memviz._outputs import refuse_inputs, write_output
+from memviz._units import json_finite
+from memviz.trace.format import TraceWarning
+
+__all__ = ["EXIT_USAGE", "positive", "parse", "say", "load_trace", "refuse_output", "dumps",
+           "write_text", "device_name"]
+
+#: the exit status of a mistake in the command line (and of an output that
+#: could not be written)
+EXIT_USAGE = 2
+
+#: argparse ``type=`` of --top and the like: a whole number >= 1
+positive = whole_option(1)
+
+
+def parse(parser: argparse.ArgumentParser, argv: List[str]) -> Union[argparse.Namespace, int]:
+    """The parsed options, or the exit status when argparse ended the command
+    (--help: 0, a usage error it printed: 2)."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+
+
+def say(line: str) -> None:
+    """One line on stderr, if stderr still takes it."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def load_trace(path: str, recover: bool, prog: str):
+    """The loaded trace; a warning about a cut-off file goes to stderr as one line."""
+    from memviz.loaded import load
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TraceWarning)
+        trace = load(path, recover=recover)
+    for w in caught:
+        print(f"{prog}: warning: {w.message}", file=sys.stderr)
+    return trace
+
+
+def refuse_output(out: Optional[str], inputs: Sequence[Tuple[str, str]], what: str,
+                  prog: str) -> Optional[int]:
+    """Before anything is read: EXIT_USAGE (said on stderr) when -o ``out``
+    names one of ``inputs`` ((name, path) pairs), else None."""
+    if out is None:
+        return None
+    try:
+        refuse_inputs(out, inputs, what, hint="choose another -o path")
+    except OutputError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return None
+
+
+def dumps(doc: Any) -> str:
+    """Valid JSON (a NaN step value is null), one document and a newline."""
+    return json.dumps(json_finite(doc), indent=1, default=str, allow_nan=False) + "\n"
+
+
+def write_text(text: str, out: Optional[str], prog: str, what: str = "the report",
+               inputs: Tuple[Tuple[str, str], ...] = ()) -> int:
+    """Print ``text``, or write it to ``out`` (never over one of ``inputs``:
+    (name, path) pairs; through a temporary file renamed over ``out``).
+    Returns the exit status."""
+    if out is None:
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except OSError as e:  # a closed pipe, a full disk behind a redirection
+            print(f"{prog}: cannot write {what} to stdout: {e.strerror or e}. What to do: "
+                  "check where stdout goes, or write to a file with -o PATH.", file=sys.stderr)
+            return EXIT_USAGE
+        return 0
+    try:
+        write_output(out, text, what, inputs=inputs)
+    except (OutputError, InvalidArgument) as e:  # InvalidArgument: -o ''
+        print(f"{prog}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"{prog}: wrote {out}", file=sys.stderr)
+    return 0
+
+
+def device_name(dev: int) -> str:
+    """``cuda:N``, or ``pinned host`` for memviz's device -1."""
+    return "pinned host" if dev < 0 else f"cuda:{dev}"
