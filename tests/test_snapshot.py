@@ -431,3 +431,14 @@ def test_frame_filter_pick_reads_a_traceback_in_its_own_order(flt):
     assert flt.pick(list(reversed(tb))) == Frame(MODEL, 20, "forward")  # raw stacks: innermost first
     libs = Traceback([Frame(CTX, 1, "a"), Frame(TORCH, 9, "f")])
     assert flt.pick(libs) == Frame(TORCH, 9, "f")  # all library frames: the innermost
+
+
+def test_the_row_order_snapshots_unpack_is_the_c_records_order():
+    """snapshot_from_raw unpacks rows by position; the C core's record type
+    names the fields. The two must agree, field for field."""
+    from memviz import _core
+    from memviz.model.snapshot import ROW_FIELDS
+
+    assert _core.AllocationRow.__match_args__ == ROW_FIELDS
+    row = _core.AllocationRow(range(len(ROW_FIELDS)))
+    assert [getattr(row, f) for f in ROW_FIELDS] == list(range(len(ROW_FIELDS)))

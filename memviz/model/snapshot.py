@@ -589,6 +589,12 @@ class _ThreadMap(dict):
 _UNRESOLVED = Traceback((Frame("<unresolved stack>", 0, ""),))
 
 
+#: the allocation record's fields in the order snapshot_from_raw unpacks them
+#: (src/records.c defines the record; tests/test_snapshot.py checks the two agree)
+ROW_FIELDS = ("address", "size", "device", "kind", "stream", "thread", "label", "timestamp_ns",
+              "stack_id", "seq")
+
+
 def snapshot_from_raw(
     raw_allocs: Iterable[Sequence],
     resolve_stacks: Callable[[set], Mapping[int, Sequence[Tuple[str, Optional[int], str]]]],
@@ -601,9 +607,13 @@ def snapshot_from_raw(
     """Build a :class:`Snapshot` from the C core's raw data.
 
     Args:
-        raw_allocs: rows ``(address, size, device, kind_code, stream,
-            thread_idx, label_or_None, timestamp_ns, stack_id, seq)``;
-            kind_code 0=device, 1=host, 2=managed, 3=static, 4=physical, 5=block.
+        raw_allocs: the C core's allocation records (``_core.AllocationRow``:
+            address, size, device, kind, stream, thread, label, timestamp_ns,
+            stack_id, seq; kind 0=device, 1=host, 2=managed, 3=static,
+            4=physical, 5=block), or plain tuples in that field order (the
+            trace reader builds those: a tuple costs half a record). This is
+            the one place that unpacks a row by position; tests/test_snapshot.py
+            holds the order against the record type.
         resolve_stacks: called once with the set of non-zero stack ids; returns
             ``{stack_id: ((filename, lineno, name), ...)}`` innermost first, as
             the C core's ``resolve`` returns them (each :class:`Traceback`
@@ -624,12 +634,14 @@ def snapshot_from_raw(
     rows = raw_allocs if isinstance(raw_allocs, (list, tuple)) else list(raw_allocs)
     decoded: Dict[Optional[str], Tuple[Optional[str], Optional[str], Optional[str]]] = {}
     forward_stacks = set()
-    for r in rows:
-        if r[6] not in decoded:
-            d = decoded[r[6]] = decode_label(r[6])
+    stack_ids = set()
+    for _addr, _size, _dev, _kind, _stream, _thread, label, _ts, sid, _seq in rows:
+        stack_ids.add(sid)
+        if label not in decoded:
+            d = decoded[label] = decode_label(label)
             if d[2] and d[2][0] == "#":  # labelled in the callback: the forward line's stack id
                 forward_stacks.add(int(d[2][1:]))
-    stack_ids = {r[8] for r in rows} | forward_stacks
+    stack_ids |= forward_stacks
     stack_ids.discard(0)
     resolved = resolve_stacks(set(stack_ids)) if stack_ids else {}
     calls = getattr(resolved, "calls", None) or {}

@@ -57,10 +57,10 @@ def save(tracker: Any, path: str) -> None:
 
     labels: Dict[Optional[str], int] = {None: 0}
     all_rows = list(live) + [r for rows in peaks.values() for r in rows]
-    for lab in [r[6] for r in all_rows] + [f[5] for f in failures]:
+    for lab in [r.label for r in all_rows] + [f.label for f in failures]:
         if lab not in labels:
             labels[lab] = len(labels)
-    ids = {r[8] for r in all_rows} | {f[7] for f in failures}
+    ids = {r.stack_id for r in all_rows} | {f.stack_id for f in failures}
     ids.discard(0)
     tables = _Tables()
     out = [header(), chunk(META, json_bytes(_meta(tracker, "saved")))]
@@ -91,32 +91,32 @@ def _saved_events(live: List[tuple], peaks: Dict[int, List[tuple]], failures: Li
     the rest of the live set; then the failures. Replays to the same peak."""
     flags = FLAG_SYNTHETIC
     out = bytearray()
-    key = lambda r: (r[0], r[3], r[9])  # noqa: E731 - address, kind, seq
+    key = lambda r: (r.address, r.kind, r.seq)  # noqa: E731 - address, kind, seq
     live_by_dev: Dict[int, List[tuple]] = {}
     for r in live:
-        live_by_dev.setdefault(r[2], []).append(r)
+        live_by_dev.setdefault(r.device, []).append(r)
     for dev in sorted(set(peaks) | set(live_by_dev)):
-        peak_rows = sorted(peaks.get(dev, []), key=lambda r: r[7])
+        peak_rows = sorted(peaks.get(dev, []), key=lambda r: r.timestamp_ns)
         now = live_by_dev.get(dev, [])
         now_keys = {key(r) for r in now}
         peak_keys = {key(r) for r in peak_rows}
         if peak_rows:
             out += _alloc_events(peak_rows, labels, True)
-        prev = peak_rows[-1][7] if peak_rows else 0
-        later = sorted((r for r in now if key(r) not in peak_keys), key=lambda r: r[7])
-        free_ts = max(prev + 1, later[0][7] if later else prev + 1)
+        prev = peak_rows[-1].timestamp_ns if peak_rows else 0
+        later = sorted((r for r in now if key(r) not in peak_keys), key=lambda r: r.timestamp_ns)
+        free_ts = max(prev + 1, later[0].timestamp_ns if later else prev + 1)
         for r in peak_rows:
             if key(r) not in now_keys:
-                out += _event(OP_FREE, free_ts, prev, r[3], r[2], flags, r[8], r[5],
-                              labels[r[6]], r[0], r[1])
+                out += _event(OP_FREE, free_ts, prev, r.kind, r.device, flags, r.stack_id, r.thread,
+                              labels[r.label], r.address, r.size)
                 prev = max(prev, free_ts)
         if later:
             out += _alloc_events(later, labels, True, start_ts=prev)
     if failures:
-        prev = failures[0][6]
+        prev = failures[0].timestamp_ns
         out += EVENT.pack(0, OP_TIME, 0, 0, flags, 0, 0, 0, prev, 0)
-        for size, dev, kind, _stream, tidx, label, ts, sid, result in failures:
-            out += _event(OP_FAILED, ts, prev, kind, dev, flags, sid, tidx, labels[label],
-                          result, size)
-            prev = max(prev, ts)
+        for f in failures:
+            out += _event(OP_FAILED, f.timestamp_ns, prev, f.kind, f.device, flags, f.stack_id,
+                          f.thread, labels[f.label], f.result, f.size)
+            prev = max(prev, f.timestamp_ns)
     return bytes(out)

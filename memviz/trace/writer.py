@@ -57,7 +57,7 @@ def _thread_names(threads: Dict[int, tuple]) -> Dict[str, List[Any]]:
     from memviz.model.snapshot import _python_thread_names, _thread_info
 
     py = _python_thread_names()
-    return {str(idx): [e[0], e[1], _thread_info(idx, e, py).name] for idx, e in threads.items()}
+    return {str(idx): [e.native_id, e.ident, _thread_info(idx, e, py).name] for idx, e in threads.items()}
 
 
 class _Tables:
@@ -315,12 +315,12 @@ class TraceWriter:
             return
         label_ids: Dict[Optional[str], int] = {None: 0}
         for r in rows:
-            if r[6] not in label_ids:
-                label_ids[r[6]] = _core.label_intern(r[6])
+            if r.label not in label_ids:
+                label_ids[r.label] = _core.label_intern(r.label)
         head = self._stack_chunks() + self._tables.label_chunk(
             {i: s for s, i in label_ids.items() if s is not None}) + self._threads_chunk()
         # Before any ring event: a FREE drained later must follow its ALLOC.
-        packed = _alloc_events(sorted(rows, key=lambda r: r[7]), label_ids, synthetic)
+        packed = _alloc_events(sorted(rows, key=lambda r: r.timestamp_ns), label_ids, synthetic)
         self._write(b"".join(head) + chunk(EVENTS, events_payload(packed), compress=EVENT_LEVEL))
         self.events_written += len(packed) // EVENT.size
 
@@ -346,15 +346,16 @@ def _pytorch_peak(tracker: Any) -> Dict[str, Any]:
 
 def _alloc_events(rows: List[tuple], label_ids: Dict[Optional[str], int], synthetic: bool,
                   start_ts: Optional[int] = None) -> bytes:
-    """Packed TIME + ALLOC records of raw rows (address, size, device, kind,
-    stream, thread, label, timestamp, stack, seq), timestamps non-decreasing."""
+    """Packed TIME + ALLOC records of the C core's allocation rows
+    (_core.AllocationRow), timestamps non-decreasing."""
     flags = FLAG_SYNTHETIC if synthetic else 0
     out = bytearray()
-    prev = start_ts if start_ts is not None else (rows[0][7] if rows else 0)
+    prev = start_ts if start_ts is not None else (rows[0].timestamp_ns if rows else 0)
     out += EVENT.pack(0, OP_TIME, 0, 0, flags, 0, 0, 0, prev, 0)
-    for addr, size, dev, kind, _stream, tidx, label, ts, sid, _seq in rows:
-        out += _event(OP_ALLOC, ts, prev, kind, dev, flags, sid, tidx, label_ids[label], addr, size)
-        prev = max(prev, ts)
+    for r in rows:
+        out += _event(OP_ALLOC, r.timestamp_ns, prev, r.kind, r.device, flags, r.stack_id, r.thread,
+                      label_ids[r.label], r.address, r.size)
+        prev = max(prev, r.timestamp_ns)
     return bytes(out)
 
 
