@@ -213,6 +213,10 @@ class TorchIntegration(AutogradLabels, Categories):
         self._patched.clear()
 
     def _patch_backward(self, torch) -> None:
+        """Wrap PyTorch's entry to the autograd engine: count the backward
+        passes running (memviz.torch.hooks.BACKWARD) and, where needed, put
+        the pre-hooks on the graph first. The wrapper stays in this module:
+        _install knows memviz's own by its ``__module__``."""
         import torch.autograd as autograd
         import torch.autograd.graph as agraph
 
@@ -239,9 +243,6 @@ class TorchIntegration(AutogradLabels, Categories):
             if getattr(module, "_engine_run_backward", None) is original:
                 self._patched.append((module, "_engine_run_backward", original))
                 setattr(module, "_engine_run_backward", _engine_run_backward)
-
-    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
-        self._optimizers.add(optimizer)
 
     # -- out of memory -----------------------------------------------------
 
