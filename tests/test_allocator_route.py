@@ -354,7 +354,7 @@ def test_html_segments_view_draws_each_segment_with_its_blocks(standin, tmp_path
 
 
 def test_workspace_category_is_for_matrix_multiplies_only():
-    from memviz.torch.integration import _is_blas_workspace
+    from memviz.torch.categories import _is_blas_workspace
 
     class A:
         def __init__(self, op=None, node=None):

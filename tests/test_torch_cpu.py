@@ -169,7 +169,7 @@ def test_backward_on_many_threads_names_each_threads_node(ops):
 
 def test_layout_that_does_not_check_out_falls_back_to_hooks(ops, monkeypatch):
     _callback_mode(ops)
-    from memviz.torch import integration
+    from memviz.torch import probe
 
     real = memviz._core.nodes_inspect
 
@@ -177,13 +177,13 @@ def test_layout_that_does_not_check_out_falls_back_to_hooks(ops, monkeypatch):
         got = real(addr, n)
         return None if got is None else ("SomethingElse", got[1])
 
-    monkeypatch.setattr(integration, "_NODE_LAYOUT", None)
-    monkeypatch.setattr(integration._core, "nodes_inspect", wrong_class)
+    monkeypatch.setattr(probe, "_NODE_LAYOUT", None)
+    monkeypatch.setattr(probe._core, "nodes_inspect", wrong_class)
     x = torch.randn(16, requires_grad=True)
     with memviz.track(autograd=True, graph=False) as t:
         assert not t.torch._nodes_attached
         NoSave.apply(AllocInForward.apply(x)).sum().backward()
-    assert integration._NODE_LAYOUT is False
+    assert probe._NODE_LAYOUT is False
     assert memviz._core.nodes_current() is None
     by_size = {a.size: a for a in t.snapshot()}
     assert by_size[48 * KiB].autograd_node == "AllocInForwardBackward"  # from the pre-hooks
@@ -502,7 +502,7 @@ def test_default_tracking_installs_no_autograd_hooks(ops):
 
     before = agraph._engine_run_backward
     with memviz.track() as t:
-        # only the counter of running backward passes (integration.BACKWARD): no per-node hooks
+        # only the counter of running backward passes (hooks.BACKWARD): no per-node hooks
         assert agraph._engine_run_backward.__module__ == "memviz.torch.integration"
         x = torch.randn(4, requires_grad=True)
         y = x * x
@@ -590,9 +590,9 @@ def test_snapshots_while_another_thread_trains_never_touch_its_gradients():
 def test_library_outside_pytorch_is_the_innermost_one_on_the_stack():
     """A JAX call made from inside a CuPy helper is JAX's memory: the innermost
     library of the (oldest-first) traceback names it."""
-    from memviz.torch import integration
+    from memviz.torch import categories
 
     tb = memviz.Traceback([memviz.Frame("/env/site-packages/cupy/_core.py", 1, "helper"),
                            memviz.Frame("/env/site-packages/jax/_src/array.py", 2, "put")])
     a = memviz.Allocation(1, 1, 0, "device", 0, memviz.ThreadInfo(1, 1, "main"), None, 0, tb)
-    assert integration._library_of(a) == "JAX"
+    assert categories._library_of(a) == "JAX"
