@@ -152,7 +152,7 @@ class Categories:
             allocations, pool = _segments.reconcile(allocations, view, self._pool_segments)
         segments = self.torch_segments()
         precise = _precise.active()
-        current = None if live_now else {r[0] for r in _core.live()}
+        current = None if live_now else {r.address for r in _core.live()}
         out = []
         for a in allocations:
             cat = _category(a, cats, live, segments, precise, current)
