@@ -109,8 +109,8 @@ class Tracker(StoreReading, Outputs):
     per device already live when it started.
     """
 
-    #: a recording of this process (memviz/model/recording.py): its PyTorch and
-    #: device figures can be asked now
+    #: a recording of this process (memviz.model.recording.Recording): its
+    #: PyTorch and device figures can be asked now
     is_live = True
 
     def __init__(self, *, gpu: bool = True, depth: Optional[int] = None,

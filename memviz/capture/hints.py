@@ -1,7 +1,8 @@
 """Whether GPU capture can run in this process, and what to tell the user
-when it cannot: :class:`CaptureWarning`, the fork()ed-child rule, the hint
-for a failed CUPTI call, :func:`available` and the library half of
-``capture_info()``.
+when it cannot: :class:`CaptureWarning`, the fork()ed-child rule, starting
+the C core's CUPTI subscription (:func:`subscribe`) and the hint for a failed
+CUPTI call, :func:`available`, and what ``capture_info()`` says of the
+library and of PyTorch's route.
 
 Owns the fork flags (``_forked_after_cupti``, ``_warned_fork``) and the
 "GPU capture is off" warning flag; the tracker calls :func:`after_fork` from
@@ -134,10 +135,10 @@ def subscribe(depth: int, activity: bool) -> Tuple[bool, Optional[str]]:
 
 
 def pytorch_route(t: Any) -> Dict[str, Any]:
-    """How tracker ``t`` (the running or last one, or None) sees PyTorch's memory: "route" is
-    "allocator" (every block of its caching allocator), "cudaMallocAsync"
-    (PyTorch on the driver's pool) or "segments", with "reason" whenever it
-    is not "allocator"."""
+    """How tracker ``t`` (the running or last one, or None) sees PyTorch's
+    memory: "route" is "allocator" (every block of its caching allocator),
+    "cudaMallocAsync" (PyTorch on the driver's pool) or "segments", with
+    "reason" whenever it is not "allocator"."""
     integ = getattr(t, "torch", None) if t is not None else None
     route = getattr(integ, "route", None)
     if route is None:

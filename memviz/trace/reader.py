@@ -120,7 +120,9 @@ _EVENT_BATCH = 1 << 16
 
 
 class TraceReader(TraceFile, TotalsReads):
-    """A trace file read back, with the reading API of a stopped Tracker.
+    """A trace file read back, with the reading API of a stopped Tracker
+    (memviz/model/recording.py; current_bytes() and peak_bytes() are the
+    TotalsReads mixin's, as a Tracker's are).
 
     Attributes:
         path: the file.
