@@ -21,7 +21,8 @@ __all__ = ["LoadedTrace", "load"]
 
 class LoadedTrace(TraceReader, Outputs):
     """A trace file read back (``memviz.load``), with the reading API of a
-    Tracker: snapshot(), peak_snapshot(), totals(), failures, timeline(),
+    Tracker (a :class:`memviz.model.recording.Recording`, as a Tracker is):
+    snapshot(), peak_snapshot(), totals(), failures, timeline(), threads(),
     steps, events(), capture_info(), diagnose(), and the outputs."""
 
     def diagnose(self) -> List[Any]:

@@ -1,6 +1,6 @@
-"""What a recording can be turned into: the HTML report, the exports and the
-notebook display, for a live :class:`~memviz.tracker.Tracker` and a
-:class:`~memviz.loaded.LoadedTrace` alike (the top floor: it reaches down
+"""What a recording (memviz/model/recording.py) can be turned into: the HTML
+report, the exports and the notebook display, for a live
+:class:`~memviz.tracker.Tracker` and a :class:`~memviz.loaded.LoadedTrace` alike (the top floor: it reaches down
 to memviz/report and memviz/export when asked)."""
 
 from __future__ import annotations

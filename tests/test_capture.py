@@ -188,10 +188,10 @@ def test_threads_that_run_one_after_another_keep_their_names(fake):
 
 def test_names_of_ended_threads_are_pruned_but_not_those_in_use(fake, monkeypatch):
     from memviz.model import snapshot as _snapshot
-    from memviz import tracker as _tracker
+    from memviz.capture import threads as _threads
 
-    monkeypatch.setattr(_tracker, "_SEEN_KEEP", 8)
-    monkeypatch.setattr(_tracker, "_seen_prune_at", 8)
+    monkeypatch.setattr(_threads, "_SEEN_KEEP", 8)
+    monkeypatch.setattr(_threads, "_seen_prune_at", 8)
 
     def work(i):
         if i % 3 == 0:

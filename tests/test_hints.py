@@ -20,6 +20,7 @@ import pytest
 import memviz
 from memviz.capture import cupti as _capture
 from memviz import tracker as _tracker
+from memviz.capture import hints as _hints, labels as _labels
 from conftest import here
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -261,7 +262,7 @@ def no_gpu(monkeypatch):
     """A machine without a GPU, on which memviz has not warned yet."""
     monkeypatch.delenv(_capture.ENV_LIBRARY, raising=False)
     monkeypatch.setattr(_capture, "gpu_present", lambda: (False, "no NVIDIA driver or GPU found (test)"))
-    monkeypatch.setattr(_tracker, "_warned_gpu_off", False)
+    monkeypatch.setattr(_hints, "_warned_gpu_off", False)
 
 
 def test_capture_warning_points_at_the_users_with_line(no_gpu):
@@ -318,7 +319,7 @@ def test_the_callbacks_capture_warning_does_not_offer_an_option_they_lack(no_gpu
 
 
 def test_label_overflow_warning_points_at_the_users_line(monkeypatch):
-    monkeypatch.setattr(_tracker, "_label_overflow_warned", False)
+    monkeypatch.setattr(_labels, "_label_overflow_warned", False)
     monkeypatch.setattr(_tracker._core, "label_intern", lambda name: 7)
     monkeypatch.setattr(_tracker._core, "label_name", lambda lid: _tracker._core.LABEL_OVERFLOW)
     with warnings.catch_warnings(record=True) as w:

@@ -1,4 +1,10 @@
-"""Capture, the Python side: finding libcupti, call sites, the device and NVML
-reader, and which tracker is running. Imports only the model and the C core.
+"""Capture, the Python side: finding libcupti (cupti.py), call sites
+(callsite.py), the device and NVML reader (device.py), which tracker is
+running (running.py), and the floors the tracker composes: the views of the
+C store (store.py) and the reading methods over them (reading.py), thread
+names (threads.py), hints and the fork rule (hints.py), labels (labels.py),
+the track() options (options.py), what nested trackers share (nesting.py)
+and get_traced_memory / reset_peak (traced.py). Imports only the bottom
+floor, the model and the C core; nothing here imports the tracker.
 
 See docs/architecture.md for the floors and what each may import."""

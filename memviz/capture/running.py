@@ -2,8 +2,9 @@
 tracker" without importing the tracker (step hooks, the integrations).
 
 The tracker (memviz/tracker.py) appends itself to :data:`running` when it
-starts and removes itself when it stops, under its own state lock; readers
-take a copy of the list, so they need no lock.
+starts and removes itself when it stops, under :data:`lock` (the trackers'
+state lock, held while any tracker starts, stops or shares its step marks);
+readers take a copy of the list, so they need no lock.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from __future__ import annotations
 import threading
 from typing import Any, List, Optional
 
-__all__ = ["running", "active_tracker"]
+__all__ = ["running", "active_tracker", "lock"]
+
+#: the trackers' state lock (reentrant: a tracker's plugins may read others)
+lock = threading.RLock()
 
 #: every running tracker, in start order (all threads)
 running: List[Any] = []

@@ -595,6 +595,58 @@ ROW_FIELDS = ("address", "size", "device", "kind", "stream", "thread", "label", 
               "stack_id", "seq")
 
 
+def resolve_rows(labels: Iterable[Optional[str]], stack_ids: Iterable[int],
+                 resolve_stacks: Callable[[set], Mapping[int, Sequence[Tuple[str, Optional[int], str]]]],
+                 threads: Mapping[int, Sequence], frame_filter: Optional[FrameFilter] = None):
+    """What the C core's rows name, resolved once for a set of rows (live
+    allocations, failures): ``(labels, tracebacks, calls, threads)``, where
+    ``labels[label] = (user label, autograd node, forward line)``,
+    ``tracebacks[stack_id]`` is an interned :class:`Traceback` (0: none),
+    ``calls[stack_id]`` what the innermost frame was calling, and
+    ``threads[thread_idx]`` a :class:`ThreadInfo`. Arguments as for
+    :func:`snapshot_from_raw`."""
+    decoded: Dict[Optional[str], Tuple[Optional[str], Optional[str], Optional[str]]] = {}
+    forward_stacks = set()
+    for lab in labels:
+        if lab not in decoded:
+            d = decoded[lab] = decode_label(lab)
+            if d[2] and d[2][0] == "#":  # labelled in the callback: the forward line's stack id
+                forward_stacks.add(int(d[2][1:]))
+    stack_ids = set(stack_ids) | forward_stacks
+    stack_ids.discard(0)
+    resolved = resolve_stacks(set(stack_ids)) if stack_ids else {}
+    calls = getattr(resolved, "calls", None) or {}
+
+    frame_cache: Dict[tuple, Frame] = {}
+    tb_by_id: Dict[int, Traceback] = {0: EMPTY_TRACEBACK}
+    for sid in stack_ids:
+        raw_frames = resolved.get(sid)
+        if raw_frames is None:
+            tb_by_id[sid] = _UNRESOLVED
+            continue
+        out = []
+        for rf in raw_frames:
+            if type(rf) is not tuple:
+                rf = tuple(rf)
+            frame = frame_cache.get(rf)
+            if frame is None:
+                filename, lineno, name = rf
+                if lineno is None or lineno < 0:
+                    lineno = 0
+                frame = frame_cache[rf] = Frame(filename or "<unknown>", lineno, name or "")
+            out.append(frame)
+        out.reverse()  # the C core walks from the innermost frame; a Traceback runs oldest first
+        tb_by_id[sid] = Traceback(out, frame_filter)
+
+    thread_map = _ThreadMap(threads, _python_thread_names())
+    for label, (user, node, forward) in list(decoded.items()):
+        if forward and forward[0] == "#":
+            tb = tb_by_id.get(int(forward[1:]))
+            uf = tb.user_frame if tb is not None and tb is not _UNRESOLVED else None
+            decoded[label] = (user, node, f"{uf.filename}:{uf.lineno}" if uf else None)
+    return decoded, tb_by_id, calls, thread_map
+
+
 def snapshot_from_raw(
     raw_allocs: Iterable[Sequence],
     resolve_stacks: Callable[[set], Mapping[int, Sequence[Tuple[str, Optional[int], str]]]],
@@ -632,50 +684,15 @@ def snapshot_from_raw(
     :class:`Traceback` object.
     """
     rows = raw_allocs if isinstance(raw_allocs, (list, tuple)) else list(raw_allocs)
-    decoded: Dict[Optional[str], Tuple[Optional[str], Optional[str], Optional[str]]] = {}
-    forward_stacks = set()
-    stack_ids = set()
+    labels, stack_ids = set(), set()
     for _addr, _size, _dev, _kind, _stream, _thread, label, _ts, sid, _seq in rows:
+        labels.add(label)
         stack_ids.add(sid)
-        if label not in decoded:
-            d = decoded[label] = decode_label(label)
-            if d[2] and d[2][0] == "#":  # labelled in the callback: the forward line's stack id
-                forward_stacks.add(int(d[2][1:]))
-    stack_ids |= forward_stacks
-    stack_ids.discard(0)
-    resolved = resolve_stacks(set(stack_ids)) if stack_ids else {}
-    calls = getattr(resolved, "calls", None) or {}
-
-    frame_cache: Dict[tuple, Frame] = {}
-    tb_by_id: Dict[int, Traceback] = {0: EMPTY_TRACEBACK}
-    for sid in stack_ids:
-        raw_frames = resolved.get(sid)
-        if raw_frames is None:
-            tb_by_id[sid] = _UNRESOLVED
-            continue
-        out = []
-        for rf in raw_frames:
-            if type(rf) is not tuple:
-                rf = tuple(rf)
-            frame = frame_cache.get(rf)
-            if frame is None:
-                filename, lineno, name = rf
-                if lineno is None or lineno < 0:
-                    lineno = 0
-                frame = frame_cache[rf] = Frame(filename or "<unknown>", lineno, name or "")
-            out.append(frame)
-        out.reverse()  # the C core walks from the innermost frame; a Traceback runs oldest first
-        tb_by_id[sid] = Traceback(out, frame_filter)
-
-    thread_map = _ThreadMap(threads, _python_thread_names())
+    decoded, tb_by_id, calls, thread_map = resolve_rows(labels, stack_ids, resolve_stacks, threads,
+                                                        frame_filter)
     kind_map = _KindMap(enumerate(KIND_NAMES))
     new = tuple.__new__
     A = Allocation
-    for label, (user, node, forward) in list(decoded.items()):
-        if forward and forward[0] == "#":
-            tb = tb_by_id.get(int(forward[1:]))
-            uf = tb.user_frame if tb is not None and tb is not _UNRESOLVED else None
-            decoded[label] = (user, node, f"{uf.filename}:{uf.lineno}" if uf else None)
     allocations = [
         new(A, (addr, size, dev, kind_map[kc], stream, thread_map[tidx], decoded[label][0], ts,
                 tb_by_id[sid], seq, decoded[label][1], decoded[label][2], None, calls.get(sid),

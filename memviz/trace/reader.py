@@ -21,6 +21,8 @@ from memviz._package import PACKAGE_DIR
 from memviz import _args, _core
 from memviz.trace import format as F
 from memviz.capture.callsite import Resolved
+from memviz.model.failures import failed_allocations
+from memviz.model.recording import TotalsReads
 from memviz.model.snapshot import KIND_NAMES, Allocation, Snapshot, snapshot_from_raw
 from memviz.trace.parse import TraceFile
 import functools
@@ -116,8 +118,10 @@ _EVENT_OPS = {F.OP_ALLOC: "alloc", F.OP_FREE: "free", F.OP_FAILED: "failed"}
 _EVENT_BATCH = 1 << 16
 
 
-class TraceReader(TraceFile):
-    """A trace file read back, with the reading API of a stopped Tracker.
+class TraceReader(TraceFile, TotalsReads):
+    """A trace file read back, with the reading API of a stopped Tracker
+    (memviz/model/recording.py; current_bytes() and peak_bytes() are the
+    TotalsReads mixin's, as a Tracker's are).
 
     Attributes:
         path: the file.
@@ -390,36 +394,13 @@ class TraceReader(TraceFile):
             self._derived = self._derived_totals()
         return {d: dict(v) for d, v in self._derived.items()}
 
-    def current_bytes(self, device: Optional[int] = None) -> int:
-        """Bytes live at the end; all devices (not host memory) when device is None."""
-        _args.whole(device, "current_bytes(device=...)", none=True)
-        t = self.totals()
-        if device is not None:
-            return t.get(device, {}).get("current", 0)
-        return sum(v.get("current", 0) for d, v in t.items() if d >= 0)
-
-    def peak_bytes(self, device: Optional[int] = None) -> int:
-        """Highest live bytes of a device; with None, the largest device peak."""
-        _args.whole(device, "peak_bytes(device=...)", none=True)
-        t = self.totals()
-        if device is not None:
-            return t.get(device, {}).get("peak", 0)
-        return max((v.get("peak", 0) for d, v in t.items() if d >= 0), default=0)
-
     @property
     def failures(self) -> List[Any]:
         """Allocations the driver refused, oldest first (every one in the file)."""
-        from memviz.model.snapshot import FailedAllocation
-
-        idx = self._replay()["fail_idx"]
-        snap = self._snapshot(idx, None)
-        out = []
-        for j, a in zip(idx, snap.allocations):
-            result = self._addr[j]
-            result = result - (1 << 64) if result >= 1 << 63 else result
-            out.append(FailedAllocation(a.size, a.device, a.kind, 0, a.thread, a.label,
-                                        a.timestamp_ns, a.traceback, result, a.op))
-        return out
+        # Failure rows as the C core gives them (a FAILED event's address holds the result).
+        rows = [(r[1], r[2], r[3], 0, r[5], r[6], r[7], r[8], r[0] - (1 << 64) if r[0] >= 1 << 63 else r[0])
+                for r in self._rows(self._replay()["fail_idx"])]
+        return failed_allocations(rows, self._resolve, self._thread_map(), self.frame_filter)
 
     def events(self) -> Iterator[TraceEvent]:
         """Every alloc, free and failed allocation in the file, in the order

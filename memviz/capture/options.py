@@ -1,0 +1,54 @@
+"""The options of ``memviz.track()`` / ``Tracker()`` / ``memviz.start()``:
+names, types and ranges, checked before anything starts.
+
+Imports the bottom floor and the model only (docs/architecture.md: the
+capture floor).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from memviz import _args, _core
+from memviz._errors import InvalidArgumentType
+from memviz.model.frame_filter import FrameFilter
+
+__all__ = ["OPTIONS", "check_options", "torch_installed"]
+
+OPTIONS = ("gpu", "depth", "activity", "frame_filter", "trace", "precise", "torch", "autograd",
+           "graph")
+
+
+def check_options(**options: Any) -> None:
+    """Tracker()/track()/start() options: names, types and ranges."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise InvalidArgumentType(f"memviz.track() has no option {unknown[0]!r} (given "
+                                  f"{_args.given(options[unknown[0]])}); its options are "
+                                  + ", ".join(OPTIONS))
+    for name in ("gpu", "precise"):
+        if name in options:
+            _args.flag(options[name], f"memviz.track({name}=...)")
+    for name in ("activity", "torch", "autograd", "graph"):
+        if name in options:
+            _args.flag(options[name], f"memviz.track({name}=...)", none=True)
+    if "depth" in options:
+        _args.whole(options["depth"], "memviz.track(depth=...)", 1, _core.MAX_DEPTH)
+    flt = options.get("frame_filter")
+    if flt is not None and not isinstance(flt, FrameFilter):
+        raise _args.bad_type("memviz.track(frame_filter=...)", flt,
+                             "a memviz.FrameFilter (such as memviz.frames) or None")
+    if options.get("trace") is not None:
+        _args.path(options["trace"], "memviz.track(trace=...)")
+
+
+def torch_installed() -> bool:
+    """Whether PyTorch can be imported here (torch=None: "if torch is installed")."""
+    if "torch" in sys.modules:
+        return True
+    import importlib.util
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False
