@@ -187,7 +187,7 @@ def test_threads_that_run_one_after_another_keep_their_names(fake):
 
 
 def test_names_of_ended_threads_are_pruned_but_not_those_in_use(fake, monkeypatch):
-    from memviz.model import snapshot as _snapshot
+    from memviz.model import threads as _threads
     from memviz.capture import threads as _threads
 
     monkeypatch.setattr(_threads, "_SEEN_KEEP", 8)
@@ -202,7 +202,7 @@ def test_names_of_ended_threads_are_pruned_but_not_those_in_use(fake, monkeypatc
             th = threading.Thread(target=work, args=(i,), name=f"p-{i}")
             th.start()
             th.join()
-        assert len(_snapshot.SEEN_THREADS) <= 2 * 20 + 2  # the 20 that allocated, and a few more
+        assert len(_threads.SEEN_THREADS) <= 2 * 20 + 2  # the 20 that allocated, and a few more
     assert sorted(a.thread.name for a in t.snapshot()) == sorted(f"p-{i}" for i in range(0, 60, 3))
 
 

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from memviz.model.frame_filter import FrameFilter
-from memviz.model.snapshot import Allocation, Snapshot, Statistic, StatisticDiff, ThreadInfo, snapshot_from_raw
+from memviz.model.rows import snapshot_from_raw
+from memviz.model.snapshot import Allocation, Snapshot, Statistic, StatisticDiff, ThreadInfo
 from memviz.model.traceback import Frame, Traceback
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -437,7 +438,7 @@ def test_the_row_order_snapshots_unpack_is_the_c_records_order():
     """snapshot_from_raw unpacks rows by position; the C core's record type
     names the fields. The two must agree, field for field."""
     from memviz import _core
-    from memviz.model.snapshot import ROW_FIELDS
+    from memviz.model.rows import ROW_FIELDS
 
     assert _core.AllocationRow.__match_args__ == ROW_FIELDS
     row = _core.AllocationRow(range(len(ROW_FIELDS)))

@@ -25,7 +25,8 @@ from memviz.capture.running import lock
 from memviz.capture.store import NoGpuWindow, Store, Window
 from memviz.model.failures import failed_allocations
 from memviz.model.recording import TotalsReads, thread_table
-from memviz.model.snapshot import FailedAllocation, Snapshot, snapshot_from_raw
+from memviz.model.rows import snapshot_from_raw
+from memviz.model.snapshot import FailedAllocation, Snapshot
 
 __all__ = ["StoreReading"]
 

@@ -15,7 +15,7 @@ import sys
 import threading
 
 from memviz import _core
-from memviz.model.snapshot import SEEN_RUNNING, SEEN_THREADS
+from memviz.model.threads import SEEN_RUNNING, SEEN_THREADS
 
 __all__ = ["note_running_threads", "note_this_thread", "watch", "forget"]
 

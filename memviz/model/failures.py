@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from memviz.model.frame_filter import FrameFilter
-from memviz.model.snapshot import KIND_NAMES, FailedAllocation, resolve_rows
+from memviz.model.rows import resolve_rows
+from memviz.model.snapshot import KIND_NAMES, FailedAllocation
 
 __all__ = ["failed_allocations"]
 

@@ -26,17 +26,15 @@ Differences from tracemalloc, on purpose:
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple,
-                    Optional, Sequence, Tuple)
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
 from memviz._args import bad_type, flag, whole
 from memviz._errors import InvalidArgument
 from memviz.model.frame_filter import FrameFilter, frames as _default_filter
 from memviz._units import format_size
 from memviz.model import display
-from memviz.model.traceback import EMPTY_TRACEBACK, Frame, Traceback, _FRAME_KEYS, innermost_first
+from memviz.model.traceback import EMPTY_TRACEBACK, Frame, Traceback, _FRAME_KEYS
 
 #: Labels set by the autograd integration start with this character and
 #: carry "node\x1fforward line"; everything else is a user label. Labels the
@@ -57,8 +55,8 @@ def decode_label(label: Optional[str]) -> Tuple[Optional[str], Optional[str], Op
     return None, head or None, tail or None
 
 __all__ = [
-    "Frame", "Traceback", "ThreadInfo", "Allocation", "Statistic", "StatisticDiff",
-    "Snapshot", "snapshot_from_raw", "KIND_NAMES", "KEY_TYPES", "Segment", "innermost_first",
+    "ThreadInfo", "Allocation", "Statistic", "StatisticDiff", "Snapshot", "FailedAllocation",
+    "KIND_NAMES", "KEY_TYPES", "Segment",
 ]
 
 #: kind_code of a raw row -> Allocation.kind
@@ -504,202 +502,6 @@ class Snapshot:
         return diffs
 
 
-# -- building from the C core's raw rows ---------------------------------------
-
-
-class _KindMap(dict):
-    def __missing__(self, code):
-        name = self[code] = f"unknown({code})"
-        return name
-
-
-#: Threads seen while tracking, kept after they end (filled by the tracker),
-#: so that their allocations keep a name: (name, native_id, is_dummy, ident).
-#: A thread that starts while tracking notes itself under its serial (the C
-#: core's thread_serial(), which no other thread of the process ever gets;
-#: threading.get_ident() is not unique: glibc hands an ended thread's ident
-#: to the next thread); threads already running are noted from outside under
-#: (ident, native_id).
-SEEN_THREADS: Dict[int, Tuple[str, Optional[int], bool, Optional[int]]] = {}
-SEEN_RUNNING: Dict[Tuple[int, Optional[int]], Tuple[str, Optional[int], bool, Optional[int]]] = {}
-
-
-class _PythonThreads:
-    """Python's names of threads: the live ones and those seen while tracking."""
-
-    def __init__(self) -> None:
-        self.live: Dict[int, Tuple[str, Optional[int], bool, Optional[int]]] = {}
-        try:
-            active = dict(getattr(threading, "_active", {}))
-        except Exception:  # pragma: no cover
-            active = {}
-        threads = list(active.values())
-        try:
-            threads += threading.enumerate()
-        except Exception:  # pragma: no cover
-            pass
-        dummy_cls = getattr(threading, "_DummyThread", ())
-        for t in threads:
-            ident = getattr(t, "ident", None)
-            if ident is not None and ident not in self.live:
-                self.live[ident] = (t.name, getattr(t, "native_id", None), isinstance(t, dummy_cls), ident)
-        self.by_serial = dict(SEEN_THREADS)
-        self.running = dict(SEEN_RUNNING)
-
-    def find(self, ident: Optional[int], native_id: Optional[int], serial: Optional[int]):
-        """(name, native_id, is_dummy, ident) of that thread, or None."""
-        if serial is not None and serial in self.by_serial:
-            return self.by_serial[serial]
-        if ident is None:
-            return None
-        py = self.live.get(ident)
-        # A different native id means the ident was reused by another thread.
-        if py is not None and (py[1] is None or native_id is None or py[1] == native_id):
-            return py
-        return self.running.get((ident, native_id))
-
-
-def _python_thread_names() -> _PythonThreads:
-    return _PythonThreads()
-
-
-def _thread_info(idx: int, entry: Optional[Sequence], py_names: _PythonThreads) -> ThreadInfo:
-    if entry is None:
-        return ThreadInfo(None, None, f"thread#{idx}")
-    native_id, ident, native_name = entry[0], entry[1], entry[2]
-    serial = entry[3] if len(entry) > 3 else None
-    name = native_name or (f"tid {native_id}" if native_id is not None else f"thread#{idx}")
-    py = py_names.find(ident, native_id, serial)
-    if py is not None and not (py[2] and native_name):
-        name = py[0]
-    return ThreadInfo(native_id, ident, name)
-
-
-class _ThreadMap(dict):
-    def __init__(self, raw: Mapping[int, Sequence], py_names: _PythonThreads):
-        super().__init__()
-        self._raw = raw
-        self._py = py_names
-
-    def __missing__(self, idx):
-        info = self[idx] = _thread_info(idx, self._raw.get(idx), self._py)
-        return info
-
-
-_UNRESOLVED = Traceback((Frame("<unresolved stack>", 0, ""),))
-
-
-#: the allocation record's fields in the order snapshot_from_raw unpacks them
-#: (src/records.c defines the record; tests/test_snapshot.py checks the two agree)
-ROW_FIELDS = ("address", "size", "device", "kind", "stream", "thread", "label", "timestamp_ns",
-              "stack_id", "seq")
-
-
-def resolve_rows(labels: Iterable[Optional[str]], stack_ids: Iterable[int],
-                 resolve_stacks: Callable[[set], Mapping[int, Sequence[Tuple[str, Optional[int], str]]]],
-                 threads: Mapping[int, Sequence], frame_filter: Optional[FrameFilter] = None):
-    """What the C core's rows name, resolved once for a set of rows (live
-    allocations, failures): ``(labels, tracebacks, calls, threads)``, where
-    ``labels[label] = (user label, autograd node, forward line)``,
-    ``tracebacks[stack_id]`` is an interned :class:`Traceback` (0: none),
-    ``calls[stack_id]`` what the innermost frame was calling, and
-    ``threads[thread_idx]`` a :class:`ThreadInfo`. Arguments as for
-    :func:`snapshot_from_raw`."""
-    decoded: Dict[Optional[str], Tuple[Optional[str], Optional[str], Optional[str]]] = {}
-    forward_stacks = set()
-    for lab in labels:
-        if lab not in decoded:
-            d = decoded[lab] = decode_label(lab)
-            if d[2] and d[2][0] == "#":  # labelled in the callback: the forward line's stack id
-                forward_stacks.add(int(d[2][1:]))
-    stack_ids = set(stack_ids) | forward_stacks
-    stack_ids.discard(0)
-    resolved = resolve_stacks(set(stack_ids)) if stack_ids else {}
-    calls = getattr(resolved, "calls", None) or {}
-
-    frame_cache: Dict[tuple, Frame] = {}
-    tb_by_id: Dict[int, Traceback] = {0: EMPTY_TRACEBACK}
-    for sid in stack_ids:
-        raw_frames = resolved.get(sid)
-        if raw_frames is None:
-            tb_by_id[sid] = _UNRESOLVED
-            continue
-        out = []
-        for rf in raw_frames:
-            if type(rf) is not tuple:
-                rf = tuple(rf)
-            frame = frame_cache.get(rf)
-            if frame is None:
-                filename, lineno, name = rf
-                if lineno is None or lineno < 0:
-                    lineno = 0
-                frame = frame_cache[rf] = Frame(filename or "<unknown>", lineno, name or "")
-            out.append(frame)
-        out.reverse()  # the C core walks from the innermost frame; a Traceback runs oldest first
-        tb_by_id[sid] = Traceback(out, frame_filter)
-
-    thread_map = _ThreadMap(threads, _python_thread_names())
-    for label, (user, node, forward) in list(decoded.items()):
-        if forward and forward[0] == "#":
-            tb = tb_by_id.get(int(forward[1:]))
-            uf = tb.user_frame if tb is not None and tb is not _UNRESOLVED else None
-            decoded[label] = (user, node, f"{uf.filename}:{uf.lineno}" if uf else None)
-    return decoded, tb_by_id, calls, thread_map
-
-
-def snapshot_from_raw(
-    raw_allocs: Iterable[Sequence],
-    resolve_stacks: Callable[[set], Mapping[int, Sequence[Tuple[str, Optional[int], str]]]],
-    threads: Mapping[int, Sequence],
-    frame_filter: Optional[FrameFilter] = None,
-    timestamp_ns: Optional[int] = None,
-    *,
-    devices: "Mapping[int, Any] | Iterable[int] | None" = None,
-) -> Snapshot:
-    """Build a :class:`Snapshot` from the C core's raw data.
-
-    Args:
-        raw_allocs: the C core's allocation records (``_core.AllocationRow``:
-            address, size, device, kind, stream, thread, label, timestamp_ns,
-            stack_id, seq; kind 0=device, 1=host, 2=managed, 3=static,
-            4=physical, 5=block), or plain tuples in that field order (the
-            trace reader builds those: a tuple costs half a record). This is
-            the one place that unpacks a row by position; tests/test_snapshot.py
-            holds the order against the record type.
-        resolve_stacks: called once with the set of non-zero stack ids; returns
-            ``{stack_id: ((filename, lineno, name), ...)}`` innermost first, as
-            the C core's ``resolve`` returns them (each :class:`Traceback`
-            built from them runs oldest first).
-            Stack id 0 means "no Python frames". A missing id becomes the
-            pseudo-frame ``<unresolved stack>``. lineno None/-1 becomes 0.
-            A ``calls`` attribute on the result (``{stack_id: name}``,
-            :class:`memviz.capture.callsite.Resolved`) gives ``Allocation.op``.
-        threads: ``{thread_idx: (native_tid, pthread_ident, native_name[, serial])}``.
-            Names of live Python threads (``threading``) are preferred.
-        frame_filter: stored on the snapshot and its tracebacks.
-        timestamp_ns: when the snapshot was taken.
-        devices: device metadata passed on to :class:`Snapshot`.
-
-    Frames and tracebacks are interned: rows with the same stack id share one
-    :class:`Traceback` object.
-    """
-    rows = raw_allocs if isinstance(raw_allocs, (list, tuple)) else list(raw_allocs)
-    labels, stack_ids = set(), set()
-    for _addr, _size, _dev, _kind, _stream, _thread, label, _ts, sid, _seq in rows:
-        labels.add(label)
-        stack_ids.add(sid)
-    decoded, tb_by_id, calls, thread_map = resolve_rows(labels, stack_ids, resolve_stacks, threads,
-                                                        frame_filter)
-    kind_map = _KindMap(enumerate(KIND_NAMES))
-    new = tuple.__new__
-    A = Allocation
-    allocations = [
-        new(A, (addr, size, dev, kind_map[kc], stream, thread_map[tidx], decoded[label][0], ts,
-                tb_by_id[sid], seq, decoded[label][1], decoded[label][2], None, calls.get(sid),
-                None, False))
-        for addr, size, dev, kc, stream, tidx, label, ts, sid, seq in rows
-    ]
-    return Snapshot(allocations, timestamp_ns=timestamp_ns, devices=devices, frame_filter=frame_filter)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from memviz.trace import format as F
 from memviz.capture.callsite import Resolved
 from memviz.model.failures import failed_allocations
 from memviz.model.recording import TotalsReads
-from memviz.model.snapshot import KIND_NAMES, Allocation, Snapshot, snapshot_from_raw
+from memviz.model.rows import snapshot_from_raw
+from memviz.model.snapshot import KIND_NAMES, Allocation, Snapshot
 from memviz.trace.parse import TraceFile
 import functools
 

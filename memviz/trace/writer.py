@@ -54,7 +54,7 @@ def _outside() -> Dict[str, List[Any]]:
 
 def _thread_names(threads: Dict[int, tuple]) -> Dict[str, List[Any]]:
     """{idx: [native id, ident, name]} with the names a snapshot would show now."""
-    from memviz.model.snapshot import _python_thread_names, _thread_info
+    from memviz.model.threads import _python_thread_names, _thread_info
 
     py = _python_thread_names()
     return {str(idx): [e.native_id, e.ident, _thread_info(idx, e, py).name] for idx, e in threads.items()}

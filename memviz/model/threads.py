@@ -1,0 +1,86 @@
+"""Thread names: the C core's thread table (``_core.ThreadRow``: native id,
+ident, native name, serial) joined with Python's names of its threads, live
+ones and those the tracker saw while tracking (memviz/capture/threads.py
+fills :data:`SEEN_THREADS` and :data:`SEEN_RUNNING`).
+
+The model floor (docs/architecture.md): imports nothing above it."""
+
+from __future__ import annotations
+import threading
+from memviz.model.snapshot import ThreadInfo
+from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+
+#: Threads seen while tracking, kept after they end (filled by the tracker),
+#: so that their allocations keep a name: (name, native_id, is_dummy, ident).
+#: A thread that starts while tracking notes itself under its serial (the C
+#: core's thread_serial(), which no other thread of the process ever gets;
+#: threading.get_ident() is not unique: glibc hands an ended thread's ident
+#: to the next thread); threads already running are noted from outside under
+#: (ident, native_id).
+SEEN_THREADS: Dict[int, Tuple[str, Optional[int], bool, Optional[int]]] = {}
+
+
+SEEN_RUNNING: Dict[Tuple[int, Optional[int]], Tuple[str, Optional[int], bool, Optional[int]]] = {}
+
+
+class _PythonThreads:
+    """Python's names of threads: the live ones and those seen while tracking."""
+
+    def __init__(self) -> None:
+        self.live: Dict[int, Tuple[str, Optional[int], bool, Optional[int]]] = {}
+        try:
+            active = dict(getattr(threading, "_active", {}))
+        except Exception:  # pragma: no cover
+            active = {}
+        threads = list(active.values())
+        try:
+            threads += threading.enumerate()
+        except Exception:  # pragma: no cover
+            pass
+        dummy_cls = getattr(threading, "_DummyThread", ())
+        for t in threads:
+            ident = getattr(t, "ident", None)
+            if ident is not None and ident not in self.live:
+                self.live[ident] = (t.name, getattr(t, "native_id", None), isinstance(t, dummy_cls), ident)
+        self.by_serial = dict(SEEN_THREADS)
+        self.running = dict(SEEN_RUNNING)
+
+    def find(self, ident: Optional[int], native_id: Optional[int], serial: Optional[int]):
+        """(name, native_id, is_dummy, ident) of that thread, or None."""
+        if serial is not None and serial in self.by_serial:
+            return self.by_serial[serial]
+        if ident is None:
+            return None
+        py = self.live.get(ident)
+        # A different native id means the ident was reused by another thread.
+        if py is not None and (py[1] is None or native_id is None or py[1] == native_id):
+            return py
+        return self.running.get((ident, native_id))
+
+
+def _python_thread_names() -> _PythonThreads:
+    return _PythonThreads()
+
+
+def _thread_info(idx: int, entry: Optional[Sequence], py_names: _PythonThreads) -> ThreadInfo:
+    if entry is None:
+        return ThreadInfo(None, None, f"thread#{idx}")
+    native_id, ident, native_name = entry[0], entry[1], entry[2]
+    serial = entry[3] if len(entry) > 3 else None
+    name = native_name or (f"tid {native_id}" if native_id is not None else f"thread#{idx}")
+    py = py_names.find(ident, native_id, serial)
+    if py is not None and not (py[2] and native_name):
+        name = py[0]
+    return ThreadInfo(native_id, ident, name)
+
+
+class _ThreadMap(dict):
+    def __init__(self, raw: Mapping[int, Sequence], py_names: _PythonThreads):
+        super().__init__()
+        self._raw = raw
+        self._py = py_names
+
+    def __missing__(self, idx):
+        info = self[idx] = _thread_info(idx, self._raw.get(idx), self._py)
+        return info
