@@ -68,7 +68,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from memviz.cli.run import _positive
 from memviz._errors import InvalidArgument, OutputError, TraceError
 from memviz._outputs import refuse_inputs, write_output
-from memviz.report.text import finding_records, step_summary
+from memviz.report.summary import finding_records, step_summary
 from memviz.trace.format import TraceWarning, step_dict
 from memviz._units import json_finite
 

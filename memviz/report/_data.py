@@ -10,13 +10,11 @@ opens at once.
 from __future__ import annotations
 
 import bisect
-
-import linecache
 import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from memviz.report.text import _short_path
+from memviz.report.summary import short_path as _short_path, source_line
 from memviz.model.snapshot import _SIMPLE_KEYS
 from memviz.model.traceback import innermost_first
 from memviz.report import _source as src
@@ -31,16 +29,6 @@ FLAME_MAX_NODES = 20000
 
 def _us(ts: Optional[int], t0: int) -> Optional[int]:
     return None if ts is None else (int(ts) - t0) // 1000
-
-
-def _source_line(filename: str, lineno: int) -> str:
-    if lineno <= 0 or filename.startswith("<"):
-        return ""
-    try:
-        text = linecache.getline(filename, lineno).strip()
-    except Exception:  # noqa: BLE001 - an odd loader must not break the report
-        return ""
-    return text if len(text) <= 120 else text[:117] + "..."
 
 
 # -- timeline ---------------------------------------------------------------
@@ -334,7 +322,7 @@ def _line_table(snap: Any, total: int, rows: int) -> Dict[str, Any]:
         lineno = f.lineno or 0
         shown = (f.filename if f.filename.startswith("<")
                  else f"{_short_path(f.filename)}:{lineno if lineno > 0 else '?'}")
-        row = [shown, f.name, _source_line(f.filename, lineno), s.size, s.count,
+        row = [shown, f.name, source_line(f.filename, lineno, 120), s.size, s.count,
                s.size // max(s.count, 1), round(100.0 * s.size / total, 2) if total else 0.0]
         if len(per_dev) > 1:
             row.insert(1, src.device_name(dev))
@@ -360,7 +348,7 @@ def _failures(obj: Any, t0: int) -> List[list]:
     rows = []
     for f in list(getattr(obj, "failures", None) or ())[-TABLE_ROWS:]:
         frame = f.traceback.user_frame if f.traceback else None
-        source = _source_line(frame.filename, frame.lineno or 0) if frame is not None else ""
+        source = source_line(frame.filename, frame.lineno or 0, 120) if frame is not None else ""
         rows.append([_us(f.timestamp_ns, t0), f.size, src.device_name(f.device), f.kind,
                      src.where(f), source, f"CUDA error {getattr(f, 'result', '?')}",
                      getattr(f.thread, "name", str(f.thread)), f.label or "",
@@ -398,7 +386,7 @@ def _step_plot(obj: Any, rows: List[Dict[str, Any]], points: int = STEP_PLOT_POI
     are current and peak (memviz's) and allocated/reserved (PyTorch's) where
     the steps have them. More than ``points`` steps are drawn in buckets of
     consecutive steps, each the highest of its steps."""
-    from memviz.report.text import STEP_SERIES, step_records, step_summary
+    from memviz.report.summary import STEP_SERIES, step_records, step_summary
 
     recs = step_records(obj)
     devices: List[Dict[str, Any]] = []

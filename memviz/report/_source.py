@@ -27,6 +27,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Opt
 from memviz.model.snapshot import KIND_NAMES
 from memviz.model.traceback import innermost_first
 from memviz._units import format_size
+from memviz.report.summary import device_name, finding_steps
 
 __all__ = ["Event", "events", "steps", "findings", "normalize_finding", "time_range",
            "device_name", "where", "frame_dicts", "downsample", "call", "is_bytes_key"]
@@ -129,10 +130,6 @@ def time_range(obj: Any, timeline: List[tuple], totals: Mapping[int, Mapping[str
         import time
         end = time.monotonic_ns() if getattr(obj, "running", False) else max(stamps, default=start)
     return int(start), int(max(end, start))
-
-
-def device_name(dev: int) -> str:
-    return "pinned host" if dev < 0 else f"cuda:{dev}"
 
 
 def where(a: Any) -> str:
@@ -344,7 +341,6 @@ def normalize_finding(f: Any) -> Dict[str, Any]:
     if isinstance(lines, (str, bytes, Mapping)) or not isinstance(lines, Iterable):
         lines = [lines]
     nums = {str(k): (v if _number(v) else str(v)) for k, v in numbers.items()}
-    from memviz.report.text import finding_steps
     device = numbers.get("device")
     return {
         "kind": str(d.get("kind") or "finding"),

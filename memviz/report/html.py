@@ -27,7 +27,7 @@ from typing import Any, Iterable, List, Optional
 
 from memviz._args import given
 from memviz._errors import InvalidArgument, InvalidArgumentType
-from memviz.report.text import _short_path
+from memviz.report.summary import short_path as _short_path, source_line
 from memviz._units import escape_surrogates, format_size
 from memviz.report import _data, _source as src
 
@@ -287,7 +287,7 @@ def _lines_table(stats: List[Any], top: int, total: int) -> str:
         shown = filename if filename.startswith("<") else f"{_short_path(filename)}:{lineno or '?'}"
         if getattr(f, "name", ""):
             shown += f" in {f.name}"
-        source = _data._source_line(filename, lineno)
+        source = source_line(filename, lineno, 120)
         share = f"{100 * s.size / total:.1f}%" if total else ""
         rows.append(f'<tr><td class="n">{_e(format_size(s.size))}</td><td class="n">{s.count:,}</td>'
                     f'<td class="n">{share}</td><td title="{_e(filename)}">{_e(shown)}</td>'
@@ -398,7 +398,7 @@ def _step_svg(plot: dict, dv: dict, found: List[dict], width: int = 420, height:
 def _steps_view(obj: Any) -> str:
     """The notebook view's steps (a summary table, memory per step with the
     findings' steps shaded) and findings; "" when there are no steps."""
-    from memviz.report.text import STEP_SERIES, step_series_label, step_summary
+    from memviz.report.summary import STEP_SERIES, step_series_label, step_summary
 
     summary = step_summary(obj)
     rows = src.steps(obj)
