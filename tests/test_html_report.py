@@ -27,6 +27,7 @@ from memviz import _core
 from memviz.report import _source, findings_repr_html, render, snapshot_repr_html
 from memviz.report import tracker_repr_html, write
 from memviz.report.html import json_for_script
+from memviz.report.text import text_report
 
 MiB = 1 << 20
 EVIL = "</script><script>alert(1)</script>"
@@ -527,7 +528,7 @@ def test_html_report_of_the_deepest_stacks(fake, tmp_path):
     try:
         page = render(t)
         page.encode("utf-8")
-        text = memviz.report.text.text_report(t, outside={})
+        text = text_report(t, outside={})
     finally:
         _sys.setrecursionlimit(old)
     d = embedded_data(page)

@@ -382,7 +382,7 @@ def _step_plot(obj: Any, rows: List[Dict[str, Any]], points: int = STEP_PLOT_POI
                ) -> Optional[Dict[str, Any]]:
     """Memory per step for the steps view: ``{"steps": [index, ...], "bucket":
     steps per point, "devices": [{"device", "name", "series": {name: [bytes or
-    None per step]}}], "summary": memviz.report.text.step_summary()}``; series
+    None per step]}}], "summary": memviz.report.summary.step_summary()}``; series
     are current and peak (memviz's) and allocated/reserved (PyTorch's) where
     the steps have them. More than ``points`` steps are drawn in buckets of
     consecutive steps, each the highest of its steps."""
