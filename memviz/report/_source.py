@@ -30,7 +30,7 @@ from memviz._units import format_size
 from memviz.report.summary import device_name, finding_steps
 
 __all__ = ["Event", "events", "steps", "findings", "normalize_finding", "time_range",
-           "device_name", "where", "frame_dicts", "downsample", "call", "is_bytes_key"]
+           "device_name", "device_items", "where", "frame_dicts", "downsample", "call", "is_bytes_key"]
 
 
 class Event(NamedTuple):
@@ -208,6 +208,17 @@ def _number(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def device_items(mapping: Mapping[Any, Any]) -> Iterator[Tuple[int, Any]]:
+    """(device, value) of a mapping keyed by device number (``0`` or ``"0"``,
+    as JSON writes it); keys that are not a number are skipped."""
+    for k, v in mapping.items():
+        try:
+            dev = int(k)
+        except (TypeError, ValueError):
+            continue
+        yield dev, v
+
+
 def _per_device(value: Any) -> Optional[Dict[Optional[int], float]]:
     """A step number as {device: value}; None (the key) for all devices."""
     if value is None or isinstance(value, bool):
@@ -216,11 +227,7 @@ def _per_device(value: Any) -> Optional[Dict[Optional[int], float]]:
         return {None: value}
     if isinstance(value, Mapping):
         out: Dict[Optional[int], float] = {}
-        for k, v in value.items():
-            try:
-                dev = int(k)
-            except (TypeError, ValueError):
-                continue
+        for dev, v in device_items(value):
             if isinstance(v, Mapping):
                 v = _field(v, ("current", "allocated", "total", "bytes", "used"))
             if _number(v):
