@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterator, List, Optional, TextIO
 from memviz.model.traceback import innermost_first
 from memviz._units import escape_surrogates, format_size
 from memviz.report import _source as src
-from memviz.report._data import category_series
+from memviz.report._categories import category_series
 
 __all__ = ["write", "events"]
 
