@@ -38,7 +38,9 @@ from typing import Any, Dict, List, Optional
 
 from memviz._errors import InvalidArgumentType
 from memviz._units import format_size
-from memviz.analysis.findings import _long_input_positions, MiB, _devices, _series, FRAG_REL, Finding, FindingLine, GRAPH_FIX, GROWTH_FLOOR, GROWTH_REL, MIN_STEPS, _as_records, _dev, _is_live_tracker, _steady_rise, _torch_cuda, _warmup
+from memviz.analysis.findings import (FRAG_REL, GRAPH_FIX, GROWTH_FLOOR, GROWTH_REL, MIN_STEPS, Finding,
+                                      FindingLine, MiB, _as_records, _dev, _devices, _is_live_tracker,
+                                      _long_input_positions, _series, _steady_rise, _torch_cuda, _warmup)
 
 __all__ = ["Finding", "FindingLine", "diagnose"]
 
