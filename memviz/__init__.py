@@ -47,7 +47,7 @@ _SUBPACKAGES = ("torch", "report", "export", "integrations")
 def _snapshot_html(snapshot):
     """A Snapshot's notebook display (memviz/model/display.py): the report
     floor is imported only when a snapshot is first shown."""
-    from memviz.report.html import snapshot_repr_html
+    from memviz.report.notebook import snapshot_repr_html
     return snapshot_repr_html(snapshot)
 
 

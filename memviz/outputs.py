@@ -22,7 +22,7 @@ class Outputs:
         write(self, path)
 
     def _repr_html_(self) -> str:
-        from memviz.report.html import tracker_repr_html
+        from memviz.report.notebook import tracker_repr_html
         return tracker_repr_html(self)
 
     def to_html(self, path: str) -> str:

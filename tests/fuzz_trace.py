@@ -207,7 +207,7 @@ def check(data: bytes, pipeline: bool = True) -> Optional[object]:
         return t
     from memviz import diagnose
     from memviz.export import perfetto, torch_snapshot
-    from memviz.report import html
+    import memviz.report as html  # render and the notebook views
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

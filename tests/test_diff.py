@@ -474,7 +474,7 @@ def test_the_category_chart_of_a_trace_counts_blocks_inside_their_segments_once(
     blocks and the segments they lie in are one set of bytes (blocks by
     category, the rest of a segment unused_pool), never negative, and the
     stacked total at the peak is the device's peak."""
-    from memviz.report._data import category_series
+    from memviz.report._categories import category_series
 
     ans = standin()
     with memviz.track(trace=str(tmp_path / "a.memviz")) as t:

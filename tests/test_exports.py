@@ -12,7 +12,8 @@ import pytest
 
 import memviz
 from memviz.export import perfetto, torch_snapshot
-from test_html_report import EVIL, MiB, StubTrace, _line_of, record_run
+from test_html_report import (EVIL, PARAM_BYTES, MiB, StubTrace, _line_of, categorised_run, record_run,
+                              stub_event)
 
 
 @pytest.fixture
@@ -324,6 +325,43 @@ def test_perfetto_of_a_trace_carries_every_alloc_and_free(temp_trace, tmp_path):
     assert not any(e["ph"] == "i" and e.get("cat") == "allocation" for e in events)
 
 
+@pytest.mark.parametrize("source", ["tracker", "streamed", "saved"])
+def test_perfetto_of_a_real_recording_has_every_alloc_and_free(fake, tmp_path, source):
+    """to_perfetto() of a stopped tracker that streamed its trace, of that
+    trace loaded, and of a trace the tracker saved (its events: the peak set,
+    then frees of what was not live any more, then the rest of the live set):
+    one span per allocation, ended when it was freed or at the end."""
+    t, _model = categorised_run(fake, tmp_path / "run.memviz")
+    if source == "saved":
+        t.save(str(tmp_path / "saved.memviz"))
+    obj = {"tracker": t, "streamed": memviz.load(str(tmp_path / "run.memviz")),
+           "saved": memviz.load(str(tmp_path / "saved.memviz")) if source == "saved" else None}[source]
+    obj.to_perfetto(str(tmp_path / "out.json"))
+    events = load_events(tmp_path / "out.json")
+    _check_spans_pair_up(events)
+    spans = {e["id"]: e for e in events if e["ph"] == "b"}
+    ends = {e["id"]: e for e in events if e["ph"] == "e"}
+    sizes = {"streamed": [1024, 262144, MiB, 4 * MiB, 8 * MiB], "tracker": [1024, 262144, MiB, 4 * MiB, 8 * MiB],
+             "saved": [1024, 262144, 4 * MiB, 8 * MiB]}[source]  # a saved trace keeps no history
+    assert sorted(b["args"]["size"] for b in spans.values()) == sizes
+    freed = {b["args"]["size"] for uid, b in spans.items() if not ends[uid].get("args", {}).get("live_at_end")}
+    assert freed == ({8 * MiB} if source == "saved" else {MiB, 8 * MiB})
+    for uid, b in spans.items():
+        assert ends[uid]["ts"] >= b["ts"]
+        assert b["args"].get("op") != "alloc"  # an event's op is not the call that allocated
+        assert b["args"]["kind"] == "device" and b["args"]["stack"]
+    lines = {b["args"]["size"]: b["args"]["line"] for b in spans.values()}
+    assert lines[8 * MiB].endswith(f":{_line_of('# TEMP')}")
+    if source != "saved":
+        assert lines[MiB].endswith(f":{_line_of('# EARLY')}")  # in no snapshot: from its event
+    assert not any(e["ph"] == "i" and e.get("cat") == "allocation" for e in events)
+    cats = {e["name"]: e["args"]["bytes"] for e in events if e["ph"] == "C" and e["name"].startswith("category: ")}
+    if source == "tracker":  # a trace file keeps no categories: only the tracker knows them
+        assert cats["category: parameter"] == PARAM_BYTES and cats["category: outside_pytorch"] == 4 * MiB
+    else:
+        assert not cats
+
+
 class AllocatorRouteStub(StubTrace):
     """A history on PyTorch's allocator route: a 20 MiB segment holding two
     blocks, the first at the segment's own address."""
@@ -332,12 +370,17 @@ class AllocatorRouteStub(StubTrace):
 
     def events(self):
         t, a = self._t.started_ns, self.BASE
+        some = self._t.snapshot().allocations[0]
+        made = {}
         for i, (op, kind, addr, size) in enumerate([
                 ("alloc", "device", a, 20 * MiB), ("alloc", "block", a, 8 * MiB),
                 ("alloc", "block", a + 8 * MiB, 4 * MiB), ("free", "block", a, 8 * MiB),
                 ("free", "block", a + 8 * MiB, 4 * MiB), ("free", "device", a, 20 * MiB)]):
-            yield {"op": op, "kind": kind, "timestamp_ns": t + (i + 1) * 1000, "device": 2,
-                   "address": addr, "size": size}
+            ts = t + (i + 1) * 1000
+            if op == "alloc":
+                made[(addr, kind)] = some._replace(address=addr, size=size, device=2, kind=kind,
+                                                   timestamp_ns=ts, seq=ts, category=None)
+            yield stub_event(op, ts, made[(addr, kind)])
 
 
 def test_exports_of_an_allocator_route_history_keep_blocks_inside_segments(run, memory_viz):

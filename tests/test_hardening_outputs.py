@@ -26,7 +26,7 @@ import memviz
 from fake_cupti import CBID_cuMemAlloc_v2
 from memviz.capture import cupti as _capture
 from memviz import _outputs
-from memviz.report import html
+import memviz.report as html  # render and the notebook views
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20

@@ -219,7 +219,7 @@ def _code_elements(page):
 
 
 def test_the_tracker_views_code_runs_in_a_fresh_interpreter(tmp_path):
-    from memviz.report.html import tracker_repr_html
+    from memviz.report.notebook import tracker_repr_html
 
     with memviz.track(gpu=False) as t:
         pass
@@ -375,7 +375,7 @@ def test_watch_warning_points_at_the_users_optimizer_step():
 
 
 def test_the_tracker_view_takes_a_variable_name():
-    from memviz.report.html import tracker_repr_html
+    from memviz.report.notebook import tracker_repr_html
 
     with memviz.track(gpu=False) as t:
         pass

@@ -17,6 +17,7 @@ import shutil
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -27,6 +28,7 @@ from memviz import _core
 from memviz.report import _source, findings_repr_html, render, snapshot_repr_html
 from memviz.report import tracker_repr_html, write
 from memviz.report.html import json_for_script
+from memviz.report.text import text_report
 
 MiB = 1 << 20
 EVIL = "</script><script>alert(1)</script>"
@@ -193,6 +195,15 @@ def test_downsample_keeps_maxima_ends_and_bounds_points():
 # ---- duck-typed traces: categories, steps, findings, events ------------------
 
 
+def stub_event(op, timestamp_ns, allocation):
+    """An event shaped as a recording's events() gives them (memviz.load(path).events()):
+    what happened, when, and the allocation it concerns."""
+    return SimpleNamespace(op=op, timestamp_ns=timestamp_ns, seq=allocation.seq, allocation=allocation,
+                           **{k: getattr(allocation, k) for k in (
+                               "device", "address", "size", "kind", "stream", "thread", "label",
+                               "traceback", "autograd_node", "forward", "category")})
+
+
 class StubTrace:
     """The reading API of a loaded trace, with categories, steps, findings and events."""
 
@@ -236,17 +247,14 @@ class StubTrace:
                  "fix": "do not keep the loss tensor: append loss.item()"}]
 
     def events(self):
-        end = {(a.device, a.address) for a in self._t.snapshot().allocations}
+        end = {(a.device, a.address) for a in self.snapshot().allocations}
         known = {(a.device, a.address): a for a in
-                 list(self._t.peak_snapshot().allocations) + list(self._t.snapshot().allocations)}
+                 list(self.peak_snapshot().allocations) + list(self.snapshot().allocations)}
         for a in sorted(known.values(), key=lambda a: a.timestamp_ns):
-            yield {"op": 1, "timestamp_ns": a.timestamp_ns, "device": a.device,
-                   "address": a.address, "size": a.size}
-        yield {"op": "time", "timestamp_ns": 0}  # not memory: skipped
+            yield stub_event("alloc", a.timestamp_ns, a)
         for key, a in known.items():
             if key not in end:
-                yield {"op": "free", "timestamp_ns": self.stopped_ns - 1, "device": a.device,
-                       "address": a.address, "size": 0}
+                yield stub_event("free", self.stopped_ns - 1, a)
 
 
 @pytest.mark.parametrize("with_events", [True, False])
@@ -266,6 +274,48 @@ def test_categories_steps_and_findings_of_a_duck_typed_trace(run, with_events):
     assert {c["key"]: c["type"] for c in d["steps"]["columns"]}["allocated"] == "bytes"
     assert d["findings"][0]["fix"].startswith("do not keep")
     assert d["meta"]["library"] == "libcupti.so (stub)"
+
+
+# ---- a real recording's events: a stopped tracker that streamed its trace ----------------
+
+
+PARAM_BYTES = (256 * 256 + 256) * 4  # nn.Linear(256, 256)'s weight and bias
+
+
+def categorised_run(fake, path):
+    """A stopped tracker that streamed its trace to ``path``, with PyTorch's
+    categories: a Linear's parameters (their storages, as the driver's), a
+    1 MiB temporary freed before the peak (so no snapshot holds it), an 8 MiB
+    one freed after it, and 4 MiB kept. Returns the tracker and the model (the
+    categories of a stopped tracker's snapshots read the live parameters)."""
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(256, 256)
+    with memviz.track(trace=str(path)) as t:
+        for p in model.parameters():
+            s = p.untyped_storage()
+            fake.alloc_at(s.data_ptr(), s.nbytes())
+        early = fake.alloc(CBID_cuMemAlloc_v2, MiB)  # EARLY
+        fake.free(CBID_cuMemFree_v2, early)
+        tmp = fake.alloc(CBID_cuMemAlloc_v2, 8 * MiB)  # TEMP
+        fake.free(CBID_cuMemFree_v2, tmp)
+        fake.alloc(CBID_cuMemAlloc_v2, 4 * MiB)  # KEPT
+    assert t.events() is not None  # the history: the trace read back
+    return t, model
+
+
+def test_category_series_of_a_stopped_tracker_come_from_its_streamed_trace(fake, tmp_path):
+    """The timeline's memory by category, replayed from the trace a stopped
+    tracker streamed: the 1 MiB freed before the peak shows, which no
+    snapshot holds (without events the series are a lower bound)."""
+    t, _model = categorised_run(fake, tmp_path / "run.memviz")
+    d = embedded_data(render(t))
+    assert d["timeline"]["category_note"] == "from the recorded events"
+    series = {s["name"]: s["v"] for s in d["timeline"]["charts"][0]["series"] if s["kind"] == "category"}
+    # the early temporary is in no snapshot, so its category is not known
+    assert set(series) == {"parameter", "outside_pytorch", "<unknown>"}
+    assert max(series["parameter"]) == series["parameter"][-1] == PARAM_BYTES
+    assert max(series["outside_pytorch"]) == 8 * MiB and series["outside_pytorch"][-1] == 4 * MiB
+    assert max(series["<unknown>"]) == MiB and series["<unknown>"][-1] == 0
 
 
 def leak_step(fake, keep):
@@ -527,7 +577,7 @@ def test_html_report_of_the_deepest_stacks(fake, tmp_path):
     try:
         page = render(t)
         page.encode("utf-8")
-        text = memviz.report.text.text_report(t, outside={})
+        text = text_report(t, outside={})
     finally:
         _sys.setrecursionlimit(old)
     d = embedded_data(page)

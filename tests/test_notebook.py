@@ -168,7 +168,7 @@ def test_sparkline_shows_the_sawtooth_of_steps(fake):
     and go) must not be drawn as a flat line at 656 MiB: each bucket of the
     sparkline keeps its minimum and its maximum."""
     from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
-    from memviz.report.html import tracker_repr_html
+    from memviz.report.notebook import tracker_repr_html
 
     with memviz.track() as t:
         fake.alloc(CBID_cuMemAlloc_v2, 512 * MiB)
@@ -188,7 +188,7 @@ def test_sparkline_shows_the_sawtooth_of_steps(fake):
 
 
 def test_sparkline_keeps_the_peak_and_a_lone_dip():
-    from memviz.report.html import _sparkline
+    from memviz.report.notebook import _sparkline
 
     ts = list(range(0, 100_000, 10))
     vs = [656 * MiB] * len(ts)

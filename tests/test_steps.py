@@ -16,6 +16,7 @@ import pytest
 import memviz
 from conftest import here
 from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
+from memviz.analysis import sinks as _sinks
 from memviz.analysis import steps as _steps
 from memviz.model.steps import StepRecord
 
@@ -176,7 +177,7 @@ def test_jsonl_and_csv_sinks(fake, tmp_path):
     assert StepRecord.from_dict(rows[1]) == t.steps[1]
     with open(cs, newline="") as f:
         table = list(csv.DictReader(f))
-    assert list(table[0]) == _steps.CSV_COLUMNS
+    assert list(table[0]) == _sinks.CSV_COLUMNS
     assert [(r["step"], r["device"], r["current"], r["growth"]) for r in table] == [
         ("0", "0", str(MiB), str(MiB)), ("1", "0", str(2 * MiB), str(MiB)), ("2", "0", str(3 * MiB), str(MiB))]
     assert table[0]["top_line"] == f"{THIS}:{line}" and json.loads(table[2]["info"]) == {"batch_shape": [4, 3]}
@@ -245,7 +246,7 @@ def test_tensorboard_sink_uses_add_scalar(fake):
 ])
 def test_sink_mistakes_say_what_to_do(kwargs, err, text):
     with pytest.raises(err, match=text):
-        _steps.make_sinks(**kwargs)
+        _sinks.make_sinks(**kwargs)
 
 
 # ---- memviz.watch(optimizer) ---------------------------------------------------------------

@@ -20,7 +20,8 @@ from conftest import line_of
 from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
 from memviz.capture import cupti as _capture
 from memviz.cli.report import json_report, main as report_main
-from memviz.report.text import WIDTH, step_summary, text_report
+from memviz.report.summary import step_summary
+from memviz.report.text import WIDTH, text_report
 from memviz.report import render, tracker_repr_html
 
 MiB = 1 << 20

@@ -38,7 +38,9 @@ from typing import Any, Dict, List, Optional
 
 from memviz._errors import InvalidArgumentType
 from memviz._units import format_size
-from memviz.analysis.findings import _long_input_positions, MiB, _devices, _series, FRAG_REL, Finding, FindingLine, GRAPH_FIX, GROWTH_FLOOR, GROWTH_REL, MIN_STEPS, _as_records, _dev, _is_live_tracker, _steady_rise, _torch_cuda, _warmup
+from memviz.analysis.findings import (FRAG_REL, GRAPH_FIX, GROWTH_FLOOR, GROWTH_REL, MIN_STEPS, Finding,
+                                      FindingLine, MiB, _as_records, _dev, _devices, _is_live_tracker,
+                                      _long_input_positions, _series, _steady_rise, _torch_cuda, _warmup)
 
 __all__ = ["Finding", "FindingLine", "diagnose"]
 
@@ -229,9 +231,7 @@ def _fragmentation(obj, steps, warm, graph) -> List[Finding]:
             high = _stays_high(res, alloc, _series(post, dev, "allocated_peak"))
             if high is not None:
                 high["device"] = dev
-                largest = _largest_free(obj, post, dev)
-                if largest is not None:
-                    high["largest_free_block"] = largest
+                _note_largest_free(high, obj, post, dev)
                 msg = (f"PyTorch's reserved memory on {_dev(dev)} stays at {format_size(res[-1])} while "
                        f"allocated stays near {format_size(alloc[-1])} and the most ever allocated at "
                        f"once is {format_size(high['allocated_peak'])}: {format_size(high['never_used'])} "
@@ -248,9 +248,7 @@ def _fragmentation(obj, steps, warm, graph) -> List[Finding]:
         numbers = {"device": dev, "reserved_start": res[0], "reserved_end": res[-1],
                    "allocated_start": alloc[0], "allocated_end": alloc[-1], "reserved_unused": unused,
                    "allocated_peak_rise": rise_p, "steps": len(res)}
-        largest = _largest_free(obj, post, dev)
-        if largest is not None:
-            numbers["largest_free_block"] = largest
+        largest = _note_largest_free(numbers, obj, post, dev)
         msg = (f"PyTorch's reserved memory on {_dev(dev)} grew from {format_size(res[0])} to "
                f"{format_size(res[-1])} over {len(res)} steps while allocated stayed near "
                f"{format_size(alloc[-1])}, so {format_size(unused)} is reserved but unused"
@@ -283,6 +281,15 @@ def _stays_high(res, alloc, apeak) -> Optional[dict]:
 
 FRAG_FIX = ("Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA starts, so the allocator "
             "grows its segments instead of caching blocks that fit no request.")
+
+
+def _note_largest_free(numbers: dict, obj, post, dev) -> Optional[int]:
+    """The largest free block on ``dev`` (see _largest_free), also put into a
+    finding's ``numbers`` as ``largest_free_block`` when known."""
+    largest = _largest_free(obj, post, dev)
+    if largest is not None:
+        numbers["largest_free_block"] = largest
+    return largest
 
 
 def _frag_finding(msg, numbers, post, obj=None) -> Finding:

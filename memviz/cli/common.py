@@ -19,6 +19,7 @@ from memviz._args import whole_option
 from memviz._errors import InvalidArgument, OutputError
 from memviz._outputs import refuse_inputs, write_output
 from memviz._units import json_finite
+from memviz.report.summary import device_name
 from memviz.trace.format import TraceWarning
 
 __all__ = ["EXIT_USAGE", "positive", "parse", "say", "load_trace", "refuse_output", "dumps",
@@ -101,8 +102,3 @@ def write_text(text: str, out: Optional[str], prog: str, what: str = "the report
         return EXIT_USAGE
     print(f"{prog}: wrote {out}", file=sys.stderr)
     return 0
-
-
-def device_name(dev: int) -> str:
-    """``cuda:N``, or ``pinned host`` for memviz's device -1."""
-    return "pinned host" if dev < 0 else f"cuda:{dev}"

@@ -55,6 +55,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from memviz._errors import InvalidArgument
 from memviz.cli.common import device_name as _name
 from memviz.model.pytorch import END_KEY, pytorch_figures
+from memviz.report.summary import device_items
 
 __all__ = ["compare", "FIGURES"]
 
@@ -91,17 +92,9 @@ def _recorded(trace: Any) -> Dict[int, Dict[str, Any]]:
     end = getattr(trace, "end", None)
     raw = end.get(END_KEY) if isinstance(end, dict) else (
         None if hasattr(trace, "end") else pytorch_figures(trace))
-    out: Dict[int, Dict[str, Any]] = {}
     if not isinstance(raw, dict):
-        return out
-    for k, v in raw.items():
-        try:
-            dev = int(k)
-        except (TypeError, ValueError):
-            continue
-        if isinstance(v, dict):
-            out[dev] = v
-    return out
+        return {}
+    return {dev: v for dev, v in device_items(raw) if isinstance(v, dict)}
 
 
 def _numbers(d: Any) -> Dict[str, int]:

@@ -66,7 +66,7 @@ from typing import Any, Dict, List, Optional
 from memviz._errors import TraceError
 from memviz.cli.common import (EXIT_USAGE, device_name, dumps, load_trace, parse, positive,
                                refuse_output, write_text)
-from memviz.report.text import finding_records, step_summary
+from memviz.report.summary import finding_records, step_summary
 from memviz.trace.format import step_dict
 
 __all__ = ["main", "json_report", "report_parser"]

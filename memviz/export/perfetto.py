@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterator, List, Optional, TextIO
 from memviz.model.traceback import innermost_first
 from memviz._units import escape_surrogates, format_size
 from memviz.report import _source as src
-from memviz.report._data import category_series
+from memviz.report._categories import category_series
 
 __all__ = ["write", "events"]
 
@@ -149,7 +149,7 @@ def _from_snapshots(end_allocs: Any, peak_only: List[Any], t0: int, t1: int,
                "pid": _pid(a.device), "tid": 0, "ts": _us(a.timestamp_ns, t0), "args": args}
 
 
-def _from_history(history: Iterator[src.Event], known: Dict[tuple, Any], t0: int
+def _from_history(history: Iterator[Any], known: Dict[tuple, Any], t0: int
                   ) -> Iterator[Dict[str, Any]]:
     open_: Dict[tuple, tuple] = {}
     uid = 0
@@ -158,7 +158,7 @@ def _from_history(history: Iterator[src.Event], known: Dict[tuple, Any], t0: int
         last_ts = max(last_ts, e.timestamp_ns)
         if e.op == "alloc":
             uid += 1
-            a = known.get((e.device, e.address, e.timestamp_ns), e)
+            a = known.get((e.device, e.address, e.timestamp_ns), e.allocation)  # (op: the call, not "alloc")
             open_[(e.device, e.address, e.kind)] = (uid, src.where(a))
             yield from _span(a, e.size, e.timestamp_ns, None, uid, t0)
         elif e.op == "free":

@@ -151,7 +151,7 @@ def build(tracker: Any) -> Dict[str, Any]:
             seg = e.kind != "block"
             block = not seg or (e.device, e.address) not in pools
             if e.op == "alloc":
-                a = known.get((e.device, e.address, e.timestamp_ns), e)
+                a = known.get((e.device, e.address, e.timestamp_ns), e.allocation)
                 fr = frames_of(a)
                 c = getattr(a, "category", None) or e.category or ("unknown" if with_categories else None)
                 open_[(e.device, e.address, e.kind)] = (e.size, e.stream, fr, c)

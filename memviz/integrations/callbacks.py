@@ -104,7 +104,7 @@ class StepCallbackCore:
     def __init__(self, tracker=None, *, diagnose: bool = True, metrics: bool = True,
                  prefix: str = "memviz", **sinks: Any) -> None:
         from memviz._errors import InvalidArgument, InvalidArgumentType
-        from memviz.analysis.steps import _refuse_same_files, make_sinks
+        from memviz.analysis.sinks import _refuse_same_files, make_sinks
 
         if not isinstance(metrics, bool):
             raise InvalidArgumentType(
@@ -153,7 +153,8 @@ class StepCallbackCore:
         return t if t is not None and t.running else None
 
     def step(self, **info: Any):
-        from memviz.analysis.steps import _emit, _record
+        from memviz.analysis.sinks import _emit
+        from memviz.analysis.steps import _record
 
         t = self.current()
         if t is None:

@@ -62,7 +62,7 @@ def memviz_cell(line: str, cell: str, ipython: Optional[Any] = None) -> Any:
     Returns the tracker (also stored as ``_memviz`` in the user namespace)."""
     from IPython.display import HTML, display
 
-    from memviz.report.html import tracker_repr_html
+    from memviz.report.notebook import tracker_repr_html
     from memviz.tracker import track
 
     if ipython is None:

@@ -10,6 +10,7 @@ Works on a :class:`~memviz.Tracker` (running or stopped) and on anything with
 the same reading API (a trace loaded with ``memviz.load``).
 """
 
-from memviz.report.html import findings_repr_html, render, snapshot_repr_html, tracker_repr_html, write
+from memviz.report.html import render, write
+from memviz.report.notebook import findings_repr_html, snapshot_repr_html, tracker_repr_html
 
 __all__ = ["render", "write", "tracker_repr_html", "snapshot_repr_html", "findings_repr_html"]

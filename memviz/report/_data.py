@@ -9,17 +9,15 @@ opens at once.
 
 from __future__ import annotations
 
-import bisect
-
-import linecache
 import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from memviz.report.text import _short_path
+from memviz.report.summary import short_path as _short_path, source_line
 from memviz.model.snapshot import _SIMPLE_KEYS
 from memviz.model.traceback import innermost_first
 from memviz.report import _source as src
+from memviz.report._categories import category_series
 
 __all__ = ["collect"]
 
@@ -33,16 +31,6 @@ def _us(ts: Optional[int], t0: int) -> Optional[int]:
     return None if ts is None else (int(ts) - t0) // 1000
 
 
-def _source_line(filename: str, lineno: int) -> str:
-    if lineno <= 0 or filename.startswith("<"):
-        return ""
-    try:
-        text = linecache.getline(filename, lineno).strip()
-    except Exception:  # noqa: BLE001 - an odd loader must not break the report
-        return ""
-    return text if len(text) <= 120 else text[:117] + "..."
-
-
 # -- timeline ---------------------------------------------------------------
 
 
@@ -51,94 +39,6 @@ def _series(name: str, kind: str, ts: List[int], vs: List[float], t0: int,
     ts, vs = src.downsample(ts, vs, points)
     return {"name": name, "kind": kind, "t": [(t - t0) // 1000 for t in ts],
             "v": [int(v) for v in vs], "note": note}
-
-
-def category_series(obj: Any, allocs: List[Any], peak_only: List[Any], peak_ts: Dict[int, int],
-                     end_ns: int) -> Tuple[Dict[int, Dict[str, Tuple[List[int], List[int]]]], str]:
-    """{device: {category: (timestamps, live bytes)}} and a note on how exact it is."""
-    changes: Dict[int, Dict[str, List[Tuple[int, int]]]] = {}
-    evs = src.events(obj)
-    if evs is not None:
-        known = {(a.device, a.address, a.timestamp_ns): a.category for a in allocs + peak_only}
-        # Every byte once, as snapshots count them: a PyTorch block (kind "block")
-        # lies inside a segment (a "device" allocation); from the first block seen
-        # in it, the segment counts as unused_pool, less the blocks it holds.
-        live: Dict[Tuple[int, int, str], Tuple[str, int]] = {}
-        segs: Dict[int, List[List[Any]]] = {}  # device -> sorted [address, end, category, pool?, ts]
-        starts: Dict[int, List[int]] = {}
-
-        def add(dev, cat, ts, size):
-            changes.setdefault(dev, {}).setdefault(cat, []).append((ts, size))
-
-        def segment_of(dev, addr):
-            i = bisect.bisect_right(starts.get(dev, []), addr) - 1
-            return segs[dev][i] if i >= 0 and addr < segs[dev][i][1] else None
-
-        for e in evs:
-            ts = e.timestamp_ns
-            if e.op == "alloc":
-                cat = e.category or known.get((e.device, e.address, ts)) or "<unknown>"
-                if e.kind == "block":
-                    seg = segment_of(e.device, e.address)
-                    if seg is not None:
-                        # A block is dated when it was asked for, maybe before the
-                        # segment made for it: move the bytes once both exist.
-                        at = max(ts, seg[4])
-                        if not seg[3]:  # the segment's first block: its bytes are the pool's
-                            add(e.device, seg[2], at, -(seg[1] - seg[0]))
-                            add(e.device, "unused_pool", at, seg[1] - seg[0])
-                            seg[2], seg[3] = "unused_pool", True
-                        add(e.device, "unused_pool", at, -e.size)
-                elif e.kind == "device":
-                    lst, st = segs.setdefault(e.device, []), starts.setdefault(e.device, [])
-                    i = bisect.bisect_left(st, e.address)
-                    st.insert(i, e.address)
-                    lst.insert(i, [e.address, e.address + e.size, cat, False, ts])
-                live[(e.device, e.address, e.kind)] = (cat, e.size)
-                add(e.device, cat, ts, e.size)
-            elif e.op == "free":
-                cat_size = live.pop((e.device, e.address, e.kind), None)
-                if cat_size is None:
-                    continue
-                if e.kind == "device":
-                    st = starts.get(e.device, [])
-                    i = bisect.bisect_left(st, e.address)
-                    if i < len(st) and st[i] == e.address:
-                        seg = segs[e.device].pop(i)
-                        st.pop(i)
-                        if seg[3]:  # what is left of a pool segment is unused pool
-                            cat_size = ("unused_pool", cat_size[1])
-                elif e.kind == "block":
-                    seg = segment_of(e.device, e.address)
-                    if seg is not None and seg[3]:
-                        add(e.device, "unused_pool", ts, cat_size[1])
-                add(e.device, cat_size[0], ts, -cat_size[1])
-        note = "from the recorded events"
-    else:
-        for a in allocs + peak_only:  # live at the end, or at the peak only (freed after it)
-            per = changes.setdefault(a.device, {}).setdefault(a.category or "<unknown>", [])
-            per.append((a.timestamp_ns, a.size))
-        for a in peak_only:
-            changes[a.device][a.category or "<unknown>"].append(
-                (peak_ts.get(a.device, end_ns) + 1, -a.size))
-        note = ("from the allocations live at the peak or at the end: exact at the peak and "
-                "at the end, a lower bound elsewhere (record a trace for exact lines)")
-    out: Dict[int, Dict[str, Tuple[List[int], List[int]]]] = {}
-    for dev, cats in changes.items():
-        for cat, ch in cats.items():
-            ch.sort(key=lambda c: c[0])
-            ts, vs, cur = [], [], 0
-            for t, d in ch:
-                cur += d
-                if ts and ts[-1] == t:
-                    vs[-1] = cur
-                else:
-                    ts.append(t)
-                    vs.append(cur)
-            ts.append(end_ns)
-            vs.append(cur)
-            out.setdefault(dev, {})[cat] = (ts, vs)
-    return out, note
 
 
 def _timeline(obj: Any, totals: Dict[int, Dict[str, int]], timeline: List[tuple], t0: int,
@@ -334,7 +234,7 @@ def _line_table(snap: Any, total: int, rows: int) -> Dict[str, Any]:
         lineno = f.lineno or 0
         shown = (f.filename if f.filename.startswith("<")
                  else f"{_short_path(f.filename)}:{lineno if lineno > 0 else '?'}")
-        row = [shown, f.name, _source_line(f.filename, lineno), s.size, s.count,
+        row = [shown, f.name, source_line(f.filename, lineno, 120), s.size, s.count,
                s.size // max(s.count, 1), round(100.0 * s.size / total, 2) if total else 0.0]
         if len(per_dev) > 1:
             row.insert(1, src.device_name(dev))
@@ -360,7 +260,7 @@ def _failures(obj: Any, t0: int) -> List[list]:
     rows = []
     for f in list(getattr(obj, "failures", None) or ())[-TABLE_ROWS:]:
         frame = f.traceback.user_frame if f.traceback else None
-        source = _source_line(frame.filename, frame.lineno or 0) if frame is not None else ""
+        source = source_line(frame.filename, frame.lineno or 0, 120) if frame is not None else ""
         rows.append([_us(f.timestamp_ns, t0), f.size, src.device_name(f.device), f.kind,
                      src.where(f), source, f"CUDA error {getattr(f, 'result', '?')}",
                      getattr(f.thread, "name", str(f.thread)), f.label or "",
@@ -394,11 +294,11 @@ def _step_plot(obj: Any, rows: List[Dict[str, Any]], points: int = STEP_PLOT_POI
                ) -> Optional[Dict[str, Any]]:
     """Memory per step for the steps view: ``{"steps": [index, ...], "bucket":
     steps per point, "devices": [{"device", "name", "series": {name: [bytes or
-    None per step]}}], "summary": memviz.report.text.step_summary()}``; series
+    None per step]}}], "summary": memviz.report.summary.step_summary()}``; series
     are current and peak (memviz's) and allocated/reserved (PyTorch's) where
     the steps have them. More than ``points`` steps are drawn in buckets of
     consecutive steps, each the highest of its steps."""
-    from memviz.report.text import STEP_SERIES, step_records, step_summary
+    from memviz.report.summary import STEP_SERIES, step_records, step_summary
 
     recs = step_records(obj)
     devices: List[Dict[str, Any]] = []

@@ -5,13 +5,8 @@ Everything here works on any object with the Tracker's reading API
 ``failures``, ``capture_info()``, ``steps``, ``diagnose()``) and uses the
 optional extras when they exist:
 
-* ``events()``: an iterable of allocation events (a loaded ``.memviz`` trace
-  has them). Each event may be a mapping, a named tuple or an object; the
-  fields read are ``op`` (``"alloc"``/``"free"``/``"failed"``, or the codes 1,
-  2, 3 of the trace format), ``timestamp_ns``, ``device``, ``address``,
-  ``size`` and, when present, ``kind``, ``stream``, ``category``,
-  ``traceback``, ``label``, ``thread``, ``autograd_node`` and ``forward``.
-  :func:`events` turns each into an :class:`Event`.
+* ``events()``: the allocation events of the recording (a loaded ``.memviz``
+  trace, or a stopped Tracker that streamed one): see :func:`events`.
 * ``started_ns`` / ``stopped_ns``: the time range of the run.
 
 Nothing here changes the object it reads.
@@ -22,37 +17,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
-from memviz.model.snapshot import KIND_NAMES
 from memviz.model.traceback import innermost_first
 from memviz._units import format_size
+from memviz.report.summary import device_items, device_name, finding_steps
 
-__all__ = ["Event", "events", "steps", "findings", "normalize_finding", "time_range",
-           "device_name", "where", "frame_dicts", "downsample", "call", "is_bytes_key"]
-
-
-class Event(NamedTuple):
-    """One allocation event, normalized from whatever ``events()`` yields."""
-
-    op: str  # "alloc", "free" or "failed"
-    timestamp_ns: int
-    device: int
-    address: int
-    size: int
-    kind: str = "device"
-    stream: int = 0
-    category: Optional[str] = None
-    traceback: Any = None
-    label: Optional[str] = None
-    thread: Optional[str] = None
-    autograd_node: Optional[str] = None
-    forward: Optional[str] = None
+__all__ = ["events", "steps", "findings", "normalize_finding", "time_range",
+           "device_name", "device_items", "where", "frame_dicts", "downsample", "call", "is_bytes_key"]
 
 
-_OPS = {1: "alloc", 2: "free", 3: "failed", "alloc": "alloc", "malloc": "alloc",
-        "allocate": "alloc", "free": "free", "release": "free", "failed": "failed",
-        "fail": "failed", "oom": "failed"}
 _MISSING = object()
 
 
@@ -69,45 +43,17 @@ def _field(obj: Any, names: Tuple[str, ...], default: Any = None) -> Any:
     return default
 
 
-def _normalize(ev: Any) -> Optional[Event]:
-    op = _field(ev, ("op", "action", "event", "type"))
-    kind = _field(ev, ("alloc_kind", "memory_kind", "kind"))
-    if op is None and kind in _OPS:  # some formats name the operation "kind"
-        op, kind = kind, _field(ev, ("alloc_kind", "memory_kind"))
-    op = _OPS.get(op.lower() if isinstance(op, str) else op)
-    if op is None:  # time marks, gaps and unknown records carry no memory
-        return None
-    if isinstance(kind, int) and 0 <= kind < len(KIND_NAMES):
-        kind = KIND_NAMES[kind]
-    thread = _field(ev, ("thread", "thread_name"))
-    if thread is not None and not isinstance(thread, str):
-        thread = getattr(thread, "name", None) or str(thread)
-    return Event(
-        op=op,
-        timestamp_ns=int(_field(ev, ("timestamp_ns", "timestamp", "ts", "time_ns"), 0) or 0),
-        device=int(_field(ev, ("device", "slot"), 0) or 0),
-        address=int(_field(ev, ("address", "addr"), 0) or 0),
-        size=int(_field(ev, ("size", "bytes"), 0) or 0),
-        kind=kind if isinstance(kind, str) else "device",
-        stream=int(_field(ev, ("stream",), 0) or 0),
-        category=_field(ev, ("category",)),
-        traceback=_field(ev, ("traceback", "frames", "stack")),
-        label=_field(ev, ("label",)),
-        thread=thread,
-        autograd_node=_field(ev, ("autograd_node", "node")),
-        forward=_field(ev, ("forward",)),
-    )
-
-
-def events(obj: Any) -> Optional[Iterator[Event]]:
-    """The recording's allocation events (``obj.events()``, see
-    memviz/model/recording.py) as :class:`Event`, in order; None when it keeps
-    none (a Tracker without a streamed trace keeps totals, not a history)."""
+def events(obj: Any) -> Optional[Iterator[Any]]:
+    """The recording's allocation events, in order: ``obj.events()``, which a
+    loaded trace has and a stopped Tracker reads back from the trace it
+    streamed (``track(trace=path)``); each a
+    :class:`~memviz.trace.reader.TraceEvent` (``op``: ``"alloc"``, ``"free"``
+    or ``"failed"``, ``timestamp_ns``, ``device``, ``address``, ``size``,
+    ``kind``, ``stream``, ``category``, ``traceback``, ``thread``, ``label``,
+    ``autograd_node``, ``forward``). None when it keeps none (a Tracker
+    without a streamed trace keeps totals and live sets, not a history)."""
     fn = getattr(obj, "events", None)
-    raw = fn() if callable(fn) else None
-    if raw is None:
-        return None
-    return (e for e in (_normalize(r) for r in raw) if e is not None)
+    return fn() if callable(fn) else None
 
 
 def call(obj: Any, name: str, *args: Any, default: Any = None) -> Any:
@@ -129,10 +75,6 @@ def time_range(obj: Any, timeline: List[tuple], totals: Mapping[int, Mapping[str
         import time
         end = time.monotonic_ns() if getattr(obj, "running", False) else max(stamps, default=start)
     return int(start), int(max(end, start))
-
-
-def device_name(dev: int) -> str:
-    return "pinned host" if dev < 0 else f"cuda:{dev}"
 
 
 def where(a: Any) -> str:
@@ -219,11 +161,7 @@ def _per_device(value: Any) -> Optional[Dict[Optional[int], float]]:
         return {None: value}
     if isinstance(value, Mapping):
         out: Dict[Optional[int], float] = {}
-        for k, v in value.items():
-            try:
-                dev = int(k)
-            except (TypeError, ValueError):
-                continue
+        for dev, v in device_items(value):
             if isinstance(v, Mapping):
                 v = _field(v, ("current", "allocated", "total", "bytes", "used"))
             if _number(v):
@@ -344,7 +282,6 @@ def normalize_finding(f: Any) -> Dict[str, Any]:
     if isinstance(lines, (str, bytes, Mapping)) or not isinstance(lines, Iterable):
         lines = [lines]
     nums = {str(k): (v if _number(v) else str(v)) for k, v in numbers.items()}
-    from memviz.report.text import finding_steps
     device = numbers.get("device")
     return {
         "kind": str(d.get("kind") or "finding"),

@@ -1,0 +1,238 @@
+"""What the text, JSON and HTML reports share: the steps and findings every
+report shows, and how a line of source is named and shown.
+
+:func:`step_summary` and :func:`finding_records` are the steps and findings
+of a Tracker or a loaded trace as the text report (memviz/report/text.py),
+the JSON report (memviz/cli/report.py) and the HTML page and notebook views
+(memviz/report/html.py, notebook.py) give them. Imports the analysis floor
+and below (docs/architecture.md); the rest of memviz/report reads it.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import statistics
+from collections.abc import Mapping
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+from memviz._units import format_size
+
+__all__ = ["STEP_SERIES", "step_records", "step_summary", "finding_steps", "finding_dict",
+           "finding_records", "step_series_label", "short_path", "source_line", "device_name", "device_items"]
+
+
+def device_name(dev: int) -> str:
+    """``cuda:N``, or ``pinned host`` for the host's page-locked memory (device -1)."""
+    return "pinned host" if dev < 0 else f"cuda:{dev}"
+
+
+def short_path(filename: str, limit: int = 40) -> str:
+    """A path relative to the working directory when inside it, else shortened."""
+    if filename.startswith("<"):
+        return filename
+    try:
+        rel = os.path.relpath(filename)
+        if not rel.startswith(".." + os.sep) and rel != "..":
+            filename = rel
+    except ValueError:  # pragma: no cover - other drive on Windows
+        pass
+    if len(filename) > limit:
+        parts = filename.split(os.sep)
+        filename = os.sep.join(["..."] + parts[-2:]) if len(parts) > 2 else filename
+    return filename
+
+
+def source_line(filename: str, lineno: int, width: int) -> str:
+    """The stripped source text of a line, cut to ``width`` characters ("" when unknown)."""
+    if lineno <= 0 or filename.startswith("<"):
+        return ""
+    try:
+        text = linecache.getline(filename, lineno).strip()
+    except Exception:  # noqa: BLE001 - an odd loader must not break the report
+        return ""
+    width = max(width, 12)
+    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
+
+
+#: the per-device numbers of a step the reports summarise: memviz's bytes at
+#: the step's end (current) and its highest level inside the step (peak), and
+#: PyTorch's allocated/reserved bytes (only when PyTorch had initialised CUDA)
+STEP_SERIES = ("current", "peak", "allocated", "reserved")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def step_records(obj: Any) -> List[Any]:
+    """The memviz step records (StepRecords) of a Tracker or a loaded trace;
+    records the program appended to ``steps`` itself are left out."""
+    steps = getattr(obj, "steps", None)
+    if not steps:
+        return []
+    from memviz.analysis.findings import _as_records
+    return _as_records(steps)
+
+
+def _trend_start(n: int) -> int:
+    """Position of the first step the trend reads: after diagnose()'s default
+    warm-up (the first steps allocate weights and caches), if two are left."""
+    from memviz.analysis.findings import _warmup
+    warm = _warmup(n, None)
+    return warm if n - warm >= 2 else 0
+
+
+def _slope(points: List[Tuple[int, int]]) -> Optional[int]:
+    """Bytes per step of the least-squares line through (step index, bytes)."""
+    if len(points) < 2:
+        return None
+    mx = sum(p[0] for p in points) / len(points)
+    my = sum(p[1] for p in points) / len(points)
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    if not sxx:
+        return None
+    return round(sum((p[0] - mx) * (p[1] - my) for p in points) / sxx)
+
+
+def _series_summary(points: List[Tuple[int, int]], trend_from: int) -> Dict[str, Any]:
+    low = min(points, key=lambda p: p[1])
+    high = max(points, key=lambda p: p[1])
+    return {"first": points[0][1], "last": points[-1][1], "min": low[1], "min_step": low[0],
+            "max": high[1], "max_step": high[0],
+            "trend_per_step": _slope([p for p in points if p[0] >= trend_from])}
+
+
+def step_summary(obj: Any) -> Optional[Dict[str, Any]]:
+    """The steps of a Tracker or a loaded trace in a few numbers, or None
+    when it recorded no step.
+
+    ``{"count", "first_step", "last_step", "median_step_s", "trend_from_step",
+    "devices": [{"device", "name", SERIES: {"first", "last", "min", "min_step",
+    "max", "max_step", "trend_per_step"}, ...}]}`` with SERIES each of
+    :data:`STEP_SERIES` that the steps have for the device. Sizes are bytes;
+    ``trend_per_step`` is the least-squares slope from ``trend_from_step`` (after
+    the warm-up diagnose() skips) to the last step, None with fewer than two.
+    """
+    recs = step_records(obj)
+    if not recs:
+        return None
+    trend_from = recs[_trend_start(len(recs))].index
+    durations = [r.duration_ns for r in recs if r.duration_ns and r.duration_ns > 0]
+    devices = []
+    for dev in sorted({d for r in recs for d in r.devices}, key=lambda d: (d < 0, d)):
+        entry: Dict[str, Any] = {"device": dev, "name": device_name(dev)}
+        for name in STEP_SERIES:
+            points = [(r.index, v) for r in recs
+                      for v in (getattr(r.devices.get(dev), name, None),) if _is_int(v)]
+            if points:
+                entry[name] = _series_summary(points, trend_from)
+        if len(entry) > 2:
+            devices.append(entry)
+    return {"count": len(recs), "first_step": recs[0].index, "last_step": recs[-1].index,
+            "median_step_s": statistics.median(durations) / 1e9 if durations else None,
+            "trend_from_step": trend_from, "devices": devices}
+
+
+def finding_steps(numbers: Any) -> List[List[int]]:
+    """The steps a finding concerns, as ``[first, last]`` index ranges, from
+    its numbers: a spike's ``spike_steps``, a trend's ``first_step`` to
+    ``last_step``, or one ``step``; [] when it names none (it concerns the run)."""
+    if not isinstance(numbers, Mapping):
+        return []
+    spikes = numbers.get("spike_steps")
+    if isinstance(spikes, (list, tuple)) and spikes and all(_is_int(s) for s in spikes):
+        out: List[List[int]] = []
+        for s in sorted(set(spikes)):
+            if out and s == out[-1][1] + 1:
+                out[-1][1] = s
+            else:
+                out.append([s, s])
+        return out
+    first, last = numbers.get("first_step"), numbers.get("last_step")
+    if _is_int(first) and _is_int(last) and first <= last:
+        return [[first, last]]
+    step = numbers.get("step")
+    return [[step, step]] if _is_int(step) else []
+
+
+def _split_location(location: str) -> Tuple[str, int]:
+    """("file", line) of a ``file:line`` location (line 0 when unknown)."""
+    head, sep, tail = location.rpartition(":")
+    if sep and head:
+        if tail.isdigit():
+            return head, int(tail)
+        if tail == "?":
+            return head, 0
+    return location, 0
+
+
+def _finding_line(x: Any) -> Dict[str, Any]:
+    if isinstance(x, Mapping):
+        location = str(x.get("location", ""))
+        nbytes, note = x.get("bytes"), str(x.get("note") or "")
+        text = str(x.get("text") or "") or location + (
+            f": {format_size(nbytes, sign=True)}" if _is_int(nbytes) else "") + (f" ({note})" if note else "")
+    elif hasattr(x, "location"):  # memviz.analysis.findings.FindingLine: "file:line: +72 MiB (note)"
+        location, nbytes, note, text = str(x.location), getattr(x, "bytes", None), \
+            str(getattr(x, "note", "") or ""), str(x)
+    else:
+        location, nbytes, note, text = str(x), None, "", str(x)
+    filename, lineno = _split_location(location)
+    return {"location": location, "file": filename, "line": lineno,
+            "bytes": nbytes if _is_int(nbytes) else None, "note": note, "text": text}
+
+
+def finding_dict(f: Any) -> Dict[str, Any]:
+    """One finding (a memviz Finding, its dict, or a string) as the reports
+    give it: ``{"kind", "message", "device", "step_ranges", "numbers", "lines":
+    [{"location", "file", "line", "bytes", "note", "text"}], "fix"}``."""
+    if isinstance(f, Mapping):
+        d: Mapping[str, Any] = f
+    elif isinstance(f, str):
+        d = {"message": f}
+    else:
+        d = {k: getattr(f, k, None) for k in ("kind", "message", "numbers", "lines", "fix")}
+    numbers = dict(d["numbers"]) if isinstance(d.get("numbers"), Mapping) else {}
+    lines = d.get("lines") or []
+    if isinstance(lines, (str, bytes, Mapping)) or not hasattr(lines, "__iter__"):
+        lines = [lines]
+    device = numbers.get("device")
+    return {"kind": str(d.get("kind") or "finding"), "message": str(d.get("message") or ""),
+            "device": device if _is_int(device) else None, "step_ranges": finding_steps(numbers),
+            "numbers": numbers, "lines": [_finding_line(x) for x in lines],
+            "fix": str(d.get("fix") or "")}
+
+
+def finding_records(obj: Any) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+    """(``obj.diagnose()``'s findings as :func:`finding_dict` gives them, None),
+    or ([], why there are none to show) when diagnosing failed."""
+    fn = getattr(obj, "diagnose", None)
+    if not callable(fn):
+        return [], None
+    try:
+        raw = fn()
+    except ImportError:
+        return [], "diagnoses are not available in this memviz build"
+    except Exception as e:  # noqa: BLE001 - a failed diagnosis must not cost the report
+        return [], f"diagnose() failed: {type(e).__name__}: {e}"
+    try:
+        return [finding_dict(f) for f in raw or ()], None
+    except Exception as e:  # noqa: BLE001 - an odd object from a duck-typed diagnose()
+        return [], f"diagnose() gave what memviz cannot read: {type(e).__name__}: {e}"
+
+
+def step_series_label(dev_name: str, series: str) -> str:
+    """``cuda:0 current``, ``cuda:0 torch allocated``: a step series' name."""
+    return f"{dev_name} {'torch ' + series if series in ('allocated', 'reserved') else series}"
+
+
+def device_items(mapping: Mapping[Any, Any]) -> Iterator[Tuple[int, Any]]:
+    """(device, value) of a mapping keyed by device number (``0`` or ``"0"``,
+    as JSON writes it); keys that are not a number are skipped."""
+    for k, v in mapping.items():
+        try:
+            dev = int(k)
+        except (TypeError, ValueError):
+            continue
+        yield dev, v
