@@ -14,7 +14,7 @@ import linecache
 import os
 import statistics
 from collections.abc import Mapping
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from memviz._units import format_size
 
