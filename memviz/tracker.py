@@ -321,10 +321,10 @@ class Tracker(StoreReading, Outputs):
 
     def _step_mark(self):
         """The store's step mark (memviz.analysis.steps), or this nested tracker's:
-        ({device: (current, window peak, live count)}, changed stacks since
-        this tracker's previous mark)."""
-        devs, changed = self._view.step_mark() if self._view is not None else _core.step_mark()
-        return devs, _share_marks(self, changed)
+        ({device: _core.StepTotals}, the _core.StepChange of each stack changed
+        since this tracker's previous mark)."""
+        mark = self._view.step_mark() if self._view is not None else _core.step_mark()
+        return mark.devices, _share_marks(self, mark.changes)
 
     def _start_plugins(self) -> None:
         # Precise mode must act before PyTorch loads its allocator: first.

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from memviz import _core
 from memviz.model.frame_filter import FrameFilter
 from memviz.model.rows import snapshot_from_raw
 from memviz.model.snapshot import Allocation, Snapshot, Statistic, StatisticDiff, ThreadInfo
@@ -31,9 +32,14 @@ STACKS = {
     # unknown line numbers
     4: ((MODEL, None, "init"), (TRAIN, -1, "main")),
 }
+def thread(native_id, ident, name, serial=None):
+    """An entry of the C core's thread table."""
+    return _core.ThreadRow((native_id, ident, name, serial))
+
+
 THREADS = {
-    0: (1000, 111, "python3"),
-    1: (1001, 222, "pt_autograd_0"),
+    0: thread(1000, 111, "python3"),
+    1: thread(1001, 222, "pt_autograd_0"),
 }
 
 
@@ -316,9 +322,9 @@ def test_thread_names_prefer_python_names(flt):
     try:
         started.wait()
         threads = {
-            0: (info["native"], info["ident"], "python3"),
-            1: (info["native"] + 99999, info["ident"], "reused"),  # ident reused: keep native
-            2: (5, 12345, None),
+            0: thread(info["native"], info["ident"], "python3"),
+            1: thread(info["native"] + 99999, info["ident"], "reused"),  # ident reused: keep native
+            2: thread(5, 12345, None),
         }
         rows = [row(1, 1, 0, thread=0), row(2, 1, 0, thread=1), row(3, 1, 0, thread=2),
                 row(4, 1, 0, thread=9)]
@@ -334,7 +340,7 @@ def test_thread_names_prefer_python_names(flt):
 
 def test_main_thread_name(flt):
     main = threading.main_thread()
-    threads = {0: (main.native_id, main.ident, "python3")}
+    threads = {0: thread(main.native_id, main.ident, "python3")}
     snap = snapshot_from_raw([row(1, 1, 0)], fake_resolve(), threads, flt)
     assert snap.allocations[0].thread.name == "MainThread"
 
@@ -351,7 +357,7 @@ def test_build_100k_rows_fast(flt, capsys):
          "lbl" if i % 3 == 0 else None, i, (i % (n_stacks + 1)), i)
         for i in range(100_000)
     ]
-    threads = {k: (2000 + k, 3000 + k, f"t{k}") for k in range(4)}
+    threads = {k: thread(2000 + k, 3000 + k, f"t{k}") for k in range(4)}
     best = float("inf")
     for _ in range(3):
         t0 = time.perf_counter()

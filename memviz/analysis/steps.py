@@ -178,7 +178,8 @@ def _record(tracker, info: Dict[str, Any]) -> Tuple[StepRecord, List[_Sink]]:
         seq = _autograd_seq()
         torch_nums = _torch_numbers(st, devs)
         devices: Dict[int, DeviceStep] = {}
-        for dev, (cur, wpeak, live) in devs.items():
+        for dev, mark in devs.items():
+            cur, wpeak, live = mark.current, mark.window_peak, mark.live_count
             tot = totals.get(dev)
             counts = (tot["allocs"], tot["frees"], tot["alloc_bytes"]) if tot else (0, 0, 0)
             prev = st.last_counts.get(dev, (0, 0, 0))
@@ -201,18 +202,19 @@ def _record(tracker, info: Dict[str, Any]) -> Tuple[StepRecord, List[_Sink]]:
 
 
 def _growth_lines(st: _StepState, tracker, changed) -> List[GrowthLine]:
-    grew = [c for c in changed if c[3] > 0]
+    grew = [c for c in changed if c.delta_bytes > 0]
     if not grew:
         return []
     if len(grew) > 4 * TOP_LINES:
-        grew = heapq.nlargest(4 * TOP_LINES, grew, key=lambda c: c[3])
+        grew = heapq.nlargest(4 * TOP_LINES, grew, key=lambda c: c.delta_bytes)
     flt = tracker.frame_filter or _default_filter
-    frames = st.user_frames(flt, [c[0] for c in grew])
+    frames = st.user_frames(flt, [c.stack_id for c in grew])
     # One entry per location ("file:line"): two functions on one line (a
     # lambda and its caller) are one line, named after the one that grew more.
     by_line: Dict[str, list] = {}
-    for sid, live_b, live_n, d_b, d_n in grew:
-        f = frames[sid]
+    for c in grew:
+        d_b, d_n, live_b, live_n = c.delta_bytes, c.delta_count, c.live_bytes, c.live_count
+        f = frames[c.stack_id]
         loc = str(f)
         agg = by_line.get(loc)
         if agg is None:

@@ -121,7 +121,9 @@ def subscribe(depth: int, activity: bool) -> Tuple[bool, Optional[str]]:
     records on, why not). Raises CaptureUnavailable (with what was tried and
     what to do) or CaptureConflict (another profiler holds CUPTI)."""
     lib = _capture.load()  # raises CaptureUnavailable with what it tried
-    result, step, error, holder, activity_on, activity_error = _core.start(depth=depth, activity=activity)
+    st = _core.start(depth=depth, activity=activity)
+    result, step, error, holder = st.result, st.step, st.error, st.holder
+    activity_on, activity_error = st.activity, st.activity_error
     # 39 on CUPTI 12+; older CUPTI answered a second subscriber with 12.
     if result == _core.ERROR_MULTIPLE_SUBSCRIBERS or (result == 12 and step == "cuptiSubscribe"):
         raise CaptureConflict(holder or None, detail=f"{step} returned {error} ({result})")

@@ -53,9 +53,9 @@ def open_window() -> Tuple[Window, Dict[int, int]]:
             f"{_core.MAX_WINDOWS} nested trackers are already running in this process, the "
             "most memviz keeps figures for at once. Stop one of them first, or read the "
             "figures of the tracker they are nested in.")
-    wid, start, baseline = opened
+    wid, start, baseline = opened.id, opened.start_ns, opened.live
     view = Window(wid, start)
-    share_marks(None, view.step_mark()[1])
+    share_marks(None, view.step_mark().changes)
     return view, baseline
 
 
@@ -77,13 +77,14 @@ def share_marks(me: Optional[Any], changed: List[tuple]) -> List[tuple]:
     return list(mine.values())
 
 
-def _absorb(kept: Dict[int, tuple], changed: List[tuple]) -> None:
-    for sid, live_bytes, live_count, d_bytes, d_count in changed:
-        old = kept.get(sid)
+def _absorb(kept: Dict[int, Any], changed: List[Any]) -> None:
+    """Add step-mark changes (``_core.StepChange``) into ``kept``, per stack."""
+    for c in changed:
+        old = kept.get(c.stack_id)
         if old is not None:
-            d_bytes += old[3]
-            d_count += old[4]
-        kept[sid] = (sid, live_bytes, live_count, d_bytes, d_count)
+            c = _core.StepChange((c.stack_id, c.live_bytes, c.live_count,
+                                  c.delta_bytes + old.delta_bytes, c.delta_count + old.delta_count))
+        kept[c.stack_id] = c
 
 
 def share_torch_features(tracker: Any, integ: Any) -> None:

@@ -50,7 +50,7 @@ class Window:
     def live(self):
         if _core.active():
             _core.flush()
-        return [r for r in _core.live() if r[7] > self.start]
+        return [r for r in _core.live() if r.timestamp_ns > self.start]
 
     @property
     def totals(self):
@@ -66,7 +66,7 @@ class Window:
 
     @property
     def failures(self):
-        return [r for r in _core.failures() if r[6] > self.start]
+        return [r for r in _core.failures() if r.timestamp_ns > self.start]
 
     @property
     def timeline(self):
@@ -100,7 +100,7 @@ class NoGpuWindow(Window):
         return []
 
     def step_mark(self):
-        return {}, []
+        return _core.StepMark(({}, []))
 
 
 class Store(Window):
@@ -139,15 +139,16 @@ class Frozen:
             self.live, self.totals, self.peaks, self.timeline, self.failures = [], {}, {}, [], []
         else:
             wid = -1 if src is None else src.id
-            self.live, self.totals, peak_rows, self.timeline, when = _core.copy(wid, close)
-            self.peaks = {dev: [r for r in peak_rows if r[2] == dev] for dev in self.totals}
+            c = _core.copy(wid, close)
+            self.live, self.totals, self.timeline, when = c.live, c.totals, c.timeline, c.when_ns
+            self.peaks = {dev: [r for r in c.peaks if r.device == dev] for dev in self.totals}
             after = 0 if src is None else src.start
-            self.failures = [r for r in _core.failures() if after < r[6] <= when]
+            self.failures = [r for r in _core.failures() if after < r.timestamp_ns <= when]
         self.threads = _core.threads()
         self.stats = _core.stats()
-        ids = {r[8] for r in self.live} | {r[7] for r in self.failures}
+        ids = {r.stack_id for r in self.live} | {f.stack_id for f in self.failures}
         for rows in self.peaks.values():
-            ids |= {r[8] for r in rows}
+            ids |= {r.stack_id for r in rows}
         ids.discard(0)
         self.stacks = _callsite.resolve(ids) if ids else _callsite.Resolved()
 

@@ -15,7 +15,7 @@ import sys
 import threading
 
 from memviz import _core
-from memviz.model.threads import SEEN_RUNNING, SEEN_THREADS
+from memviz.model.threads import SEEN_RUNNING, SEEN_THREADS, PyThread
 
 __all__ = ["note_running_threads", "note_this_thread", "watch", "forget"]
 
@@ -24,15 +24,12 @@ _SEEN_KEEP = 2 * _core.MAX_THREADS
 _seen_prune_at = _SEEN_KEEP  # written here only (note_this_thread)
 
 
-def _thread_entry(t: threading.Thread) -> tuple:
-    return (t.name, getattr(t, "native_id", None), isinstance(t, getattr(threading, "_DummyThread", ())),
-            t.ident)
 
 
 def _note_thread(t: threading.Thread) -> None:
     """Remember a running thread's name, from any thread."""
     if t.ident is not None:
-        SEEN_RUNNING[(t.ident, getattr(t, "native_id", None))] = _thread_entry(t)
+        SEEN_RUNNING[(t.ident, getattr(t, "native_id", None))] = PyThread.of(t)
 
 
 def note_running_threads() -> None:
@@ -46,15 +43,15 @@ def note_this_thread() -> None:
     threads that the C core's table does not hold are dropped as they pile
     up (a process may start threads without end)."""
     global _seen_prune_at
-    SEEN_THREADS[_core.thread_serial()] = _thread_entry(threading.current_thread())
+    SEEN_THREADS[_core.thread_serial()] = PyThread.of(threading.current_thread())
     if len(SEEN_THREADS) > _seen_prune_at:
         try:
-            keep = {row[3] for row in _core.threads().values()}
+            keep = {row.serial for row in _core.threads().values()}
         except RuntimeError:  # the store is not set up: keep everything
             return
         alive = {(t.ident, getattr(t, "native_id", None)) for t in threading.enumerate()}
         for serial, entry in list(SEEN_THREADS.items()):
-            if serial not in keep and (entry[3], entry[1]) not in alive:
+            if serial not in keep and (entry.ident, entry.native_id) not in alive:
                 SEEN_THREADS.pop(serial, None)
         _seen_prune_at = max(_SEEN_KEEP, 2 * len(SEEN_THREADS))
 

@@ -3,8 +3,8 @@ of :class:`~memviz.model.snapshot.FailedAllocation` lists, for a live tracker
 (the C core's failure rows) and a loaded trace (rows made from its FAILED
 events) alike.
 
-A failure row is ``(size, device, kind_code, stream, thread_idx, label,
-timestamp_ns, stack_id, result)``, read by index as the C core gives it.
+A failure row is the C core's ``_core.FailureRow`` (size, device, kind,
+stream, thread, label, timestamp_ns, stack_id, result), read by name.
 
 Imports memviz/model/snapshot.py only (docs/architecture.md: the model floor).
 """
@@ -27,9 +27,10 @@ def failed_allocations(rows: Sequence[Sequence], resolve_stacks: Callable[[set],
     each traceback, thread name and label resolved as a snapshot resolves
     them (``resolve_stacks`` and ``threads`` as for snapshot_from_raw)."""
     labels, tracebacks, calls, thread_map = resolve_rows(
-        {r[5] for r in rows}, {r[7] for r in rows}, resolve_stacks, threads, frame_filter)
-    return [FailedAllocation(r[0], r[1], _kind_name(r[2]), r[3], thread_map[r[4]], labels[r[5]][0], r[6],
-                             tracebacks[r[7]], r[8], calls.get(r[7]))
+        {r.label for r in rows}, {r.stack_id for r in rows}, resolve_stacks, threads, frame_filter)
+    return [FailedAllocation(r.size, r.device, _kind_name(r.kind), r.stream, thread_map[r.thread],
+                             labels[r.label][0], r.timestamp_ns, tracebacks[r.stack_id], r.result,
+                             calls.get(r.stack_id))
             for r in rows]
 
 

@@ -111,4 +111,4 @@ def thread_table(raw: Mapping[int, Sequence]) -> Dict[int, Tuple[Optional[int], 
     serial])}``) as a recording's threads(): ``{idx: (native id, ident,
     name)}`` with the names a snapshot shows now (Python's, where known)."""
     py = _python_thread_names()
-    return {idx: (e[0], e[1], _thread_info(idx, e, py).name) for idx, e in raw.items()}
+    return {idx: (e.native_id, e.ident, _thread_info(idx, e, py).name) for idx, e in raw.items()}

@@ -6,29 +6,43 @@ fills :data:`SEEN_THREADS` and :data:`SEEN_RUNNING`).
 The model floor (docs/architecture.md): imports nothing above it."""
 
 from __future__ import annotations
+
 import threading
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
+
 from memviz.model.snapshot import ThreadInfo
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+
+class PyThread(NamedTuple):
+    """Python's view of a thread: its name, and what tells it from others."""
+
+    name: str
+    native_id: Optional[int]
+    dummy: bool  # a threading._DummyThread: Python made the name up
+    ident: Optional[int]
+
+    @classmethod
+    def of(cls, t: threading.Thread) -> "PyThread":
+        return cls(t.name, getattr(t, "native_id", None),
+                   isinstance(t, getattr(threading, "_DummyThread", ())), t.ident)
 
 
 #: Threads seen while tracking, kept after they end (filled by the tracker),
-#: so that their allocations keep a name: (name, native_id, is_dummy, ident).
+#: so that their allocations keep a name (a :class:`PyThread` each).
 #: A thread that starts while tracking notes itself under its serial (the C
 #: core's thread_serial(), which no other thread of the process ever gets;
 #: threading.get_ident() is not unique: glibc hands an ended thread's ident
 #: to the next thread); threads already running are noted from outside under
 #: (ident, native_id).
-SEEN_THREADS: Dict[int, Tuple[str, Optional[int], bool, Optional[int]]] = {}
-
-
-SEEN_RUNNING: Dict[Tuple[int, Optional[int]], Tuple[str, Optional[int], bool, Optional[int]]] = {}
+SEEN_THREADS: Dict[int, PyThread] = {}
+SEEN_RUNNING: Dict[Tuple[int, Optional[int]], PyThread] = {}
 
 
 class _PythonThreads:
     """Python's names of threads: the live ones and those seen while tracking."""
 
     def __init__(self) -> None:
-        self.live: Dict[int, Tuple[str, Optional[int], bool, Optional[int]]] = {}
+        self.live: Dict[int, PyThread] = {}
         try:
             active = dict(getattr(threading, "_active", {}))
         except Exception:  # pragma: no cover
@@ -42,19 +56,19 @@ class _PythonThreads:
         for t in threads:
             ident = getattr(t, "ident", None)
             if ident is not None and ident not in self.live:
-                self.live[ident] = (t.name, getattr(t, "native_id", None), isinstance(t, dummy_cls), ident)
+                self.live[ident] = PyThread(t.name, getattr(t, "native_id", None), isinstance(t, dummy_cls), ident)
         self.by_serial = dict(SEEN_THREADS)
         self.running = dict(SEEN_RUNNING)
 
     def find(self, ident: Optional[int], native_id: Optional[int], serial: Optional[int]):
-        """(name, native_id, is_dummy, ident) of that thread, or None."""
+        """Python's :class:`PyThread` of that thread, or None."""
         if serial is not None and serial in self.by_serial:
             return self.by_serial[serial]
         if ident is None:
             return None
         py = self.live.get(ident)
         # A different native id means the ident was reused by another thread.
-        if py is not None and (py[1] is None or native_id is None or py[1] == native_id):
+        if py is not None and (py.native_id is None or native_id is None or py.native_id == native_id):
             return py
         return self.running.get((ident, native_id))
 
@@ -63,20 +77,20 @@ def _python_thread_names() -> _PythonThreads:
     return _PythonThreads()
 
 
-def _thread_info(idx: int, entry: Optional[Sequence], py_names: _PythonThreads) -> ThreadInfo:
+def _thread_info(idx: int, entry: Any, py_names: _PythonThreads) -> ThreadInfo:
+    """The ThreadInfo of thread table entry ``idx`` (a ``_core.ThreadRow``)."""
     if entry is None:
         return ThreadInfo(None, None, f"thread#{idx}")
-    native_id, ident, native_name = entry[0], entry[1], entry[2]
-    serial = entry[3] if len(entry) > 3 else None
+    native_id, ident, native_name = entry.native_id, entry.ident, entry.name
     name = native_name or (f"tid {native_id}" if native_id is not None else f"thread#{idx}")
-    py = py_names.find(ident, native_id, serial)
-    if py is not None and not (py[2] and native_name):
-        name = py[0]
+    py = py_names.find(ident, native_id, entry.serial)
+    if py is not None and not (py.dummy and native_name):
+        name = py.name
     return ThreadInfo(native_id, ident, name)
 
 
 class _ThreadMap(dict):
-    def __init__(self, raw: Mapping[int, Sequence], py_names: _PythonThreads):
+    def __init__(self, raw: Mapping[int, Any], py_names: _PythonThreads):
         super().__init__()
         self._raw = raw
         self._py = py_names

@@ -315,7 +315,7 @@ class TraceReader(TraceFile, TotalsReads):
     def _thread_map(self) -> Dict[int, tuple]:
         # ident None: the recording process's idents mean nothing in this one,
         # so the stored name is used as is.
-        return {i: (n, None, name) for i, (n, _ident, name) in self._threads.items()}
+        return {i: _core.ThreadRow((n, None, name, None)) for i, (n, _ident, name) in self._threads.items()}
 
     def _snapshot(self, idx: List[int], ts: Optional[int]) -> Snapshot:
         snap = snapshot_from_raw(self._rows(idx), self._resolve, self._thread_map(),
@@ -398,9 +398,11 @@ class TraceReader(TraceFile, TotalsReads):
     @property
     def failures(self) -> List[Any]:
         """Allocations the driver refused, oldest first (every one in the file)."""
-        # Failure rows as the C core gives them (a FAILED event's address holds the result).
-        rows = [(r[1], r[2], r[3], 0, r[5], r[6], r[7], r[8], r[0] - (1 << 64) if r[0] >= 1 << 63 else r[0])
-                for r in self._rows(self._replay()["fail_idx"])]
+        # The C core's failure records (a FAILED event's address holds the result).
+        rows = [_core.FailureRow((size, dev, kind, 0, thread, label, ts, sid,
+                                  addr - (1 << 64) if addr >= 1 << 63 else addr))
+                for addr, size, dev, kind, _stream, thread, label, ts, sid, _seq
+                in self._rows(self._replay()["fail_idx"])]
         return failed_allocations(rows, self._resolve, self._thread_map(), self.frame_filter)
 
     def events(self) -> Iterator[TraceEvent]:

@@ -52,12 +52,11 @@ def _outside() -> Dict[str, List[Any]]:
         return {}
 
 
-def _thread_names(threads: Dict[int, tuple]) -> Dict[str, List[Any]]:
+def _thread_names(threads: Dict[int, Any]) -> Dict[str, List[Any]]:
     """{idx: [native id, ident, name]} with the names a snapshot would show now."""
-    from memviz.model.threads import _python_thread_names, _thread_info
+    from memviz.model.recording import thread_table
 
-    py = _python_thread_names()
-    return {str(idx): [e.native_id, e.ident, _thread_info(idx, e, py).name] for idx, e in threads.items()}
+    return {str(idx): list(entry) for idx, entry in thread_table(threads).items()}
 
 
 class _Tables:
