@@ -11,19 +11,19 @@ Quick start::
 See README.md for the command line (``python -m memviz run script.py``).
 """
 
-from memviz._errors import AlreadyTracking, CaptureConflict, CaptureUnavailable, GraphNotRecorded, MemvizError, NotTracking, TraceError
-from memviz._errors import InvalidArgument, InvalidArgumentType, OutputError
+from memviz._errors import (AlreadyTracking, CaptureConflict, CaptureUnavailable, GraphNotRecorded,
+                            InvalidArgument, InvalidArgumentType, MemvizError, NotTracking, OutputError,
+                            TraceError)
+from memviz._package import __version__  # noqa: F401  (memviz.__version__)
+from memviz._units import format_size, parse_size
+from memviz.capture.running import active_tracker
 from memviz.model import display as _display
 from memviz.model.filters import DomainFilter, Filter
 from memviz.model.frame_filter import FrameFilter, frames
-from memviz.model.snapshot import Allocation, Snapshot, Statistic, StatisticDiff, ThreadInfo
+from memviz.model.snapshot import Allocation, FailedAllocation, Snapshot, Statistic, StatisticDiff, ThreadInfo
 from memviz.model.traceback import Frame, Traceback
-from memviz.tracker import CaptureWarning, Tracker, available, capture_info, get_traced_memory, label, reset_peak, start, stop, track
-from memviz.model.snapshot import FailedAllocation
-from memviz.capture.running import active_tracker
-from memviz._units import format_size, parse_size
-
-from memviz._package import __version__
+from memviz.tracker import (CaptureWarning, Tracker, available, capture_info, get_traced_memory, label,
+                            reset_peak, start, stop, track)
 
 __all__ = [
     "track", "start", "stop", "label", "available", "capture_info", "active_tracker",
@@ -37,8 +37,9 @@ __all__ = [
 ]
 from memviz.integrations.ipython import load_ipython_extension  # noqa: E402,F401  (%load_ext memviz)
 
-_LAZY = {"load": "loaded", "diagnose": "analysis.diagnose", "Finding": "analysis.findings", "watch": "analysis.steps",
-         "StepRecord": "model.steps"}
+#: public names imported on first use (module under memviz), so that `import memviz` stays cheap
+_LAZY = {"load": "loaded", "diagnose": "analysis.diagnose", "Finding": "analysis.findings",
+         "watch": "analysis.steps", "StepRecord": "model.steps"}
 #: subpackages reachable as memviz.torch, memviz.report, ... after `import memviz`
 #: (memviz.torch imports no torch: PyTorch is imported only where it is used)
 _SUBPACKAGES = ("torch", "report", "export", "integrations")

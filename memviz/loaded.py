@@ -8,13 +8,14 @@ diagnoses and the outputs (HTML report, exports, notebook display).
 """
 
 from __future__ import annotations
+
 import os
-from memviz._errors import TraceError
-from memviz import _args
-from memviz.outputs import Outputs
-from memviz.trace.reader import TraceReader
 from typing import Any, List, Optional
 
+from memviz import _args
+from memviz._errors import TraceError
+from memviz.outputs import Outputs
+from memviz.trace.reader import TraceReader
 
 __all__ = ["LoadedTrace", "load"]
 

@@ -6,7 +6,6 @@ to memviz/report and memviz/export when asked)."""
 from __future__ import annotations
 
 
-
 class Outputs:
     """Mixin: to_perfetto, to_torch_snapshot, to_html and notebook display,
     for any object the exporters and the report read (Tracker, LoadedTrace)."""

@@ -46,8 +46,9 @@ from memviz._units import format_size
 from memviz.capture import cupti as _capture, hints as _hints, store as _store, threads as _threads
 from memviz.capture.hints import CaptureWarning, available
 from memviz.capture.labels import label
-from memviz.capture.nesting import open_window as _open_window, refuse_nesting as _refuse_nesting
-from memviz.capture.nesting import share_marks as _share_marks, share_torch_features as _share_torch_features
+from memviz.capture.nesting import (open_window as _open_window, refuse_nesting as _refuse_nesting,
+                                    share_marks as _share_marks,
+                                    share_torch_features as _share_torch_features)
 from memviz.capture.options import check_options as _check_options, torch_installed as _torch_installed
 from memviz.capture.reading import StoreReading
 from memviz.capture.running import active_tracker, lock as _state_lock, running as _running

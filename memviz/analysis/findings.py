@@ -4,15 +4,15 @@
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass, field
-from memviz._args import whole
-from memviz._units import format_size
-from typing import Any, Dict, List, Optional, Sequence
 import math
 import re
 import statistics
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
 
+from memviz._args import whole
+from memviz._units import format_size
 
 MiB = 1 << 20
 

@@ -7,9 +7,10 @@ import os
 import statistics
 from typing import Any, Dict, List, Optional
 
-from memviz.analysis.findings import CHURN_SHARE, GROWTH_FLOOR, MIN_STEPS, OUTLIER, OUTSIDE_ABS, OUTSIDE_REL, SPIKE_REL, Finding, FindingLine, _dev, _devices, _is_live_tracker, _torch_cuda
-from memviz.analysis.findings import _input_keys, _input_size
 from memviz._units import format_size
+from memviz.analysis.findings import (CHURN_SHARE, GROWTH_FLOOR, MIN_STEPS, OUTLIER, OUTSIDE_ABS, OUTSIDE_REL,
+                                      SPIKE_REL, Finding, FindingLine, _dev, _devices, _input_keys,
+                                      _input_size, _is_live_tracker, _torch_cuda)
 
 __all__ = ["spike", "churn", "outside"]
 

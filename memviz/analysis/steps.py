@@ -30,10 +30,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from memviz import _core
 from memviz._errors import InvalidArgumentType, NotTracking
+from memviz.analysis.sinks import _check_sink_names, _emit, _refuse_same_files, _Sink, make_sinks
 from memviz.model.frame_filter import frames as _default_filter, warning_site
-from memviz.model.traceback import Frame
 from memviz.model.steps import DeviceStep, GrowthLine, StepRecord
-from memviz.analysis.sinks import _Sink, _check_sink_names, _emit, _refuse_same_files, make_sinks
+from memviz.model.traceback import Frame
 
 __all__ = ["StepRecord", "DeviceStep", "GrowthLine", "record_step", "on_step", "watch",
            "WatchHandle", "TOP_LINES"]

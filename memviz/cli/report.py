@@ -64,8 +64,8 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from memviz._errors import TraceError
-from memviz.cli.common import (EXIT_USAGE, device_name, dumps, load_trace, parse, positive,
-                               refuse_output, write_text)
+from memviz.cli.common import (EXIT_USAGE, device_name, dumps, load_trace, parse, positive, refuse_output,
+                               write_text)
 from memviz.report.summary import finding_records, step_summary
 from memviz.trace.format import step_dict
 

@@ -25,8 +25,8 @@ import json
 import os
 from typing import Any, Dict, Iterator, List, Optional, TextIO
 
-from memviz.model.traceback import innermost_first
 from memviz._units import escape_surrogates, format_size
+from memviz.model.traceback import innermost_first
 from memviz.report import _source as src
 from memviz.report._categories import category_series
 

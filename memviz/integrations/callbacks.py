@@ -9,7 +9,6 @@ import logging
 import weakref
 from typing import Any, Dict, Iterable, List, Optional
 
-
 MiB = float(1 << 20)
 
 
@@ -174,8 +173,8 @@ class StepCallbackCore:
         return {sep: step_metrics(records, self.prefix, sep) for sep in dict.fromkeys(seps)}
 
     def end(self) -> None:
-        from memviz.capture.running import active_tracker
         from memviz.analysis.diagnose import diagnose
+        from memviz.capture.running import active_tracker
 
         t = self.tracker if self.tracker is not None else active_tracker()
         try:

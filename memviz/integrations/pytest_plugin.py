@@ -59,7 +59,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from memviz.integrations.pytest_checks import graph_check, gpu_checks, torch_release
+from memviz.integrations.pytest_checks import gpu_checks, graph_check, torch_release
 from memviz.integrations.pytest_plan import FAILED_FIRST, SKIPPED_ITSELF, Plan, marker_plan
 
 __all__ = ["memviz_tracker"]
@@ -143,8 +143,8 @@ class _Runner:
         if self._capture is None:
             import os
 
-            from memviz.capture import cupti as _capture
             from memviz._errors import CaptureUnavailable
+            from memviz.capture import cupti as _capture
 
             present, why = _capture.gpu_present()
             if not os.environ.get(_capture.ENV_LIBRARY) and not present:

@@ -37,8 +37,8 @@ import threading
 from types import ModuleType
 from typing import Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
 
-from memviz._package import PACKAGE_DIR
 from memviz._errors import InvalidArgument, InvalidArgumentType
+from memviz._package import PACKAGE_DIR
 
 __all__ = ["FrameFilter", "frames"]
 

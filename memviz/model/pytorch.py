@@ -8,7 +8,6 @@ from __future__ import annotations
 import sys
 from typing import Any, Dict
 
-
 #: the END chunk's field with the recording tracker's PyTorch figures
 END_KEY = "pytorch_peak"
 

@@ -6,11 +6,13 @@ per row (:func:`snapshot_from_raw`).
 The model floor (docs/architecture.md): imports nothing above it."""
 
 from __future__ import annotations
-from memviz.model.frame_filter import FrameFilter
-from memviz.model.snapshot import Allocation, KIND_NAMES, Snapshot, decode_label
-from memviz.model.threads import _ThreadMap, _python_thread_names
-from memviz.model.traceback import EMPTY_TRACEBACK, Frame, Traceback
+
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+
+from memviz.model.frame_filter import FrameFilter
+from memviz.model.snapshot import KIND_NAMES, Allocation, Snapshot, decode_label
+from memviz.model.threads import _python_thread_names, _ThreadMap
+from memviz.model.traceback import EMPTY_TRACEBACK, Frame, Traceback
 
 
 class _KindMap(dict):

@@ -20,8 +20,8 @@ from __future__ import annotations
 import bisect
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from memviz.model.traceback import EMPTY_TRACEBACK
 from memviz.model.snapshot import Allocation, Segment, ThreadInfo
+from memviz.model.traceback import EMPTY_TRACEBACK
 
 __all__ = ["PoolView", "reconcile", "segment_figures"]
 

@@ -31,10 +31,10 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Named
 
 from memviz._args import bad_type, flag, whole
 from memviz._errors import InvalidArgument
-from memviz.model.frame_filter import FrameFilter, frames as _default_filter
 from memviz._units import format_size
 from memviz.model import display
-from memviz.model.traceback import EMPTY_TRACEBACK, Frame, Traceback, _FRAME_KEYS
+from memviz.model.frame_filter import FrameFilter, frames as _default_filter
+from memviz.model.traceback import _FRAME_KEYS, EMPTY_TRACEBACK, Frame, Traceback
 
 #: Labels set by the autograd integration start with this character and
 #: carry "node\x1fforward line"; everything else is a user label. Labels the

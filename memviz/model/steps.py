@@ -4,8 +4,9 @@ step (made by memviz/analysis/steps.py, read back by the trace reader)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from memviz._units import escape_surrogates, format_size
 from typing import Any, Dict, List, Optional
+
+from memviz._units import escape_surrogates, format_size
 
 
 @dataclass

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import linecache
-from memviz._args import flag, whole
-from memviz.model.frame_filter import FrameFilter, frames as _default_filter
 from typing import Any, Iterable, List, NamedTuple, Optional, Sequence
 
+from memviz._args import flag, whole
+from memviz.model.frame_filter import FrameFilter, frames as _default_filter
 
 _FRAME_KEYS = ("lineno", "filename", "traceback")
 

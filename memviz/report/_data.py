@@ -13,11 +13,11 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from memviz.report.summary import short_path as _short_path, source_line
 from memviz.model.snapshot import _SIMPLE_KEYS
 from memviz.model.traceback import innermost_first
 from memviz.report import _source as src
 from memviz.report._categories import category_series
+from memviz.report.summary import short_path as _short_path, source_line
 
 __all__ = ["collect"]
 

@@ -19,8 +19,8 @@ import math
 import re
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
-from memviz.model.traceback import innermost_first
 from memviz._units import format_size
+from memviz.model.traceback import innermost_first
 from memviz.report.summary import device_items, device_name, finding_steps
 
 __all__ = ["events", "steps", "findings", "normalize_finding", "time_range",

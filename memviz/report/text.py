@@ -19,15 +19,15 @@ import textwrap
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from memviz.capture import cupti as _capture
 from memviz import _core
-from memviz.capture.device import SOURCE_CUMEMGETINFO, process_device_memory
 from memviz._args import given
 from memviz._errors import InvalidArgument
 from memviz._units import escape_surrogates, format_size
+from memviz.capture import cupti as _capture
+from memviz.capture.device import SOURCE_CUMEMGETINFO, process_device_memory
 from memviz.report.summary import (STEP_SERIES, device_name as _device_name, finding_records,
-                                   short_path as _short_path, source_line as _source, step_summary,
-                                   step_series_label)
+                                   short_path as _short_path, source_line as _source, step_series_label,
+                                   step_summary)
 
 __all__ = ["text_report", "GPU_OFF_SENTENCE", "NO_GPU_SENTENCE"]
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from memviz._package import PACKAGE_DIR
+from memviz._units import format_size
 from memviz.model.frame_filter import frames as _default_filter
 from memviz.model.traceback import Frame
-from memviz._units import format_size
 
 __all__ = ["SavedRecord", "GraphRecorder", "Holder", "holders", "describe_holders", "keep_line"]
 

@@ -19,8 +19,7 @@ import weakref
 from typing import Optional
 
 from memviz import _core
-from memviz.torch import allocator as _alloc
-from memviz.torch import precise as _precise
+from memviz.torch import allocator as _alloc, precise as _precise
 from memviz.torch.categories import Categories
 from memviz.torch.graph import GraphRecorder
 from memviz.torch.hooks import BACKWARD, AutogradLabels

@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from memviz.capture.callsite import call_name
 from memviz._units import format_size
+from memviz.capture.callsite import call_name
 from memviz.torch.graph import _MEMVIZ_DIR, user_line
 
 __all__ = ["OomReport", "capture_oom", "from_failure"]

@@ -69,7 +69,6 @@ import struct
 import zlib
 from typing import Any, Optional
 
-
 __all__ = ["TraceWarning", "MAGIC", "FORMAT_VERSION", "EVENT"]
 
 MAGIC = b"MEMVIZ\x00\x01"

@@ -15,9 +15,9 @@ import warnings
 import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
-from memviz.trace import format as F
 from memviz._errors import TraceError
 from memviz.model.frame_filter import warning_site
+from memviz.trace import format as F
 from memviz.trace.fields import _Bad, _int, _key, _opt_int, _r, check_end, check_meta, check_step
 
 __all__ = ["TraceFile"]

@@ -10,6 +10,7 @@ its peak snapshot in about a second on one core.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import operator
 import os
@@ -17,16 +18,15 @@ import sys
 from array import array
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
-from memviz._package import PACKAGE_DIR
 from memviz import _args, _core
-from memviz.trace import format as F
+from memviz._package import PACKAGE_DIR
 from memviz.capture.callsite import Resolved
 from memviz.model.failures import failed_allocations
 from memviz.model.recording import TotalsReads
 from memviz.model.rows import snapshot_from_raw
 from memviz.model.snapshot import KIND_NAMES, Allocation, Snapshot
+from memviz.trace import format as F
 from memviz.trace.parse import TraceFile
-import functools
 
 __all__ = ["TraceReader", "TraceEvent"]
 

@@ -13,10 +13,12 @@ import time
 from typing import Any, Dict, List, Optional
 
 from memviz import _args, _core
-from memviz.capture import callsite as _callsite
 from memviz._errors import OutputError, TraceError
 from memviz._outputs import own_files, refuse_inputs, write_output
-from memviz.trace.format import END, EVENT, EVENT_LEVEL, EVENTS, FLAG_SYNTHETIC, META, OP_FAILED, OP_FREE, OP_TIME, STEPS, THREADS, TIMELINE, chunk, events_payload, header, json_bytes, step_dict
+from memviz.capture import callsite as _callsite
+from memviz.trace.format import (END, EVENT, EVENT_LEVEL, EVENTS, FLAG_SYNTHETIC, META, OP_FAILED, OP_FREE,
+                                 OP_TIME, STEPS, THREADS, TIMELINE, chunk, events_payload, header, json_bytes,
+                                 step_dict)
 from memviz.trace.writer import _alloc_events, _event, _meta, _pytorch_peak, _Tables, _thread_names
 
 __all__ = ["save"]

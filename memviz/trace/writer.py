@@ -11,12 +11,16 @@ import time
 import traceback
 import warnings
 import weakref
-from memviz import _core
-from memviz.capture import callsite as _callsite
-from memviz._errors import TraceError
-from memviz.model.frame_filter import warning_site
-from memviz.trace.format import CALLS, DEFAULT_CAPACITY, DEFAULT_INTERVAL, END, EVENT, EVENTS, EVENT_LEVEL, FLAG_SYNTHETIC, FORMAT_VERSION, FRAMES, LABELS, META, OPTIONAL, OP_ALLOC, OP_GAP, OP_TIME, STACKS, STEPS, STRINGS, THREADS, TraceWarning, chunk, events_payload, header, json_bytes, step_dict
 from typing import Any, Dict, Iterable, List, Optional
+
+from memviz import _core
+from memviz._errors import TraceError
+from memviz.capture import callsite as _callsite
+from memviz.model.frame_filter import warning_site
+from memviz.trace.format import (CALLS, DEFAULT_CAPACITY, DEFAULT_INTERVAL, END, EVENT, EVENT_LEVEL, EVENTS,
+                                 FLAG_SYNTHETIC, FORMAT_VERSION, FRAMES, LABELS, META, OP_ALLOC, OP_GAP,
+                                 OP_TIME, OPTIONAL, STACKS, STEPS, STRINGS, THREADS, TraceWarning, chunk,
+                                 events_payload, header, json_bytes, step_dict)
 
 
 def _meta(tracker: Any, mode: str) -> Dict[str, Any]:
