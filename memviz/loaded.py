@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, List, Optional
 
-from memviz import _args
+import memviz._args as _args
 from memviz._errors import TraceError
 from memviz.outputs import Outputs
 from memviz.trace.reader import TraceReader

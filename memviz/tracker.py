@@ -39,7 +39,7 @@ import time
 import weakref
 from typing import Any, Dict, Iterator, List, Optional
 
-from memviz import _core
+import memviz._core as _core
 from memviz._errors import AlreadyTracking, InvalidArgument, NotTracking
 from memviz._package import PACKAGE_DIR
 from memviz._units import format_size

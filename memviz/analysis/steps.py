@@ -28,7 +28,7 @@ import time
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
-from memviz import _core
+import memviz._core as _core
 from memviz._errors import InvalidArgumentType, NotTracking
 from memviz.analysis.sinks import _check_sink_names, _emit, _refuse_same_files, _Sink, make_sinks
 from memviz.model.frame_filter import frames as _default_filter, warning_site

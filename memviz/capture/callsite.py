@@ -34,7 +34,7 @@ import sys
 from types import CodeType, ModuleType
 from typing import Dict, Iterable, Mapping, Optional, Tuple
 
-from memviz import _core
+import memviz._core as _core
 
 __all__ = ["add_namespace", "call_name", "calls_of", "Resolved", "resolve"]
 

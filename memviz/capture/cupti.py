@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from memviz import _core
+import memviz._core as _core
 from memviz._errors import CaptureUnavailable
 
 ENV_LIBRARY = "MEMVIZ_CUPTI_LIBRARY"

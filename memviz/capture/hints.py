@@ -19,7 +19,7 @@ import sys
 import warnings
 from typing import Any, Dict, Optional, Tuple
 
-from memviz import _core
+import memviz._core as _core
 from memviz._errors import CaptureConflict, CaptureUnavailable
 from memviz._package import PACKAGE_DIR
 from memviz.capture import cupti as _capture

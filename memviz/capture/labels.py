@@ -11,7 +11,8 @@ import functools
 import threading
 import warnings
 
-from memviz import _args, _core
+import memviz._args as _args
+import memviz._core as _core
 from memviz._errors import InvalidArgument
 from memviz.capture.hints import CaptureWarning
 from memviz.model.frame_filter import warning_site

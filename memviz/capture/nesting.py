@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from memviz import _core
+import memviz._core as _core
 from memviz._errors import AlreadyTracking
 from memviz.capture.running import lock, running
 from memviz.capture.store import NoGpuWindow, Window

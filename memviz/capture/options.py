@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from memviz import _args, _core
+import memviz._args as _args
+import memviz._core as _core
 from memviz._errors import InvalidArgumentType
 from memviz.model.frame_filter import FrameFilter
 

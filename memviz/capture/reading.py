@@ -19,7 +19,8 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional
 
-from memviz import _args, _core
+import memviz._args as _args
+import memviz._core as _core
 from memviz._errors import NotTracking
 from memviz.capture.running import lock
 from memviz.capture.store import NoGpuWindow, Store, Window

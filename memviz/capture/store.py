@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from memviz import _core
+import memviz._core as _core
 from memviz.capture import callsite as _callsite
 
 __all__ = ["ensure_core", "initialized", "Window", "NoGpuWindow", "Store", "Frozen"]

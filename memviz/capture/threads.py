@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from memviz import _core
+import memviz._core as _core
 from memviz.model.threads import SEEN_RUNNING, SEEN_THREADS, PyThread
 
 __all__ = ["note_running_threads", "note_this_thread", "watch", "forget"]

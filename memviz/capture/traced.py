@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from memviz import _args
+import memviz._args as _args
 from memviz._errors import NotTracking
 from memviz.capture.running import active_tracker, lock as _state_lock
 

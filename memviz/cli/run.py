@@ -38,7 +38,7 @@ import traceback
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from memviz import _core
+import memviz._core as _core
 from memviz._args import whole_option
 from memviz._errors import CaptureConflict, CaptureUnavailable, MemvizError, OutputError
 from memviz._outputs import same_file, write_output

@@ -24,7 +24,7 @@ import argparse
 import shlex
 from typing import Any, List, Optional
 
-from memviz import _core
+import memviz._core as _core
 from memviz._args import whole_option
 
 __all__ = ["load_ipython_extension", "unload_ipython_extension", "memviz_cell", "parse_options"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
-from memviz import _args
+import memviz._args as _args
 from memviz.model.snapshot import FailedAllocation, Snapshot
 from memviz.model.threads import _python_thread_names, _thread_info
 

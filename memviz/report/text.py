@@ -19,7 +19,7 @@ import textwrap
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from memviz import _core
+import memviz._core as _core
 from memviz._args import given
 from memviz._errors import InvalidArgument
 from memviz._units import escape_surrogates, format_size

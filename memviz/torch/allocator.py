@@ -22,7 +22,7 @@ import os
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
-from memviz import _core
+import memviz._core as _core
 
 __all__ = ["HOLDER", "TorchAnswers", "Route", "attach", "detach", "last_route"]
 

@@ -14,7 +14,7 @@ import sys
 import weakref
 from typing import Any, Dict, Optional
 
-from memviz import _core
+import memviz._core as _core
 from memviz.model import segments as _segments
 from memviz.model.snapshot import Snapshot
 from memviz.model.traceback import innermost_first

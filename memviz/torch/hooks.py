@@ -30,7 +30,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Dict, Optional
 
-from memviz import _core
+import memviz._core as _core
 from memviz.model.snapshot import encode_node_label
 from memviz.model.traceback import Frame
 

@@ -18,7 +18,7 @@ import sys
 import weakref
 from typing import Optional
 
-from memviz import _core
+import memviz._core as _core
 from memviz.torch import allocator as _alloc, precise as _precise
 from memviz.torch.categories import Categories
 from memviz.torch.graph import GraphRecorder

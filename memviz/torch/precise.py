@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any, Optional
 
-from memviz import _core
+import memviz._core as _core
 from memviz._errors import MemvizError
 
 __all__ = ["PreciseModeTooLate", "enable", "merged_conf", "active", "attach_wrappers", "detach_wrappers"]

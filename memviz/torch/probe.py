@@ -16,7 +16,7 @@ import os
 import threading
 from typing import Any
 
-from memviz import _core
+import memviz._core as _core
 from memviz.model.snapshot import decode_label
 from memviz.torch.hooks import graph_nodes
 

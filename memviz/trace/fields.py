@@ -16,7 +16,7 @@ import json
 import math
 from typing import Any, Dict, Optional, Tuple
 
-from memviz import _core
+import memviz._core as _core
 
 __all__ = ["check_meta", "check_step", "check_end"]
 

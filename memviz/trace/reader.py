@@ -18,7 +18,8 @@ import sys
 from array import array
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
-from memviz import _args, _core
+import memviz._args as _args
+import memviz._core as _core
 from memviz._package import PACKAGE_DIR
 from memviz.capture.callsite import Resolved
 from memviz.model.failures import failed_allocations

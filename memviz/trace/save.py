@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional
 
-from memviz import _args, _core
+import memviz._args as _args
+import memviz._core as _core
 from memviz._errors import OutputError, TraceError
 from memviz._outputs import own_files, refuse_inputs, write_output
 from memviz.capture import callsite as _callsite

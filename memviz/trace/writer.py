@@ -13,7 +13,7 @@ import warnings
 import weakref
 from typing import Any, Dict, Iterable, List, Optional
 
-from memviz import _core
+import memviz._core as _core
 from memviz._errors import TraceError
 from memviz.capture import callsite as _callsite
 from memviz.model.frame_filter import warning_site
