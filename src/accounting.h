@@ -14,12 +14,39 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The rules the capture path runs on every event are inline here, so that a
+ * store split into files pays no call per rule (benchmarks/RESULTS.md,
+ * "One concern per C file"). */
+
 /* An allocation of `size` bytes dated `ts`: current, counts, peak (dated
  * ts, with the live count then) and window peak. Returns 1 when it made a
- * new peak. */
-int mvz_totals_alloc(mvz_totals *t, uint64_t size, uint64_t ts);
-/* A free of `size` bytes. */
-void mvz_totals_free(mvz_totals *t, uint64_t size);
+ * new peak. Capture path, no GIL: field updates of the caller's struct,
+ * under the store lock the caller holds. */
+static inline int mvz_totals_alloc(mvz_totals *t, uint64_t size, uint64_t ts)
+{
+    int peak = 0;
+    t->current += size;
+    t->live_count++;
+    t->allocs++;
+    t->alloc_bytes += size;
+    if (t->current > t->peak) {
+        t->peak = t->current;
+        t->peak_timestamp = ts;
+        t->peak_count = t->live_count;
+        peak = 1;
+    }
+    if (t->current > t->window_peak)
+        t->window_peak = t->current;
+    return peak;
+}
+
+/* A free of `size` bytes. Capture path, no GIL: as mvz_totals_alloc. */
+static inline void mvz_totals_free(mvz_totals *t, uint64_t size)
+{
+    t->current -= size;
+    t->live_count--;
+    t->frees++;
+}
 
 /* A timeline of at most `cap` points (cap even) in caller-owned memory. Only
  * every `stride`-th change is kept; when full, the resolution halves,
@@ -33,9 +60,22 @@ typedef struct {
 void mvz_series_init(mvz_series *s, mvz_point *points, size_t cap);
 /* Forget the points; the stride restarts at 1. */
 void mvz_series_reset(mvz_series *s);
-/* The next push is kept whatever the stride (a new peak). */
-void mvz_series_force_next(mvz_series *s);
-/* A change: slot's total is now `total` at `ts` (kept or skipped). */
-void mvz_series_push(mvz_series *s, uint64_t ts, uint64_t total, int slot);
+/* Keeps one point (halving the series first when it is full). */
+void mvz_series_keep(mvz_series *s, uint64_t ts, uint64_t total, int slot);
+
+/* The next push is kept whatever the stride (a new peak). Capture path, no
+ * GIL: one field write, under the store lock. */
+static inline void mvz_series_force_next(mvz_series *s) { s->tick = s->stride; }
+
+/* A change: slot's total is now `total` at `ts` (kept or skipped). Capture
+ * path, no GIL: a counter, and every stride-th time one point written into
+ * the caller's preallocated array, under the store lock. */
+static inline void mvz_series_push(mvz_series *s, uint64_t ts, uint64_t total, int slot)
+{
+    if (++s->tick < s->stride)
+        return;
+    s->tick = 0;
+    mvz_series_keep(s, ts, total, slot);
+}
 
 #endif
