@@ -18,9 +18,11 @@ from memviz._package import __version__  # noqa: F401  (memviz.__version__)
 from memviz._units import format_size, parse_size
 from memviz.capture.running import active_tracker
 from memviz.model import display as _display
+from memviz.model.failures import FailedAllocation
 from memviz.model.filters import DomainFilter, Filter
 from memviz.model.frame_filter import FrameFilter, frames
-from memviz.model.snapshot import Allocation, FailedAllocation, Snapshot, Statistic, StatisticDiff, ThreadInfo
+from memviz.model.snapshot import Allocation, Snapshot, ThreadInfo
+from memviz.model.statistics import Statistic, StatisticDiff
 from memviz.model.traceback import Frame, Traceback
 from memviz.tracker import (CaptureWarning, Tracker, available, capture_info, get_traced_memory, label,
                             reset_peak, start, stop, track)

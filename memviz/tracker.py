@@ -27,6 +27,7 @@ thread names (capture/threads.py), the hints and the fork rule
 (capture/options.py) and what nested trackers share (capture/nesting.py).
 It owns the tracker state: ``_shared``, ``_latest``, ``_active`` and
 ``_forked_views``; the running list and its lock are capture/running.py's.
+One concern, a Tracker's life, takes these little over 500 lines.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ from memviz.capture.reading import StoreReading
 from memviz.capture.running import active_tracker, lock as _state_lock, running as _running
 from memviz.capture.store import Frozen as _Frozen, NoGpuWindow as _NoGpuWindow, Window as _Window
 from memviz.capture.traced import get_traced_memory, reset_peak
+from memviz.model.failures import FailedAllocation
 from memviz.model.frame_filter import FrameFilter
-from memviz.model.snapshot import FailedAllocation
 from memviz.outputs import Outputs
 
 __all__ = ["Tracker", "track", "start", "stop", "label", "available", "capture_info",

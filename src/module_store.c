@@ -344,7 +344,7 @@ error:
 
 /* call_sites(ids) -> {id: (code, offset) or name}: the code object and byte
  * offset of each stack's innermost frame, for naming the call that frame was
- * making (memviz/_callsite.py); where that code object was already destroyed,
+ * making (memviz/capture/callsite.py); where that code object was already destroyed,
  * the name made then. Stacks with no frames, or no name, are left out. */
 static PyObject *core_call_sites(PyObject *self, PyObject *ids)
 {

@@ -10,7 +10,8 @@ import pytest
 from memviz import _core
 from memviz.model.frame_filter import FrameFilter
 from memviz.model.rows import snapshot_from_raw
-from memviz.model.snapshot import Allocation, Snapshot, Statistic, StatisticDiff, ThreadInfo
+from memviz.model.snapshot import Allocation, Snapshot, ThreadInfo
+from memviz.model.statistics import Statistic, StatisticDiff
 from memviz.model.traceback import Frame, Traceback
 
 MiB, GiB = 1 << 20, 1 << 30

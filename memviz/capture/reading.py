@@ -24,10 +24,10 @@ import memviz._core as _core
 from memviz._errors import NotTracking
 from memviz.capture.running import lock
 from memviz.capture.store import NoGpuWindow, Store, Window
-from memviz.model.failures import failed_allocations
+from memviz.model.failures import FailedAllocation, failed_allocations
 from memviz.model.recording import TotalsReads, thread_table
 from memviz.model.rows import snapshot_from_raw
-from memviz.model.snapshot import FailedAllocation, Snapshot
+from memviz.model.snapshot import Snapshot
 
 __all__ = ["StoreReading"]
 

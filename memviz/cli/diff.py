@@ -27,7 +27,7 @@ from memviz._errors import MemvizError
 from memviz.cli.common import EXIT_USAGE, dumps, load_trace, parse, positive, refuse_output, write_text
 from memviz.cli.diff_compare import compare
 from memviz.cli.diff_render import diff_text, render
-from memviz.model.snapshot import KEY_TYPES
+from memviz.model.statistics import KEY_TYPES
 
 __all__ = ["main", "diff_main", "diff_parser", "compare", "render", "diff_text"]
 

@@ -314,7 +314,7 @@ def compare(a: Any, b: Any, *, names: Tuple[str, str] = ("A", "B"), top: int = 1
     """The comparison of two loaded traces (or trackers) as the JSON document
     of the module docstring. Raises InvalidArgument when they cannot be put
     side by side (different devices, one recorded without GPU capture)."""
-    from memviz.model.snapshot import KEY_TYPES
+    from memviz.model.statistics import KEY_TYPES
 
     if key not in KEY_TYPES:
         raise InvalidArgument(f"memviz diff: key {key!r} is not one of {', '.join(KEY_TYPES)}")

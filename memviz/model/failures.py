@@ -11,13 +11,16 @@ Imports memviz/model/snapshot.py only (docs/architecture.md: the model floor).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
+from memviz._units import format_size
 from memviz.model.frame_filter import FrameFilter
 from memviz.model.rows import resolve_rows
-from memviz.model.snapshot import KIND_NAMES, FailedAllocation
+from memviz.model.snapshot import KIND_NAMES
+from memviz.model.traceback import Traceback
 
-__all__ = ["failed_allocations"]
+__all__ = ["FailedAllocation", "failed_allocations"]
 
 
 def failed_allocations(rows: Sequence[Sequence], resolve_stacks: Callable[[set], Mapping[int, Any]],
@@ -36,3 +39,27 @@ def failed_allocations(rows: Sequence[Sequence], resolve_stacks: Callable[[set],
 
 def _kind_name(code: int) -> str:
     return KIND_NAMES[code] if 0 <= code < len(KIND_NAMES) else f"unknown({code})"
+
+
+@dataclass(frozen=True)
+class FailedAllocation:
+    """An allocation the driver refused (out of memory or another error)."""
+
+    size: int
+    device: int
+    kind: str
+    stream: int
+    thread: Any
+    label: Optional[str]
+    timestamp_ns: int
+    traceback: Traceback
+    result: int
+    #: what the innermost Python frame was calling (see ``Allocation.op``)
+    op: Optional[str] = None
+
+    def __str__(self) -> str:
+        where = str(self.traceback) if self.traceback else f"<thread {self.thread.name}>"
+        if self.op:
+            where += f" ({self.op})"
+        return (f"{where}: failed to allocate {format_size(self.size)} on "
+                f"{'host' if self.device < 0 else f'cuda:{self.device}'} (CUDA error {self.result})")

@@ -14,7 +14,8 @@ import inspect
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import memviz._args as _args
-from memviz.model.snapshot import FailedAllocation, Snapshot
+from memviz.model.failures import FailedAllocation
+from memviz.model.snapshot import Snapshot
 from memviz.model.threads import _python_thread_names, _thread_info
 
 __all__ = ["Recording", "TotalsReads", "thread_table"]

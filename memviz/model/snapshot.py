@@ -26,7 +26,6 @@ Differences from tracemalloc, on purpose:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
 from memviz._args import bad_type, flag, whole
@@ -34,6 +33,8 @@ from memviz._errors import InvalidArgument
 from memviz._units import format_size
 from memviz.model import display
 from memviz.model.frame_filter import FrameFilter, frames as _default_filter
+from memviz.model.statistics import (_CUMULATIVE_KEYS, _SIMPLE_KEYS, KEY_TYPES, Statistic, StatisticDiff,
+                                     _key_str)
 from memviz.model.traceback import _FRAME_KEYS, EMPTY_TRACEBACK, Frame, Traceback
 
 #: Labels set by the autograd integration start with this character and
@@ -55,16 +56,11 @@ def decode_label(label: Optional[str]) -> Tuple[Optional[str], Optional[str], Op
     return None, head or None, tail or None
 
 __all__ = [
-    "ThreadInfo", "Allocation", "Statistic", "StatisticDiff", "Snapshot", "FailedAllocation",
-    "KIND_NAMES", "KEY_TYPES", "Segment",
+    "ThreadInfo", "Allocation", "Snapshot", "KIND_NAMES", "Segment",
 ]
 
 #: kind_code of a raw row -> Allocation.kind
 KIND_NAMES: Tuple[str, ...] = ("device", "host", "managed", "static", "physical", "block")
-#: key types accepted by Snapshot.statistics() and compare_to()
-KEY_TYPES: Tuple[str, ...] = ("lineno", "filename", "traceback", "label", "device", "kind", "thread",
-                               "category", "autograd_node", "op")
-_CUMULATIVE_KEYS = ("lineno", "filename")
 
 
 class ThreadInfo(NamedTuple):
@@ -148,12 +144,6 @@ class Allocation(NamedTuple):
         )
 
 
-def _key_str(key: Any) -> str:
-    if isinstance(key, int) and not isinstance(key, bool):
-        return f"cuda:{key}" if key >= 0 else f"device {key}"
-    return str(key)
-
-
 class Segment(NamedTuple):
     """A segment of PyTorch's caching allocator and the blocks live in it.
 
@@ -182,69 +172,6 @@ class Segment(NamedTuple):
     traceback: "Traceback"
     before_tracking: bool = False
     expandable: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Statistic:
-    """Total size and count of the allocations that share a key.
-
-    ``str()`` reads like tracemalloc:
-    ``train.py:3: size=256 MiB, count=1, average=256 MiB``.
-    """
-
-    size: int
-    count: int
-    traceback: Traceback
-    key: Any = None
-
-    def __str__(self) -> str:
-        text = f"{_key_str(self.key)}: size={format_size(self.size)}, count={self.count}"
-        if self.count:
-            text += f", average={format_size(self.size / self.count)}"
-        return text
-
-
-@dataclass(frozen=True, slots=True)
-class StatisticDiff:
-    """The difference of one key's :class:`Statistic` between two snapshots.
-
-    ``size``/``count`` are the new snapshot's values, ``*_diff`` new minus old.
-    """
-
-    size: int
-    size_diff: int
-    count: int
-    count_diff: int
-    traceback: Traceback
-    key: Any = None
-
-    def __str__(self) -> str:
-        text = (
-            f"{_key_str(self.key)}: size={format_size(self.size)} "
-            f"({format_size(self.size_diff, sign=True)}), "
-            f"count={self.count} ({self.count_diff:+d})"
-        )
-        if self.count:
-            text += f", average={format_size(self.size / self.count)}"
-        return text
-
-
-def _label_key(a: Allocation) -> str:
-    if a.label is not None:
-        return a.label
-    return "<no label>" if a.traceback else f"<thread {a.thread.name}>"
-
-
-_SIMPLE_KEYS: Dict[str, Callable[[Allocation], Any]] = {
-    "label": _label_key,
-    "device": lambda a: a.device,
-    "kind": lambda a: a.kind,
-    "thread": lambda a: a.thread.name,
-    "category": lambda a: a.category or "<unknown>",
-    "autograd_node": lambda a: (f"{a.autograd_node} ({a.forward})" if a.forward else a.autograd_node)
-    if a.autograd_node else "<not in backward>",
-    "op": lambda a: getattr(a, "op", None) or "<no call>",  # duck-typed report sources may lack it
-}
 
 
 class Snapshot:
@@ -502,27 +429,3 @@ class Snapshot:
         return diffs
 
 
-
-
-@dataclass(frozen=True)
-class FailedAllocation:
-    """An allocation the driver refused (out of memory or another error)."""
-
-    size: int
-    device: int
-    kind: str
-    stream: int
-    thread: Any
-    label: Optional[str]
-    timestamp_ns: int
-    traceback: Traceback
-    result: int
-    #: what the innermost Python frame was calling (see ``Allocation.op``)
-    op: Optional[str] = None
-
-    def __str__(self) -> str:
-        where = str(self.traceback) if self.traceback else f"<thread {self.thread.name}>"
-        if self.op:
-            where += f" ({self.op})"
-        return (f"{where}: failed to allocate {format_size(self.size)} on "
-                f"{'host' if self.device < 0 else f'cuda:{self.device}'} (CUDA error {self.result})")

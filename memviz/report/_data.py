@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from memviz.model.snapshot import _SIMPLE_KEYS
+from memviz.model.statistics import _SIMPLE_KEYS
 from memviz.model.traceback import innermost_first
 from memviz.report import _source as src
 from memviz.report._categories import category_series

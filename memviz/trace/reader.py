@@ -1,10 +1,16 @@
-"""Reading .memviz trace files: :func:`load` and :class:`LoadedTrace`.
+"""Reading .memviz trace files: :class:`TraceReader` (memviz.load gives a
+:class:`memviz.loaded.LoadedTrace`, which adds the outputs and diagnoses).
 
-The format is described in :mod:`memviz.trace.format`. Loading checks every chunk's
-CRC and structure; events are kept as columns (``array``/``bytearray``,
-built with C-speed slicing, no per-event Python work) and replayed once, on
-first use, in a single Python loop. A 1,000,000-event trace loads and gives
-its peak snapshot in about a second on one core.
+The format is described in :mod:`memviz.trace.format`; memviz/trace/parse.py
+checks every chunk's CRC and structure. Events are kept as columns
+(``array``/``bytearray``, built with C-speed slicing, no per-event Python
+work) and replayed once, on first use, through the C store's own rules
+(``_core.replay``). A 1,000,000-event trace loads and gives its peak
+snapshot in about a second on one core.
+
+One concern, a little over 500 lines: the reading API of a recording over
+the event columns (snapshots at any time and at each peak, totals,
+failures, the timeline, the events themselves).
 """
 
 from __future__ import annotations
