@@ -114,7 +114,7 @@ def test_exception_prints_traceback_then_report(tmp_path):
     assert tb < p.stderr.index("ValueError: boom") < p.stderr.index("memviz report")
     # Like `python boom.py`: the traceback starts at the script, not in memviz or runpy.
     traceback_text = p.stderr[tb:p.stderr.index("memviz report")]
-    assert "_cli_run" not in traceback_text and "runpy" not in traceback_text
+    assert "memviz/cli/" not in traceback_text and "runpy" not in traceback_text
     assert 'boom.py", line 4, in <module>' in traceback_text
     assert 'boom.py", line 2, in inner' in traceback_text
 
