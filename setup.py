@@ -25,7 +25,6 @@ core = Extension(
         "src/trace_ring.c",
         "src/window.c",
         "src/region.c",
-        "src/clock.c",
         "src/labels.c",
         "src/libfind.c",
         "src/accounting.c",

@@ -1,7 +1,8 @@
 """What a recording (memviz/model/recording.py) can be turned into: the HTML
 report, the exports and the notebook display, for a live
-:class:`~memviz.tracker.Tracker` and a :class:`~memviz.loaded.LoadedTrace` alike (the top floor: it reaches down
-to memviz/report and memviz/export when asked)."""
+:class:`~memviz.tracker.Tracker` and a :class:`~memviz.loaded.LoadedTrace`
+alike. On the top floor: it reaches down to memviz/report and memviz/export
+when asked."""
 
 from __future__ import annotations
 

@@ -12,9 +12,10 @@
 #define LABEL_SLOTS (2 * MAX_LABELS) /* hash index, at most half full */
 static const char overflow_name[] = MVZ_LABEL_OVERFLOW_NAME;
 static const char *labels[MAX_LABELS] = {[LABEL_OVERFLOW] = overflow_name};
-/* labels[i] names an autograd node ("\x01..."): written before the id is
- * published to anyone, read lock-free in the callback. */
-static uint8_t label_is_node[MAX_LABELS];
+/* mvz_label_node[i] (labels.h): labels[i] names an autograd node ("\x01...");
+ * written before the id is published to anyone, read lock-free in the
+ * callback. */
+uint8_t mvz_label_node[MVZ_MAX_LABELS];
 static uint32_t nlabels = 1; /* 0 means "no label" */
 static uint32_t label_slots[LABEL_SLOTS]; /* id, or 0 for an empty slot */
 static uint64_t labels_overflowed;        /* requests answered with LABEL_OVERFLOW */
@@ -55,7 +56,7 @@ uint32_t mvz_label_intern(const char *name)
             arena_used += len + 1;
             id = nlabels;
             labels[id] = copy;
-            label_is_node[id] = name[0] == '\x01';
+            mvz_label_node[id] = name[0] == '\x01';
             label_slots[i] = id;
             nlabels++;
         } else {
@@ -85,9 +86,5 @@ const char *mvz_label_name(uint32_t id)
     pthread_mutex_unlock(&label_lock);
     return s;
 }
-
-/* Hot path, no GIL: one read of a byte written before `id` was handed to
- * anyone (under label_lock, whose release orders it before the id's use). */
-int mvz_label_is_node(uint32_t id) { return id < MAX_LABELS && label_is_node[id]; }
 
 void mvz_labels_atfork_child(void) { pthread_mutex_init(&label_lock, NULL); }

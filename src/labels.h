@@ -20,9 +20,15 @@ uint32_t mvz_label_intern(const char *name);
 const char *mvz_label_name(uint32_t id);
 /* Labels interned, requests that got the overflow label, bytes of text. */
 void mvz_label_stats(uint32_t *count, uint64_t *overflowed, uint64_t *bytes);
-/* Hot path (any thread, no GIL): whether `id` names an autograd node (its
- * text starts with "\x01"); 0 for ids out of range. */
-int mvz_label_is_node(uint32_t id);
+/* mvz_label_node[id]: 1 when label `id` names an autograd node (its text
+ * starts with "\x01"). Written by mvz_label_intern before `id` is handed to
+ * anyone (under the table's lock, whose release orders it before the id's
+ * use); only labels.c writes it. */
+extern uint8_t mvz_label_node[MVZ_MAX_LABELS];
+
+/* Hot path (any thread, no GIL): whether `id` names an autograd node; 0 for
+ * ids out of range. One byte read, inline: the callback asks on every event. */
+static inline int mvz_label_is_node(uint32_t id) { return id < MVZ_MAX_LABELS && mvz_label_node[id]; }
 /* After fork, in the child: the table's lock is fresh. */
 void mvz_labels_atfork_child(void);
 

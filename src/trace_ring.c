@@ -1,6 +1,7 @@
 /* The trace event ring (trace_ring.h). The ring's state is the store's and
  * is guarded by the store's lock, which every caller of the functions that
- * touch it holds; nothing here takes a lock. Calls region.c and clock.c. */
+ * touch it holds; nothing here takes a lock. Calls region.c and clock.h. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime (clock.h) */
 #include "trace_ring.h"
 #include "clock.h"
 #include "store.h"

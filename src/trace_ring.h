@@ -4,7 +4,7 @@
  *
  * The ring (mvz_trace_ring) is the store's: store.c owns it and calls the
  * functions below that touch it with its lock held; this file takes no
- * lock. It calls region.c and clock.c only. */
+ * lock. It calls region.c and clock.h only. */
 #ifndef MEMVIZ_TRACE_RING_H
 #define MEMVIZ_TRACE_RING_H
 

@@ -20,9 +20,6 @@ from memviz.model.threads import _python_thread_names, _thread_info
 
 __all__ = ["Recording", "TotalsReads", "thread_table"]
 
-#: what isinstance(x, Recording) looks for (the Protocol's members)
-_MEMBERS = ("is_live", "steps", "failures", "snapshot", "peak_snapshot", "totals", "timeline", "events",
-            "capture_info", "threads", "current_bytes", "peak_bytes")
 _MISSING = object()
 
 
@@ -80,6 +77,11 @@ class Recording(Protocol, metaclass=_StaticCheck):
 
     def peak_bytes(self, device: Optional[int] = None) -> int:
         """Highest live bytes of a device; with None, the largest device peak."""
+
+
+#: what isinstance(x, Recording) looks for: the Protocol's own members
+_MEMBERS = tuple(Recording.__annotations__) + tuple(
+    name for name in vars(Recording) if not name.startswith("_") and name not in Recording.__annotations__)
 
 
 class TotalsReads:

@@ -38,7 +38,8 @@ STEPS       8  JSON list of step records (Tracker.steps), appended
 END         9  JSON object written when tracking stops: totals, failure
                count, memviz's own counters, memory outside the tracked
                allocations, PyTorch's figures ("pytorch_peak": categories
-               and segments at the peak, memory_stats; memviz.cli.diff);
+               and segments at the peak, memory_stats: memviz/model/pytorch.py;
+               read by memviz diff);
                a trace without it was cut short
 TIMELINE   10  JSON list of [timestamp_ns, device, live bytes] (saved
                traces only: streamed traces derive it from the events)

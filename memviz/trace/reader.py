@@ -515,8 +515,7 @@ _EARLIER_FILES = frozenset((
     "_callsite.py", "_capture.py", "_cli_diff.py", "_cli_report.py", "_cli_run.py", "_device.py",
     "_diagnose.py", "_diagnose_rules.py", "_filters.py", "_frames.py", "_ipython.py", "_report.py",
     "_snapshot.py", "_steps.py", "_trace.py", "_trace_fields.py", "_trace_load.py",
-    "_trace_parse.py", "_trace_save.py", "_tracker.py", "pytest_plugin.py", "torch/segments.py",
-    "torch/integration.py"))
+    "_trace_parse.py", "_trace_save.py", "_tracker.py", "pytest_plugin.py", "torch/segments.py"))
 
 
 @functools.lru_cache(maxsize=1)
