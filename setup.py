@@ -23,6 +23,7 @@ core = Extension(
         "src/frames.c",
         "src/store.c",
         "src/trace_ring.c",
+        "src/trace_writer.c",
         "src/window.c",
         "src/region.c",
         "src/labels.c",

@@ -28,6 +28,7 @@
 #include "records.h"
 #include "seqmap.h"
 #include "store.h"
+#include "trace_writer.h"
 
 /* ---- module functions ------------------------------------------------- */
 
@@ -214,6 +215,16 @@ static PyObject *core_label_set(PyObject *self, PyObject *arg)
     }
     mvz_capture_label_set((uint32_t)id);
     Py_RETURN_NONE;
+}
+
+static PyObject *core_label_count(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    uint32_t count;
+    uint64_t overflowed, bytes;
+    mvz_label_stats(&count, &overflowed, &bytes);
+    return PyLong_FromUnsignedLong(count);
 }
 
 static PyObject *core_label_name(PyObject *self, PyObject *arg)
@@ -469,6 +480,7 @@ static PyMethodDef core_methods[] = {
     {"label_get", core_label_get, METH_NOARGS, "The calling thread's label id."},
     {"label_set", core_label_set, METH_O, "Set the calling thread's label id."},
     {"label_name", core_label_name, METH_O, "The string of a label id."},
+    {"label_count", core_label_count, METH_NOARGS, "Label ids handed out so far (ids are below it + 1)."},
     {"interpose_attach", core_interpose_attach, METH_O,
      "interpose_attach(library path suffix) -> (GOT slots patched, reason when 0)."},
     {"interpose_commit", core_interpose_commit, METH_NOARGS,
@@ -507,6 +519,7 @@ static void atfork_child(void)
 {
     mvz_store_atfork_child();
     mvz_capture_atfork_child();
+    mvz_tw_atfork_child();
 }
 
 PyMODINIT_FUNC PyInit__core(void)

@@ -735,6 +735,17 @@ void mvz_store_trace_disable(void)
     UNLOCK();
 }
 
+size_t mvz_store_trace_pending(void) { return mvz_ring_pending(&ring); }
+size_t mvz_store_trace_capacity(void) { return ring.cap; }
+
+size_t mvz_store_trace_take(mvz_raw_event *out, size_t room, uint64_t *dropped)
+{
+    LOCK();
+    size_t m = mvz_ring_take(&ring, out, room, dropped);
+    UNLOCK();
+    return m;
+}
+
 long mvz_store_trace_drain(uint8_t **out)
 {
     *out = NULL;

@@ -215,6 +215,14 @@ int mvz_store_reset_peak(int w);
 int mvz_store_trace_enable(size_t capacity);
 void mvz_store_trace_disable(void);
 long mvz_store_trace_drain(uint8_t **out);
+/* The native writer's calls (trace_writer.c, no GIL): events held now
+ * (relaxed read), the ring's size, and taking at most `room` of the oldest
+ * (raw, mvz_raw_event of trace_ring.h) with the dropped count, under the
+ * lock for one copy. */
+size_t mvz_store_trace_pending(void);
+size_t mvz_store_trace_capacity(void);
+struct mvz_raw_event_s;
+size_t mvz_store_trace_take(struct mvz_raw_event_s *out, size_t room, uint64_t *dropped);
 uint32_t mvz_store_stack_count(void);
 
 /* Windows: trackers nested in a running one (with the GIL). A window counts

@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 /* A trace event as kept in the ring (encoded into mvz_event on drain). */
-typedef struct {
+typedef struct mvz_raw_event_s {
     uint64_t timestamp, address, size;
     uint32_t stack_id, thread_idx, label_id;
     uint8_t op, kind;

@@ -194,6 +194,8 @@ def test_unwritable_trace_path_fails_at_start(fake, tmp_path):
 
 
 def test_writer_failure_never_reaches_the_program(fake, tmp_path, monkeypatch):
+    """The Python writer's failure (the native writer's: test_trace_native.py)."""
+    monkeypatch.setenv("MEMVIZ_TRACE_WRITER", "python")
     path = tmp_path / "run.memviz"
     with pytest.warns(F.TraceWarning, match="RuntimeError: disk on fire"):
         with memviz.track(trace=str(path), torch=False) as t:

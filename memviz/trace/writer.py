@@ -113,6 +113,69 @@ class _Tables:
         return [chunk(LABELS, json_bytes(new))] if new else []
 
 
+class _NewTables:
+    """The chunks that name what the events refer to (strings, frames,
+    stacks, call names, labels, threads, step records), for what is new
+    since the last call: work proportional to what is new, none per event.
+    The native writer's Python side (and the flight recorder's)."""
+
+    def __init__(self, tracker: Any) -> None:
+        self.tracker = tracker
+        self.tables = _Tables()
+        self._next_stack = 1
+        self._next_label = 1
+        self._threads: Dict[str, List[Any]] = {}
+        self._steps_written = 0
+
+    def chunks(self) -> List[bytes]:
+        return self.stacks() + self.labels() + self.threads() + self.steps()
+
+    def stacks(self) -> List[bytes]:
+        count = _core.stack_count()
+        if count <= self._next_stack:
+            return []
+        resolved = _callsite.resolve(range(self._next_stack, count))
+        self._next_stack = count
+        return self.tables.stack_chunks(resolved)
+
+    def labels(self) -> List[bytes]:
+        count = _core.label_count()
+        names = {i: _core.label_name(i) for i in range(self._next_label, count + 1)}
+        self._next_label = count + 1
+        if _LABEL_OVERFLOW not in self.tables.labels and count >= _LABEL_OVERFLOW - 1:
+            names[_LABEL_OVERFLOW] = _core.label_name(_LABEL_OVERFLOW)
+        return self.tables.label_chunk({i: n for i, n in names.items() if n is not None})
+
+    def threads(self) -> List[bytes]:
+        names = _thread_names(_core.threads())
+        new = {k: v for k, v in names.items() if self._threads.get(k) != v}
+        if not new:
+            return []
+        self._threads.update(new)
+        return [chunk(THREADS, json_bytes(new))]
+
+    def steps(self) -> List[bytes]:
+        steps = list(getattr(self.tracker, "steps", None) or [])
+        new = steps[self._steps_written:]
+        if not new:
+            return []
+        self._steps_written = len(steps)
+        return [chunk(STEPS, json_bytes([step_dict(s) for s in new]))]
+
+
+#: the label every label past the table's 65,534th gets (src/labels.h)
+_LABEL_OVERFLOW = 0xFFFF
+
+
+def native_writer() -> bool:
+    """Whether traces are written by the C core's own thread (zlib found, and
+    not turned off with MEMVIZ_TRACE_WRITER=python)."""
+    choice = os.environ.get("MEMVIZ_TRACE_WRITER", "").strip().lower()
+    if choice == "python":
+        return False
+    return bool(_core.zlib_available())
+
+
 def _label_ids(rows: bytes) -> set:
     """Label ids used by packed event records (bytes 14-15 of each)."""
     lo, hi = rows[14::EVENT.size], rows[15::EVENT.size]
@@ -147,19 +210,41 @@ class TraceWriter:
         self.path = os.fspath(path)
         self.interval = interval
         self.capacity = capacity
-        self.events_written = 0
-        self.bytes_written = 0
-        self.dropped = 0
+        self._events_written = 0
+        self._dropped = 0
         self.error: Optional[str] = None
         self._fd: Optional[int] = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self._tables = _Tables()
-        self._next_stack = 1
-        self._threads: Dict[str, List[Any]] = {}
-        self._steps_written = 0
+        self._new = _NewTables(tracker)
+        self._tables = self._new.tables
+        #: events go from the C ring to the file on the C core's own thread,
+        #: without the GIL (False: this module's thread drains and writes them)
+        self.native = native_writer()
+        self._python_bytes = 0
+        self._synthetic = 0
+
+    @property
+    def events_written(self) -> int:
+        """Events in the file so far."""
+        if self.native:
+            return self._synthetic + _core.trace_writer_stats()["events"]
+        return self._events_written
+
+    @property
+    def bytes_written(self) -> int:
+        if self.native:
+            return self._python_bytes + _core.trace_writer_stats()["bytes"]
+        return self._python_bytes
+
+    @property
+    def dropped(self) -> int:
+        """Events lost because the ring was full (GAP records)."""
+        if self.native:
+            return _core.trace_writer_stats()["dropped"]
+        return self._dropped
 
     # -- plugin hooks
 
@@ -177,8 +262,11 @@ class TraceWriter:
             _core.trace_enable(self.capacity)
             # Allocations the core saw between clear() and trace_enable(): a
             # duplicate of a ring event is harmless (an ALLOC at a live
-            # address replaces it when the trace is read).
+            # address replaces it when the trace is read). Written before
+            # the writer thread takes any ring event: a FREE follows its ALLOC.
             self._write_rows(_core.live(), synthetic=True)
+            if self.native:
+                _core.trace_writer_start(self._fd, self.capacity, EVENT_LEVEL, self.interval, 0)
         except BaseException as e:
             self._close()
             if isinstance(e, OSError):  # the first write: a full disk, /dev/full, ...
@@ -201,12 +289,21 @@ class TraceWriter:
                 try:
                     if tracker.gpu_enabled and _core.active():
                         _core.flush()  # pending activity records (static memory)
-                    _core.trace_disable()
-                    self._tick()
-                    self._write(chunk(END, json_bytes(self._end(tracker))))
+                    if self.native:
+                        _core.trace_writer_stop()  # the rest of the ring, then the thread ends
+                        self._native_error()
+                        if self.error is None:
+                            self._write(b"".join(self._new.chunks())
+                                        + chunk(END, json_bytes(self._end(tracker))))
+                    else:
+                        _core.trace_disable()
+                        self._tick()
+                        self._write(chunk(END, json_bytes(self._end(tracker))))
                 except Exception:  # noqa: BLE001 - stopping must not fail
                     self._failed()
             else:
+                if self.native:
+                    _core.trace_writer_stop()
                 _core.trace_disable()
             self._close()
         if self.error is not None:
@@ -222,6 +319,8 @@ class TraceWriter:
         with self._lock:
             if self._fd is not None and self.error is None:
                 try:
+                    if self.native:
+                        _core.trace_writer_flush()
                     self._tick()
                 except Exception:  # noqa: BLE001
                     self._failed()
@@ -255,7 +354,7 @@ class TraceWriter:
         if os.getpid() != self._pid:  # a fork()ed child must not touch the parent's file
             return
         _write_all(self._fd, data)
-        self.bytes_written += len(data)
+        self._python_bytes += len(data)
 
     def _close(self) -> None:
         if self._fd is not None and os.getpid() == self._pid:
@@ -265,10 +364,30 @@ class TraceWriter:
                 pass
         self._fd = None
 
+    def _native_error(self) -> None:
+        """The native writer's failed write, as this writer's error."""
+        err = _core.trace_writer_stats()["error"]
+        if err and self.error is None:
+            e = OSError(err, os.strerror(err))
+            self.error = (f"writing stopped after {self.events_written:,} events because of "
+                          f"OSError: {e}.")
+            _core.trace_disable()
+
     def _tick(self) -> None:
-        """One flush: drain the ring and append everything new, in one write."""
+        """One flush. Native: the names of what is new (stacks, labels,
+        threads, steps), between the C thread's event chunks; else drain the
+        ring and append everything new, in one write."""
+        if self.native:
+            self._native_error()
+            if self.error is None:
+                out = self._new.chunks()
+                if out:
+                    data = b"".join(out)
+                    _core.trace_writer_write(data)
+                    self._python_bytes += len(data)
+            return
         rows = _core.trace_drain()
-        out = self._stack_chunks()  # after the drain: covers every drained event's stack
+        out = self._new.stacks()  # after the drain: covers every drained event's stack
         n = len(rows) // EVENT.size
         counted = 0
         if n > 1 or (n == 1 and rows[4] != OP_TIME):
@@ -279,38 +398,13 @@ class TraceWriter:
             if gaps:
                 for k in range(n):
                     if rows[k * EVENT.size + 4] == OP_GAP:
-                        self.dropped += EVENT.unpack_from(rows, k * EVENT.size)[8]
+                        self._dropped += EVENT.unpack_from(rows, k * EVENT.size)[8]
             out.append(chunk(EVENTS, events_payload(rows), compress=EVENT_LEVEL))
             counted = n
-        out += self._threads_chunk() + self._steps_chunk()
+        out += self._new.threads() + self._new.steps()
         if out:
             self._write(b"".join(out))
-        self.events_written += counted  # once written: an error message says what the file holds
-
-    def _stack_chunks(self) -> List[bytes]:
-        """Strings, frames and stacks interned since the last call."""
-        count = _core.stack_count()
-        if count <= self._next_stack:
-            return []
-        resolved = _callsite.resolve(range(self._next_stack, count))
-        self._next_stack = count
-        return self._tables.stack_chunks(resolved)
-
-    def _threads_chunk(self) -> List[bytes]:
-        names = _thread_names(_core.threads())
-        new = {k: v for k, v in names.items() if self._threads.get(k) != v}
-        if not new:
-            return []
-        self._threads.update(new)
-        return [chunk(THREADS, json_bytes(new))]
-
-    def _steps_chunk(self) -> List[bytes]:
-        steps = list(getattr(self.tracker, "steps", None) or [])
-        new = steps[self._steps_written:]
-        if not new:
-            return []
-        self._steps_written = len(steps)
-        return [chunk(STEPS, json_bytes([step_dict(s) for s in new]))]
+        self._events_written += counted  # once written: an error message says what the file holds
 
     def _write_rows(self, rows: List[tuple], *, synthetic: bool) -> None:
         """Live-allocation rows as ALLOC events, with their stacks and labels."""
@@ -320,12 +414,13 @@ class TraceWriter:
         for r in rows:
             if r.label not in label_ids:
                 label_ids[r.label] = _core.label_intern(r.label)
-        head = self._stack_chunks() + self._tables.label_chunk(
-            {i: s for s, i in label_ids.items() if s is not None}) + self._threads_chunk()
+        head = self._new.stacks() + self._tables.label_chunk(
+            {i: s for s, i in label_ids.items() if s is not None}) + self._new.threads()
         # Before any ring event: a FREE drained later must follow its ALLOC.
         packed = _alloc_events(sorted(rows, key=lambda r: r.timestamp_ns), label_ids, synthetic)
         self._write(b"".join(head) + chunk(EVENTS, events_payload(packed), compress=EVENT_LEVEL))
-        self.events_written += len(packed) // EVENT.size
+        self._events_written += len(packed) // EVENT.size
+        self._synthetic += len(packed) // EVENT.size
 
     def _end(self, tracker: Any) -> Dict[str, Any]:
         totals = _core.totals()

@@ -1,0 +1,76 @@
+/* The native trace writer: a thread of its own that takes events from the
+ * store's trace ring, encodes them as EVENTS chunks of the .memviz format
+ * (memviz/trace/format.py: byte planes, zlib-compressed, CRC-framed) and
+ * hands each chunk to a sink, without the GIL and without Python.
+ *
+ * Two sinks:
+ *   - a file (track(trace=...)): each chunk is appended with write(2);
+ *     Python appends its own chunks (strings, frames, stacks, labels,
+ *     threads, steps) through mvz_tw_write, under the same lock, so chunks
+ *     never interleave;
+ *   - memory, the flight recorder (track(flight_recorder=...)): chunks are
+ *     kept in a FIFO bounded by a byte budget. When a new chunk does not
+ *     fit, the oldest is decoded and folded into the "base", the live set
+ *     at the start of the chunks kept, and freed. A dump (mvz_tw_dump)
+ *     writes the base (as ALLOC events dated when they were made), then the
+ *     chunks kept, then the events not yet taken: a normal trace's events.
+ *
+ * zlib is loaded at run time (dlopen of libz.so.1, which CPython's zlib
+ * module links), so the package builds without it; without it the chunks
+ * are written uncompressed (layout planes, 32 bytes an event).
+ *
+ * Locking: one mutex of its own (tw_lock), taken by the thread while it
+ * drains and by the Python-facing calls, never on the capture path. The
+ * store's lock is taken inside it (to take events), never the other way
+ * round. Calls store.c, trace_ring.c, livetab.c. */
+#ifndef MEMVIZ_TRACE_WRITER_H
+#define MEMVIZ_TRACE_WRITER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    uint64_t events;        /* ALLOC/FREE/FAILED events taken from the ring */
+    uint64_t chunks;        /* EVENTS chunks made */
+    uint64_t bytes;         /* bytes written to the file (file sink) */
+    uint64_t dropped;       /* events the ring had no room for (GAP records) */
+    uint64_t evicted;       /* flight: events folded into the base, gone as events */
+    uint64_t kept_events;   /* flight: events in the chunks kept */
+    uint64_t kept_bytes;    /* flight: bytes of the chunks kept */
+    uint64_t base_count;    /* flight: allocations in the base */
+    uint64_t base_bytes;    /* flight: memory the base takes */
+    uint64_t window_start;  /* flight: timestamp of the oldest event kept (0: none) */
+    uint64_t window_end;    /* timestamp of the newest event taken (0: none) */
+    uint64_t evicted_until; /* flight: timestamp of the newest event folded (0: none) */
+    uint64_t budget;        /* flight: the byte budget (0: file sink) */
+    int error;              /* errno of the first failed write (the writer then stops), or 0 */
+    int compressed;         /* zlib was found */
+    int running;
+} mvz_tw_stats;
+
+/* With the GIL (it waits for nothing): whether libz could be loaded. */
+int mvz_tw_zlib(void);
+/* Start the thread draining the store's ring (which the caller enabled,
+ * mvz_store_trace_enable) every `interval_ms`. fd >= 0: the file sink (the caller keeps
+ * the fd open until mvz_tw_stop returns); fd < 0: the flight recorder with
+ * `budget` bytes. Returns 0, or -1 with errno set (EBUSY: already running). */
+int mvz_tw_start(int fd, size_t capacity, int level, unsigned interval_ms, size_t budget);
+/* Without the GIL: append bytes to the file sink, whole (0, or -1 with
+ * errno; EINVAL for the memory sink). */
+int mvz_tw_write(const uint8_t *data, size_t len);
+/* Without the GIL: take and write every event the ring holds now. */
+void mvz_tw_flush(void);
+/* Without the GIL: flush, stop the thread and the ring. The memory sink
+ * keeps its chunks until mvz_tw_release. */
+void mvz_tw_stop(void);
+/* Free the flight recorder's chunks and base. */
+void mvz_tw_release(void);
+/* Without the GIL: write the flight recorder's events to fd (the caller
+ * wrote the header and tables before, and writes the end after): the base,
+ * the chunks kept, and what the ring holds now. 0, or -1 with errno. */
+int mvz_tw_dump(int fd);
+void mvz_tw_get_stats(mvz_tw_stats *out);
+/* After fork, in the child: the writer thread does not exist there. */
+void mvz_tw_atfork_child(void);
+
+#endif
