@@ -87,6 +87,11 @@ class Tracker(StoreReading, Outputs):
             ``memviz.frames``.
         trace: a path: stream a .memviz trace file there while tracking
             (flushed at least every second; readable with memviz.load()).
+        flight_recorder: a memory budget (``"256 MiB"``): keep the latest
+            events in memory, within it, and write them as a trace file only
+            when an allocation fails, an exception leaves ``track()``, on
+            SIGUSR1, or on ``dump()`` (memviz/trace/flight.py).
+        flight_dir: the folder for those dumps (default: the working folder).
         precise: put PyTorch's allocator on the driver's stream-ordered pool
             (``backend:cudaMallocAsync``) so every tensor is a driver call;
             must be chosen before CUDA initialises.
@@ -119,12 +124,14 @@ class Tracker(StoreReading, Outputs):
                  activity: Optional[bool] = None, frame_filter: Optional[FrameFilter] = None,
                  trace: Optional[str] = None, precise: bool = False,
                  torch: Optional[bool] = None, autograd: Optional[bool] = None,
-                 graph: Optional[bool] = None) -> None:
+                 graph: Optional[bool] = None, flight_recorder: Any = None,
+                 flight_dir: Optional[str] = None) -> None:
         self._depth_given = depth is not None
         if depth is None:
             depth = _DEFAULT_DEPTH
         _check_options(gpu=gpu, depth=depth, activity=activity, frame_filter=frame_filter,
-                       trace=trace, precise=precise, torch=torch, autograd=autograd, graph=graph)
+                       trace=trace, precise=precise, torch=torch, autograd=autograd, graph=graph,
+                       flight_recorder=flight_recorder, flight_dir=flight_dir)
         self.gpu_requested = bool(gpu)
         self.depth = depth
         self.activity = (not precise) if activity is None else bool(activity)
@@ -146,6 +153,14 @@ class Tracker(StoreReading, Outputs):
         #: bytes per device live when this tracker started ({} when it started the capture)
         self.baseline: Dict[int, int] = {}
         self.trace_path = os.fspath(trace) if trace is not None else None
+        #: the flight recorder's budget in bytes (None: no recorder)
+        self.flight_budget: Optional[int] = None
+        if flight_recorder is not None:
+            from memviz.trace.flight import parse_budget
+            self.flight_budget = parse_budget(flight_recorder)
+        self.flight_dir = os.fspath(flight_dir) if flight_dir is not None else None
+        #: the running flight recorder (memviz.trace.flight.FlightRecorder) or None
+        self.flight_recorder: Any = None
         self.precise = bool(precise)
         self.torch_integration = torch
         if graph is None:
@@ -343,6 +358,10 @@ class Tracker(StoreReading, Outputs):
         if self.trace_path is not None:
             from memviz.trace.writer import TraceWriter
             self._plugins.append(TraceWriter(self, self.trace_path))
+        if self.flight_budget is not None:
+            from memviz.trace.flight import FlightRecorder
+            self.flight_recorder = FlightRecorder(self, self.flight_budget, self.flight_dir)
+            self._plugins.append(self.flight_recorder)
         for plugin in self._plugins:
             if hasattr(plugin, "on_start"):
                 plugin.on_start(self)
@@ -371,6 +390,19 @@ class Tracker(StoreReading, Outputs):
         from memviz.trace.save import save
         save(self, path)
 
+    def dump(self, path: Optional[str] = None) -> str:
+        """Write the flight recorder's memory to a .memviz file now (``path``,
+        or a new file named with the time, pid and rank in ``flight_dir``);
+        returns its path. Needs ``track(flight_recorder=...)``."""
+        if path is not None:
+            from memviz._args import path as _path_arg
+            path = _path_arg(path, "tracker.dump(path)")
+        if self.flight_recorder is None or not self._running:
+            raise NotTracking("dump() writes a flight recorder's memory: start the tracker with "
+                              "memviz.track(flight_recorder='256 MiB') (to write what a tracker "
+                              "holds without one, use save(path))")
+        return self.flight_recorder.dump(path)
+
     def events(self) -> Optional[Iterator[Any]]:
         """The allocation events of the trace this tracker streamed
         (``track(trace=path)``), read back once it stopped, as
@@ -389,6 +421,9 @@ class Tracker(StoreReading, Outputs):
         return self.start()
 
     def __exit__(self, *exc) -> None:
+        if self._running and exc[0] is not None and self.flight_recorder is not None \
+                and not issubclass(exc[0], (GeneratorExit,)):
+            self.flight_recorder.dump_quietly(f"{exc[0].__name__} left memviz.track()")
         if self._running:
             self.stop()
 
@@ -461,7 +496,7 @@ def _caller_location() -> str:
 def track(**kwargs: Any) -> Tracker:
     """A tracker to use as ``with memviz.track() as t:``; see :class:`Tracker`
     for the options (gpu, depth, activity, frame_filter, trace, precise, torch, autograd,
-    graph)."""
+    graph, flight_recorder, flight_dir)."""
     _check_options(**kwargs)
     return Tracker(**kwargs)
 

@@ -330,18 +330,22 @@ static void *writer_main(void *unused)
     pthread_sigmask(SIG_BLOCK, &all, NULL);
     pthread_mutex_lock(&tw_lock);
     uint64_t since = mvz_now_ns();
+    long wait_ns = 20 * 1000000L;
     while (!tw_stopping) {
         struct timespec t;
         clock_gettime(CLOCK_REALTIME, &t);
-        t.tv_nsec += 20 * 1000000L; /* look at the ring 50 times a second */
+        /* Look at the ring 50 times a second; 500 times while it fills fast. */
+        t.tv_nsec += wait_ns;
         if (t.tv_nsec >= 1000000000L) {
             t.tv_sec++;
             t.tv_nsec -= 1000000000L;
         }
         pthread_cond_timedwait(&tw_cond, &tw_lock, &t);
         if (!tw_stopping && due(since)) {
+            uint64_t before = st.events;
             drain(0);
             since = mvz_now_ns();
+            wait_ns = st.events - before >= mvz_store_trace_capacity() / 8 ? 2 * 1000000L : 20 * 1000000L;
         }
     }
     pthread_mutex_unlock(&tw_lock);

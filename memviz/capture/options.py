@@ -12,13 +12,13 @@ from typing import Any
 
 import memviz._args as _args
 import memviz._core as _core
-from memviz._errors import InvalidArgumentType
+from memviz._errors import InvalidArgument, InvalidArgumentType
 from memviz.model.frame_filter import FrameFilter
 
 __all__ = ["OPTIONS", "check_options", "torch_installed"]
 
 OPTIONS = ("gpu", "depth", "activity", "frame_filter", "trace", "precise", "torch", "autograd",
-           "graph")
+           "graph", "flight_recorder", "flight_dir")
 
 
 def check_options(**options: Any) -> None:
@@ -42,6 +42,15 @@ def check_options(**options: Any) -> None:
                              "a memviz.FrameFilter (such as memviz.frames) or None")
     if options.get("trace") is not None:
         _args.path(options["trace"], "memviz.track(trace=...)")
+    if options.get("flight_dir") is not None:
+        _args.path(options["flight_dir"], "memviz.track(flight_dir=...)")
+        if options.get("flight_recorder") is None:
+            raise InvalidArgument("memviz.track(flight_dir=...) is where flight-recorder dumps go; "
+                                  "give flight_recorder='256 MiB' too (or leave flight_dir out)")
+    if options.get("flight_recorder") is not None and options.get("trace") is not None:
+        raise InvalidArgument("memviz.track() takes trace=... or flight_recorder=..., not both: a trace "
+                              "keeps every event in a file; the flight recorder keeps the latest in "
+                              "memory and writes them only when something goes wrong")
 
 
 def torch_installed() -> bool:

@@ -66,7 +66,7 @@ from typing import Any, Dict, List, Optional
 from memviz._errors import TraceError
 from memviz.cli.common import (EXIT_USAGE, device_name, dumps, load_trace, parse, positive, refuse_output,
                                write_text)
-from memviz.report.summary import finding_records, step_summary
+from memviz.report.summary import finding_records, flight_window, step_summary
 from memviz.trace.format import step_dict
 
 __all__ = ["main", "json_report", "report_parser"]
@@ -120,6 +120,7 @@ def json_report(trace: Any, top: int = 10) -> Dict[str, Any]:
         "duration_s": (stopped - started) / 1e9 if started is not None and stopped else None,
         "events": getattr(trace, "event_count", None),
         "dropped_events": getattr(trace, "dropped_events", 0),
+        "flight_recorder": flight_window(trace),
         "devices": devices,
         "failures": failures,
         "steps": [step_dict(s) for s in trace.steps],

@@ -54,7 +54,7 @@ __all__ = ["main", "build_parser"]
 
 EXIT_INTERRUPTED = 130
 EXIT_OUTPUT = 2  # the script succeeded but a report file or the trace could not be written
-_VALUE_OPTIONS = ("--depth", "--top", "--report-file", "-o", "--output")
+_VALUE_OPTIONS = ("--depth", "--top", "--report-file", "-o", "--output", "--flight-recorder", "--flight-dir")
 _MEMVIZ_DIR = PACKAGE_DIR
 _RUNPY_FILES = {"<frozen runpy>", os.path.abspath(runpy.__file__)}
 
@@ -91,9 +91,23 @@ def build_parser(prog: str = "memviz run") -> argparse.ArgumentParser:
     parser.add_argument("-o", "--output", metavar="TRACE",
                         help="also stream a .memviz trace file here (read it with "
                              "`memviz report TRACE` or memviz.load())")
+    parser.add_argument("--flight-recorder", metavar="SIZE", type=_budget,
+                        help="keep the latest events in SIZE of memory (e.g. 256MiB) and write "
+                             "them as a trace only when an allocation fails, the script raises, "
+                             "or on SIGUSR1 (kill -USR1 PID)")
+    parser.add_argument("--flight-dir", metavar="DIR",
+                        help="where the flight recorder's dumps go (default: this folder)")
     parser.add_argument("-m", dest="module", metavar="module",
                         help="run a module like python -m (the rest are its arguments)")
     return parser
+
+
+def _budget(text: str) -> int:
+    from memviz.trace.flight import parse_budget
+    try:
+        return parse_budget(text, "--flight-recorder")
+    except MemvizError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _split(argv: List[str]) -> Tuple[List[str], Optional[str], Optional[str], List[str]]:
@@ -308,9 +322,16 @@ def _trace_note(tracker: Tracker, path: str) -> bool:
     return True
 
 
+def _flight_dump(tracker: Tracker, exc: BaseException) -> None:
+    """The flight recorder's dump when the script raised (before the traceback)."""
+    if tracker.running and tracker.flight_recorder is not None:
+        tracker.flight_recorder.dump_quietly(f"{type(exc).__name__} raised by the script")
+
+
 def _start(opts: argparse.Namespace) -> Tracker:
     tracker = Tracker(gpu=not opts.no_gpu, depth=opts.depth, trace=opts.output,
-                      precise=opts.precise, autograd=True if opts.autograd else None)
+                      precise=opts.precise, autograd=True if opts.autograd else None,
+                      flight_recorder=opts.flight_recorder, flight_dir=opts.flight_dir)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CaptureWarning)  # said below, and in the report
         tracker.start()
@@ -367,6 +388,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
         except SystemExit as e:
             status = _exit_status(e)
         except KeyboardInterrupt as e:
+            _flight_dump(tracker, e)
             _print_exception(e)
             status = EXIT_INTERRUPTED
         except BaseException as e:  # noqa: BLE001 - report any failure of the script
@@ -374,6 +396,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
                 print(f"{prog}: cannot run module {module!r}: {e}. Check the name, and that "
                       "it is importable from this folder.", file=sys.stderr)
                 return EXIT_USAGE
+            _flight_dump(tracker, e)
             _print_exception(e)
             status = 1
         try:

@@ -19,7 +19,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from memviz._units import format_size
 
 __all__ = ["STEP_SERIES", "step_records", "step_summary", "finding_steps", "finding_dict",
-           "finding_records", "step_series_label", "short_path", "source_line", "device_name", "device_items"]
+           "finding_records", "step_series_label", "short_path", "source_line", "device_name", "device_items",
+           "flight_window", "flight_sentences"]
 
 
 def device_name(dev: int) -> str:
@@ -236,3 +237,55 @@ def device_items(mapping: Mapping[Any, Any]) -> Iterator[Tuple[int, Any]]:
         except (TypeError, ValueError):
             continue
         yield dev, v
+
+
+def _u64(v: Any) -> int:
+    return v if _is_int(v) and v >= 0 else 0
+
+
+def flight_window(obj: Any) -> Optional[Dict[str, Any]]:
+    """What a flight recorder's dump covers (its END record's
+    "flight_recorder"), with times in seconds since tracking started; None
+    for anything else (a live tracker, a streamed or saved trace)."""
+    end = getattr(obj, "end", None)
+    fr = end.get("flight_recorder") if isinstance(end, dict) else None
+    if not isinstance(fr, dict):
+        return None
+    origin = _u64(fr.get("recording_started_ns")) or _u64(getattr(obj, "started_ns", None))
+
+    def since(key: str) -> Optional[float]:
+        ns = _u64(fr.get(key))
+        return (ns - origin) / 1e9 if ns and origin and ns >= origin else None
+
+    return {"reason": fr.get("reason") if isinstance(fr.get("reason"), str) else None,
+            "budget": _u64(fr.get("budget")), "window_start_s": since("window_start_ns"),
+            "window_end_s": since("window_end_ns"), "dumped_at_s": since("dumped_at_ns"),
+            "events_kept": _u64(fr.get("events_kept")), "events_folded": _u64(fr.get("events_folded")),
+            "folded_until_s": since("folded_until_ns"),
+            "allocations_before_window": _u64(fr.get("allocations_before_window")),
+            "events_dropped": _u64(fr.get("events_dropped"))}
+
+
+def flight_sentences(obj: Any) -> List[str]:
+    """The flight-recorder dump's coverage in words (empty for other recordings)."""
+    w = flight_window(obj)
+    if w is None:
+        return []
+
+    def at(s: Optional[float]) -> str:
+        return f"{s:.2f} s" if s is not None else "?"
+
+    out = [f"Flight-recorder dump ({w['reason'] or 'reason not recorded'}), budget "
+           f"{format_size(w['budget'])}: it holds the {w['events_kept']:,} events from {at(w['window_start_s'])} "
+           f"to {at(w['window_end_s'])} after tracking started."]
+    if w["events_folded"]:
+        out.append(f"The {w['events_folded']:,} events before them (up to {at(w['folded_until_s'])}) were "
+                   "dropped from the ring to stay within the budget; what they left live, "
+                   f"{w['allocations_before_window']:,} allocations, is kept with its lines, so the "
+                   "live set and the snapshots are whole, but peaks before the window are not in it.")
+    else:
+        out.append("No event was dropped from the ring: it covers the whole recording.")
+    if w["events_dropped"]:
+        out.append(f"{w['events_dropped']:,} events were lost because the capture ring was full "
+                   "(GAP records).")
+    return out

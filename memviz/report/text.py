@@ -25,7 +25,7 @@ from memviz._errors import InvalidArgument
 from memviz._units import escape_surrogates, format_size
 from memviz.capture import cupti as _capture
 from memviz.capture.device import SOURCE_CUMEMGETINFO, process_device_memory
-from memviz.report.summary import (STEP_SERIES, device_name as _device_name, finding_records,
+from memviz.report.summary import (STEP_SERIES, device_name as _device_name, finding_records, flight_sentences,
                                    short_path as _short_path, source_line as _source, step_series_label,
                                    step_summary)
 
@@ -90,6 +90,8 @@ def _header(tracker: Any, info: Dict[str, Any], command: Optional[str]) -> List[
         reason = tracker.gpu_off_reason or info.get("reason") or "unknown reason"
         lines += _wrap(f"GPU capture off: {reason.rstrip('.')}.", indent="    ", first="  ")
         sentence = NO_GPU_SENTENCE if tracker.gpu_requested else GPU_OFF_SENTENCE
+        lines += _wrap(sentence, indent="    ", first="  ")
+    for sentence in flight_sentences(tracker):
         lines += _wrap(sentence, indent="    ", first="  ")
     return lines
 

@@ -255,4 +255,9 @@ class TorchIntegration(AutogradLabels, Categories):
             except Exception as e:  # noqa: BLE001 - never change the user's exception
                 self.oom_report = None
                 tracker._oom_error = repr(e)
+            # The flight recorder writes its dump here, on the failing thread,
+            # before PyTorch raises OutOfMemoryError to the program.
+            recorder = getattr(tracker, "flight_recorder", None)
+            if recorder is not None:
+                recorder.on_failure(tracker, f"PyTorch out of memory on cuda:{device}")
 
