@@ -293,17 +293,20 @@ static void drain(int only)
             tw_chunk *c = frame_events((const mvz_event *)buf, (size_t)len / sizeof(mvz_event),
                                        (uint32_t)m, first, last);
             if (c) {
-                st.events += m;
                 st.chunks++;
                 if (last > st.window_end)
                     st.window_end = last;
                 if (tw_fd >= 0) {
+                    /* Counted once written: an error says how far the file goes. */
                     if (!st.error && write_all(tw_fd, c->data, c->len) != 0)
                         st.error = errno ? errno : EIO;
-                    if (!st.error)
+                    if (!st.error) {
                         st.bytes += c->len;
+                        st.events += m;
+                    }
                     free(c);
                 } else {
+                    st.events += m;
                     keep(c);
                 }
             }

@@ -1,0 +1,113 @@
+"""The native trace writer (src/trace_writer.c): the file it writes holds
+what the Python writer's holds, Python does no per-event work, and a failed
+write never reaches the program."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+
+import memviz
+from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
+from memviz.trace import format as F
+from memviz.trace.writer import TraceWriter
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 1 << 20
+
+pytestmark = pytest.mark.skipif(not memviz._core.zlib_available(),
+                                reason="libz.so.1 cannot be loaded here, so traces use the Python writer")
+
+
+def workload(fake):
+    kept = []
+    for i in range(3000):
+        a = fake.alloc(CBID_cuMemAlloc_v2, 4096 * (1 + i % 13))
+        if i % 5:
+            fake.free(CBID_cuMemFree_v2, a)
+        else:
+            kept.append(a)
+    fake.alloc(CBID_cuMemAlloc_v2, 1 << 40, result=2)
+    return kept
+
+
+def record(fake, path, writer, monkeypatch):
+    monkeypatch.setenv("MEMVIZ_TRACE_WRITER", writer)
+    with memviz.track(trace=str(path), torch=False) as t:
+        w = next(p for p in t._plugins if isinstance(p, TraceWriter))
+        assert w.native == (writer == "native")
+        with memviz.label("phase"):
+            workload(fake)
+    return w
+
+
+def events(trace):
+    return [(e.op, e.size, e.label, e.traceback.user_frame.lineno if e.traceback else None)
+            for e in trace.events()]
+
+
+def test_the_native_file_holds_what_the_python_writers_does(fake, tmp_path, monkeypatch):
+    a, b = tmp_path / "native.memviz", tmp_path / "python.memviz"
+    wa = record(fake, a, "native", monkeypatch)
+    fake.reset()
+    record(fake, b, "python", monkeypatch)
+    ta, tb = memviz.load(a), memviz.load(b)
+    assert not ta.truncated and events(ta) == events(tb) and len(events(ta)) == 5401
+    def counts(t):
+        return {d: {k: v for k, v in x.items() if "timestamp" not in k} for d, x in t.totals().items()}
+    assert counts(ta) == counts(tb) and ta.dropped_events == 0
+    assert wa.events_written == 5401 and wa.dropped == 0
+    # The same compression of the same planes: within a few percent.
+    assert os.path.getsize(a) < 1.1 * os.path.getsize(b)
+    assert os.path.getsize(a) / 5401 < 4
+
+
+def test_python_does_no_per_event_work(fake, tmp_path, monkeypatch):
+    """Events never pass through Python: the drain the Python writer uses is
+    never called, and the file still holds them all."""
+    def no(*a):
+        raise AssertionError("events went through Python")
+    monkeypatch.setattr(memviz._core, "trace_drain", no)
+    path = tmp_path / "n.memviz"
+    with memviz.track(trace=str(path), torch=False) as t:
+        fake.alloc_free_loop(20000)
+        w = next(p for p in t._plugins if isinstance(p, TraceWriter))
+        w.flush()
+    assert w.error is None and memviz.load(path).event_count >= 40000
+
+
+def test_a_full_disk_stops_the_native_writer_not_the_program(fake_path, tmp_path):
+    """RLIMIT_FSIZE makes write(2) fail part-way (EFBIG), as a full disk
+    would: the program goes on, a TraceWarning says how far the file goes,
+    and it loads up to there."""
+    (tmp_path / "prog.py").write_text(textwrap.dedent("""
+        import os, resource, signal, sys, time, warnings
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        from fake_cupti import FakeCupti, CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
+        import memviz
+        fake = FakeCupti()
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            with memviz.track(trace="t.memviz", torch=False) as t:
+                for i in range(40):
+                    fake.alloc_free_loop(20000)
+                    time.sleep(0.03)  # the writer thread writes a chunk or two
+                print("current", t.current_bytes())
+        print("warned", [str(x.message) for x in w if "incomplete" in str(x.message)])
+    """))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+               MEMVIZ_CUPTI_LIBRARY=fake_path)
+    p = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "current 0" in p.stdout and "File too large" in p.stdout, p.stdout
+    assert os.path.getsize(tmp_path / "t.memviz") <= 200_000
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", F.TraceWarning)
+        trace = memviz.load(str(tmp_path / "t.memviz"), recover=True)
+    assert trace.truncated and trace.event_count > 40000
