@@ -66,6 +66,11 @@ def main():
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--cycles", type=int, default=6, help="alternate: rounds of the three configurations")
     ap.add_argument("--block", type=int, default=12, help="alternate: steps per configuration and round")
+    ap.add_argument("--configs", default="none,memviz_after,torch_history",
+                    help="alternate: the configurations, comma-separated, of none, memviz_after "
+                         "(the allocator route), memviz_after_trace (route + a streamed trace), "
+                         "memviz_after_flight (route + a 256 MiB flight recorder), segments_trace "
+                         "(torch=False: segments only, + a trace), torch_history")
     a = ap.parse_args()
 
     tracker = None
@@ -190,6 +195,11 @@ def main():
                       "max_allocated": torch.cuda.max_memory_allocated(), **extra}))
 
 
+def _core_stats():
+    import memviz._core
+    return memviz._core.trace_writer_stats()
+
+
 def alternate(a, torch, step):
     """One process, the three configurations in turn: untracked, memviz
     started after the model (the allocator route), and PyTorch's
@@ -199,18 +209,28 @@ def alternate(a, torch, step):
     (attach, the first allocations seen) are dropped from its times."""
     import memviz
 
-    configs = ["none", "memviz_after", "torch_history"]
+    configs = a.configs.split(",")
+    for c in configs:
+        if c not in ("none", "memviz_after", "memviz_after_trace", "memviz_after_flight", "segments_trace",
+                     "torch_history"):
+            raise SystemExit(f"unknown configuration {c!r}")
     times = {c: [] for c in configs}
+    trace_stats = {c: [] for c in configs}
+    n = len(configs)
     for i in range(a.warmup):
         step()
     torch.cuda.synchronize()
     routes = set()
     for cycle in range(a.cycles):
-        order = configs[cycle % 3:] + configs[:cycle % 3]
+        order = configs[cycle % n:] + configs[:cycle % n]
         for c in order:
             tracker = None
-            if c == "memviz_after":
-                tracker = memviz.track().start()
+            if c.startswith(("memviz_after", "segments")):
+                trace = (os.path.join(a.trace_dir, f"bench_{os.getpid()}.memviz")
+                         if c.endswith("_trace") else None)
+                tracker = memviz.track(trace=trace, torch=False if c.startswith("segments") else None,
+                                       flight_recorder="256 MiB" if c.endswith("_flight") else None,
+                                       flight_dir=a.trace_dir if c.endswith("_flight") else None).start()
                 routes.add(tracker.torch.route.route if tracker.torch and tracker.torch.route else None)
             elif c == "torch_history":
                 torch.cuda.memory._record_memory_history(stacks="python")
@@ -222,11 +242,21 @@ def alternate(a, torch, step):
                 if i >= 2:
                     times[c].append((time.perf_counter() - t0) * 1e3)
             if tracker is not None:
+                fr = tracker.flight_recorder
                 tracker.stop()
+                if tracker.trace_path:
+                    loaded = memviz.load(tracker.trace_path)
+                    events = sum(1 for _ in loaded.events())
+                    trace_stats[c].append({"bytes": os.path.getsize(tracker.trace_path), "events": events,
+                                           "dropped": loaded.dropped_events})
+                    os.unlink(tracker.trace_path)
+                elif fr is not None:
+                    trace_stats[c].append({"dropped": _core_stats()["dropped"]})
                 del tracker
             elif c == "torch_history":
                 torch.cuda.memory._record_memory_history(enabled=None)
     print(json.dumps({"mode": "alternate", "times_ms": times, "routes": sorted(map(str, routes)),
+                      "trace_stats": trace_stats,
                       "medians_ms": {c: statistics.median(v) for c, v in times.items()}}))
 
 

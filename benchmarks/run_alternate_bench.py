@@ -25,11 +25,12 @@ def main():
     ap.add_argument("--cycles", type=int, default=6)
     ap.add_argument("--block", type=int, default=12)
     ap.add_argument("--out", default="alternate_bench.json")
+    ap.add_argument("--configs", default="none,memviz_after,torch_history")
     a = ap.parse_args()
     runs = []
     for i in range(a.procs):
         p = subprocess.run([sys.executable, os.path.join(HERE, "bench_train_step.py"), "--mode", "alternate",
-                            "--cycles", str(a.cycles), "--block", str(a.block)],
+                            "--cycles", str(a.cycles), "--block", str(a.block), "--configs", a.configs],
                            capture_output=True, text=True, timeout=600)
         if p.returncode != 0:
             print(f"process {i} failed:\n{p.stderr[-2000:]}", file=sys.stderr)
@@ -55,6 +56,16 @@ def main():
         print(f"{c:14s} median {s['median_ms']:6.2f} ms  spread {min(meds):.2f}-{max(meds):.2f}  "
               f"min-of-min {s['min_of_min_ms']:.2f} ({s['min_ratio']:.3f})  paired ratio "
               f"{s['median_ratio']:.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
+    for c in configs:
+        stats = [x for r in runs for x in r.get("trace_stats", {}).get(c, [])]
+        if stats and "bytes" in stats[0]:
+            b, e = sum(x["bytes"] for x in stats), sum(x["events"] for x in stats)
+            summary[c]["bytes_per_event"] = b / max(e, 1)
+            summary[c]["dropped_events"] = sum(x["dropped"] for x in stats)
+            print(f"{c:14s} trace: {b / max(e, 1):.2f} bytes per event over {e:,} events, "
+                  f"{summary[c]['dropped_events']} dropped")
+        elif stats:
+            summary[c]["dropped_events"] = sum(x["dropped"] for x in stats)
     with open(a.out, "w") as f:
         json.dump({"summary": summary, "runs": runs}, f, indent=1)
 

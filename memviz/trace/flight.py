@@ -242,12 +242,15 @@ class FlightRecorder:
         }
 
     def _run(self) -> None:
+        ticks = 0
         while not self._stop.wait(_INTERVAL):
+            ticks += 1
             try:
                 with self._lock:
                     if not self._running:
                         return
-                    self._name_new()
+                    if ticks % 4 == 0:  # names once a second; a dump names the rest itself
+                        self._name_new()
                 failed = self._failed_now()
                 if failed > self._failures_seen:
                     self._failures_seen = failed
