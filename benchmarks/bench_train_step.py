@@ -231,7 +231,8 @@ def alternate(a, torch, step):
                 tracker = memviz.track(trace=trace, torch=False if c.startswith("segments") else None,
                                        flight_recorder="256 MiB" if c.endswith("_flight") else None,
                                        flight_dir=a.trace_dir if c.endswith("_flight") else None).start()
-                routes.add(tracker.torch.route.route if tracker.torch and tracker.torch.route else None)
+                integ = getattr(tracker, "torch", None)
+                routes.add(integ.route.route if integ is not None and integ.route else None)
             elif c == "torch_history":
                 torch.cuda.memory._record_memory_history(stacks="python")
             for i in range(a.block):
