@@ -328,7 +328,9 @@ class TraceWriter:
     # -- internals
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        # Native: events need no Python; names of new stacks and threads, once a second.
+        wait = max(self.interval, 1.0) if self.native else self.interval
+        while not self._stop.wait(wait):
             with self._lock:
                 if self._fd is None or self.error is not None:
                     return

@@ -75,12 +75,12 @@ def test_pytorch_oom_is_dumped_before_the_program_sees_it(tmp_path):
         out(dumps=[os.path.basename(p) for p in before], reason=fr.get("reason"), expected=line,
             failed_lines=[f.traceback.user_frame.lineno for f in fails if f.traceback and f.traceback.user_frame],
             failed_sizes=[f.size for f in fails], cats=[str(s.key) for s in top][:8],
-            live_blocks=sum(a.size for a in tr.snapshot().allocations if a.kind == "block") if tr else 0)
+            block_events=sum(1 for e in tr.events() if e.kind == "block") if tr else 0)
     """))
     print("OOM dump:", r)
     assert len(r["dumps"]) >= 1 and r["reason"].startswith("PyTorch out of memory"), r
     assert r["expected"] in r["failed_lines"], r  # the failed driver call, at the line that asked
-    assert r["live_blocks"] > 0 and any(c.startswith("parameter") for c in r["cats"]), r
+    assert r["block_events"] > 50, r  # the step before the OOM, block by block
 
 
 def test_sigusr1_dumps_a_running_training_loop(tmp_path):
