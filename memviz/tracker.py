@@ -51,6 +51,7 @@ from memviz.capture.nesting import (open_window as _open_window, refuse_nesting 
                                     share_marks as _share_marks,
                                     share_torch_features as _share_torch_features)
 from memviz.capture.options import check_options as _check_options, torch_installed as _torch_installed
+from memviz.capture.ranks import rank_path as _rank_path
 from memviz.capture.reading import StoreReading
 from memviz.capture.running import active_tracker, lock as _state_lock, running as _running
 from memviz.capture.store import Frozen as _Frozen, NoGpuWindow as _NoGpuWindow, Window as _Window
@@ -87,6 +88,10 @@ class Tracker(StoreReading, Outputs):
             ``memviz.frames``.
         trace: a path: stream a .memviz trace file there while tracking
             (flushed at least every second; readable with memviz.load()).
+            Under a launcher (``torchrun``: RANK set) each rank writes its
+            own file, ``run.memviz`` -> ``run.rank0.memviz``, or where
+            ``{rank}`` in the path says (memviz.capture.ranks.rank_path);
+            ``trace_path`` is the file written.
         precise: put PyTorch's allocator on the driver's stream-ordered pool
             (``backend:cudaMallocAsync``) so every tensor is a driver call;
             must be chosen before CUDA initialises.
@@ -145,7 +150,7 @@ class Tracker(StoreReading, Outputs):
         self.outer: Optional["Tracker"] = None
         #: bytes per device live when this tracker started ({} when it started the capture)
         self.baseline: Dict[int, int] = {}
-        self.trace_path = os.fspath(trace) if trace is not None else None
+        self.trace_path = _rank_path(os.fspath(trace)) if trace is not None else None
         self.precise = bool(precise)
         self.torch_integration = torch
         if graph is None:
@@ -366,10 +371,11 @@ class Tracker(StoreReading, Outputs):
         from memviz.analysis.diagnose import diagnose
         return diagnose(self)
 
-    def save(self, path: str) -> None:
-        """Write what this tracker recorded to a .memviz trace file."""
+    def save(self, path: str) -> str:
+        """Write what this tracker recorded to a .memviz trace file; returns
+        the file written (one per rank under a launcher, as for ``trace=``)."""
         from memviz.trace.save import save
-        save(self, path)
+        return save(self, path)
 
     def events(self) -> Optional[Iterator[Any]]:
         """The allocation events of the trace this tracker streamed
