@@ -336,3 +336,25 @@ def test_step_files_are_one_per_rank_too(fake, no_launcher, tmp_path):
         t.step()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["steps.rank1.csv", "steps.rank1.jsonl"]
     assert json.loads((tmp_path / "steps.rank1.jsonl").read_text())["index"] == 0
+
+
+def test_categories_side_by_side(fake, no_launcher, tmp_path, capsys):
+    """With PyTorch, each rank's bytes by category at its peak and at the end."""
+    torch = pytest.importorskip("torch")
+    kept = []
+    for rank, n in ((0, 4096), (1, 1024)):
+        no_launcher.setenv("RANK", str(rank))
+        no_launcher.setenv("WORLD_SIZE", "2")
+        with memviz.track(trace=str(tmp_path / "run.memviz")):
+            p = torch.nn.Parameter(torch.zeros(n))
+            s = p.untyped_storage()
+            fake.alloc_at(s.data_ptr(), s.nbytes())
+            fake.free(CBID_cuMemFree_v2, fake.alloc(CBID_cuMemAlloc_v2, 3 * MiB))  # the peak; freed by the end
+            kept.append(p)
+    doc = _json(capsys, tmp_path / "run.rank0.memviz", tmp_path / "run.rank1.memviz")
+    for row, n in zip(doc["ranks"], (4096, 1024)):
+        assert row["categories_at_end"] == {"parameter": 4 * n}, row
+        assert row["categories_at_peak"].get("outside_pytorch") == 3 * MiB, row
+    assert main(["report", str(tmp_path / "run.rank0.memviz"), str(tmp_path / "run.rank1.memviz")]) == 0
+    text = capsys.readouterr().out
+    assert "By category at the end:" in text and re.search(r"  parameter\s+16 KiB\s+4 KiB", text), text
