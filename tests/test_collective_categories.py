@@ -9,9 +9,6 @@ under site-packages), the others run real torch.distributed (gloo, one
 process) and FSDP2 with the test double firing the "driver" events.
 """
 
-import ctypes
-import os
-import sys
 import textwrap
 
 import pytest
@@ -69,6 +66,7 @@ def test_wrappers_between_the_collective_and_the_allocation_are_looked_through()
 
 
 @pytest.mark.parametrize("op", [".allreduce", "self.process_group.allgather", "dist.Reducer",
+                                "self.reducer._rebuild_buckets",
                                 "torch.distributed._broadcast_coalesced",
                                 "torch.ops._c10d_functional.all_gather_into_tensor"])
 def test_a_line_calling_c10d_itself_names_the_collective(op):
@@ -212,7 +210,6 @@ def test_fsdp1_flat_parameter_copies(fake):
     flat._full_param_padded = torch.empty(128)
     flat._mp_shard = torch.empty(64, dtype=torch.float16)
     flat._saved_grad_shard = torch.empty(64)
-    holder = [flat]  # noqa: F841 - reachable, as FSDP's module keeps it
     with memviz.track() as t:
         for x in (flat, flat._full_param_padded, flat._mp_shard, flat._saved_grad_shard):
             _mark(fake, x)

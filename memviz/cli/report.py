@@ -147,7 +147,8 @@ def _html(trace: Any) -> str:
 
 def report_parser(prog: str = "memviz report") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=prog, description="Print the memory report of a .memviz trace file.",
+        prog=prog, description="Print the memory report of a .memviz trace file, or the merged "
+                                "report of several: the ranks of one torchrun run.",
         epilog="Example: memviz report run.memviz --format html -o run.html", allow_abbrev=False)
     parser.add_argument("trace", nargs="+",
                         help="the .memviz file (from `memviz run -o`, track(trace=...) or "

@@ -222,14 +222,16 @@ _COLLECTIVE_FILES = ("torch/distributed/distributed_c10d.py", "torch/distributed
                      "torch/distributed/tensor/_redistribute.py", "torch/distributed/algorithms/",
                      "torch/distributed/_symmetric_memory/")
 #: calls (the last part of Allocation.op) that are c10d's own: a process
-#: group's collectives, DDP's Reducer and the broadcast of its parameters
+#: group's collectives, DDP's Reducer (its buckets, made again after the
+#: first step by _rebuild_buckets) and the broadcast of its parameters
 _COLLECTIVE_CALLS = frozenset((
     "allreduce", "all_reduce", "allreduce_coalesced", "all_reduce_coalesced", "allgather", "all_gather",
     "all_gather_into_tensor", "allgather_into_tensor_coalesced", "_allgather_base", "allgather_coalesced",
     "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced", "_reduce_scatter_base",
     "alltoall", "alltoall_base", "all_to_all", "all_to_all_single", "batch_isend_irecv",
-    "_broadcast_coalesced", "Reducer", "_verify_params_across_processes", "monitored_barrier",
-    "eager_connect_single_device", "_set_default_backend"))
+    "_broadcast_coalesced", "Reducer", "_rebuild_buckets", "_get_zeros_like_grad_buckets", "_run_comm_hook",
+    "_verify_params_across_processes", "monitored_barrier", "eager_connect_single_device",
+    "_set_default_backend"))
 #: (file, function) of the innermost frame where FSDP allocates a layer's
 #: unsharded parameters (before it runs; freed after): FSDP2's alloc_storage,
 #: FSDP1's _alloc_storage
