@@ -84,7 +84,7 @@ def load(path: str, *, recover: bool = False) -> LoadedTrace:
         if isinstance(e, IsADirectoryError) or os.path.isdir(path):
             raise _special_file("a directory", path) from e
         raise TraceError(f"cannot read the file: {e.strerror or e}", path,
-                         hint="check the path and that you may read it") from e
+                         hint=_ranks_hint(path, e) or "check the path and that you may read it") from e
     try:
         what = _not_a_file(os.fstat(fd).st_mode)
     except OSError:
@@ -99,6 +99,23 @@ def load(path: str, *, recover: bool = False) -> LoadedTrace:
             raise TraceError(f"cannot read the file: {e.strerror or e}", path,
                              hint="check the path and that you may read it") from e
     return LoadedTrace.from_bytes(data, path, recover=recover)
+
+
+def _ranks_hint(path: str, e: OSError) -> Optional[str]:
+    """For a missing file that a distributed run wrote once per rank
+    (memviz.capture.ranks.rank_path): which files there are instead."""
+    if not isinstance(e, FileNotFoundError):
+        return None
+    import glob
+
+    from memviz.capture.ranks import rank_glob
+    pattern = rank_glob(path)
+    found = sorted(glob.glob(glob.escape(pattern).replace("[*]", "*")))
+    if not found:
+        return None
+    listed = ", ".join(os.path.basename(f) for f in found[:3]) + (", ..." if len(found) > 3 else "")
+    return (f"under a launcher (torchrun) each rank writes its own file ({listed}): load one of "
+            f"them, or read them all with `python -m memviz report '{pattern}'`")
 
 
 def _special_file(what: str, path: str) -> TraceError:

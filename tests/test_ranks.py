@@ -358,3 +358,16 @@ def test_categories_side_by_side(fake, no_launcher, tmp_path, capsys):
     assert main(["report", str(tmp_path / "run.rank0.memviz"), str(tmp_path / "run.rank1.memviz")]) == 0
     text = capsys.readouterr().out
     assert "By category at the end:" in text and re.search(r"  parameter\s+16 KiB\s+4 KiB", text), text
+
+
+def test_loading_the_path_given_once_points_to_the_ranks_files(fake, no_launcher, tmp_path):
+    """Under torchrun, `memviz.load("run.memviz")` after track(trace="run.memviz")
+    finds no such file: the error says each rank wrote its own."""
+    _record(fake, no_launcher, tmp_path, 0, steps=1)
+    with pytest.raises(memviz.TraceError) as e:
+        memviz.load(str(tmp_path / "run.memviz"))
+    msg = str(e.value)
+    assert "run.rank0.memviz" in msg and "each rank" in msg and "memviz report" in msg, msg
+    with pytest.raises(memviz.TraceError) as e:  # no rank's file either: the plain error
+        memviz.load(str(tmp_path / "other.memviz"))
+    assert "rank" not in str(e.value)
