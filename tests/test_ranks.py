@@ -270,8 +270,12 @@ def test_torchrun_memviz_run_writes_one_trace_per_rank_and_merges_them(tmp_path,
     train = tmp_path / "train.py"
     train.write_text(TRAIN.format(tests=str(ROOT / "tests"), cbid=CBID_cuMemAlloc_v2,
                                   free_cbid=CBID_cuMemFree_v2))
-    p = _torchrun(tmp_path, fake_path, "-m", "memviz", "run", "-o", "run.memviz", "train.py")
+    p = _torchrun(tmp_path, fake_path, "-m", "memviz", "run", "-o", "run.memviz", "--report-file", "report.txt",
+                  "train.py")
     assert sorted(x.name for x in tmp_path.glob("*.memviz")) == ["run.rank0.memviz", "run.rank1.memviz"]
+    for r in (0, 1):  # --report-file too: one per rank, each headed by its rank
+        assert f"  rank {r} of 2 " in (tmp_path / f"report.rank{r}.txt").read_text()
+    assert not (tmp_path / "report.txt").exists()
     out = p.stdout + p.stderr
     assert "rank 0 done" in out and "rank 1 done" in out
     for r in (0, 1):  # each rank says its own file, and how to read them all
@@ -282,7 +286,7 @@ def test_torchrun_memviz_run_writes_one_trace_per_rank_and_merges_them(tmp_path,
     for r, t in enumerate(traces):
         assert (t.rank, t.local_rank, t.world_size, t.host) == (r, r, 2, socket.gethostname())
         assert t.devices == [r] and t.meta["ranks"]["cuda_device"] is None  # CUDA never initialised
-        assert t.command.endswith("-m memviz run -o run.memviz train.py"), t.command
+        assert t.command.endswith("-m memviz run -o run.memviz --report-file report.txt train.py"), t.command
     assert traces[0].run_id is not None and traces[0].run_id == traces[1].run_id  # --standalone's id
 
     doc = _json(capsys, tmp_path / "run.rank1.memviz", tmp_path / "run.rank0.memviz")

@@ -171,9 +171,9 @@ class Categories:
         segments = self.torch_segments()
         precise = _precise.active()
         current = None if live_now else {r.address for r in _core.live()}
-        out = []
+        out, memo = [], {}
         for a in allocations:
-            cat = _category(a, cats, live, segments, precise, current)
+            cat = _category(a, cats, live, segments, precise, current, memo)
             node, fwd = a.autograd_node, a.forward
             if node and a.traceback and any(_CHECKPOINT_FILE in f.filename for f in a.traceback):
                 # Forward re-run by activation checkpointing: the line being
@@ -298,12 +298,25 @@ def _is_blas_workspace(a) -> bool:
     return op == "operator @" or name in _BLAS_CALLS or (a.autograd_node or "").startswith(_BLAS_NODES)
 
 
-def _category(a, cats, live, segments, precise, current) -> str:
+def _stack_facts(a, memo: Optional[dict]) -> tuple:
+    """(library, collective?, FSDP unshard?) of an allocation's stack, call
+    and thread: worked out once per stack in a snapshot (``memo``, keyed by
+    the Traceback object the snapshot's allocations of one stack share)."""
+    if memo is None:
+        return _library_of(a), _is_collective(a), _fsdp_unshard(a)
+    key = (id(a.traceback), a.op, None if a.traceback else getattr(a.thread, "name", None))
+    facts = memo.get(key)
+    if facts is None:
+        facts = memo[key] = (_library_of(a), _is_collective(a), _fsdp_unshard(a), a.traceback)
+    return facts[:3]
+
+
+def _category(a, cats, live, segments, precise, current, memo: Optional[dict] = None) -> str:
     if a.category:  # set when put together with its segment (unused_pool)
         return a.category
     if a.kind == "static":
         return "outside_pytorch/CUDA module globals"
-    lib = _library_of(a)
+    lib, collective, unshard = _stack_facts(a, memo)
     if lib is not None:
         return f"outside_pytorch/{lib}"
     key = a.address
@@ -312,7 +325,6 @@ def _category(a, cats, live, segments, precise, current) -> str:
         return cat
     if a.kind == "host":
         return "pinned_host"
-    collective = _is_collective(a)
     if precise or a.kind == "block":
         now = current is None or key in current
 
@@ -323,7 +335,7 @@ def _category(a, cats, live, segments, precise, current) -> str:
 
         if collective:
             return "outside_pytorch/nccl" if foreign() else "pytorch/nccl"
-        if _fsdp_unshard(a):  # a layer's unsharded parameters, maybe freed since
+        if unshard:  # a layer's unsharded parameters, maybe freed since
             return "parameter"
         if key in live:
             return "other_pytorch"
