@@ -5,7 +5,8 @@ Commands:
     run     run a Python script (or -m module) with every CUDA allocation
             tracked, and print a memory report to stderr when it ends
             (-o run.memviz also streams a trace file)
-    report  print the report of a .memviz trace file (text, json or html)
+    report  print the report of a .memviz trace file (text, json or html);
+            of several, the ranks of one torchrun run, their merged report
     diff    compare two .memviz traces of one script run two ways: peaks,
             reserved against allocated, fragmentation, categories, lines
 
@@ -27,7 +28,8 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "run": ("memviz.cli.run",
             "run a Python script (or -m module) under memviz and print a memory report"),
     "report": ("memviz.cli.report",
-               "print the report of a .memviz trace file (text, json or html)"),
+               "print the report of a .memviz trace file (text, json or html), or of a "
+               "run's ranks merged"),
     "diff": ("memviz.cli.diff",
              "compare two .memviz traces of one script run two ways, side by side"),
 }

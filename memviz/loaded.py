@@ -24,7 +24,40 @@ class LoadedTrace(TraceReader, Outputs):
     """A trace file read back (``memviz.load``), with the reading API of a
     Tracker (a :class:`memviz.model.recording.Recording`, as a Tracker is):
     snapshot(), peak_snapshot(), totals(), failures, timeline(), threads(),
-    steps, events(), capture_info(), diagnose(), and the outputs."""
+    steps, events(), capture_info(), diagnose(), and the outputs.
+
+    Where the recording process ran under a launcher (``torchrun``), ``rank``,
+    ``local_rank``, ``world_size``, ``host``, ``run_id`` and ``cuda_device``
+    say which process of the run it was (None where not known, as for a
+    trace of a single process, or one of a memviz that did not record it);
+    ``devices`` are the GPUs it allocated on."""
+
+    def _rank_field(self, name: str) -> Any:
+        ranks = (self.meta or {}).get("ranks")
+        return ranks.get(name) if isinstance(ranks, dict) else None
+
+    @property
+    def rank(self) -> Optional[int]:
+        """The global rank (RANK, else LOCAL_RANK, as the file was named), or None."""
+        rank = self._rank_field("rank")
+        return rank if rank is not None else self._rank_field("local_rank")
+
+    local_rank = property(lambda self: self._rank_field("local_rank"),
+                          doc="the rank on its host (LOCAL_RANK), or None")
+    world_size = property(lambda self: self._rank_field("world_size"),
+                          doc="how many ranks the run had (WORLD_SIZE), or None")
+    host = property(lambda self: self._rank_field("host"), doc="the recording host's name, or None")
+    run_id = property(lambda self: self._rank_field("run_id"),
+                      doc="the launcher's run id (TORCHELASTIC_RUN_ID), or None")
+    cuda_device = property(lambda self: self._rank_field("cuda_device"),
+                           doc="the CUDA device PyTorch had made current when tracking "
+                               "started (only when CUDA was initialised by then), or None")
+
+    @property
+    def devices(self) -> List[int]:
+        """The GPUs (CUDA device numbers) this process allocated on."""
+        return sorted(d for d, t in self.totals().items()
+                      if d >= 0 and (t.get("allocs", 0) or t.get("peak", 0)))
 
     def diagnose(self) -> List[Any]:
         """Findings about the recorded run (see :func:`memviz.diagnose`)."""
@@ -51,7 +84,7 @@ def load(path: str, *, recover: bool = False) -> LoadedTrace:
         if isinstance(e, IsADirectoryError) or os.path.isdir(path):
             raise _special_file("a directory", path) from e
         raise TraceError(f"cannot read the file: {e.strerror or e}", path,
-                         hint="check the path and that you may read it") from e
+                         hint=_ranks_hint(path, e) or "check the path and that you may read it") from e
     try:
         what = _not_a_file(os.fstat(fd).st_mode)
     except OSError:
@@ -66,6 +99,23 @@ def load(path: str, *, recover: bool = False) -> LoadedTrace:
             raise TraceError(f"cannot read the file: {e.strerror or e}", path,
                              hint="check the path and that you may read it") from e
     return LoadedTrace.from_bytes(data, path, recover=recover)
+
+
+def _ranks_hint(path: str, e: OSError) -> Optional[str]:
+    """For a missing file that a distributed run wrote once per rank
+    (memviz.capture.ranks.rank_path): which files there are instead."""
+    if not isinstance(e, FileNotFoundError):
+        return None
+    import glob
+
+    from memviz.capture.ranks import rank_glob
+    pattern = rank_glob(path)
+    found = sorted(glob.glob(glob.escape(pattern).replace("[*]", "*")))
+    if not found:
+        return None
+    listed = ", ".join(os.path.basename(f) for f in found[:3]) + (", ..." if len(found) > 3 else "")
+    return (f"under a launcher (torchrun) each rank writes its own file ({listed}): load one of "
+            f"them, or read them all with `python -m memviz report '{pattern}'`")
 
 
 def _special_file(what: str, path: str) -> TraceError:

@@ -51,6 +51,7 @@ from memviz.capture.nesting import (open_window as _open_window, refuse_nesting 
                                     share_marks as _share_marks,
                                     share_torch_features as _share_torch_features)
 from memviz.capture.options import check_options as _check_options, torch_installed as _torch_installed
+from memviz.capture.ranks import rank_path as _rank_path
 from memviz.capture.reading import StoreReading
 from memviz.capture.running import active_tracker, lock as _state_lock, running as _running
 from memviz.capture.store import Frozen as _Frozen, NoGpuWindow as _NoGpuWindow, Window as _Window
@@ -87,6 +88,10 @@ class Tracker(StoreReading, Outputs):
             ``memviz.frames``.
         trace: a path: stream a .memviz trace file there while tracking
             (flushed at least every second; readable with memviz.load()).
+            Under a launcher (``torchrun``: RANK set) each rank writes its
+            own file, ``run.memviz`` -> ``run.rank0.memviz``, or where
+            ``{rank}`` in the path says (memviz.capture.ranks.rank_path);
+            ``trace_path`` is the file written.
         flight_recorder: a memory budget (``"256 MiB"``): keep the latest
             events in memory, within it, and write them as a trace file only
             when an allocation fails, an exception leaves ``track()``, on
@@ -152,7 +157,7 @@ class Tracker(StoreReading, Outputs):
         self.outer: Optional["Tracker"] = None
         #: bytes per device live when this tracker started ({} when it started the capture)
         self.baseline: Dict[int, int] = {}
-        self.trace_path = os.fspath(trace) if trace is not None else None
+        self.trace_path = _rank_path(os.fspath(trace)) if trace is not None else None
         #: the flight recorder's budget in bytes (None: no recorder)
         self.flight_budget: Optional[int] = None
         if flight_recorder is not None:
@@ -385,10 +390,11 @@ class Tracker(StoreReading, Outputs):
         from memviz.analysis.diagnose import diagnose
         return diagnose(self)
 
-    def save(self, path: str) -> None:
-        """Write what this tracker recorded to a .memviz trace file."""
+    def save(self, path: str) -> str:
+        """Write what this tracker recorded to a .memviz trace file; returns
+        the file written (one per rank under a launcher, as for ``trace=``)."""
         from memviz.trace.save import save
-        save(self, path)
+        return save(self, path)
 
     def dump(self, path: Optional[str] = None) -> str:
         """Write the flight recorder's memory to a .memviz file now (``path``,

@@ -4,8 +4,9 @@ steps, a JSON-lines file, a CSV file, a TensorBoard ``SummaryWriter``.
 One concern: building the sinks from ``on_step()`` / ``watch()`` arguments,
 refusing step files that would overwrite the tracker's own files, and writing
 each :class:`~memviz.model.steps.StepRecord` to them. The records themselves
-are made in memviz/analysis/steps.py. Imports the model floor and below
-(docs/architecture.md); the tracker only as an object passed in.
+are made in memviz/analysis/steps.py. Imports the model floor and below and
+memviz.capture.ranks (docs/architecture.md); the tracker only as an object
+passed in.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional
 from memviz._args import path as _path_arg
 from memviz._errors import InvalidArgument, InvalidArgumentType, OutputError
 from memviz._units import escape_surrogates, json_finite
+from memviz.capture.ranks import rank_path
 from memviz.model.steps import DeviceStep, StepRecord
 
 LOGGER_NAME = "memviz"
@@ -144,9 +146,15 @@ class _TensorBoard(_Sink):
         add("memviz/step_time_ms", rec.duration_ns / 1e6, rec.index)
 
 
+def _step_path(value: Any, what: str) -> str:
+    """The step file of ``what=value``: one per rank under a launcher
+    (``steps.jsonl`` -> ``steps.rank0.jsonl``, as trace files; memviz.capture.ranks)."""
+    return rank_path(_path_arg(value, f"{what}="))
+
+
 def _open(path: str, what: str, newline=None):
     """The step file, written as steps come (so not through a temporary file)."""
-    path = _path_arg(path, f"{what}=")
+    path = _step_path(path, what)
     try:
         return open(path, "w", encoding="utf-8", newline=newline)
     except OSError as e:
@@ -175,6 +183,8 @@ def make_sinks(callback=None, log=False, print_every=None, jsonl=None, csv=None,
         print_every: print a one-line summary every N steps.
         jsonl: path of a JSON-lines file (one ``StepRecord.to_dict()`` a line).
         csv: path of a CSV file (one row per step and device).
+        Under a launcher (RANK set) each rank writes its own step files,
+        named as trace files are (``steps.jsonl`` -> ``steps.rank0.jsonl``).
         tensorboard: a ``SummaryWriter`` (anything with ``add_scalar``).
     """
     sinks: List[_Sink] = []
@@ -222,7 +232,7 @@ def _refuse_same_files(tracker, sinks: Dict[str, Any]) -> None:
             taken.append((f"the {s.what} step file this tracker writes already", s.path))
     for what in ("jsonl", "csv"):
         if sinks.get(what) is not None:
-            path = _path_arg(sinks[what], f"{what}=")
+            path = _step_path(sinks[what], what)
             refuse_inputs(path, taken, f"the {what} step file", hint=f"choose another {what}= path")
             taken.append((f"the {what} step file ({what}=)", path))
 

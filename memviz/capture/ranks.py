@@ -5,17 +5,30 @@ file names that carry them.
 Nothing here imports torch or asks torch.distributed: the environment is
 what a launcher sets before the script runs, so it is right from the first
 allocation on, and it works the same for a process that never initialises a
-process group.
+process group (:func:`rank_meta` only asks a torch the program already
+imported whether CUDA is initialised, and which device is current).
+
+Per-rank file names (:func:`rank_path`): under a launcher every rank runs
+the same command, so a trace path given once (``memviz run -o run.memviz``,
+``track(trace="run.memviz")``, ``Tracker.save("run.memviz")``) names one
+file per rank, ``run.rank0.memviz``, ``run.rank1.memviz`` ...; a path that
+holds ``{rank}`` says itself where the rank goes. ``memviz report
+run.rank*.memviz`` merges them (memviz/report/ranks.py).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
+import sys
 import time
 from typing import Any, Dict, Mapping, Optional
 
-__all__ = ["rank_info", "rank_of", "timestamped_name"]
+__all__ = ["rank_info", "rank_meta", "rank_of", "rank_path", "rank_glob", "timestamped_name", "RANK_FIELD"]
+
+#: the per-rank pattern a trace path may hold (replaced by the rank, see rank_path)
+RANK_FIELD = "{rank}"
 
 
 def _int_env(env: Mapping[str, str], name: str) -> Optional[int]:
@@ -44,6 +57,61 @@ def rank_info(env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
         host = None
     return {"rank": _int_env(env, "RANK"), "local_rank": _int_env(env, "LOCAL_RANK"),
             "world_size": _int_env(env, "WORLD_SIZE"), "host": host}
+
+
+def rank_meta(env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """What a trace's META records of the process's place in a distributed
+    run: :func:`rank_info`, the launcher's run id (``TORCHELASTIC_RUN_ID``,
+    None where unset or ``"none"``), ``CUDA_VISIBLE_DEVICES`` and the CUDA
+    device PyTorch has made current, when PyTorch has already initialised
+    CUDA (asked of nothing else: this never initialises CUDA; None
+    otherwise, the END chunk's totals say which devices were used)."""
+    env = os.environ if env is None else env
+    info = rank_info(env)
+    run_id = env.get("TORCHELASTIC_RUN_ID") or None
+    info["run_id"] = None if run_id in (None, "none") else run_id
+    info["cuda_visible_devices"] = env.get("CUDA_VISIBLE_DEVICES")
+    info["cuda_device"] = None
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            info["cuda_device"] = int(torch.cuda.current_device())
+    except Exception:  # noqa: BLE001 - metadata must not stop tracking
+        pass
+    return info
+
+
+def rank_path(path: str, env: Optional[Mapping[str, str]] = None) -> str:
+    """The file this process writes for ``path``, one per rank.
+
+    * ``{rank}`` in the path is replaced by the rank (``0`` where no
+      launcher set one: a lone process is rank 0 of 1);
+    * otherwise, under a launcher (``RANK`` or ``LOCAL_RANK`` set), a path
+      that already names this rank (``rank1``, ``rank_1`` or ``rank-1`` as a
+      word, in the file or a folder name: the program named it per rank
+      itself, or this function did) is unchanged, and any other gets
+      ``.rank<N>`` before its extension: ``run.memviz`` ->
+      ``run.rank0.memviz``, ``out/run`` -> ``out/run.rank0``;
+    * otherwise (no launcher) the path is unchanged.
+    """
+    rank = rank_of(env)
+    if RANK_FIELD in path:
+        return path.replace(RANK_FIELD, str(rank if rank is not None else 0))
+    if rank is None or re.search(rf"(?<![A-Za-z0-9])rank[-_]?{rank}(?![0-9])", path, re.IGNORECASE):
+        return path
+    folder, name = os.path.split(path)
+    stem, ext = os.path.splitext(name)
+    return os.path.join(folder, f"{stem}.rank{rank}{ext}")
+
+
+def rank_glob(path: str) -> str:
+    """The shell pattern that names every rank's file of ``path`` (as
+    :func:`rank_path` names them): ``run.memviz`` -> ``run.rank*.memviz``."""
+    if RANK_FIELD in path:
+        return path.replace(RANK_FIELD, "*")
+    folder, name = os.path.split(path)
+    stem, ext = os.path.splitext(name)
+    return os.path.join(folder, f"{stem}.rank*{ext}")
 
 
 def timestamped_name(prefix: str, *, when: Optional[float] = None, pid: Optional[int] = None,

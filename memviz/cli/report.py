@@ -4,7 +4,9 @@ memviz.cli.diff).
 ``python -m memviz report run.memviz [--format text|json|html] [-o OUT]``
 prints the report of a trace: the same text report ``memviz run`` prints,
 a JSON document (:func:`json_report`), or the HTML page of
-``memviz.report.html.render``.
+``memviz.report.html.render``. Several files (``run.rank*.memviz``, the
+ranks of one torchrun run) give their merged report instead
+(memviz/cli/report_ranks.py).
 
 JSON report (``--format json``), version 1::
 
@@ -63,7 +65,7 @@ import argparse
 import sys
 from typing import Any, Dict, List, Optional
 
-from memviz._errors import TraceError
+from memviz._errors import InvalidArgument, TraceError
 from memviz.cli.common import (EXIT_USAGE, device_name, dumps, load_trace, parse, positive, refuse_output,
                                write_text)
 from memviz.report.summary import finding_records, flight_window, step_summary
@@ -146,10 +148,13 @@ def _html(trace: Any) -> str:
 
 def report_parser(prog: str = "memviz report") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=prog, description="Print the memory report of a .memviz trace file.",
+        prog=prog, description="Print the memory report of a .memviz trace file, or the merged "
+                                "report of several: the ranks of one torchrun run.",
         epilog="Example: memviz report run.memviz --format html -o run.html", allow_abbrev=False)
-    parser.add_argument("trace", help="the .memviz file (from `memviz run -o`, "
-                                      "track(trace=...) or Tracker.save())")
+    parser.add_argument("trace", nargs="+",
+                        help="the .memviz file (from `memviz run -o`, track(trace=...) or "
+                             "Tracker.save()); several, the ranks of one torchrun run "
+                             "(run.rank*.memviz), give their merged report")
     parser.add_argument("--format", choices=FORMATS, default="text",
                         help="text (default), json or html")
     parser.add_argument("-o", "--output", metavar="PATH", help="write here instead of stdout")
@@ -166,6 +171,15 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz report") -> int:
     opts = parse(report_parser(prog), argv)
     if isinstance(opts, int):
         return opts
+    from memviz.cli.report_ranks import expand, report_ranks
+    try:
+        paths = expand(opts.trace)  # a quoted run.rank*.memviz too
+    except InvalidArgument as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if len(paths) > 1:  # the ranks of one run, merged
+        return report_ranks(paths, opts, prog)
+    opts.trace = paths[0]
     inputs = (("the trace being reported", opts.trace),)
     what = {"text": "the report", "json": "the JSON report", "html": "the HTML report"}[opts.format]
     refused = refuse_output(opts.output, inputs, what, prog)  # -o must not name the trace it reports

@@ -10,7 +10,11 @@ memviz waits for the script's non-daemon threads before reporting.
 
 With ``-o run.memviz`` the run is also streamed to a trace file (flushed
 every 0.5 s, so it survives a kill up to the last flush); read it later with
-``memviz report run.memviz`` or ``memviz.load()``.
+``memviz report run.memviz`` or ``memviz.load()``. Under a launcher
+(``torchrun ... -m memviz run -o run.memviz train.py``: RANK set) each rank
+writes its own, ``run.rank0.memviz``, ``run.rank1.memviz`` ... (``{rank}`` in
+the path says where the rank goes; memviz.capture.ranks.rank_path), and so
+does ``--report-file``; ``memviz report run.rank*.memviz`` merges them.
 
 Where GPU capture is off (no GPU, no driver, no CUPTI; not with --no-gpu), a
 script that sets ``MEMVIZ_SAMPLE_WITHOUT_GPU = True`` in its globals (memviz's
@@ -44,6 +48,7 @@ from memviz._errors import CaptureConflict, CaptureUnavailable, MemvizError, Out
 from memviz._outputs import same_file, write_output
 from memviz._package import PACKAGE_DIR
 from memviz.capture import callsite as _callsite
+from memviz.capture.ranks import rank_glob, rank_of, rank_path
 from memviz.cli.common import EXIT_USAGE, parse, positive, say
 from memviz.cli.sample import SAMPLE_OPT_IN, show_sample
 from memviz.report.text import text_report
@@ -87,10 +92,13 @@ def build_parser(prog: str = "memviz run") -> argparse.ArgumentParser:
     parser.add_argument("--top", type=positive, default=10, metavar="N",
                         help="lines listed per device at its peak (default 10)")
     parser.add_argument("--report-file", metavar="PATH",
-                        help="also write the report to this file")
+                        help="also write the report to this file (one per rank under torchrun, "
+                             "as for -o)")
     parser.add_argument("-o", "--output", metavar="TRACE",
                         help="also stream a .memviz trace file here (read it with "
-                             "`memviz report TRACE` or memviz.load())")
+                             "`memviz report TRACE` or memviz.load()); under torchrun each rank "
+                             "writes its own, run.memviz -> run.rank0.memviz ({rank} in the path "
+                             "says where the rank goes)")
     parser.add_argument("--flight-recorder", metavar="SIZE", type=_budget,
                         help="keep the latest events in SIZE of memory (e.g. 256MiB) and write "
                              "them as a trace only when an allocation fails, the script raises, "
@@ -301,9 +309,10 @@ def _emit(report: str, report_file: Optional[str],
     return True
 
 
-def _trace_note(tracker: Tracker, path: str) -> bool:
-    """One line saying where the trace went and how to read it; False (and
-    what went wrong, what to do) when writing it stopped early."""
+def _trace_note(tracker: Tracker, path: str, given: Optional[str] = None) -> bool:
+    """One line saying where the trace went (``path``, this rank's file of
+    the ``given`` -o path) and how to read it; False (and what went wrong,
+    what to do) when writing it stopped early."""
     from memviz._units import format_size
 
     writer = next((p for p in tracker._plugins if getattr(p, "path", None) == path), None)
@@ -313,6 +322,8 @@ def _trace_note(tracker: Tracker, path: str) -> bool:
     except OSError:
         size = "?"
     read = f"read it with `python -m memviz report {shlex.quote(path)}`"
+    if rank_of() is not None and given is not None:  # torchrun: every rank's file, merged
+        read += f", all ranks with `python -m memviz report {shlex.quote(rank_glob(given))}`"
     if writer is not None and writer.error is not None:
         say(f"memviz: the trace {path} is incomplete ({events}{size}): {writer.error} "
              f"What to do: free some disk space or choose another -o path next time; {read} "
@@ -361,9 +372,12 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
             inputs = [("the script to run", script)]
         else:
             inputs = [("a file of the module to run", f) for f in _check_module(module)]
-        _check_report_file(opts.output, "the trace", "-o", inputs)
+        trace = rank_path(opts.output) if opts.output is not None else None  # one per rank
+        if opts.report_file is not None:
+            opts.report_file = rank_path(opts.report_file)
+        _check_report_file(trace, "the trace", "-o", inputs)
         _check_report_file(opts.report_file, inputs=inputs + [("the trace file given with -o",
-                                                               opts.output)])
+                                                               trace)])
     except UsageError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -414,8 +428,8 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
     try:
         written = _emit(text_report(tracker, top=opts.top, command=command), opts.report_file,
                         inputs)
-        if opts.output is not None:
-            written = _trace_note(tracker, opts.output) and written
+        if tracker.trace_path is not None:
+            written = _trace_note(tracker, tracker.trace_path, opts.output) and written
         if not opts.no_gpu and not tracker.gpu_enabled and ns.get(SAMPLE_OPT_IN) is True:
             show_sample(opts.top)
     except KeyboardInterrupt:

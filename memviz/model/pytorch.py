@@ -26,9 +26,11 @@ _FRAGMENTATION = ("segments", "reserved", "allocated", "unused", "largest_free",
 
 def pytorch_figures(tracker: Any) -> Dict[str, Dict[str, Any]]:
     """``{device: {"categories", "category_counts", "fragmentation",
-    "memory_stats", "route"}}`` (device as str): what ``memviz diff`` needs
-    that the events do not hold. Categories and fragmentation are those of the
-    tracker's peak snapshot, memory_stats PyTorch's own figures now. {} without
+    "categories_at_end", "memory_stats", "route"}}`` (device as str): what
+    ``memviz diff`` and the merged rank report need that the events do not
+    hold. Categories and fragmentation are those of the tracker's peak
+    snapshot, categories_at_end those of what was live when it stopped,
+    memory_stats PyTorch's own figures now. {} without
     the PyTorch integration. Never raises: a figure for later reports must not
     stop tracking."""
     try:
@@ -57,6 +59,14 @@ def _pytorch_figures(tracker: Any) -> Dict[str, Dict[str, Any]]:
         if isinstance(route, str):
             entry["route"] = route
         out[str(dev)] = entry
+    try:  # what was live when tracking stopped, by category (the merged rank report's)
+        end = tracker.snapshot().by_device()
+    except Exception:  # noqa: BLE001 - a figure for later reports
+        end = {}
+    for dev, part in end.items():
+        cats = [s for s in part.statistics("category") if s.key != "<unknown>"]
+        if dev >= 0 and cats:
+            out.setdefault(str(dev), {})["categories_at_end"] = {str(s.key): s.size for s in cats}
     for dev, stats in _memory_stats().items():
         out.setdefault(str(dev), {})["memory_stats"] = stats
     return {d: e for d, e in out.items() if e}

@@ -20,7 +20,7 @@ from memviz._units import format_size
 
 __all__ = ["STEP_SERIES", "step_records", "step_summary", "finding_steps", "finding_dict",
            "finding_records", "step_series_label", "short_path", "source_line", "device_name", "device_items",
-           "flight_window", "flight_sentences"]
+           "flight_window", "flight_sentences", "rank_fields", "rank_name"]
 
 
 def device_name(dev: int) -> str:
@@ -289,3 +289,26 @@ def flight_sentences(obj: Any) -> List[str]:
         out.append(f"{w['events_dropped']:,} events were lost because the capture ring was full "
                    "(GAP records).")
     return out
+
+
+def rank_fields(obj: Any) -> Dict[str, Any]:
+    """``{"rank", "local_rank", "world_size", "host"}`` of a recording: a
+    loaded trace's from its file, a live Tracker's from this process's
+    launcher (memviz.capture.ranks); None where not known."""
+    if getattr(obj, "is_live", False) is True:
+        from memviz.capture.ranks import rank_info, rank_of
+        return dict(rank_info(), rank=rank_of())
+    return {k: getattr(obj, k, None) for k in ("rank", "local_rank", "world_size", "host")}
+
+
+def rank_name(fields: Mapping[str, Any]) -> Optional[str]:
+    """``rank 1 of 4 (local rank 1 on gpu-node-3)``, or None outside a distributed run."""
+    rank = fields.get("rank")
+    if not _is_int(rank):
+        return None
+    world, local, host = fields.get("world_size"), fields.get("local_rank"), fields.get("host")
+    text = f"rank {rank}" + (f" of {world}" if _is_int(world) else "")
+    where = [f"local rank {local}"] if _is_int(local) else []
+    if host:
+        where.append(f"on {host}")
+    return text + (f" ({' '.join(where)})" if where else "")

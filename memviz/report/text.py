@@ -26,8 +26,8 @@ from memviz._units import escape_surrogates, format_size
 from memviz.capture import cupti as _capture
 from memviz.capture.device import SOURCE_CUMEMGETINFO, process_device_memory
 from memviz.report.summary import (STEP_SERIES, device_name as _device_name, finding_records, flight_sentences,
-                                   short_path as _short_path, source_line as _source, step_series_label,
-                                   step_summary)
+                                   rank_fields, rank_name, short_path as _short_path, source_line as _source,
+                                   step_series_label, step_summary)
 
 __all__ = ["text_report", "GPU_OFF_SENTENCE", "NO_GPU_SENTENCE"]
 
@@ -70,6 +70,9 @@ def _header(tracker: Any, info: Dict[str, Any], command: Optional[str]) -> List[
     # A long command (a trace's, recorded under pytest) wraps like every other line.
     lines = _wrap("memviz report" + (f": {command}" if command else ""), first="", indent="    ")
     lines.append("=" * min(WIDTH, 60))
+    rank = rank_name(rank_fields(tracker))
+    if rank is not None:  # one process of a distributed run (torchrun)
+        lines += _wrap(rank, indent="    ", first="  ")
     if tracker.started_ns is not None:
         end = tracker.stopped_ns if tracker.stopped_ns is not None else time.monotonic_ns()
         seconds = (end - tracker.started_ns) / 1e9

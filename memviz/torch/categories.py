@@ -1,7 +1,22 @@
 """What each allocation of a snapshot is for (its category): parameters,
 gradients, optimizer state, activations, PyTorch's pool, cuBLAS
-workspaces, other libraries' memory; and PyTorch's own figures per device
-(torch_stats).
+workspaces, collective (NCCL) buffers, other libraries' memory; and
+PyTorch's own figures per device (torch_stats).
+
+Distributed training: a DTensor (FSDP2's parameter and gradient shards,
+tensor parallelism) is its local shard; FSDP1's FlatParameter brings its
+padded, unsharded and low-precision copies and its gradient shards; the
+unsharded parameters FSDP allocates before a layer runs are parameters even
+once freed again. What a collective allocates, through PyTorch
+(``pytorch/nccl``: its outputs and buffers, NCCL's tensors from PyTorch's
+allocator, DDP's buckets) or by a driver call of NCCL itself
+(``outside_pytorch/nccl``), is told by the innermost Python frame (in
+c10d or the collectives of FSDP, DTensor and DDP), by the call that frame
+was making (``.allreduce``, ``dist.Reducer``, ...) or, with no Python frame,
+by the thread (PyTorch's ``pt_nccl_*`` threads, NCCL's own where
+NCCL_SET_THREAD_NAME=1 names them). Only the innermost frame counts: an
+activation made inside FSDP1's or DDP's forward, or a DTensor op, is not
+collective memory.
 
 May import: memviz._core, memviz.model, memviz.torch.precise,
 memviz.torch.hooks (floors: docs/architecture.md); torch only inside
@@ -70,7 +85,7 @@ class Categories:
                     if isinstance(obj, param):
                         params.append(obj)
                     try:
-                        ptrs.add(obj.untyped_storage().data_ptr())
+                        ptrs.add(_storage_ptr(obj))
                         fn = obj.grad_fn
                         if fn is not None:
                             roots.append(fn)
@@ -99,7 +114,7 @@ class Categories:
         def put(t, cat):
             if isinstance(t, torch.Tensor):
                 try:
-                    cats[t.untyped_storage().data_ptr()] = cat
+                    cats[_storage_ptr(t)] = cat
                 except Exception:  # noqa: BLE001
                     pass
 
@@ -120,6 +135,9 @@ class Categories:
                 put(p, "parameter")
                 if ok and p.grad is not None:
                     put(p.grad, "gradient")
+                if hasattr(p, "_local_shard"):  # FSDP1's FlatParameter: its other copies
+                    for name, cat in _FLAT_PARAMETER_COPIES:
+                        put(getattr(p, name, None), cat)
         if not ok:
             self.categories_partial = True
         return cats
@@ -153,9 +171,9 @@ class Categories:
         segments = self.torch_segments()
         precise = _precise.active()
         current = None if live_now else {r.address for r in _core.live()}
-        out = []
+        out, memo = [], {}
         for a in allocations:
-            cat = _category(a, cats, live, segments, precise, current)
+            cat = _category(a, cats, live, segments, precise, current, memo)
             node, fwd = a.autograd_node, a.forward
             if node and a.traceback and any(_CHECKPOINT_FILE in f.filename for f in a.traceback):
                 # Forward re-run by activation checkpointing: the line being
@@ -172,8 +190,55 @@ class Categories:
         return new
 
 
-_LIBRARIES = (("cupy", "CuPy"), ("jax", "JAX"), ("jaxlib", "JAX"), ("nccl", "NCCL"),
-              ("torch/distributed", "NCCL"), ("tensorflow", "TensorFlow"), ("numba", "Numba"))
+def _storage_ptr(t) -> int:
+    """Where a tensor's storage starts; a DTensor's is its local shard's (a
+    DTensor has no storage of its own)."""
+    local = getattr(t, "_local_tensor", None)
+    if local is not None:
+        t = local
+    return t.untyped_storage().data_ptr()
+
+
+#: FSDP1's FlatParameter: (attribute, category) of the tensors it keeps
+#: beside its own (sharded) data and .grad
+_FLAT_PARAMETER_COPIES = (("_local_shard", "parameter"), ("_full_param_padded", "parameter"),
+                          ("_full_prec_full_param_padded", "parameter"), ("_mp_shard", "parameter"),
+                          ("_saved_grad_shard", "gradient"), ("_cpu_grad", "gradient"))
+
+_LIBRARIES = (("cupy", "CuPy"), ("jax", "JAX"), ("jaxlib", "JAX"), ("nccl", "nccl"),
+              ("tensorflow", "TensorFlow"), ("numba", "Numba"))
+
+#: frames that only pass a call on (an op's dispatch, a decorator): the
+#: frame behind them says who allocated
+_PLUMBING = ("torch/_ops.py", "torch/utils/_contextlib.py", "torch/_compile.py",
+             "torch/_dynamo/eval_frame.py", "torch/distributed/c10d_logger.py", "contextlib.py",
+             "functools.py")
+#: files whose own allocations are collective memory: c10d, the functional
+#: collectives, the collectives of FSDP2, DTensor's redistribution, DDP's
+#: communication hooks, symmetric memory
+_COLLECTIVE_FILES = ("torch/distributed/distributed_c10d.py", "torch/distributed/_functional_collectives",
+                     "torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py",
+                     "torch/distributed/tensor/_collective_utils.py",
+                     "torch/distributed/tensor/_redistribute.py", "torch/distributed/algorithms/",
+                     "torch/distributed/_symmetric_memory/")
+#: calls (the last part of Allocation.op) that are c10d's own: a process
+#: group's collectives, DDP's Reducer (its buckets, made again after the
+#: first step by _rebuild_buckets) and the broadcast of its parameters
+_COLLECTIVE_CALLS = frozenset((
+    "allreduce", "all_reduce", "allreduce_coalesced", "all_reduce_coalesced", "allgather", "all_gather",
+    "all_gather_into_tensor", "allgather_into_tensor_coalesced", "_allgather_base", "allgather_coalesced",
+    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced", "_reduce_scatter_base",
+    "alltoall", "alltoall_base", "all_to_all", "all_to_all_single", "batch_isend_irecv",
+    "_broadcast_coalesced", "Reducer", "_rebuild_buckets", "_get_zeros_like_grad_buckets", "_run_comm_hook",
+    "_verify_params_across_processes", "monitored_barrier", "eager_connect_single_device",
+    "_set_default_backend"))
+#: (file, function) of the innermost frame where FSDP allocates a layer's
+#: unsharded parameters (before it runs; freed after): FSDP2's alloc_storage,
+#: FSDP1's _alloc_storage
+_FSDP_UNSHARD = (("torch/distributed/fsdp/_fully_shard/_fsdp_param.py", "alloc_storage"),
+                 ("torch/distributed/utils.py", "_alloc_storage"))
+#: thread names of NCCL's and c10d's threads (allocations without Python frames)
+_NCCL_THREADS = ("pt_nccl", "NCCL ")
 
 
 def _library_of(a) -> Optional[str]:
@@ -183,6 +248,39 @@ def _library_of(a) -> Optional[str]:
             if f"/{needle}/" in fn or fn.startswith(f"{needle}/"):
                 return name
     return None
+
+
+def _innermost_torch_frame(a) -> Optional[Any]:
+    """The innermost frame that is not plumbing (None without Python frames)."""
+    for f in innermost_first(a.traceback or ()):
+        fn = f.filename.replace("\\", "/")
+        if not fn.endswith(_PLUMBING):
+            return f
+    return None
+
+
+def _in(filename: str, needle: str) -> bool:
+    fn = filename.replace("\\", "/")
+    return f"/{needle}" in fn or fn.startswith(needle)
+
+
+def _fsdp_unshard(a) -> bool:
+    """Made where FSDP allocates a layer's unsharded parameters."""
+    f = _innermost_torch_frame(a)
+    return f is not None and any(f.name == name and _in(f.filename, file) for file, name in _FSDP_UNSHARD)
+
+
+def _is_collective(a) -> bool:
+    """Made by a collective: c10d, FSDP's or DTensor's collectives, DDP's
+    Reducer, or a thread of NCCL's or c10d's (see the module docstring)."""
+    if not a.traceback:
+        name = getattr(a.thread, "name", "") or ""
+        return name.startswith(_NCCL_THREADS)
+    op = (a.op or "").rsplit(".", 1)[-1]
+    if op in _COLLECTIVE_CALLS:
+        return True
+    f = _innermost_torch_frame(a)
+    return f is not None and any(_in(f.filename, needle) for needle in _COLLECTIVE_FILES)
 
 
 #: calls (Allocation.op) and backward nodes that take a cuBLAS/cuBLASLt
@@ -200,12 +298,25 @@ def _is_blas_workspace(a) -> bool:
     return op == "operator @" or name in _BLAS_CALLS or (a.autograd_node or "").startswith(_BLAS_NODES)
 
 
-def _category(a, cats, live, segments, precise, current) -> str:
+def _stack_facts(a, memo: Optional[dict]) -> tuple:
+    """(library, collective?, FSDP unshard?) of an allocation's stack, call
+    and thread: worked out once per stack in a snapshot (``memo``, keyed by
+    the Traceback object the snapshot's allocations of one stack share)."""
+    if memo is None:
+        return _library_of(a), _is_collective(a), _fsdp_unshard(a)
+    key = (id(a.traceback), a.op, None if a.traceback else getattr(a.thread, "name", None))
+    facts = memo.get(key)
+    if facts is None:
+        facts = memo[key] = (_library_of(a), _is_collective(a), _fsdp_unshard(a), a.traceback)
+    return facts[:3]
+
+
+def _category(a, cats, live, segments, precise, current, memo: Optional[dict] = None) -> str:
     if a.category:  # set when put together with its segment (unused_pool)
         return a.category
     if a.kind == "static":
         return "outside_pytorch/CUDA module globals"
-    lib = _library_of(a)
+    lib, collective, unshard = _stack_facts(a, memo)
     if lib is not None:
         return f"outside_pytorch/{lib}"
     key = a.address
@@ -215,12 +326,20 @@ def _category(a, cats, live, segments, precise, current) -> str:
     if a.kind == "host":
         return "pinned_host"
     if precise or a.kind == "block":
+        now = current is None or key in current
+
+        def foreign() -> bool:
+            # Not from PyTorch's cudaMallocAsync pool: the driver call of a library,
+            # such as NCCL's buffers or cuBLAS's own workspace (not in memory_allocated()).
+            return precise and now and a.kind == "device" and _precise.from_stream_ordered_pool(key) is False
+
+        if collective:
+            return "outside_pytorch/nccl" if foreign() else "pytorch/nccl"
+        if unshard:  # a layer's unsharded parameters, maybe freed since
+            return "parameter"
         if key in live:
             return "other_pytorch"
-        now = current is None or key in current
-        if precise and now and a.kind == "device" and _precise.from_stream_ordered_pool(key) is False:
-            # Not from PyTorch's cudaMallocAsync pool: the driver call of a library,
-            # such as cuBLAS's own workspace (not in memory_allocated()).
+        if foreign():
             return "outside_pytorch/cublas" if _is_blas_workspace(a) else "outside_pytorch"
         if now and _is_blas_workspace(a):
             return "workspace/cublas"  # live, reached by no Python object, made by a matmul
@@ -232,6 +351,8 @@ def _category(a, cats, live, segments, precise, current) -> str:
     for base, size in segments.get(a.device, ()):
         if base <= a.address < base + size:
             return "pytorch_pool"
+    if collective:  # NCCL's own driver call (its buffers, made inside a c10d call)
+        return "outside_pytorch/nccl"
     if _is_blas_workspace(a):  # cuBLAS/cuBLASLt's own cudaMalloc inside a matrix multiply
         return "outside_pytorch/cublas"
     return "outside_pytorch"

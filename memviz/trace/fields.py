@@ -133,7 +133,7 @@ _OPT_BOOL = (bool, None)
 _META = {"format": str, "format_version": (0, _U64), "mode": str, "memviz_version": str,
          "python_version": str, "platform": str, "pid": (0, _U64), "start_wall_time": "number",
          "start_monotonic_ns": _OPT_U64, "written_monotonic_ns": _OPT_U64, "command": _OPT_STR,
-         "argv": list, "tracker": dict, "capture": dict}
+         "argv": list, "tracker": dict, "capture": dict, "ranks": dict}
 _TRACKER = {"gpu_requested": bool, "gpu_enabled": bool, "activity_enabled": bool, "precise": bool,
             "gpu_off_reason": _OPT_STR, "activity_error": _OPT_STR}
 _CAPTURE = {"available": _OPT_BOOL, "gpu_present": _OPT_BOOL, "gpu_enabled": _OPT_BOOL,
@@ -142,6 +142,9 @@ _CAPTURE = {"available": _OPT_BOOL, "gpu_present": _OPT_BOOL, "gpu_enabled": _OP
             "gpu_off_reason": _OPT_STR, "activity_error": _OPT_STR, "error": _OPT_STR,
             "version": ((_I64_LO, _U64), None), "cuda_major": ((_I64_LO, _U64), None),
             "depth": ((0, _U64), None), "tried": list, "store": dict}
+#: META's 'ranks' (memviz.capture.ranks.rank_meta): None where not known
+_RANKS = {"rank": _OPT_U64, "local_rank": _OPT_U64, "world_size": _OPT_U64, "host": _OPT_STR,
+          "run_id": _OPT_STR, "cuda_visible_devices": _OPT_STR, "cuda_device": _OPT_U64}
 #: END (totals, outside and stats are checked on their own)
 _END = {"stopped_monotonic_ns": (0, _U64), "stopped_wall_time": "number", "failures": (0, _U64),
         "events": (0, _U64), "dropped_events": (0, _U64), "totals": dict, "outside": dict,
@@ -259,6 +262,9 @@ def check_meta(meta: Dict[str, Any]) -> Dict[str, Any]:
         capture["store"] = _stats(capture["store"],
                                   f"its metadata: {_field('capture')}: {_field('store')}")
     meta.update(tracker=tracker, capture=capture)
+    if "ranks" in meta:
+        meta["ranks"] = _record(meta["ranks"], _RANKS, f"its metadata: {_field('ranks')}",
+                                unknown=2)
     return meta
 
 

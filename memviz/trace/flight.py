@@ -39,7 +39,7 @@ import memviz._core as _core
 from memviz._errors import InvalidArgument, TraceError
 from memviz._outputs import output_file
 from memviz._units import format_size, parse_size
-from memviz.capture.ranks import rank_info, timestamped_name
+from memviz.capture.ranks import timestamped_name
 from memviz.trace.format import END, EVENT_LEVEL, META, chunk, header, json_bytes
 from memviz.trace.writer import _meta, _NewTables, _outside, _pytorch_peak
 
@@ -113,7 +113,6 @@ class FlightRecorder:
                              folder, hint="give flight_dir= (or --flight-dir) a folder that exists "
                                           "and that you may write to")
         self._meta = _meta(tracker, "flight")
-        self._meta["ranks"] = rank_info()
         _core.trace_enable(self.capacity)
         _core.trace_writer_start(-1, self.capacity, EVENT_LEVEL, _INTERVAL, self._chunk_budget)
         self._running = True

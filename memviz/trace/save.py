@@ -17,6 +17,7 @@ import memviz._core as _core
 from memviz._errors import OutputError, TraceError
 from memviz._outputs import own_files, refuse_inputs, write_output
 from memviz.capture import callsite as _callsite
+from memviz.capture.ranks import rank_path
 from memviz.trace.format import (END, EVENT, EVENT_LEVEL, EVENTS, FLAG_SYNTHETIC, META, OP_FAILED, OP_FREE,
                                  OP_TIME, STEPS, THREADS, TIMELINE, chunk, events_payload, header, json_bytes,
                                  step_dict)
@@ -25,7 +26,7 @@ from memviz.trace.writer import _alloc_events, _event, _meta, _pytorch_peak, _Ta
 __all__ = ["save"]
 
 
-def save(tracker: Any, path: str) -> None:
+def save(tracker: Any, path: str) -> str:
     """Write a trace file from a tracker's current data (``Tracker.save``).
 
     A tracker that did not stream (no ``trace=``) keeps no event history, so
@@ -40,8 +41,12 @@ def save(tracker: Any, path: str) -> None:
     The data goes to a temporary file created exclusively in ``path``'s
     folder, renamed over ``path`` once complete: a failed save leaves the
     old file as it was. Raises TraceError saying why and what to do.
+
+    Under a launcher (RANK set) each rank writes its own file, named as
+    ``track(trace=...)`` names it (memviz.capture.ranks.rank_path);
+    returns the path written.
     """
-    path = _args.path(path, "Tracker.save(path)")
+    path = rank_path(_args.path(path, "Tracker.save(path)"))
     try:
         refuse_inputs(path, own_files(tracker), "the trace")
     except OutputError as e:
@@ -86,6 +91,7 @@ def save(tracker: Any, path: str) -> None:
         write_output(path, b"".join(out), "the trace", inputs=own_files(tracker))
     except OutputError as e:
         raise TraceError(f"cannot write the trace file: {e.reason}", path, hint=e.hint) from e
+    return path
 
 
 def _saved_events(live: List[tuple], peaks: Dict[int, List[tuple]], failures: List[tuple],

@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterable, List, Optional
 import memviz._core as _core
 from memviz._errors import TraceError
 from memviz.capture import callsite as _callsite
+from memviz.capture.ranks import rank_meta
 from memviz.model.frame_filter import warning_site
 from memviz.trace.format import (CALLS, DEFAULT_CAPACITY, DEFAULT_INTERVAL, END, EVENT, EVENT_LEVEL, EVENTS,
                                  FLAG_SYNTHETIC, FORMAT_VERSION, FRAMES, LABELS, META, OP_ALLOC, OP_GAP,
@@ -45,6 +46,7 @@ def _meta(tracker: Any, mode: str) -> Dict[str, Any]:
             "precise": getattr(tracker, "precise", False),
         },
         "capture": capture,
+        "ranks": rank_meta(),  # rank, world size, host, CUDA device (memviz/capture/ranks.py)
     }
 
 
