@@ -60,9 +60,15 @@ freed allocation's), 3 FAILED (address = CUresult, size = requested),
 marks events the Python writer made up (the live set when tracing began,
 and everything in a saved trace).
 
-The streaming writer drains the core's event ring every 0.5 s and appends
-the chunks with one ``os.write`` per flush (no user-space buffer), so a
-process killed with SIGKILL leaves a file that loads up to the last flush.
+The streaming writer's C thread (src/trace_writer.c) drains the core's event
+ring every 0.5 s (sooner while it fills fast) and appends each EVENTS chunk
+with ``write(2)``; Python appends the chunks that name new stacks, labels,
+threads and steps once a second, through the same lock. Nothing is buffered
+in user space, so a process killed with SIGKILL leaves a file that loads up to
+the last flush. A file's chunks may name a stack after the events that use it
+(a reader resolves names once every chunk is read). The flight recorder
+(memviz/trace/flight.py) writes the same chunks, kept in memory, only when it
+dumps; its END record has a "flight_recorder" object saying what it covers.
 """
 
 from __future__ import annotations
