@@ -42,13 +42,21 @@ void mvz_ring_reset(mvz_trace_ring *t)
 
 int mvz_ring_enable(mvz_trace_ring *t, size_t capacity)
 {
+    /* Each trace or flight recorder gets the ring it asked for: a larger one
+     * is reserved anew, a smaller one gives back the pages of the last. The
+     * store's lock is held, so nothing writes the ring meanwhile. */
+    size_t bytes = capacity * sizeof(mvz_raw_event);
+    if (t->r.base != NULL && bytes > t->r.reserved)
+        mvz_region_release(&t->r);
     if (t->r.base == NULL) {
-        if (mvz_region_reserve(&t->r, capacity * sizeof(mvz_raw_event), 1 << 20))
+        if (mvz_region_reserve(&t->r, bytes, 1 << 20))
             return -1;
-        t->cap = capacity;
-        mvz_region_ensure(&t->r, capacity * sizeof(mvz_raw_event));
-        t->events = (mvz_raw_event *)t->r.base;
+    } else {
+        mvz_region_discard(&t->r);
     }
+    t->cap = capacity;
+    mvz_region_ensure(&t->r, bytes);
+    t->events = (mvz_raw_event *)t->r.base;
     t->head = t->len = 0;
     t->dropped = 0;
     t->on = 1;

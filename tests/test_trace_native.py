@@ -111,3 +111,16 @@ def test_a_full_disk_stops_the_native_writer_not_the_program(fake_path, tmp_path
         warnings.simplefilter("ignore", F.TraceWarning)
         trace = memviz.load(str(tmp_path / "t.memviz"), recover=True)
     assert trace.truncated and trace.event_count > 40000
+
+
+def test_each_trace_gets_the_ring_it_asks_for(fake, tmp_path):
+    """A flight recorder's small ring (16 MiB: 52,428 events) must not stay
+    the ring of a later trace, which asks for a million: 400,000 events at
+    once, faster than any drain, all kept."""
+    with memviz.track(flight_recorder="16 MiB", flight_dir=str(tmp_path), torch=False):
+        fake.alloc(CBID_cuMemAlloc_v2, MiB)
+    path = tmp_path / "after.memviz"
+    with memviz.track(trace=str(path), torch=False):
+        fake.lib.fake_alloc_free_loop(CBID_cuMemAlloc_v2, CBID_cuMemFree_v2, 200_000, MiB)
+    trace = memviz.load(path)
+    assert trace.dropped_events == 0 and trace.event_count >= 400_000
