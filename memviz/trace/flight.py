@@ -158,7 +158,7 @@ class FlightRecorder:
         with self._lock:
             if not self._running:
                 raise TraceError("the flight recorder is not running, so there is nothing to dump",
-                                 path, hint="call dump() while the tracker runs (inside `with memviz.track(...)`)")
+                                 path, hint="call dump() while the tracker runs, before it stops")
             target = path if path is not None else self._new_path()
             self._name_new()
             started = time.monotonic_ns()
