@@ -2,6 +2,7 @@
 
     python benchmarks/bench_big_report.py [--events 20000000] [--rounds 3]
         [--trace PATH] [--formats text,html] [--profile text|html]
+        [--memviz-root CHECKOUT]
 
 Builds (once, then reuses: the file name carries the event count and the
 generator's version) a training-like trace written directly with
@@ -350,12 +351,13 @@ def _account(rows, base, tot):
 # ---- measuring -------------------------------------------------------------------------
 
 
-def run_child(argv):
+def run_child(argv, root=ROOT):
     """(wall seconds, peak RSS in MB, exit status) of one fresh process."""
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = dict(os.environ, PYTHONPATH=root)
     t = time.perf_counter()
     with open(os.devnull, "wb") as null:
-        p = subprocess.Popen(argv, stdout=null, stderr=subprocess.PIPE, env=env)
+        # cwd: `python -m` puts it first on sys.path, so it picks the memviz that runs
+        p = subprocess.Popen(argv, stdout=null, stderr=subprocess.PIPE, env=env, cwd=root)
         err = p.stderr.read()
         _pid, status, usage = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t
@@ -365,7 +367,7 @@ def run_child(argv):
     return wall, usage.ru_maxrss / 1024, p.returncode
 
 
-def measure(path, formats, rounds):
+def measure(path, formats, rounds, root=ROOT):
     out_html = os.path.join(tempfile.gettempdir(), f"memviz-big-report-{os.getpid()}.html")
     cmds = {"text": [sys.executable, "-m", "memviz", "report", path, "--format", "text"],
             "html": [sys.executable, "-m", "memviz", "report", path, "--format", "html", "-o",
@@ -373,7 +375,7 @@ def measure(path, formats, rounds):
     got = {f: [] for f in formats}
     for _ in range(rounds):
         for f in formats:
-            wall, rss, rc = run_child(cmds[f])
+            wall, rss, rc = run_child(cmds[f], root)
             if rc:
                 raise SystemExit(f"memviz report --format {f} failed with status {rc}")
             got[f].append({"wall_s": round(wall, 2), "peak_rss_mb": round(rss, 1)})
@@ -457,6 +459,9 @@ def main():
     ap.add_argument("--formats", default="text,html")
     ap.add_argument("--profile", choices=("text", "html"))
     ap.add_argument("--rebuild", action="store_true")
+    ap.add_argument("--memviz-root", default=ROOT,
+                    help="the checkout whose memviz runs the reports (default: this one); "
+                         "the trace is always built with this one's format module")
     args = ap.parse_args()
     path = args.trace or default_path(args.events)
     built = None
@@ -472,7 +477,8 @@ def main():
            "first_mib_sha256": digest, "built": built, "events_asked": args.events,
            "machine": platform.node(), "cpus": os.cpu_count(),
            "python_version": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
-           "results": measure(path, args.formats.split(","), args.rounds)}
+           "memviz_root": os.path.abspath(args.memviz_root),
+           "results": measure(path, args.formats.split(","), args.rounds, args.memviz_root)}
     print(json.dumps(res, indent=1))
 
 

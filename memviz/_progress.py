@@ -19,7 +19,7 @@ import contextlib
 import sys
 import threading
 import time
-from typing import IO, Iterator, Optional
+from typing import IO, Iterable, Iterator, Optional
 
 __all__ = ["shown", "update", "DELAY_S"]
 
@@ -90,20 +90,50 @@ def _is_terminal(stream: IO[str]) -> bool:
         return False
 
 
+class _Clearing:
+    """A stream that clears the progress line before anything else is
+    written to it (an error, a warning, the report itself on stdout), while
+    the line is shown."""
+
+    def __init__(self, stream: IO[str], line: _Line) -> None:
+        self._stream, self._line = stream, line
+
+    def write(self, text: str) -> int:
+        self._line.clear()
+        return self._stream.write(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        self._line.clear()
+        self._stream.writelines(lines)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
 @contextlib.contextmanager
-def shown(prog: str, stream: Optional[IO[str]] = None, delay: float = DELAY_S) -> Iterator[None]:
+def shown(prog: str, stream: Optional[IO[str]] = None,
+          delay: Optional[float] = None) -> Iterator[None]:
     """Show the progress reported inside the block on ``stream`` (stderr),
-    when it is a terminal, once the block has run ``delay`` seconds; the
-    line is cleared when the block ends. Nested blocks leave the outer
+    when it is a terminal, once the block has run ``delay`` seconds
+    (DELAY_S); the
+    line is cleared when the block ends, and before anything else is
+    printed on stdout or stderr inside it. Nested blocks leave the outer
     one's line in charge."""
     global _line
     stream = sys.stderr if stream is None else stream
     if _line is not None or stream is None or not _is_terminal(stream):
         yield
         return
-    line = _line = _Line(prog, stream, delay)
+    line = _line = _Line(prog, stream, DELAY_S if delay is None else delay)
+    saved = sys.stdout, sys.stderr
+    sys.stdout = _Clearing(sys.stdout, line) if sys.stdout is not None else None  # type: ignore
+    sys.stderr = _Clearing(sys.stderr, line) if sys.stderr is not None else None  # type: ignore
     try:
         yield
     finally:
         _line = None
+        if isinstance(sys.stdout, _Clearing) and sys.stdout._stream is saved[0]:
+            sys.stdout = saved[0]
+        if isinstance(sys.stderr, _Clearing) and sys.stderr._stream is saved[1]:
+            sys.stderr = saved[1]
         line.clear()

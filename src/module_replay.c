@@ -343,7 +343,8 @@ static PyObject *replayer_at(Replayer *self, PyObject *unused)
     if (!a)
         return PyErr_NoMemory();
     size_t m = self->nat;
-    memcpy(a, self->at_rows, self->nat * sizeof *a);
+    if (m)
+        memcpy(a, self->at_rows, m * sizeof *a);
     for (size_t k = 0; k < self->r.live.count; k++)
         if (MVZ_REPLAY_TIME(&self->r.live.allocs[k]) <= self->at_ns)
             a[m++] = self->r.live.allocs[k];
