@@ -403,7 +403,8 @@ class TraceReader(TraceFile, TotalsReads):
         chosen = [device] if device is not None else sorted(devices)
         when = max((devices[d]["peak_ts"] for d in chosen
                     if d in devices and devices[d]["peak_index"] >= 0), default=None)
-        return self._snapshot(self._rp.peak(device), when)
+        rows = [] if device is not None and device not in devices else self._rp.peak(device)
+        return self._snapshot(rows, when)
 
     def totals(self) -> Dict[int, Dict[str, int]]:
         """Per device (-1: pinned host): current, peak, allocs, frees, failed, ...
