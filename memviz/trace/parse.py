@@ -1,14 +1,14 @@
 """Parsing .memviz trace files: framing, checksums and chunk contents.
 
 :class:`TraceFile` reads the chunks of :mod:`memviz.trace.format`'s format into
-tables (strings, frames, stacks, threads, labels), byte planes of the event
-records, step records and the END and TIMELINE chunks, checking every CRC
-and every value it keeps, and hands each EVENTS chunk on as it is inflated
-(the reader replays it; nothing per event is kept); :class:`memviz.loaded.LoadedTrace`
-builds the reading API on top. A file is read where it lies, a window and a
-chunk at a time, and read again, chunk by chunk, for what needs the whole
-history (``_reread_events``). Problems raise :class:`memviz.TraceError` with the file
-and the byte offset of the chunk.
+tables (strings, frames, stacks, threads, labels), step records and the END
+and TIMELINE chunks, checking every CRC and every value it keeps, and hands
+each EVENTS chunk on as soon as it is inflated and checked (``_events``: the
+reader replays it, and nothing per event is kept);
+:class:`memviz.loaded.LoadedTrace` builds the reading API on top. A file is
+read where it lies, a window and a chunk at a time, and read again, chunk by
+chunk, for what needs the whole history (``_reread_events``). Problems raise
+:class:`memviz.TraceError` with the file and the byte offset of the chunk.
 """
 
 from __future__ import annotations

@@ -8,12 +8,12 @@ and is let go: the reader keeps no per-event columns, only what the replay
 keeps (the live allocations, each device's totals and peak, the
 allocations live at each peak, the failures, a bounded timeline). What
 needs the whole history (``events()``, ``snapshot(at_ns=...)``) reads the
-file again, chunk by chunk. A 20,000,000-event trace loads in a few
-seconds in a few hundred MB (benchmarks/RESULTS.md).
+file again, chunk by chunk. A 20,000,000-event trace loads in about a
+second, in under 100 MB (benchmarks/RESULTS.md, "A bounded reader").
 
-One concern: the reading API of a recording over the replay (snapshots at
-any time and at each peak, totals, failures, the timeline, the events
-themselves).
+One concern, a little over 500 lines: the reading API of a recording over
+the replay (snapshots at any time and at each peak, totals, failures, the
+timeline, the events themselves, and the passes that read the file again).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from memviz.capture.callsite import Resolved
 from memviz.model.failures import failed_allocations
 from memviz.model.recording import TotalsReads
 from memviz.model.rows import snapshot_from_raw
-from memviz.model.snapshot import KIND_NAMES, Allocation, Snapshot
+from memviz.model.snapshot import Allocation, Snapshot
 from memviz.trace import format as F
 from memviz.trace.parse import TraceFile, _Bytes, _File
 
@@ -149,7 +149,7 @@ class TraceReader(TraceFile, TotalsReads):
 
     def __init__(self, path: Optional[str]) -> None:
         super().__init__(path)
-        self._rp: Any = None  # the replay of every event (_core.Replayer), made at the first
+        self._rp: Any = None  # the replay of every event (_core.Replayer), from the first chunk
         self._derived: Optional[Dict[int, Dict[str, int]]] = None
         self._timeline_cache: Optional[List[tuple]] = None
         self._blocks_cache: Optional[Dict[int, List[int]]] = None
