@@ -92,13 +92,9 @@ def load(path: str, *, recover: bool = False) -> LoadedTrace:
     if what is not None:
         os.close(fd)
         raise _special_file(what, path)
-    with open(fd, "rb", closefd=True) as f:
-        try:
-            data = f.read()
-        except OSError as e:
-            raise TraceError(f"cannot read the file: {e.strerror or e}", path,
-                             hint="check the path and that you may read it") from e
-    return LoadedTrace.from_bytes(data, path, recover=recover)
+    # Read where it lies, a chunk at a time (the reader keeps the descriptor
+    # to read the events again, and closes it when it goes).
+    return LoadedTrace.from_fd(fd, path, recover=recover)
 
 
 def _ranks_hint(path: str, e: OSError) -> Optional[str]:

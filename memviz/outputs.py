@@ -6,6 +6,8 @@ when asked."""
 
 from __future__ import annotations
 
+import memviz._progress as _progress
+
 
 class Outputs:
     """Mixin: to_perfetto, to_torch_snapshot, to_html and notebook display,
@@ -14,12 +16,14 @@ class Outputs:
     def to_perfetto(self, path: str) -> None:
         """Chrome trace JSON for Perfetto / chrome://tracing."""
         from memviz.export.perfetto import write
-        write(self, path)
+        with _progress.shown("memviz: to_perfetto"):  # on stderr, when a terminal and slow
+            write(self, path)
 
     def to_torch_snapshot(self, path: str) -> None:
         """A pickle in torch.cuda.memory._dump_snapshot's format (PyTorch's memory_viz)."""
         from memviz.export.torch_snapshot import write
-        write(self, path)
+        with _progress.shown("memviz: to_torch_snapshot"):
+            write(self, path)
 
     def _repr_html_(self) -> str:
         from memviz.report.notebook import tracker_repr_html
@@ -28,4 +32,5 @@ class Outputs:
     def to_html(self, path: str) -> str:
         """Write the self-contained HTML report (works offline); returns the path."""
         from memviz.report.html import write
-        return write(self, path)
+        with _progress.shown("memviz: to_html"):
+            return write(self, path)

@@ -1,5 +1,5 @@
-/* What the binding files (module.c, module_store.c) share. Header only;
- * with the GIL. */
+/* What the binding files (module.c, module_store.c, module_replay.c)
+ * share. Header only; with the GIL. */
 #ifndef MEMVIZ_BIND_H
 #define MEMVIZ_BIND_H
 
@@ -19,5 +19,7 @@ static inline int mvz_ensure_store(void)
 
 /* The store's readers, window and trace bindings (module_store.c). */
 extern PyMethodDef mvz_store_bindings[];
+/* Adds _core.Replayer, a loaded trace's streaming replay (module_replay.c). */
+int mvz_replay_bindings_init(PyObject *m);
 
 #endif

@@ -1,15 +1,541 @@
 /* Replay of a trace's events (replay.h): the store's live-table and
- * accounting rules over a private table. Not on the capture path: it
- * reserves (mmap) and releases its own regions, and mallocs its result. */
+ * accounting rules over a private table, one chunk at a time. Not on the
+ * capture path: it reserves (mmap) and releases its own regions and
+ * mallocs the rest; every function touches only the replayer and the
+ * caller's buffers, so it may run without the GIL (the binding keeps one
+ * caller at a time). */
 #include "replay.h"
 #include "accounting.h"
+#include "hash.h"
 #include "livetab.h"
-#include "store.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#define FIRST_ROOM (1u << 16)
+
+/* ---- the live table, grown by rebuilding ------------------------------------ */
+
+/* Room for one more live allocation: a table four times the size when full
+ * (the replay needs no stable pointers, unlike the store). 0, 1 when the
+ * table or its index moved (slots are stale), -1 out of memory. */
+static int live_room(mvz_replayer *r)
+{
+    int room = mvz_live_make_room(&r->live);
+    if (room >= 0)
+        return room;
+    mvz_livetab bigger;
+    memset(&bigger, 0, sizeof bigger);
+    if (r->live.max > SIZE_MAX / 8 || mvz_live_init(&bigger, r->live.max * 4)) {
+        mvz_live_release(&bigger);
+        return -1;
+    }
+    for (size_t k = 0; k < r->live.count; k++) {
+        const mvz_alloc *a = &r->live.allocs[k];
+        int found;
+        if (mvz_live_make_room(&bigger) < 0) {
+            mvz_live_release(&bigger);
+            return -1;
+        }
+        size_t at = mvz_live_find(&bigger, a->address, a->kind, &found);
+        *mvz_live_insert(&bigger, at) = *a;
+    }
+    mvz_live_release(&r->live);
+    r->live = bigger;
+    return mvz_live_make_room(&r->live) < 0 ? -1 : 1;
+}
+
+/* ---- growable arrays ------------------------------------------------------------ */
+
+static int grow(void **p, size_t *cap, size_t need, size_t item)
+{
+    if (need <= *cap)
+        return 0;
+    size_t ncap = *cap ? *cap : 64;
+    while (ncap < need) {
+        if (ncap > SIZE_MAX / 2 / item)
+            return -1;
+        ncap *= 2;
+    }
+    void *q = realloc(*p, ncap * item);
+    if (!q)
+        return -1;
+    *p = q;
+    *cap = ncap;
+    return 0;
+}
+
+/* ---- the timeline of a slot --------------------------------------------------- */
+
+static int series_push(mvz_replay_series *s, uint64_t index, uint64_t ts, mvz_wide level)
+{
+    if (!s->points) {
+        s->points = malloc(MVZ_REPLAY_POINTS * sizeof *s->points);
+        if (!s->points)
+            return -1;
+        s->stride = 1;
+    }
+    s->changes++;
+    if (s->fill == 0 || level > s->open.level) { /* the first of equal highs stays */
+        s->open.index = index;
+        s->open.ts = ts;
+        s->open.level = level;
+    }
+    if (++s->fill < s->stride)
+        return 0;
+    if (s->n == MVZ_REPLAY_POINTS) {
+        /* Full: pairs merge into buckets twice as long, and the open bucket
+         * goes on until it is that long too. */
+        for (size_t k = 0; k < MVZ_REPLAY_POINTS / 2; k++) {
+            const mvz_replay_point *a = &s->points[2 * k], *b = &s->points[2 * k + 1];
+            s->points[k] = b->level > a->level ? *b : *a;
+        }
+        s->n = MVZ_REPLAY_POINTS / 2;
+        s->stride *= 2;
+        return 0;
+    }
+    s->points[s->n++] = s->open;
+    s->fill = 0;
+    return 0;
+}
+
+void mvz_replay_finish(mvz_replayer *r)
+{
+    if (!r->summary)
+        return;
+    for (int d = 0; d < MVZ_REPLAY_SLOTS; d++) {
+        mvz_replay_series *s = &r->slots[d].series;
+        if (!s->fill)
+            continue;
+        if (s->n == MVZ_REPLAY_POINTS) {
+            for (size_t k = 0; k < MVZ_REPLAY_POINTS / 2; k++) {
+                const mvz_replay_point *a = &s->points[2 * k], *b = &s->points[2 * k + 1];
+                s->points[k] = b->level > a->level ? *b : *a;
+            }
+            s->n = MVZ_REPLAY_POINTS / 2;
+            s->stride *= 2;
+        }
+        s->points[s->n++] = s->open;
+        s->fill = 0;
+    }
+}
+
+/* ---- the set of block addresses ------------------------------------------------- */
+
+static size_t block_home(uint64_t address, int slot, size_t mask)
+{
+    return (size_t)(mvz_mix64(address ^ ((uint64_t)slot << 56)) & mask);
+}
+
+static int block_add(mvz_replayer *r, uint64_t address, int slot)
+{
+    if (2 * (r->bn + 1) > r->bcap) {
+        size_t ncap = r->bcap ? 2 * r->bcap : 1024;
+        uint64_t *na = calloc(ncap, sizeof *na);
+        uint16_t *ns = calloc(ncap, sizeof *ns);
+        if (!na || !ns) {
+            free(na);
+            free(ns);
+            return -1;
+        }
+        for (size_t k = 0; k < r->bcap; k++) {
+            if (!r->bslot[k])
+                continue;
+            size_t i = block_home(r->baddr[k], r->bslot[k] - 1, ncap - 1);
+            while (ns[i])
+                i = (i + 1) & (ncap - 1);
+            na[i] = r->baddr[k];
+            ns[i] = r->bslot[k];
+        }
+        free(r->baddr);
+        free(r->bslot);
+        r->baddr = na;
+        r->bslot = ns;
+        r->bcap = ncap;
+    }
+    size_t mask = r->bcap - 1, i = block_home(address, slot, mask);
+    for (; r->bslot[i]; i = (i + 1) & mask)
+        if (r->baddr[i] == address && r->bslot[i] == slot + 1)
+            return 0;
+    r->baddr[i] = address;
+    r->bslot[i] = (uint16_t)(slot + 1);
+    r->bn++;
+    return 0;
+}
+
+static int by_address(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+long mvz_replay_block_addresses(const mvz_replayer *r, int slot, uint64_t **out)
+{
+    *out = malloc((r->bn ? r->bn : 1) * sizeof **out);
+    if (!*out)
+        return -1;
+    size_t m = 0;
+    for (size_t k = 0; k < r->bcap; k++)
+        if (r->bslot[k] == slot + 1)
+            (*out)[m++] = r->baddr[k];
+    qsort(*out, m, sizeof **out, by_address);
+    return (long)m;
+}
+
+/* ---- peak sets: the graveyard ------------------------------------------------------ */
+
+/* Drop the entries no peak set can need any more: freed before their slot's
+ * peak (peaks only move later). */
+static void graves_compact(mvz_replayer *r)
+{
+    size_t keep = 0;
+    for (size_t k = 0; k < r->ngraves; k++) {
+        const mvz_replay_grave *g = &r->graves[k];
+        if ((int64_t)g->freed > r->slots[(uint8_t)g->a.slot].peak_index)
+            r->graves[keep++] = *g;
+    }
+    r->ngraves = keep;
+}
+
+/* `a` ended at event `freed`: keep it while its slot's peak set may hold it
+ * (made before the peak: a later peak comes after this event, so then it
+ * is not needed). Compacted when the graveyard holds more than twice what
+ * the peak sets can need, so each end costs O(1) amortised. */
+static int graves_on_end(mvz_replayer *r, const mvz_alloc *a, uint64_t freed)
+{
+    if ((int64_t)MVZ_REPLAY_INDEX(a) > r->slots[(uint8_t)a->slot].peak_index)
+        return 0;
+    if (r->ngraves >= 2 * r->bound + 1024)
+        graves_compact(r);
+    if (grow((void **)&r->graves, &r->capgraves, r->ngraves + 1, sizeof *r->graves))
+        return -1;
+    r->graves[r->ngraves].a = *a;
+    r->graves[r->ngraves].freed = freed;
+    r->ngraves++;
+    return 0;
+}
+
 static int by_index(const void *a, const void *b)
+{
+    uint64_t x = MVZ_REPLAY_INDEX((const mvz_alloc *)a), y = MVZ_REPLAY_INDEX((const mvz_alloc *)b);
+    return x < y ? -1 : x > y;
+}
+
+/* The peak set of one slot, appended at out[m]; returns the new count. */
+static size_t peak_set_of(const mvz_replayer *r, int d, mvz_alloc *out, size_t m)
+{
+    const mvz_replay_slot *s = &r->slots[d];
+    if (s->peak_index < 0)
+        return m;
+    size_t first = m;
+    uint64_t p = (uint64_t)s->peak_index;
+    for (size_t k = 0; k < r->live.count; k++) {
+        const mvz_alloc *a = &r->live.allocs[k];
+        if ((uint8_t)a->slot == d && MVZ_REPLAY_INDEX(a) <= p)
+            out[m++] = *a;
+    }
+    for (size_t k = 0; k < r->ngraves; k++) {
+        const mvz_replay_grave *g = &r->graves[k];
+        if ((uint8_t)g->a.slot == d && MVZ_REPLAY_INDEX(&g->a) <= p && g->freed > p)
+            out[m++] = g->a;
+    }
+    qsort(out + first, m - first, sizeof *out, by_index);
+    if (s->has_block)
+        out[m++] = s->block;
+    return m;
+}
+
+long mvz_replay_peak_set(const mvz_replayer *r, int slot, mvz_alloc **out)
+{
+    size_t room = r->live.count + r->ngraves + MVZ_REPLAY_SLOTS + 1;
+    *out = malloc(room * sizeof **out);
+    if (!*out)
+        return -1;
+    if (slot >= 0)
+        return (long)peak_set_of(r, slot & 0xFF, *out, 0);
+    size_t m = 0;
+    for (int d = 0; d < MVZ_REPLAY_SLOTS; d++)
+        m = peak_set_of(r, d, *out, m);
+    /* Every slot at its own peak, in the order of the ALLOC events (two
+     * entries of one index are one allocation: a slot's block found after
+     * its peak may be in another slot's set too). */
+    qsort(*out, m, sizeof **out, by_index);
+    return (long)m;
+}
+
+long mvz_replay_live(const mvz_replayer *r, mvz_alloc **out)
+{
+    *out = malloc((r->live.count ? r->live.count : 1) * sizeof **out);
+    if (!*out)
+        return -1;
+    memcpy(*out, r->live.allocs, r->live.count * sizeof **out);
+    qsort(*out, r->live.count, sizeof **out, by_index);
+    return (long)r->live.count;
+}
+
+/* ---- the replayer ---------------------------------------------------------------- */
+
+int mvz_replayer_init(mvz_replayer *r, uint64_t start_ns, int summary)
+{
+    memset(r, 0, sizeof *r);
+    r->ts = start_ns;
+    r->summary = summary;
+    if (mvz_live_init(&r->live, FIRST_ROOM))
+        goto fail;
+    if (summary) {
+        r->slots = calloc(MVZ_REPLAY_SLOTS, sizeof *r->slots);
+        if (!r->slots)
+            goto fail;
+        for (int d = 0; d < MVZ_REPLAY_SLOTS; d++)
+            r->slots[d].peak_index = -1;
+    }
+    return 0;
+fail:
+    mvz_replayer_release(r);
+    return -1;
+}
+
+void mvz_replayer_release(mvz_replayer *r)
+{
+    mvz_live_release(&r->live);
+    if (r->slots)
+        for (int d = 0; d < MVZ_REPLAY_SLOTS; d++)
+            free(r->slots[d].series.points);
+    free(r->slots);
+    free(r->graves);
+    free(r->fails);
+    free(r->baddr);
+    free(r->bslot);
+    memset(r, 0, sizeof *r);
+}
+
+static void fill(mvz_alloc *a, const mvz_event *e, uint64_t index, uint64_t ts)
+{
+    memset(a, 0, sizeof *a);
+    a->address = e->address;
+    a->size = e->size;
+    MVZ_REPLAY_TIME(a) = ts;
+    MVZ_REPLAY_INDEX(a) = index;
+    a->stack_id = e->stack_id;
+    a->thread_idx = e->thread_idx;
+    a->label_id = e->label_id;
+    a->slot = (int16_t)(uint8_t)e->device;
+    a->kind = e->kind;
+    a->flags = e->flags;
+}
+
+/* An ALLOC: the lookahead of every slot whose peak is waiting for its block. */
+static void look_at(mvz_replayer *r, const mvz_alloc *a)
+{
+    int keep = 0;
+    for (int k = 0; k < r->nlooking; k++) {
+        mvz_replay_slot *s = &r->slots[r->looking[k]];
+        if (a->kind == MVZ_KIND_BLOCK && a->thread_idx == s->look_thread &&
+            a->address - s->look_lo < s->look_size) {
+            s->block = *a;
+            s->has_block = 1;
+            s->look_left = 0;
+        } else if (--s->look_left > 0) {
+            r->looking[keep++] = r->looking[k];
+        }
+    }
+    r->nlooking = keep;
+}
+
+/* The store dates a block when it was asked for, before the segment made for
+ * it, but the file has the block after that segment. So when a segment makes
+ * the peak, the block its thread asked for, inside it, is live at the peak
+ * (as in the live tracker's peak). */
+static void look_for_block(mvz_replayer *r, int d, const mvz_alloc *peak)
+{
+    mvz_replay_slot *s = &r->slots[d];
+    s->has_block = 0;
+    if (peak->kind == MVZ_KIND_BLOCK)
+        return;
+    if (s->look_left <= 0)
+        r->looking[r->nlooking++] = (uint8_t)d;
+    s->look_left = MVZ_REPLAY_LOOKAHEAD;
+    s->look_thread = peak->thread_idx;
+    s->look_lo = peak->address;
+    s->look_size = peak->size;
+}
+
+int mvz_replay_event(mvz_replayer *r, const mvz_event *e, mvz_alloc *ended)
+{
+    uint64_t i = r->n++;
+    if (e->op == MVZ_EV_TIME) {
+        r->ts = e->address;
+        return 0;
+    }
+    r->ts += e->ts_delta;
+    int d = (uint8_t)e->device;
+    mvz_replay_slot *s = r->summary ? &r->slots[d] : NULL;
+    if (e->op == MVZ_EV_GAP) {
+        if (s)
+            r->dropped += e->address;
+        return 0;
+    }
+    if (e->op == MVZ_EV_FAILED) {
+        if (s) {
+            s->present = 1;
+            s->failed++;
+            if (grow((void **)&r->fails, &r->capfails, r->nfails + 1, sizeof *r->fails))
+                return -1;
+            fill(&r->fails[r->nfails++], e, i, r->ts);
+        }
+        return 0;
+    }
+    if (e->op != MVZ_EV_ALLOC && e->op != MVZ_EV_FREE)
+        return 0;
+    int is_alloc = e->op == MVZ_EV_ALLOC, k = e->kind, found, ret = 0;
+    if (s) {
+        if (is_alloc) {
+            s->allocs++;
+            s->alloc_bytes += e->size;
+            s->level += (mvz_wide)e->size;
+        } else {
+            s->frees++;
+            s->level -= (mvz_wide)e->size;
+        }
+        if (series_push(&s->series, i, r->ts, s->level))
+            return -1;
+    }
+    size_t at = mvz_live_find(&r->live, e->address, k, &found);
+    if (found) { /* its FREE (or, for an ALLOC, the free it was not seen to have) */
+        const mvz_alloc *a = mvz_live_at(&r->live, at);
+        *ended = *a;
+        ret = 1;
+        if (r->summary) {
+            mvz_replay_slot *o = &r->slots[(uint8_t)a->slot];
+            if (a->kind != MVZ_KIND_BLOCK)
+                mvz_totals_free(&o->t, a->size);
+            o->live_all--;
+            if (graves_on_end(r, a, i))
+                return -1;
+        }
+        mvz_live_remove(&r->live, at);
+    }
+    if (!is_alloc)
+        return ret;
+    int room = live_room(r);
+    if (room < 0)
+        return -1;
+    if (room > 0 || found)
+        at = mvz_live_find(&r->live, e->address, k, &found);
+    mvz_alloc *a = mvz_live_insert(&r->live, at);
+    fill(a, e, i, r->ts);
+    if (!s)
+        return ret;
+    s->present = 1;
+    s->live_all++;
+    if (r->nlooking)
+        look_at(r, a);
+    if (k == MVZ_KIND_BLOCK) {
+        if (block_add(r, e->address, d))
+            return -1;
+    } else if (mvz_totals_alloc(&s->t, e->size, i)) {
+        s->peak_index = (int64_t)i;
+        s->peak_ts = r->ts;
+        r->bound += s->live_all - s->peak_all;
+        s->peak_all = s->live_all;
+        look_for_block(r, d, a);
+    }
+    return ret;
+}
+
+static inline uint64_t le(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int j = n - 1; j >= 0; j--)
+        v = v << 8 | p[j];
+    return v;
+}
+
+/* A record's fields from its 32 bytes (little-endian in the file, whatever
+ * this machine's order). */
+static void decode(const uint8_t *b, mvz_event *e)
+{
+    e->ts_delta = (uint32_t)le(b, 4);
+    e->op = b[4];
+    e->kind = b[5];
+    e->device = (int8_t)b[6];
+    e->flags = b[7];
+    e->stack_id = (uint32_t)le(b + 8, 4);
+    e->thread_idx = (uint16_t)le(b + 12, 2);
+    e->label_id = (uint16_t)le(b + 14, 2);
+    e->address = le(b + 16, 8);
+    e->size = le(b + 24, 8);
+}
+
+#define BATCH 64
+
+/* Bytes lo..lo+n-1 of records k..k+m-1, from byte planes, as numbers: one
+ * plane at a time, so each loop reads runs of bytes (and vectorises). */
+static void plane_field(const uint8_t *records, size_t count, size_t k, size_t m, int lo, int n,
+                        uint64_t *out)
+{
+    for (size_t i = 0; i < m; i++)
+        out[i] = 0;
+    for (int b = n - 1; b >= 0; b--) {
+        const uint8_t *plane = records + (size_t)(lo + b) * count + k;
+        for (size_t i = 0; i < m; i++)
+            out[i] = out[i] << 8 | plane[i];
+    }
+}
+
+int mvz_replay_chunk(mvz_replayer *r, const uint8_t *records, size_t count, int layout,
+                     size_t start, size_t stop, mvz_replay_visit visit, void *ctx)
+{
+    mvz_event ev[BATCH];
+    uint64_t f[BATCH];
+    if (stop > count)
+        stop = count;
+    for (size_t k = start; k < stop; k += BATCH) {
+        size_t m = stop - k < BATCH ? stop - k : BATCH;
+        if (layout == 0) {
+            for (size_t i = 0; i < m; i++)
+                decode(records + (k + i) * 32, &ev[i]);
+        } else { /* byte planes: field by field */
+            plane_field(records, count, k, m, 0, 4, f);
+            for (size_t i = 0; i < m; i++)
+                ev[i].ts_delta = (uint32_t)f[i];
+            plane_field(records, count, k, m, 8, 4, f);
+            for (size_t i = 0; i < m; i++)
+                ev[i].stack_id = (uint32_t)f[i];
+            plane_field(records, count, k, m, 12, 2, f);
+            for (size_t i = 0; i < m; i++)
+                ev[i].thread_idx = (uint16_t)f[i];
+            plane_field(records, count, k, m, 14, 2, f);
+            for (size_t i = 0; i < m; i++)
+                ev[i].label_id = (uint16_t)f[i];
+            plane_field(records, count, k, m, 16, 8, f);
+            for (size_t i = 0; i < m; i++)
+                ev[i].address = f[i];
+            plane_field(records, count, k, m, 24, 8, f);
+            for (size_t i = 0; i < m; i++)
+                ev[i].size = f[i];
+            const uint8_t *op = records + 4 * count + k, *kind = records + 5 * count + k,
+                          *dev = records + 6 * count + k, *flags = records + 7 * count + k;
+            for (size_t i = 0; i < m; i++) {
+                ev[i].op = op[i];
+                ev[i].kind = kind[i];
+                ev[i].device = (int8_t)dev[i];
+                ev[i].flags = flags[i];
+            }
+        }
+        for (size_t i = 0; i < m; i++) {
+            mvz_alloc ended;
+            int rc = mvz_replay_event(r, &ev[i], &ended);
+            if (rc < 0 || (visit && visit(ctx, &ev[i], r->n - 1, r->ts, rc ? &ended : NULL)))
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---- whole columns at once --------------------------------------------------------- */
+
+static int by_size_t(const void *a, const void *b)
 {
     size_t x = *(const size_t *)a, y = *(const size_t *)b;
     return x < y ? -1 : x > y;
@@ -18,69 +544,42 @@ static int by_index(const void *a, const void *b)
 int mvz_replay(size_t n, const uint8_t *op, const uint64_t *address, const uint64_t *size,
                const uint8_t *kind, const int8_t *device, mvz_replay_result *out)
 {
-    mvz_totals totals[MVZ_REPLAY_SLOTS];
-    memset(totals, 0, sizeof totals);
     memset(out->end, 0, n * sizeof *out->end);
     out->live = NULL;
     out->nlive = 0;
-    for (int d = 0; d < MVZ_REPLAY_SLOTS; d++)
-        out->peak_index[d] = -1;
-    size_t nallocs = 0;
-    for (size_t i = 0; i < n; i++)
-        nallocs += op[i] == MVZ_EV_ALLOC;
-    mvz_livetab live;
-    memset(&live, 0, sizeof live);
+    mvz_replayer r;
+    if (mvz_replayer_init(&r, 0, 1))
+        return -1;
     int rc = -1;
-    if (mvz_live_init(&live, nallocs ? nallocs : 1))
-        goto done;
     for (size_t i = 0; i < n; i++) {
-        if (op[i] != MVZ_EV_ALLOC && op[i] != MVZ_EV_FREE)
-            continue;
-        int found, k = kind[i];
-        size_t at = mvz_live_find(&live, address[i], k, &found);
-        if (found) { /* its FREE (or, for an ALLOC, the free it was not seen to have) */
-            const mvz_alloc *a = mvz_live_at(&live, at);
-            size_t j = (size_t)a->timestamp; /* here: the index of its ALLOC event */
-            out->end[j] = (int64_t)i;
-            if (a->kind != MVZ_KIND_BLOCK)
-                mvz_totals_free(&totals[(uint8_t)a->slot], a->size);
-            mvz_live_remove(&live, at);
-        }
-        if (op[i] == MVZ_EV_FREE)
-            continue;
-        int room = mvz_live_make_room(&live);
-        if (room < 0)
+        mvz_event e;
+        memset(&e, 0, sizeof e);
+        e.op = op[i];
+        e.kind = kind[i];
+        e.device = device[i];
+        e.address = address[i];
+        e.size = size[i];
+        mvz_alloc ended;
+        int got = mvz_replay_event(&r, &e, &ended);
+        if (got < 0)
             goto done;
-        if (room > 0 || found)
-            at = mvz_live_find(&live, address[i], k, &found);
-        mvz_alloc *a = mvz_live_insert(&live, at);
-        memset(a, 0, sizeof *a);
-        a->address = address[i];
-        a->size = size[i];
-        a->timestamp = i;
-        a->kind = (uint8_t)k;
-        a->slot = (int16_t)(uint8_t)device[i];
-        if (k != MVZ_KIND_BLOCK && mvz_totals_alloc(&totals[(uint8_t)device[i]], size[i], i))
-            out->peak_index[(uint8_t)device[i]] = (int64_t)i;
+        if (got)
+            out->end[MVZ_REPLAY_INDEX(&ended)] = (int64_t)i;
     }
-    out->live = malloc((live.count ? live.count : 1) * sizeof *out->live);
+    out->live = malloc((r.live.count ? r.live.count : 1) * sizeof *out->live);
     if (!out->live)
         goto done;
-    for (size_t k = 0; k < live.count; k++)
-        out->live[k] = (size_t)live.allocs[k].timestamp;
-    out->nlive = live.count;
-    qsort(out->live, out->nlive, sizeof *out->live, by_index);
+    for (size_t k = 0; k < r.live.count; k++)
+        out->live[k] = (size_t)MVZ_REPLAY_INDEX(&r.live.allocs[k]);
+    out->nlive = r.live.count;
+    qsort(out->live, out->nlive, sizeof *out->live, by_size_t);
     for (int d = 0; d < MVZ_REPLAY_SLOTS; d++) {
-        out->current[d] = totals[d].current;
-        out->peak[d] = totals[d].peak;
+        out->current[d] = r.slots[d].t.current;
+        out->peak[d] = r.slots[d].t.peak;
+        out->peak_index[d] = r.slots[d].peak_index;
     }
     rc = 0;
 done:
-    mvz_live_release(&live);
-    if (rc) {
-        free(out->live);
-        out->live = NULL;
-        out->nlive = 0;
-    }
+    mvz_replayer_release(&r);
     return rc;
 }

@@ -5,17 +5,143 @@
  * inside segments, so they do not count in the device totals (as in the
  * store).
  *
- * With the GIL or without (it touches only its arguments and a private
- * live table); never on the capture path. Calls livetab.c, accounting.c and
- * region.c. The binding is module_store.c's replay(). */
+ * A replayer keeps its state across calls, so a trace streams through it
+ * one EVENTS chunk at a time and nothing per event is kept: only the live
+ * allocations (full records), and, with `summary`, what a report reads of
+ * the whole run: each device's totals and peak, the allocations live at
+ * each peak (the store's peak-set idea, peakset.c: the live table plus a
+ * graveyard of what was freed after the peak), the failures, a bounded
+ * timeline (each bucket's highest point, buckets merged in pairs when
+ * full) and the addresses PyTorch's blocks ever had.
+ *
+ * With the GIL or without (it touches only its own state and the caller's
+ * buffers); never on the capture path, so it mallocs. Calls livetab.c,
+ * accounting.h and region.c. The bindings are module_replay.c's Replayer
+ * and module_store.c's replay() (whole columns at once). */
 #ifndef MEMVIZ_REPLAY_H
 #define MEMVIZ_REPLAY_H
+
+#include "livetab.h"
+#include "store.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
 /* Slots of a replay: a trace's device byte as unsigned (-1, host, is 255). */
 #define MVZ_REPLAY_SLOTS 256
+/* Points of one slot's timeline (even). */
+#define MVZ_REPLAY_POINTS 16384
+/* Allocations after a peak looked through for the block its segment was made
+ * for (another thread's events may come between a segment and its block). */
+#define MVZ_REPLAY_LOOKAHEAD 64
+
+/* Sums that a crafted file could push past 64 bits. */
+#if defined(__SIZEOF_INT128__)
+__extension__ typedef __int128 mvz_wide;
+__extension__ typedef unsigned __int128 mvz_uwide;
+#else
+typedef int64_t mvz_wide;
+typedef uint64_t mvz_uwide;
+#endif
+
+/* A replayed allocation is an mvz_alloc whose `timestamp` is the index of
+ * its ALLOC event in the trace (the order the peak rules compare) and whose
+ * `stream` is the event's time in ns (a trace records no stream). */
+#define MVZ_REPLAY_INDEX(a) ((a)->timestamp)
+#define MVZ_REPLAY_TIME(a) ((a)->stream)
+
+typedef struct {
+    uint64_t index, ts; /* the event that made the change, and when */
+    mvz_wide level;     /* the slot's level after it */
+} mvz_replay_point;
+
+/* A timeline of at most MVZ_REPLAY_POINTS points: each is the highest of a
+ * bucket of `stride` consecutive changes. */
+typedef struct {
+    mvz_replay_point *points;
+    size_t n;
+    uint64_t stride, fill, changes;
+    mvz_replay_point open; /* the highest point of the bucket being filled */
+} mvz_replay_series;
+
+typedef struct {
+    mvz_totals t;           /* the store's rules; t.peak_timestamp is an event index */
+    int64_t peak_index;     /* the ALLOC that made the peak, -1: none */
+    uint64_t peak_ts;       /* its time */
+    uint64_t live_all;      /* live allocations of the slot, blocks too */
+    uint64_t peak_all;      /* live_all at the peak (the graveyard's bound) */
+    uint64_t allocs, frees, failed; /* events of each op, every kind */
+    mvz_uwide alloc_bytes;  /* sizes of the ALLOC events, every kind */
+    int present;            /* an ALLOC or FAILED event named the slot */
+    mvz_wide level;         /* the timeline's level: +size per ALLOC, -size per FREE */
+    mvz_replay_series series;
+    /* The block the thread of the peak's segment asked for, looked for among
+     * the MVZ_REPLAY_LOOKAHEAD allocations after the peak. */
+    int look_left, has_block;
+    uint32_t look_thread;
+    uint64_t look_lo, look_size;
+    mvz_alloc block;
+} mvz_replay_slot;
+
+typedef struct {
+    mvz_alloc a;
+    uint64_t freed; /* the index of the event that ended it */
+} mvz_replay_grave;
+
+typedef struct {
+    mvz_livetab live;
+    uint64_t n;  /* events replayed */
+    uint64_t ts; /* the time of the last one */
+    int summary;
+    /* With summary: */
+    mvz_replay_slot *slots; /* MVZ_REPLAY_SLOTS */
+    mvz_replay_grave *graves;
+    size_t ngraves, capgraves;
+    uint64_t bound; /* sum of the slots' peak_all */
+    mvz_alloc *fails;
+    size_t nfails, capfails;
+    uint64_t *baddr; /* the set of (slot, address) of every block: open addressing */
+    uint16_t *bslot; /* 0: empty, else slot + 1 */
+    size_t bn, bcap;
+    mvz_uwide dropped; /* the GAP records' counts */
+    uint8_t looking[MVZ_REPLAY_SLOTS];
+    int nlooking;
+} mvz_replayer;
+
+/* Called after each event of mvz_replay_chunk with the event, its index and
+ * time, and the live allocation it ended (its FREE, or an ALLOC at its
+ * address; NULL when none). Returns 0, or -1 to stop (out of memory). */
+typedef int (*mvz_replay_visit)(void *ctx, const mvz_event *e, uint64_t index, uint64_t ts,
+                                const mvz_alloc *ended);
+
+/* A replayer whose first events count time from `start_ns` (until a TIME
+ * record). 0, or -1 when memory cannot be had. */
+int mvz_replayer_init(mvz_replayer *r, uint64_t start_ns, int summary);
+void mvz_replayer_release(mvz_replayer *r);
+
+/* One event. *ended receives the live allocation it ended, if any (returns
+ * 1), else 0; -1: out of memory. */
+int mvz_replay_event(mvz_replayer *r, const mvz_event *e, mvz_alloc *ended);
+
+/* Events [start, stop) of an EVENTS chunk's `count` records (layout 0:
+ * records one after another, 1: byte planes), in order; `visit` (may be
+ * NULL) after each. 0, or -1 when out of memory or visit stopped. */
+int mvz_replay_chunk(mvz_replayer *r, const uint8_t *records, size_t count, int layout,
+                     size_t start, size_t stop, mvz_replay_visit visit, void *ctx);
+
+/* Summary reads. The allocations live at the peak of `slot` (-1: of every
+ * slot, each at its own), into a malloc'd array (the caller frees), ordered
+ * by their ALLOC events (a slot's block found after its peak last in its
+ * slot's share). Returns the count or -1. */
+long mvz_replay_peak_set(const mvz_replayer *r, int slot, mvz_alloc **out);
+/* The live allocations, ordered by their ALLOC events (malloc'd). */
+long mvz_replay_live(const mvz_replayer *r, mvz_alloc **out);
+/* Flush the open bucket of each timeline (once, when the events are over). */
+void mvz_replay_finish(mvz_replayer *r);
+/* The addresses PyTorch's blocks had on `slot`, ascending (malloc'd). */
+long mvz_replay_block_addresses(const mvz_replayer *r, int slot, uint64_t **out);
+
+/* ---- whole columns at once (module_store.c's replay()) ------------------------ */
 
 typedef struct {
     /* end[i], for each ALLOC event i: the index of the event that ended it
@@ -30,9 +156,8 @@ typedef struct {
     int64_t peak_index[MVZ_REPLAY_SLOTS]; /* the ALLOC that made the peak, -1: none */
 } mvz_replay_result;
 
-/* n events as columns: op (MVZ_EV_*), address, size, kind and device. An
- * ALLOC event that finds no room in the live table (more than `n` live
- * allocations cannot happen) or a failed reservation returns -1. */
+/* n events as columns: op (MVZ_EV_*), address, size, kind and device,
+ * through a replayer. -1 when memory cannot be had. */
 int mvz_replay(size_t n, const uint8_t *op, const uint64_t *address, const uint64_t *size,
                const uint8_t *kind, const int8_t *device, mvz_replay_result *out);
 

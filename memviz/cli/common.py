@@ -10,11 +10,14 @@ Imports only the floors below memviz.cli (docs/architecture.md); each verb
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import json
 import sys
 import warnings
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
+import memviz._progress as _progress
 from memviz._args import whole_option
 from memviz._errors import InvalidArgument, OutputError
 from memviz._outputs import refuse_inputs, write_output
@@ -23,7 +26,7 @@ from memviz.report.summary import device_name
 from memviz.trace.format import TraceWarning
 
 __all__ = ["EXIT_USAGE", "positive", "parse", "say", "load_trace", "refuse_output", "dumps",
-           "write_text", "device_name"]
+           "write_text", "device_name", "with_progress"]
 
 #: the exit status of a mistake in the command line (and of an output that
 #: could not be written)
@@ -48,6 +51,19 @@ def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
+
+
+def with_progress(main: Callable[..., int]) -> Callable[..., int]:
+    """A verb's ``main(argv, prog)`` that shows progress on stderr while it
+    runs, when stderr is a terminal and the work takes over a second
+    (memviz._progress: reading a big trace, the report's second pass)."""
+    default = inspect.signature(main).parameters["prog"].default
+
+    @functools.wraps(main)
+    def run(argv: Optional[List[str]] = None, prog: str = default) -> int:
+        with _progress.shown(prog):
+            return main(argv, prog)
+    return run
 
 
 def load_trace(path: str, recover: bool, prog: str):

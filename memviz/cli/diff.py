@@ -24,7 +24,8 @@ import sys
 from typing import List, Optional, Tuple
 
 from memviz._errors import MemvizError
-from memviz.cli.common import EXIT_USAGE, dumps, load_trace, parse, positive, refuse_output, write_text
+from memviz.cli.common import (EXIT_USAGE, dumps, load_trace, parse, positive, refuse_output,
+                               with_progress, write_text)
 from memviz.cli.diff_compare import compare
 from memviz.cli.diff_render import diff_text, render
 from memviz.model.statistics import KEY_TYPES
@@ -73,6 +74,7 @@ def diff_parser(prog: str = "memviz diff") -> argparse.ArgumentParser:
     return parser
 
 
+@with_progress  # on stderr, when it is a terminal and the work takes a while
 def main(argv: Optional[List[str]] = None, prog: str = "memviz diff") -> int:
     """Entry point of ``memviz diff``; returns the exit status (2: an error,
     said on stderr)."""

@@ -67,7 +67,7 @@ from typing import Any, Dict, List, Optional
 
 from memviz._errors import InvalidArgument, TraceError
 from memviz.cli.common import (EXIT_USAGE, device_name, dumps, load_trace, parse, positive, refuse_output,
-                               write_text)
+                               with_progress, write_text)
 from memviz.report.summary import finding_records, flight_window, step_summary
 from memviz.trace.format import step_dict
 
@@ -165,6 +165,7 @@ def report_parser(prog: str = "memviz report") -> argparse.ArgumentParser:
     return parser
 
 
+@with_progress  # on stderr, when it is a terminal and the work takes a while
 def main(argv: Optional[List[str]] = None, prog: str = "memviz report") -> int:
     """Entry point of ``memviz report``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)

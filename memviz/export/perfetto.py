@@ -103,7 +103,9 @@ def events(obj: Any) -> Iterator[Dict[str, Any]]:
     known = {(a.device, a.address, a.timestamp_ns): a for a in list(end.allocations) + peak_only}
     if any(a.category for a in known.values()):
         peak_ts = {d: t.get("peak_timestamp_ns") or t1 for d, t in totals.items()}
-        series, _note = category_series(obj, list(end.allocations), peak_only, peak_ts, t1)
+        # at most 65,536 points a category (each the highest of its bucket): exact below that
+        series, _note = category_series(obj, list(end.allocations), peak_only, peak_ts, t1,
+                                        points=1 << 16)
         for dev, cats in series.items():
             for cat, (ts_list, values) in cats.items():
                 for ts, v in zip(ts_list, values):

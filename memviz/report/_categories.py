@@ -10,7 +10,7 @@ Imports the model floor and below and memviz.report._source
 from __future__ import annotations
 
 import bisect
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from memviz.report import _source as src
 
@@ -18,9 +18,19 @@ __all__ = ["category_series"]
 
 
 def category_series(obj: Any, allocs: List[Any], peak_only: List[Any], peak_ts: Dict[int, int],
-                     end_ns: int) -> Tuple[Dict[int, Dict[str, Tuple[List[int], List[int]]]], str]:
-    """{device: {category: (timestamps, live bytes)}} and a note on how exact it is."""
+                    end_ns: int, *, points: Optional[int] = None
+                    ) -> Tuple[Dict[int, Dict[str, Tuple[List[int], List[int]]]], str]:
+    """{device: {category: (timestamps, live bytes)}} and a note on how exact
+    it is. A loaded trace sums its events itself, in C (``_category_series``,
+    the same rules), keeping at most ``points`` points per series (the
+    highest of each bucket; None: all)."""
     changes: Dict[int, Dict[str, List[Tuple[int, int]]]] = {}
+    fast = getattr(obj, "_category_series", None)
+    if callable(fast):
+        known = {(a.device, a.address, a.timestamp_ns): a.category for a in allocs + peak_only}
+        out = fast(known, end_ns, points)
+        if out is not None:
+            return out, "from the recorded events"
     evs = src.events(obj)
     if evs is not None:
         known = {(a.device, a.address, a.timestamp_ns): a.category for a in allocs + peak_only}

@@ -53,7 +53,7 @@ def _timeline(obj: Any, totals: Dict[int, Dict[str, int]], timeline: List[tuple]
     cats: Dict[int, Dict[str, Tuple[List[int], List[int]]]] = {}
     cat_note = ""
     if any(a.category for a in allocs) or any(a.category for a in peak_only):
-        cats, cat_note = category_series(obj, allocs, peak_only, peak_ts, t1)
+        cats, cat_note = category_series(obj, allocs, peak_only, peak_ts, t1, points=4 * points)
     gpus = sorted(d for d in set(totals) | set(per_dev) if d >= 0)
     devices = gpus + sorted(d for d in set(totals) | set(per_dev) if d < 0)
     charts = []

@@ -1,20 +1,25 @@
 """Parsing .memviz trace files: framing, checksums and chunk contents.
 
 :class:`TraceFile` reads the chunks of :mod:`memviz.trace.format`'s format into
-tables (strings, frames, stacks, threads, labels), byte planes of the event
-records, step records and the END and TIMELINE chunks, checking every CRC
-and every value it keeps; :class:`memviz.loaded.LoadedTrace` builds the
-reading API on top. Problems raise :class:`memviz.TraceError` with the file
-and the byte offset of the chunk.
+tables (strings, frames, stacks, threads, labels), step records and the END
+and TIMELINE chunks, checking every CRC and every value it keeps, and hands
+each EVENTS chunk on as soon as it is inflated and checked (``_events``: the
+reader replays it, and nothing per event is kept);
+:class:`memviz.loaded.LoadedTrace` builds the reading API on top. A file is
+read where it lies, a window and a chunk at a time, and read again, chunk by
+chunk, for what needs the whole history (``_reread_events``). Problems raise
+:class:`memviz.TraceError` with the file and the byte offset of the chunk.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import warnings
 import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
+import memviz._progress as _progress
 from memviz._errors import TraceError
 from memviz.model.frame_filter import warning_site
 from memviz.trace import format as F
@@ -47,6 +52,15 @@ def _inflate(payload: bytes, limit: int, over: str) -> bytes:
     return out
 
 
+def _inflate_chunk(payload: Any, name: str) -> bytes:
+    """A compressed chunk's payload inflated, within its kind's cap. Capped
+    per chunk, so the whole file inflates at most that many times its size
+    too."""
+    ratio = _MAX_RATIO.get(name, _MAX_RATIO_OTHER)
+    return _inflate(payload, len(payload) * ratio + 4096,
+                    f"over {ratio} times its {len(payload):,} compressed bytes")
+
+
 def _json(payload: bytes, kind: type) -> Any:
     try:
         obj = json.loads(payload.decode("utf-8"))
@@ -55,6 +69,68 @@ def _json(payload: bytes, kind: type) -> Any:
     if not isinstance(obj, kind):
         raise _Bad(f"its payload is a JSON {type(obj).__name__}, not a {kind.__name__}")
     return obj
+
+
+class _Bytes:
+    """A trace held in memory (``from_bytes``): reads are slices, no copies."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = memoryview(data).toreadonly().cast("B")
+        self.size = len(self.data)
+
+    def read(self, offset: int, n: int) -> memoryview:
+        return self.data[offset:offset + n]
+
+
+class _File:
+    """A trace file read where it lies, a window at a time (``memviz.load``):
+    the file's bytes are never all in memory. Owns ``fd`` (closed when the
+    reader goes); ``size`` is the file's size when it was opened."""
+
+    WINDOW = 1 << 20
+
+    def __init__(self, fd: int, path: Optional[str]) -> None:
+        import weakref
+
+        self.fd, self.path = fd, path
+        self._closer = weakref.finalize(self, os.close, fd)
+        self.size = os.fstat(fd).st_size
+
+    def read(self, offset: int, n: int) -> bytes:
+        out = []
+        try:
+            while n > 0:
+                got = os.pread(self.fd, n, offset)
+                if not got:
+                    break
+                out.append(got)
+                offset += len(got)
+                n -= len(got)
+        except OSError as e:
+            raise TraceError(f"cannot read the file: {e.strerror or e}", self.path, offset,
+                             "check the path and that you may read it") from e
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def close(self) -> None:
+        self._closer()
+
+
+class _Window:
+    """Sequential reads of a source through a window of at least
+    ``_File.WINDOW`` bytes, so that small chunks cost no read each."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self.lo, self.buf = 0, memoryview(b"")
+
+    def get(self, offset: int, n: int) -> memoryview:
+        """Bytes [offset, offset + n), fewer where the source ends."""
+        if isinstance(self.source, _Bytes):
+            return self.source.read(offset, n)
+        if not (self.lo <= offset and offset + n <= self.lo + len(self.buf)):
+            self.buf = memoryview(self.source.read(offset, max(n, _File.WINDOW)))
+            self.lo = offset
+        return self.buf[offset - self.lo:offset - self.lo + n]
 
 
 class TraceFile:
@@ -77,14 +153,22 @@ class TraceFile:
         self._threads: Dict[int, Tuple[Optional[int], Optional[int], str]] = {}
         self._labels: Dict[int, str] = {}
         self._timeline: Optional[List[tuple]] = None
-        self._planes: List[List[bytes]] = []
+        self._source: Any = None
+        #: (offset, length with header and CRC, events) of each EVENTS chunk read
+        self._event_chunks: List[Tuple[int, int, int]] = []
+        self._chunk_at: Tuple[int, int] = (0, 0)
 
     def _fail(self, reason: str, offset: Optional[int], hint: Optional[str] = None) -> TraceError:
         return TraceError(reason, self.path, offset, hint)
 
-    def _parse(self, data: memoryview, recover: bool) -> None:
-        n = len(data)
-        head = bytes(data[:F.HEADER.size])
+    def _parse(self, source: Any, recover: bool) -> None:
+        """Every chunk of ``source`` (:class:`_Bytes` or :class:`_File`), in
+        order, a chunk at a time: EVENTS chunks go to ``_events`` as they
+        are inflated, so no more than one chunk's events is ever in memory."""
+        self._source = source
+        data = _Window(source)
+        n = source.size
+        head = bytes(data.get(0, F.HEADER.size))
         if n == 0:
             raise self._fail("the file is empty, so it is not a memviz trace (a trace starts "
                              "with a header written when tracking starts)", 0,
@@ -109,20 +193,26 @@ class TraceFile:
                              "record the trace again")
         pos = F.HEADER.size
         events = 0
+        label = f"reading {os.path.basename(self.path or 'the trace')}"
         while pos < n:
+            _progress.update(pos, n, label)
             start = pos
             if n - pos < F.CHUNK_HEAD.size + F.CRC.size:
                 self._cut(start, "the file ends inside a chunk header")
                 break
-            ctype, length = F.CHUNK_HEAD.unpack_from(data, pos)
+            ctype, length = F.CHUNK_HEAD.unpack_from(data.get(pos, F.CHUNK_HEAD.size))
             kind = ctype & F.KIND_MASK
             name = F.CHUNK_NAMES.get(kind, f"type-{kind}")
             end = pos + F.CHUNK_HEAD.size + length
             if end + F.CRC.size > n:
                 self._cut(start, f"the file ends inside a {name} chunk of {length:,} bytes")
                 break
-            crc = F.CRC.unpack_from(data, end)[0]
-            if zlib.crc32(data[pos:end]) != crc:
+            raw = data.get(pos, end + F.CRC.size - pos)
+            if len(raw) < end + F.CRC.size - pos:  # the file shrank while it was read
+                self._cut(start, f"the file ends inside a {name} chunk of {length:,} bytes")
+                break
+            crc = F.CRC.unpack_from(raw, end - pos)[0]
+            if zlib.crc32(raw[:end - pos]) != crc:
                 if not self._bad(start, recover, f"the {name} chunk's checksum does not match: "
                                                  "the file is corrupted"):
                     break
@@ -133,14 +223,13 @@ class TraceFile:
                     raise _Bad("the first chunk is not the header metadata (META)")
                 if self.end is not None:
                     raise _Bad("it comes after the end-of-trace chunk")
-                payload = bytes(data[start + F.CHUNK_HEAD.size:end])
+                payload: Any = raw[F.CHUNK_HEAD.size:end - start]
                 if ctype & F.COMPRESSED:
-                    # Capped per chunk, so the whole file inflates at most that many
-                    # times its size too.
-                    ratio = _MAX_RATIO.get(name, _MAX_RATIO_OTHER)
-                    payload = _inflate(payload, len(payload) * ratio + 4096,
-                                       f"over {ratio} times its {len(payload):,} compressed bytes")
+                    payload = _inflate_chunk(payload, name)
+                elif kind != F.EVENTS:
+                    payload = bytes(payload)
                 handler = self._HANDLERS.get(kind)
+                self._chunk_at = (start, pos - start)
                 if handler is not None:
                     handler(self, payload)
                 elif not ctype & F.OPTIONAL:
@@ -150,6 +239,7 @@ class TraceFile:
                     break
                 continue
             events += 1 if kind == F.EVENTS else 0
+        _progress.update(n, n, label)
         if not self.meta:
             raise self._fail("the file ends before its header metadata: there is nothing to "
                              "load", n, "the recording process was stopped before it wrote "
@@ -161,6 +251,27 @@ class TraceFile:
         if self.truncated:
             warnings.warn(f"memviz trace {self.path!r} is incomplete: {self.error}.",
                           F.TraceWarning, stacklevel=warning_site()[0])
+
+    def _reread_events(self, offset: int, length: int) -> Tuple[Any, int, int]:
+        """(payload, count, layout) of the EVENTS chunk read at ``offset``
+        before, read again (a second pass over the file: events(),
+        snapshot(at_ns=...)), its checksum checked again."""
+        raw = self._source.read(offset, length)
+        ok = len(raw) == length and zlib.crc32(memoryview(raw)[:length - F.CRC.size]) == \
+            F.CRC.unpack_from(raw, length - F.CRC.size)[0]
+        if not ok:
+            raise self._fail("the file changed after it was loaded: an EVENTS chunk read again "
+                             "is not what was read the first time", offset,
+                             "load the trace again (memviz.load) once nothing writes to it")
+        payload: Any = memoryview(raw)[F.CHUNK_HEAD.size:length - F.CRC.size]
+        if raw[0] & F.COMPRESSED:
+            try:
+                payload = _inflate_chunk(payload, "EVENTS")
+            except _Bad as e:  # it inflated the first time: the file changed
+                raise self._fail(f"the file changed after it was loaded ({e})", offset,
+                                 "load the trace again (memviz.load)") from None
+        count, layout = F.EVENTS_HEAD.unpack_from(payload)
+        return payload, count, layout
 
     def _cut(self, offset: int, why: str) -> None:
         self.truncated = True
@@ -230,7 +341,7 @@ class TraceFile:
                 raise _Bad(f"label {_r(v)} is not a string")
             self._labels[_key(k, 1, 0xFFFF, "label id")] = v
 
-    def _h_events(self, payload: bytes) -> None:
+    def _h_events(self, payload: Any) -> None:
         if len(payload) < F.EVENTS_HEAD.size:
             raise _Bad("it is shorter than its own header")
         count, layout = F.EVENTS_HEAD.unpack_from(payload)
@@ -240,17 +351,21 @@ class TraceFile:
             raise _Bad(f"it says {count:,} events but holds {len(data):,} bytes "
                        f"(not {count * size:,})")
         if layout == F.LAYOUT_PLANES:
-            planes = [bytes(data[k * count:(k + 1) * count]) for k in range(size)]
+            ops = bytes(data[4 * count:5 * count])
         elif layout == F.LAYOUT_ROWS:
-            raw = bytes(data)
-            planes = [raw[k::size] for k in range(size)]
+            ops = bytes(data[4::size])
         else:
             raise _Bad(f"its event layout {layout} is unknown")
-        bad = planes[4].translate(None, bytes(range(1, 6)))
+        bad = ops.translate(None, bytes(range(1, 6)))
         if bad:
             raise _Bad(f"an event has the unknown operation {bad[0]}")
         if count:
-            self._planes.append(planes)
+            self._event_chunks.append(self._chunk_at + (count,))
+            self._events(payload, F.EVENTS_HEAD.size, count, layout)
+
+    def _events(self, payload: Any, offset: int, count: int, layout: int) -> None:
+        """The ``count`` checked event records of one EVENTS chunk, at
+        ``payload[offset:]`` in ``layout`` (the reader replays them)."""
 
     def _h_steps(self, payload: bytes) -> None:
         start = len(self.steps)

@@ -2,84 +2,43 @@
 :class:`memviz.loaded.LoadedTrace`, which adds the outputs and diagnoses).
 
 The format is described in :mod:`memviz.trace.format`; memviz/trace/parse.py
-checks every chunk's CRC and structure. Events are kept as columns
-(``array``/``bytearray``, built with C-speed slicing, no per-event Python
-work) and replayed once, on first use, through the C store's own rules
-(``_core.replay``). A 1,000,000-event trace loads and gives its peak
-snapshot in about a second on one core.
+checks every chunk's CRC and structure. Each EVENTS chunk, once inflated,
+streams through the C store's own rules (``_core.Replayer``, src/replay.c)
+and is let go: the reader keeps no per-event columns, only what the replay
+keeps (the live allocations, each device's totals and peak, the
+allocations live at each peak, the failures, a bounded timeline). What
+needs the whole history (``events()``, ``snapshot(at_ns=...)``) reads the
+file again, chunk by chunk. A 20,000,000-event trace loads in about a
+second, in under 100 MB (benchmarks/RESULTS.md, "A bounded reader").
 
 One concern, a little over 500 lines: the reading API of a recording over
-the event columns (snapshots at any time and at each peak, totals,
-failures, the timeline, the events themselves).
+the replay (snapshots at any time and at each peak, totals, failures, the
+timeline, the events themselves, and the passes that read the file again).
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
-import itertools
-import operator
 import os
-import sys
-from array import array
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import memviz._args as _args
 import memviz._core as _core
+import memviz._progress as _progress
 from memviz._package import PACKAGE_DIR
 from memviz.capture.callsite import Resolved
 from memviz.model.failures import failed_allocations
 from memviz.model.recording import TotalsReads
 from memviz.model.rows import snapshot_from_raw
-from memviz.model.snapshot import KIND_NAMES, Allocation, Snapshot
+from memviz.model.snapshot import Allocation, Snapshot
 from memviz.trace import format as F
-from memviz.trace.parse import TraceFile
+from memviz.trace.parse import TraceFile, _Bytes, _File
 
 __all__ = ["TraceReader", "TraceEvent"]
 
-_U32, _U64 = ("I" if array("I").itemsize == 4 else "L"), "Q"
-_BIG = sys.byteorder != "little"
 _TIMELINE_POINTS = 16384
-
-
-def _table(*ops: int) -> bytes:
-    return bytes(1 if i in ops else 0 for i in range(256))
-
-
-_IS_ALLOC, _IS_FREE, _IS_FAILED = _table(F.OP_ALLOC), _table(F.OP_FREE), _table(F.OP_FAILED)
-_IS_ALLOC_OR_FAILED = _table(F.OP_ALLOC, F.OP_FAILED)
-_SIGN = (0, 1, -1) + (0,) * 253
-
-
-def _eq_mask(col: array, value: int) -> bytes:
-    """1 where a signed byte column equals value, else 0."""
-    return col.tobytes().translate(_table(value & 0xFF))
-
-
-def _and(a: bytes, b: bytes) -> bytes:
-    """Byte-wise AND of two 0/1 masks of the same length."""
-    n = len(a)
-    return (int.from_bytes(a, "little") & int.from_bytes(b, "little")).to_bytes(n, "little")
-
-
-def _column(planes: List[bytes], lo: int, width: int, code: str) -> array:
-    """Values of bytes lo..lo+width-1 of each record, from byte planes."""
-    n = len(planes[0])
-    buf = bytearray(n * width)
-    for k in range(width):
-        buf[k::width] = planes[lo + k]
-    col = array(code)
-    col.frombytes(buf)
-    if _BIG:
-        col.byteswap()
-    return col
-
-
-_KIND_BLOCK = KIND_NAMES.index("block")
-#: how many allocations after a peak to look through for blocks asked for before it
-#: (another thread's events may come between a segment and its block)
-_BLOCK_LOOKAHEAD = 64
-
 
 class TraceEvent(NamedTuple):
     """One allocation event of a trace (:meth:`LoadedTrace.events`).
@@ -124,6 +83,44 @@ class TraceEvent(NamedTuple):
 _EVENT_OPS = {F.OP_ALLOC: "alloc", F.OP_FREE: "free", F.OP_FAILED: "failed"}
 #: events turned into Allocation objects at a time (events() is lazy)
 _EVENT_BATCH = 1 << 16
+_MISSING = object()
+
+
+def _LEVEL(point: tuple) -> int:
+    return point[2]
+
+
+#: chunks of fewer events are replayed at once, in the caller's thread
+_BACKGROUND_EVENTS = 1 << 14
+
+
+class _Background:
+    """One worker thread that replays the chunks in order, one at a time,
+    while the reader reads and inflates the next: the replay and zlib let
+    the GIL go, so on two cores the two overlap."""
+
+    def __init__(self) -> None:
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._job: Any = None
+
+    def run(self, fn: Any, *args: Any) -> None:
+        self.wait()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="memviz-reader")
+        self._job = self._pool.submit(fn, *args)
+
+    def wait(self) -> None:
+        job, self._job = self._job, None
+        if job is not None:
+            job.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
 
 
 class TraceReader(TraceFile, TotalsReads):
@@ -150,21 +147,43 @@ class TraceReader(TraceFile, TotalsReads):
     #: read back from a file: nothing of the recording process can be asked now
     is_live = False
 
-
     def __init__(self, path: Optional[str]) -> None:
         super().__init__(path)
-        self._replayed: Optional[Dict[str, Any]] = None
-        self._ts_cache: Optional[List[int]] = None
+        self._rp: Any = None  # the replay of every event (_core.Replayer), from the first chunk
         self._derived: Optional[Dict[int, Dict[str, int]]] = None
         self._timeline_cache: Optional[List[tuple]] = None
         self._blocks_cache: Optional[Dict[int, List[int]]] = None
+        self._devices_cache: Optional[Dict[int, Dict[str, int]]] = None
+        self._bg = _Background()
 
     @classmethod
     def from_bytes(cls, data: bytes, path: Optional[str] = None, *,
                    recover: bool = False) -> "TraceReader":
         """Parse a whole trace held in memory (``path`` only names it in errors)."""
         self = cls(path)
-        self._parse(memoryview(data).toreadonly(), recover)
+        try:
+            self._parse(_Bytes(data), recover)
+        finally:
+            self._bg.close()
+        self._finish()
+        return self
+
+    @classmethod
+    def from_fd(cls, fd: int, path: Optional[str] = None, *,
+                recover: bool = False) -> "TraceReader":
+        """Read the trace file open as ``fd`` (a regular file) where it lies,
+        a chunk at a time; the reader owns ``fd`` from then on (it keeps it
+        to read the events again, and closes it when it goes)."""
+        try:
+            source = _File(fd, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        self = cls(path)
+        try:
+            self._parse(source, recover)
+        finally:
+            self._bg.close()
         self._finish()
         return self
 
@@ -188,22 +207,26 @@ class TraceReader(TraceFile, TotalsReads):
             self.frame_filter = FrameFilter(library_paths=(*frames.library_paths, *sorted(roots)),
                                             user_paths=frames.user_paths)
 
+    def _start_ns(self) -> int:
+        v = self.meta.get("start_monotonic_ns")
+        return v if type(v) is int else 0
+
+    def _events(self, payload: Any, offset: int, count: int, layout: int) -> None:
+        if self._rp is None:
+            self._rp = _core.Replayer(self._start_ns(), True)
+        if count >= _BACKGROUND_EVENTS:
+            self._bg.run(self._rp.feed, payload, offset, count, layout)
+        else:
+            self._bg.wait()
+            self._rp.feed(payload, offset, count, layout)
+
     def _finish(self) -> None:
-        """Columns of all events (the per-chunk planes are released)."""
+        """The figures of the whole run, from the replay."""
         self._recording_memviz()
-        planes = [b"".join(p[k] for p in self._planes) for k in range(F.EVENT.size)] \
-            if self._planes else [b""] * F.EVENT.size
-        self._planes = []
-        self.event_count = len(planes[0])
-        self._op = planes[4]
-        self._kind = planes[5]
-        self._dev = array("b", planes[6])
-        self._delta = _column(planes, 0, 4, _U32)
-        self._stack = _column(planes, 8, 4, _U32)
-        self._thread = _column(planes, 12, 2, "H")
-        self._label = _column(planes, 14, 2, "H")
-        self._addr = _column(planes, 16, 8, _U64)
-        self._size = _column(planes, 24, 8, _U64)
+        if self._rp is None:
+            self._rp = _core.Replayer(self._start_ns(), True)
+        rp = self._rp
+        self.event_count = rp.events
         m, t, e = self.meta, self.meta.get("tracker", {}), self.end or {}
         self.started_ns = m.get("start_monotonic_ns") if type(
             m.get("start_monotonic_ns")) is int else None
@@ -221,98 +244,71 @@ class TraceReader(TraceFile, TotalsReads):
         self.outside: Dict[int, Tuple[int, str]] = e.get("outside", {})
         self.stopped_ns = e.get("stopped_monotonic_ns")
         if self.stopped_ns is None and self.started_ns is not None:
-            ts = self._ts()
-            self.stopped_ns = max(ts[-1], self.started_ns) if ts else self.started_ns
+            self.stopped_ns = max(rp.ts, self.started_ns) if rp.events else self.started_ns
         self.steps = _step_records(self.steps)
-        dropped, i = 0, self._op.find(F.OP_GAP)
-        while i >= 0:
-            dropped += self._addr[i]
-            i = self._op.find(F.OP_GAP, i + 1)
-        self.dropped_events = dropped
+        self.dropped_events = rp.dropped
 
     # -- replay ------------------------------------------------------------
 
-    def _ts(self) -> List[int]:
-        """Absolute timestamp of every event (TIME records restart the count)."""
-        if self._ts_cache is None:
-            op, delta, addr, n = self._op, self._delta, self._addr, self.event_count
-            out: List[int] = []
-            base, start = (self.started_ns or 0), 0
-            while True:
-                i = op.find(F.OP_TIME, start)
-                stop = n if i < 0 else i
-                if stop > start:
-                    seg = itertools.accumulate(delta[start:stop], initial=base)
-                    next(seg)  # the base itself
-                    out += seg
-                    base = out[-1]
-                if i < 0:
-                    break
-                base = addr[i]
-                out.append(base)
-                start = i + 1
-            self._ts_cache = out
-        return self._ts_cache
+    def _devices(self) -> Dict[int, Dict[str, int]]:
+        """{device: the replay's figures} of every device an ALLOC or FAILED
+        event names (see _core.Replayer.devices)."""
+        if self._devices_cache is None:
+            self._devices_cache = self._rp.devices()
+        return self._devices_cache
 
-    def _replay(self) -> Dict[str, Any]:
-        """One pass over the events through the C store's own rules
-        (``_core.replay``: its live table and its totals and peak
-        bookkeeping, on a private table): which ALLOC each FREE ends, the
-        live set at the end, and each device's peak. As in a live store, a
-        FREE of an unknown address is ignored, an ALLOC at a live address
-        retires it, and PyTorch's blocks (which lie inside segments) count
-        in no device total."""
-        if self._replayed is None:
-            self._replayed = _core.replay(self._op, self._addr, self._size, self._kind, self._dev)
-        return self._replayed
+    def _again(self, what: str) -> Iterator[Tuple[Any, Any, int, int]]:
+        """A second pass over the file: (replayer, payload, count, layout) of
+        each EVENTS chunk in turn, through a fresh replayer without the
+        summary (only the live table: what events() and snapshot(at_ns)
+        need), the chunk's checksum checked again."""
+        rp = _core.Replayer(self._start_ns(), False)
+        chunks = list(self._event_chunks)
+        total = sum(c[1] for c in chunks)
+        done = 0
+        label = f"{what} {os.path.basename(self.path or 'the trace')}"
+        # The next chunk is read and inflated in a worker thread while this one
+        # is replayed (zlib and the replay let the GIL go).
+        pool = ThreadPoolExecutor(1, thread_name_prefix="memviz-reader") if len(chunks) > 1 \
+            else None
+        try:
+            nxt = None
+            for k, (offset, length, _count) in enumerate(chunks):
+                _progress.update(done, total, label)
+                got = nxt.result() if nxt is not None else self._reread_events(offset, length)
+                if pool is not None and k + 1 < len(chunks):
+                    nxt = pool.submit(self._reread_events, *chunks[k + 1][:2])
+                yield (rp, *got)
+                done += length
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+        _progress.update(total, total, label)
 
-    def _peak_rows(self, d: int) -> List[int]:
-        r = self._replay()
-        p = r["peak_i"].get(d, -1)
-        if p < 0:
-            return []
-        end, dev, alloc_idx = r["end"], self._dev, r["alloc_idx"]
-        cut = bisect.bisect_right(alloc_idx, p)
-        rows = [j for j in alloc_idx[:cut] if dev[j] == d and (end[j] == 0 or end[j] > p)]
-        # The store dates a block when it was asked for, before the segment made
-        # for it, but the file has the block after that segment. So when the peak
-        # is a segment, the block its thread asked for, which lies inside it, is
-        # live at the peak (as in the live tracker's peak).
-        kind, addr, thread = self._kind, self._addr, self._thread
-        if kind[p] != _KIND_BLOCK:
-            lo, hi = addr[p], addr[p] + self._size[p]
-            for j in alloc_idx[cut:cut + _BLOCK_LOOKAHEAD]:
-                if kind[j] == _KIND_BLOCK and thread[j] == thread[p] and lo <= addr[j] < hi:
-                    rows.append(j)
-                    break
-        return rows
+    def _named(self, rows: List[tuple]) -> List[tuple]:
+        """The replay's rows with their label ids named (model/rows.py's
+        ROW_FIELDS order)."""
+        labels = self._labels
+        names: Dict[int, Optional[str]] = {0: None}
+        out = []
+        for r in rows:
+            lab = r[6]
+            name = names.get(lab, _MISSING)
+            if name is _MISSING:
+                name = names[lab] = labels.get(lab, f"<label {lab}>")
+            out.append(r[:6] + (name,) + r[7:])
+        return out
 
     def _derived_totals(self) -> Dict[int, Dict[str, int]]:
         """Totals replayed from the events (for a trace without an END chunk)."""
-        r, ts = self._replay(), self._ts()
-        op, dev, size = self._op, self._dev, self._size
-        is_alloc, is_free = op.translate(_IS_ALLOC), op.translate(_IS_FREE)
         out = {}
-        for d in r["peak"]:
-            on_d = _eq_mask(dev, d)
-            a_mask = _and(is_alloc, on_d)
-            live_end = sum(1 for j in r["live"] if dev[j] == d)
-            out[d] = {"current": r["cur"][d], "peak": r["peak"][d],
-                      "peak_timestamp_ns": ts[r["peak_i"][d]] if r["peak_i"][d] >= 0 else 0,
-                      "allocs": a_mask.count(1), "frees": _and(is_free, on_d).count(1),
-                      "failed": _and(op.translate(_IS_FAILED), on_d).count(1),
-                      "alloc_bytes": sum(itertools.compress(size, a_mask)),
-                      "live_count": live_end, "peak_count": len(self._peak_rows(d)),
-                      "window_peak": r["peak"][d]}
+        for d, v in self._devices().items():
+            out[d] = {"current": v["current"], "peak": v["peak"],
+                      "peak_timestamp_ns": v["peak_ts"] if v["peak_index"] >= 0 else 0,
+                      "allocs": v["allocs"], "frees": v["frees"], "failed": v["failed"],
+                      "alloc_bytes": v["alloc_bytes"], "live_count": v["live"],
+                      "peak_count": len(self._rp.peak(d)), "window_peak": v["peak"]}
         return out
-
-    def _rows(self, idx: List[int]) -> List[tuple]:
-        ts, labels = self._ts(), self._labels
-        a, s, d, k, t, lab, st = (self._addr, self._size, self._dev, self._kind, self._thread,
-                                  self._label, self._stack)
-        return [(a[j], s[j], d[j], k[j], 0, t[j],
-                 (labels.get(lab[j], f"<label {lab[j]}>") if lab[j] else None), ts[j], st[j], ts[j])
-                for j in idx]
 
     def _resolve(self, ids: set) -> Resolved:
         frames, calls = self._frames, self._calls
@@ -324,8 +320,8 @@ class TraceReader(TraceFile, TotalsReads):
         # so the stored name is used as is.
         return {i: _core.ThreadRow((n, None, name, None)) for i, (n, _ident, name) in self._threads.items()}
 
-    def _snapshot(self, idx: List[int], ts: Optional[int]) -> Snapshot:
-        snap = snapshot_from_raw(self._rows(idx), self._resolve, self._thread_map(),
+    def _snapshot(self, rows: List[tuple], ts: Optional[int]) -> Snapshot:
+        snap = snapshot_from_raw(self._named(rows), self._resolve, self._thread_map(),
                                  self.frame_filter, timestamp_ns=ts)
         if not any(a.kind == "block" for a in snap.allocations):
             return snap
@@ -358,12 +354,29 @@ class TraceReader(TraceFile, TotalsReads):
     def _block_addresses(self) -> Dict[int, List[int]]:
         """{device: sorted addresses of every block the trace allocated} (once)."""
         if self._blocks_cache is None:
-            per: Dict[int, set] = {}
-            for j in self._replay()["alloc_idx"]:
-                if self._kind[j] == _KIND_BLOCK:
-                    per.setdefault(self._dev[j], set()).add(self._addr[j])
-            self._blocks_cache = {d: sorted(v) for d, v in per.items()}
+            self._blocks_cache = self._rp.blocks()
         return self._blocks_cache
+
+    def _columns(self) -> Tuple[bytes, Any, Any, bytes, Any]:
+        """(op, address, size, kind, device) of every event, as columns
+        (``_core.replay``'s arguments), read again from the file: for
+        tests and benchmarks that check the replay against its rules; the
+        reader itself keeps no columns."""
+        from array import array
+
+        op, addr, size, kind, dev = bytearray(), array("Q"), array("Q"), bytearray(), array("b")
+        for _rp, payload, count, layout in self._again("reading again"):
+            data, width = memoryview(payload)[F.EVENTS_HEAD.size:], F.EVENT.size
+            if layout == F.LAYOUT_ROWS:
+                rows: Any = bytes(data)
+            else:  # byte planes: byte k of every record, then byte k + 1, ...
+                rows = bytearray(count * width)
+                for k in range(width):
+                    rows[k::width] = data[k * count:(k + 1) * count]
+            for r in F.EVENT.iter_unpack(rows):
+                op.append(r[1]), kind.append(r[2]), dev.append(r[3]), addr.append(r[8])
+                size.append(r[9])
+        return bytes(op), addr, size, bytes(kind), dev
 
     # -- the Tracker reading API ------------------------------------------
 
@@ -372,25 +385,26 @@ class TraceReader(TraceFile, TotalsReads):
         timestamp on the recording process's monotonic clock, as
         ``Allocation.timestamp_ns`` and timeline() use)."""
         _args.whole(at_ns, "snapshot(at_ns=...)", none=True)
-        r = self._replay()
         if at_ns is None:
-            return self._snapshot(r["live"], self.stopped_ns)
-        ts, end = self._ts(), r["end"]
-        idx = [j for j in r["alloc_idx"] if ts[j] <= at_ns and (end[j] == 0 or ts[end[j]] > at_ns)]
-        return self._snapshot(idx, at_ns)
+            return self._snapshot(self._rp.live(), self.stopped_ns)
+        if at_ns < 0:  # before anything: nothing was live
+            return self._snapshot([], at_ns)
+        at = min(at_ns, (1 << 64) - 1)
+        rp = None
+        for rp, payload, count, layout in self._again("reading again"):
+            rp.feed_at(payload, F.EVENTS_HEAD.size, count, layout, at)
+        return self._snapshot(rp.at() if rp is not None else [], at_ns)
 
     def peak_snapshot(self, device: Optional[int] = None) -> Snapshot:
         """The allocations live at a device's peak; every device at its own
         peak when ``device`` is None."""
         _args.whole(device, "peak_snapshot(device=...)", none=True)
-        peaks = self._replay()["peak_i"]
-        devices = [device] if device is not None else sorted(peaks)
-        idx: List[int] = []
-        for d in devices:
-            idx += self._peak_rows(d)
-        ts = self._ts()
-        when = max((ts[peaks[d]] for d in devices if peaks.get(d, -1) >= 0), default=None)
-        return self._snapshot(sorted(idx), when)
+        devices = self._devices()
+        chosen = [device] if device is not None else sorted(devices)
+        when = max((devices[d]["peak_ts"] for d in chosen
+                    if d in devices and devices[d]["peak_index"] >= 0), default=None)
+        rows = [] if device is not None and device not in devices else self._rp.peak(device)
+        return self._snapshot(rows, when)
 
     def totals(self) -> Dict[int, Dict[str, int]]:
         """Per device (-1: pinned host): current, peak, allocs, frees, failed, ...
@@ -409,12 +423,13 @@ class TraceReader(TraceFile, TotalsReads):
         rows = [_core.FailureRow((size, dev, kind, 0, thread, label, ts, sid,
                                   addr - (1 << 64) if addr >= 1 << 63 else addr))
                 for addr, size, dev, kind, _stream, thread, label, ts, sid, _seq
-                in self._rows(self._replay()["fail_idx"])]
+                in self._named(self._rp.failures())]
         return failed_allocations(rows, self._resolve, self._thread_map(), self.frame_filter)
 
     def events(self) -> Iterator[TraceEvent]:
         """Every alloc, free and failed allocation in the file, in the order
-        recorded, as :class:`TraceEvent` (lazily, a batch at a time).
+        recorded, as :class:`TraceEvent` (lazily, a batch at a time, reading
+        the file again chunk by chunk).
 
         ``seq`` means what it means in a live Tracker's snapshots: the
         allocation's ``Allocation.seq``, the timestamp of its allocation (the
@@ -426,21 +441,18 @@ class TraceReader(TraceFile, TotalsReads):
         was not live any more, then the rest of the live set.
         Blocks of PyTorch's allocator (kind ``"block"``) are events of their
         own, as recorded: they lie inside segments (kind ``"device"``)."""
-        r = self._replay()
-        end, op, n = r["end"], self._op, self.event_count
-        freed = {end[j]: j for j in r["alloc_idx"] if end[j] and op[end[j]] == F.OP_FREE}
-        idx = list(itertools.compress(range(n), op.translate(
-            _table(F.OP_ALLOC, F.OP_FREE, F.OP_FAILED))))
-        ts = self._ts()
-        for lo in range(0, len(idx), _EVENT_BATCH):
-            chunk = idx[lo:lo + _EVENT_BATCH]
-            made = [freed.get(i, i) for i in chunk]  # a free: the allocation it ended
-            snap = snapshot_from_raw(self._rows(made), self._resolve, self._thread_map(),
-                                     self.frame_filter)
-            for i, j, a in zip(chunk, made, snap.allocations):
-                o = op[i]
-                yield TraceEvent(_EVENT_OPS[o], ts[i], None if o == F.OP_FREE and i == j
-                                 else a.seq, a)
+        for rp, payload, count, layout in self._again("reading again"):
+            for lo in range(0, count, _EVENT_BATCH):
+                batch = rp.feed_events(payload, F.EVENTS_HEAD.size, count, layout, lo,
+                                       lo + _EVENT_BATCH)
+                if not batch:
+                    continue
+                rows = self._named([(b[3], b[4], b[5], b[6], 0, b[7], b[8], b[9], b[10], b[9])
+                                    for b in batch])
+                snap = snapshot_from_raw(rows, self._resolve, self._thread_map(),
+                                         self.frame_filter)
+                for b, a in zip(batch, snap.allocations):
+                    yield TraceEvent(_EVENT_OPS[b[0]], b[1], b[2], a)
 
     def timeline(self) -> List[tuple]:
         """(timestamp_ns, device, live bytes) points; at most 16,384, peaks kept."""
@@ -453,29 +465,57 @@ class TraceReader(TraceFile, TotalsReads):
     def _derived_timeline(self) -> List[tuple]:
         """Live bytes per device after each ALLOC/FREE, from the events' sizes
         (a FREE record carries the freed allocation's size), downsampled by
-        keeping the highest point of each bucket."""
-        op, dev, n = self._op, self._dev, self.event_count
-        ts = self._ts()
-        signed = list(map(operator.mul, self._size, map(_SIGN.__getitem__, op)))
-        is_af = op.translate(_table(F.OP_ALLOC, F.OP_FREE))
-        per_dev = []
-        for d in sorted(set(itertools.compress(dev, is_af))):
-            mask = _and(is_af, _eq_mask(dev, d))
-            per_dev.append((d, list(itertools.compress(range(n), mask)),
-                            list(itertools.accumulate(itertools.compress(signed, mask)))))
-        total = sum(len(idx) for _, idx, _ in per_dev)
+        keeping the highest point of each bucket. The replay keeps each
+        device's changes while they fit 16,384 points, then the highest of
+        each bucket of consecutive changes; here the devices share the
+        16,384 points by their numbers of changes."""
+        series = self._rp.timeline()
+        counts = {d: changes for d, (changes, _pts) in series.items()}
+        total = sum(counts.values())
         points: List[tuple] = []
-        for d, idx, curs in per_dev:
-            m = len(curs)
+        for d in sorted(series):
+            pts, m = series[d][1], counts[d]
             budget = max(16, _TIMELINE_POINTS * m // max(total, 1))
-            picks: Any = range(m)
             if m > budget:
-                step = -(-m // (budget // 2))
-                picks = [max(range(lo, min(lo + step, m)), key=curs.__getitem__)
-                         for lo in range(0, m, step)]
-            points += [(idx[k], d, curs[k]) for k in picks]
+                step = -(-len(pts) // (budget // 2))
+                pts = [max(pts[lo:lo + step], key=_LEVEL) for lo in range(0, len(pts), step)]
+            points += [(i, d, level, ts) for i, ts, level in pts]
         points.sort()
-        return [(ts[i], d, c) for i, d, c in points]
+        return [(ts, d, level) for _i, d, level, ts in points]
+
+    def _category_series(self, known: Dict[Tuple[int, int, int], Any], end_ns: int,
+                         points: Optional[int] = None
+                         ) -> Optional[Dict[int, Dict[str, Tuple[List[int], List[int]]]]]:
+        """memviz/report/_categories.py's category series from this trace's
+        events, summed in C in a second pass over the file (no Python object
+        per event): ``{device: {category: (timestamps, live bytes)}}``, the
+        last point at ``end_ns``. ``known``: {(device, address, made at):
+        category} of the allocations the snapshots gave one. ``points``: at
+        most that many points per series (each the highest of its bucket),
+        None for all. None when the categories do not fit the C pass."""
+        names: List[str] = ["<unknown>", "unused_pool"]
+        ids = {n: i for i, n in enumerate(names)}
+        entries = []
+        for (dev, addr, ts), cat in known.items():
+            if not cat or not (-128 <= dev <= 127 and 0 <= addr < 1 << 64 and 0 <= ts < 1 << 64):
+                continue  # no category, or no event of the file can be it
+            i = ids.get(cat)
+            if i is None:
+                i = ids[cat] = len(names)
+                names.append(cat)
+            entries.append((dev, addr, ts, i))
+        if len(names) > 256:
+            return None
+        rp = None
+        for rp, payload, count, layout in self._again("reading again"):
+            if not rp.events:
+                rp.start_categories(len(names), entries, max(0, points or 0))
+            rp.feed_categories(payload, F.EVENTS_HEAD.size, count, layout)
+        out: Dict[int, Dict[str, Tuple[List[int], List[int]]]] = {}
+        for _order, dev, cat, cur, pts in sorted(rp.categories()) if rp is not None else ():
+            out.setdefault(dev, {})[names[cat]] = ([p[0] for p in pts] + [end_ns],
+                                                   [p[1] for p in pts] + [cur])
+        return out
 
     def capture_info(self) -> Dict[str, Any]:
         """What the recording tracker captured with (from the file's header),

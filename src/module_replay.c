@@ -1,0 +1,721 @@
+/* memviz._core.Replayer: a loaded trace's events streamed through the
+ * store's rules (replay.h), one EVENTS chunk at a time, so a reader keeps
+ * no per-event columns. Every method runs with the GIL; feed() lets it go
+ * while it replays (the replayer is touched by one call at a time: a call
+ * made while another runs is refused).
+ *
+ * Calls down only: replay, replay_categories (and the livetab and store
+ * types they use).
+ * module.c adds the type to the module (mvz_replay_bindings_init).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "bind.h"
+#include "replay.h"
+#include "replay_categories.h"
+
+typedef struct {
+    PyObject_HEAD
+    mvz_replayer r;
+    int ready, busy, finished;
+    /* feed_at(): the allocations that ended after at_ns, made at or before it */
+    mvz_alloc *at_rows;
+    size_t nat, capat;
+    uint64_t at_ns;
+    /* feed_categories(): live bytes per category (start_categories() makes it) */
+    mvz_catpass *cats;
+    int cats_done;
+} Replayer;
+
+static int check(Replayer *self)
+{
+    if (!self->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "Replayer: not initialised");
+        return -1;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "Replayer: another call is replaying");
+        return -1;
+    }
+    return 0;
+}
+
+static int replayer_init(Replayer *self, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"start_ns", "summary", NULL};
+    unsigned long long start = 0;
+    int summary = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|Kp:Replayer", kw, &start, &summary))
+        return -1;
+    if (self->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "Replayer: already initialised");
+        return -1;
+    }
+    if (mvz_replayer_init(&self->r, start, summary)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->ready = 1;
+    return 0;
+}
+
+static void replayer_dealloc(Replayer *self)
+{
+    if (self->ready)
+        mvz_replayer_release(&self->r);
+    free(self->at_rows);
+    if (self->cats) {
+        mvz_catpass_release(self->cats);
+        free(self->cats);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The records of a chunk: buffer `buf` holds `count` 32-byte records from
+ * byte `offset`, in `layout` (0: one after another, 1: byte planes). */
+typedef struct {
+    Py_buffer view;
+    const uint8_t *records;
+    size_t count, start, stop;
+    int layout;
+} chunk_args;
+
+static int chunk_get(PyObject *args, chunk_args *c)
+{
+    PyObject *buf;
+    Py_ssize_t offset, count, start = 0, stop = -1;
+    int layout;
+    memset(c, 0, sizeof *c);
+    if (!PyArg_ParseTuple(args, "Onni|nn", &buf, &offset, &count, &layout, &start, &stop))
+        return -1;
+    if (PyObject_GetBuffer(buf, &c->view, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (offset < 0 || count < 0 || (layout != 0 && layout != 1) ||
+        count > (c->view.len - offset) / 32 || offset > c->view.len) {
+        PyErr_Format(PyExc_ValueError, "Replayer: %zd records of layout %d from byte %zd do not "
+                     "fit a buffer of %zd bytes", count, layout, offset, c->view.len);
+        PyBuffer_Release(&c->view);
+        return -1;
+    }
+    c->records = (const uint8_t *)c->view.buf + offset;
+    c->count = (size_t)count;
+    c->layout = layout;
+    c->start = start < 0 ? 0 : (size_t)start;
+    c->stop = stop < 0 || stop > count ? (size_t)count : (size_t)stop;
+    return 0;
+}
+
+/* feed(buf, offset, count, layout[, start, stop]): replay those records. */
+static PyObject *replayer_feed(Replayer *self, PyObject *args)
+{
+    chunk_args c;
+    if (check(self) || chunk_get(args, &c))
+        return NULL;
+    int rc;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS rc = mvz_replay_chunk(&self->r, c.records, c.count, c.layout, c.start,
+                                                 c.stop, NULL, NULL);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    PyBuffer_Release(&c.view);
+    if (rc)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static int at_visit(void *ctx, const mvz_event *e, uint64_t index, uint64_t ts,
+                    const mvz_alloc *ended)
+{
+    (void)e;
+    (void)index;
+    Replayer *self = ctx;
+    if (!ended || MVZ_REPLAY_TIME(ended) > self->at_ns || ts <= self->at_ns)
+        return 0;
+    if (self->nat == self->capat) {
+        size_t ncap = self->capat ? 2 * self->capat : 256;
+        mvz_alloc *p = realloc(self->at_rows, ncap * sizeof *p);
+        if (!p)
+            return -1;
+        self->at_rows = p;
+        self->capat = ncap;
+    }
+    self->at_rows[self->nat++] = *ended;
+    return 0;
+}
+
+/* feed_at(buf, offset, count, layout, at_ns): replay, keeping what was live
+ * at at_ns and ended later (at(at_ns) reads it with what is still live). */
+static PyObject *replayer_feed_at(Replayer *self, PyObject *args)
+{
+    PyObject *buf;
+    Py_ssize_t offset, count;
+    int layout;
+    unsigned long long at;
+    if (!PyArg_ParseTuple(args, "OnniK", &buf, &offset, &count, &layout, &at))
+        return NULL;
+    PyObject *rest = Py_BuildValue("(Onni)", buf, offset, count, layout);
+    if (!rest)
+        return NULL;
+    chunk_args c;
+    int bad = check(self) || chunk_get(rest, &c);
+    Py_DECREF(rest);
+    if (bad)
+        return NULL;
+    if (self->nat && self->at_ns != at) {
+        PyBuffer_Release(&c.view);
+        PyErr_SetString(PyExc_ValueError, "Replayer.feed_at: one at_ns per replayer");
+        return NULL;
+    }
+    self->at_ns = at;
+    int rc;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS rc = mvz_replay_chunk(&self->r, c.records, c.count, c.layout, 0,
+                                                 c.count, at_visit, self);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    PyBuffer_Release(&c.view);
+    if (rc)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *signed_wide(mvz_wide v)
+{
+    if (v >= INT64_MIN && v <= INT64_MAX)
+        return PyLong_FromLongLong((long long)v);
+#if defined(__SIZEOF_INT128__)
+    /* (hi << 64) + lo, where hi is signed */
+    PyObject *hi = PyLong_FromLongLong((long long)(v >> 64));
+    PyObject *lo = PyLong_FromUnsignedLongLong((unsigned long long)(uint64_t)v);
+    PyObject *shift = PyLong_FromLong(64);
+    PyObject *up = hi && shift ? PyNumber_Lshift(hi, shift) : NULL;
+    PyObject *out = up && lo ? PyNumber_Add(up, lo) : NULL;
+    Py_XDECREF(hi);
+    Py_XDECREF(lo);
+    Py_XDECREF(shift);
+    Py_XDECREF(up);
+    return out;
+#else
+    return PyLong_FromLongLong((long long)v);
+#endif
+}
+
+static PyObject *unsigned_wide(mvz_uwide v)
+{
+    if (v <= UINT64_MAX)
+        return PyLong_FromUnsignedLongLong((unsigned long long)v);
+#if defined(__SIZEOF_INT128__)
+    PyObject *hi = PyLong_FromUnsignedLongLong((unsigned long long)(v >> 64));
+    PyObject *lo = PyLong_FromUnsignedLongLong((unsigned long long)(uint64_t)v);
+    PyObject *shift = PyLong_FromLong(64);
+    PyObject *up = hi && shift ? PyNumber_Lshift(hi, shift) : NULL;
+    PyObject *out = up && lo ? PyNumber_Add(up, lo) : NULL;
+    Py_XDECREF(hi);
+    Py_XDECREF(lo);
+    Py_XDECREF(shift);
+    Py_XDECREF(up);
+    return out;
+#else
+    return PyLong_FromUnsignedLongLong((unsigned long long)v);
+#endif
+}
+
+/* An allocation as a row of model/rows.py's ROW_FIELDS, with the label id
+ * where the label goes (the reader names it) and the time as seq. */
+static PyObject *row(const mvz_alloc *a)
+{
+    return Py_BuildValue("(KKiiiIIKIK)", (unsigned long long)a->address,
+                         (unsigned long long)a->size, (int)(int8_t)(uint8_t)a->slot, (int)a->kind,
+                         0, (unsigned)a->thread_idx, (unsigned)a->label_id,
+                         (unsigned long long)MVZ_REPLAY_TIME(a), (unsigned)a->stack_id,
+                         (unsigned long long)MVZ_REPLAY_TIME(a));
+}
+
+static PyObject *rows(const mvz_alloc *a, long n)
+{
+    if (n < 0)
+        return PyErr_NoMemory();
+    PyObject *list = PyList_New(n);
+    for (long k = 0; list && k < n; k++) {
+        PyObject *v = row(&a[k]);
+        if (!v)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, k, v);
+    }
+    return list;
+}
+
+typedef struct {
+    PyObject *list;
+} events_ctx;
+
+static int events_visit(void *ctx, const mvz_event *e, uint64_t index, uint64_t ts,
+                        const mvz_alloc *ended)
+{
+    (void)index;
+    if (e->op != MVZ_EV_ALLOC && e->op != MVZ_EV_FREE && e->op != MVZ_EV_FAILED)
+        return 0;
+    events_ctx *c = ctx;
+    PyObject *item;
+    if (e->op == MVZ_EV_FREE && ended) /* the allocation it ended, as it was made */
+        item = Py_BuildValue("(iKKKKiiIIKI)", e->op, (unsigned long long)ts,
+                             (unsigned long long)MVZ_REPLAY_TIME(ended),
+                             (unsigned long long)ended->address, (unsigned long long)ended->size,
+                             (int)(int8_t)(uint8_t)ended->slot, (int)ended->kind,
+                             (unsigned)ended->thread_idx, (unsigned)ended->label_id,
+                             (unsigned long long)MVZ_REPLAY_TIME(ended), (unsigned)ended->stack_id);
+    else {
+        PyObject *seq = e->op == MVZ_EV_FREE ? Py_NewRef(Py_None)
+                                              : PyLong_FromUnsignedLongLong((unsigned long long)ts);
+        item = seq ? Py_BuildValue("(iKNKKiiIIKI)", e->op, (unsigned long long)ts, seq,
+                                   (unsigned long long)e->address, (unsigned long long)e->size,
+                                   (int)e->device, (int)e->kind, (unsigned)e->thread_idx,
+                                   (unsigned)e->label_id, (unsigned long long)ts,
+                                   (unsigned)e->stack_id)
+                   : NULL;
+    }
+    if (!item || PyList_Append(c->list, item) < 0) {
+        Py_XDECREF(item);
+        return -1;
+    }
+    Py_DECREF(item);
+    return 0;
+}
+
+/* feed_events(buf, offset, count, layout[, start, stop]) -> [(op, ts, seq,
+ * address, size, device, kind, thread, label id, made ts, stack id)] of the
+ * ALLOC, FREE and FAILED records among them; a FREE carries the allocation
+ * it ended (seq None and its own fields when it ended none). With the GIL
+ * throughout (it builds the list as it goes). */
+static PyObject *replayer_feed_events(Replayer *self, PyObject *args)
+{
+    chunk_args c;
+    if (check(self) || chunk_get(args, &c))
+        return NULL;
+    events_ctx ctx = {PyList_New(0)};
+    if (!ctx.list) {
+        PyBuffer_Release(&c.view);
+        return NULL;
+    }
+    self->busy = 1;
+    int rc = mvz_replay_chunk(&self->r, c.records, c.count, c.layout, c.start, c.stop,
+                              events_visit, &ctx);
+    self->busy = 0;
+    PyBuffer_Release(&c.view);
+    if (rc) {
+        Py_DECREF(ctx.list);
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+    }
+    return ctx.list;
+}
+
+static PyObject *replayer_live(Replayer *self, PyObject *unused)
+{
+    (void)unused;
+    if (check(self))
+        return NULL;
+    mvz_alloc *a = NULL;
+    long n = mvz_replay_live(&self->r, &a);
+    PyObject *out = rows(a, n);
+    free(a);
+    return out;
+}
+
+static int by_replay_index(const void *x, const void *y)
+{
+    uint64_t a = MVZ_REPLAY_INDEX((const mvz_alloc *)x), b = MVZ_REPLAY_INDEX((const mvz_alloc *)y);
+    return a < b ? -1 : a > b;
+}
+
+/* at() -> rows live at feed_at's at_ns: made at or before it, ended after
+ * it or never, in the order of their ALLOC events. */
+static PyObject *replayer_at(Replayer *self, PyObject *unused)
+{
+    (void)unused;
+    if (check(self))
+        return NULL;
+    mvz_alloc *a = malloc((self->nat + self->r.live.count + 1) * sizeof *a);
+    if (!a)
+        return PyErr_NoMemory();
+    size_t m = self->nat;
+    if (m)
+        memcpy(a, self->at_rows, m * sizeof *a);
+    for (size_t k = 0; k < self->r.live.count; k++)
+        if (MVZ_REPLAY_TIME(&self->r.live.allocs[k]) <= self->at_ns)
+            a[m++] = self->r.live.allocs[k];
+    qsort(a, m, sizeof *a, by_replay_index);
+    PyObject *out = rows(a, (long)m);
+    free(a);
+    return out;
+}
+
+static int summary_check(Replayer *self)
+{
+    if (check(self))
+        return -1;
+    if (!self->r.summary) {
+        PyErr_SetString(PyExc_RuntimeError, "Replayer: made without summary=True");
+        return -1;
+    }
+    if (!self->finished) {
+        mvz_replay_finish(&self->r);
+        self->finished = 1;
+    }
+    return 0;
+}
+
+/* peak(device=None) -> rows live at the device's peak (None: each device at
+ * its own), in the order of their ALLOC events. */
+static PyObject *replayer_peak(Replayer *self, PyObject *args)
+{
+    PyObject *dev = Py_None;
+    if (!PyArg_ParseTuple(args, "|O", &dev) || summary_check(self))
+        return NULL;
+    int slot = -1;
+    if (dev != Py_None) {
+        long d = PyLong_AsLong(dev);
+        if (d == -1 && PyErr_Occurred())
+            return NULL;
+        if (d < -128 || d > 127)
+            return PyList_New(0);
+        slot = (uint8_t)(int8_t)d;
+    }
+    mvz_alloc *a = NULL;
+    long n = mvz_replay_peak_set(&self->r, slot, &a);
+    PyObject *out = rows(a, n);
+    free(a);
+    return out;
+}
+
+/* failures() -> rows of the FAILED events (address: the driver's result). */
+static PyObject *replayer_failures(Replayer *self, PyObject *unused)
+{
+    (void)unused;
+    if (summary_check(self))
+        return NULL;
+    return rows(self->r.fails, (long)self->r.nfails);
+}
+
+static int set_item(PyObject *d, const char *key, PyObject *v)
+{
+    if (!v)
+        return -1;
+    int rc = PyDict_SetItemString(d, key, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+/* devices() -> {device: {...}} of the devices an ALLOC or FAILED event
+ * named: current, peak (the store's rules), peak_index, peak_ts, allocs,
+ * frees, failed, alloc_bytes (events of every kind), live (allocations
+ * live at the end, blocks too), changes (timeline changes). */
+static PyObject *replayer_devices(Replayer *self, PyObject *unused)
+{
+    (void)unused;
+    if (summary_check(self))
+        return NULL;
+    PyObject *out = PyDict_New();
+    uint64_t live[MVZ_REPLAY_SLOTS] = {0};
+    for (size_t k = 0; k < self->r.live.count; k++)
+        live[(uint8_t)self->r.live.allocs[k].slot]++;
+    for (int dev = -128; out && dev < 128; dev++) {
+        const mvz_replay_slot *s = &self->r.slots[(uint8_t)(int8_t)dev];
+        if (!s->present)
+            continue;
+        PyObject *d = PyDict_New(), *key = PyLong_FromLong(dev);
+        if (!d || !key || set_item(d, "current", PyLong_FromUnsignedLongLong(s->t.current)) ||
+            set_item(d, "peak", PyLong_FromUnsignedLongLong(s->t.peak)) ||
+            set_item(d, "peak_index", PyLong_FromLongLong(s->peak_index)) ||
+            set_item(d, "peak_ts", PyLong_FromUnsignedLongLong(s->peak_ts)) ||
+            set_item(d, "allocs", PyLong_FromUnsignedLongLong(s->allocs)) ||
+            set_item(d, "frees", PyLong_FromUnsignedLongLong(s->frees)) ||
+            set_item(d, "failed", PyLong_FromUnsignedLongLong(s->failed)) ||
+            set_item(d, "alloc_bytes", unsigned_wide(s->alloc_bytes)) ||
+            set_item(d, "live", PyLong_FromUnsignedLongLong(live[(uint8_t)(int8_t)dev])) ||
+            set_item(d, "changes", PyLong_FromUnsignedLongLong(s->series.changes)) ||
+            PyDict_SetItem(out, key, d) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(d);
+        Py_XDECREF(key);
+    }
+    return out;
+}
+
+/* timeline() -> {device: (changes, [(event index, ts, level), ...])} of
+ * every device an ALLOC or FREE event named: each point the highest of its
+ * bucket of consecutive changes (all of them while they fit
+ * MVZ_REPLAY_POINTS). */
+static PyObject *replayer_timeline(Replayer *self, PyObject *unused)
+{
+    (void)unused;
+    if (summary_check(self))
+        return NULL;
+    PyObject *out = PyDict_New();
+    for (int dev = -128; out && dev < 128; dev++) {
+        const mvz_replay_series *s = &self->r.slots[(uint8_t)(int8_t)dev].series;
+        if (!s->changes)
+            continue;
+        PyObject *list = PyList_New((Py_ssize_t)s->n), *key = PyLong_FromLong(dev);
+        for (size_t k = 0; list && k < s->n; k++) {
+            const mvz_replay_point *p = &s->points[k];
+            PyObject *lv = signed_wide(p->level);
+            PyObject *v = lv ? Py_BuildValue("(KKN)", (unsigned long long)p->index,
+                                             (unsigned long long)p->ts, lv) : NULL;
+            if (!v)
+                Py_CLEAR(list);
+            else
+                PyList_SET_ITEM(list, (Py_ssize_t)k, v);
+        }
+        PyObject *pair = list ? Py_BuildValue("(KO)", (unsigned long long)s->changes, list) : NULL;
+        if (!pair || !key || PyDict_SetItem(out, key, pair) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(pair);
+        Py_XDECREF(list);
+        Py_XDECREF(key);
+    }
+    return out;
+}
+
+/* blocks() -> {device: [addresses of PyTorch's blocks, ascending]}. */
+static PyObject *replayer_blocks(Replayer *self, PyObject *unused)
+{
+    (void)unused;
+    if (summary_check(self))
+        return NULL;
+    PyObject *out = PyDict_New();
+    int seen[MVZ_REPLAY_SLOTS] = {0};
+    for (size_t k = 0; k < self->r.bcap; k++)
+        if (self->r.bslot[k])
+            seen[self->r.bslot[k] - 1] = 1;
+    for (int dev = -128; out && dev < 128; dev++) {
+        int slot = (uint8_t)(int8_t)dev;
+        if (!seen[slot])
+            continue;
+        uint64_t *addrs = NULL;
+        long n = mvz_replay_block_addresses(&self->r, slot, &addrs);
+        PyObject *list = n >= 0 ? PyList_New(n) : PyErr_NoMemory();
+        for (long k = 0; list && k < n; k++) {
+            PyObject *v = PyLong_FromUnsignedLongLong(addrs[k]);
+            if (!v)
+                Py_CLEAR(list);
+            else
+                PyList_SET_ITEM(list, k, v);
+        }
+        free(addrs);
+        PyObject *key = PyLong_FromLong(dev);
+        if (!list || !key || PyDict_SetItem(out, key, list) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(list);
+        Py_XDECREF(key);
+    }
+    return out;
+}
+
+/* start_categories(ncat, known, limit): live bytes per category from here on
+ * (replay_categories.h), with `ncat` categories (0: <unknown>, 1:
+ * unused_pool), `known` an iterable of (device, address, ts, category) of
+ * the allocations the snapshots gave a category, and `limit` points per
+ * series (0: all). */
+static PyObject *replayer_start_categories(Replayer *self, PyObject *args)
+{
+    int ncat;
+    PyObject *known;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "iOn", &ncat, &known, &limit) || check(self))
+        return NULL;
+    if (self->cats || self->r.n) {
+        PyErr_SetString(PyExc_RuntimeError, "Replayer.start_categories: before any event, once");
+        return NULL;
+    }
+    if (ncat < 2 || ncat > 256 || limit < 0) {
+        PyErr_SetString(PyExc_ValueError, "Replayer.start_categories: 2 to 256 categories, "
+                                          "a limit >= 0");
+        return NULL;
+    }
+    mvz_catpass *c = malloc(sizeof *c);
+    if (!c || mvz_catpass_init(c, ncat, (size_t)limit)) {
+        free(c);
+        return PyErr_NoMemory();
+    }
+    PyObject *it = PyObject_GetIter(known), *item;
+    while (it && (item = PyIter_Next(it))) {
+        int dev, cat;
+        unsigned long long addr, ts;
+        int ok = PyArg_ParseTuple(item, "iKKi", &dev, &addr, &ts, &cat);
+        Py_DECREF(item);
+        if (!ok)
+            break;
+        if (dev < -128 || dev > 127 || cat < 0 || cat >= ncat) {
+            PyErr_SetString(PyExc_ValueError, "Replayer.start_categories: a known entry out of "
+                                              "range");
+            break;
+        }
+        if (mvz_catpass_known(c, (uint8_t)(int8_t)dev, addr, ts, cat)) {
+            PyErr_NoMemory();
+            break;
+        }
+    }
+    Py_XDECREF(it);
+    if (PyErr_Occurred()) {
+        mvz_catpass_release(c);
+        free(c);
+        return NULL;
+    }
+    self->cats = c;
+    Py_RETURN_NONE;
+}
+
+/* feed_categories(buf, offset, count, layout): feed, summing live bytes per
+ * category (after start_categories). */
+static PyObject *replayer_feed_categories(Replayer *self, PyObject *args)
+{
+    chunk_args c;
+    if (check(self))
+        return NULL;
+    if (!self->cats || self->cats_done) {
+        PyErr_SetString(PyExc_RuntimeError, "Replayer.feed_categories: start_categories() first, "
+                                            "categories() last");
+        return NULL;
+    }
+    if (chunk_get(args, &c))
+        return NULL;
+    int rc;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS rc = mvz_replay_chunk(&self->r, c.records, c.count, c.layout, c.start,
+                                                 c.stop, mvz_catpass_visit, self->cats);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    PyBuffer_Release(&c.view);
+    if (rc)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* categories() -> [(order, device, category, last level, [(ts, level), ...])]:
+ * each series of live bytes per category, in time order (order: the
+ * how-manieth series to change first). */
+static PyObject *replayer_categories(Replayer *self, PyObject *unused)
+{
+    (void)unused;
+    if (check(self))
+        return NULL;
+    if (!self->cats) {
+        PyErr_SetString(PyExc_RuntimeError, "Replayer.categories: start_categories() first");
+        return NULL;
+    }
+    mvz_catpass *c = self->cats;
+    if (!self->cats_done) {
+        self->cats_done = 1;
+        mvz_catpass_finish(c);
+    }
+    if (c->failed)
+        return PyErr_NoMemory();
+    PyObject *out = PyList_New(0);
+    for (size_t k = 0; out && k < (size_t)MVZ_REPLAY_SLOTS * (size_t)c->ncat; k++) {
+        const mvz_cat_series *s = c->series[k];
+        if (!s)
+            continue;
+        PyObject *pts = PyList_New((Py_ssize_t)s->n);
+        for (size_t j = 0; pts && j < s->n; j++) {
+            PyObject *lv = signed_wide(s->points[j].level);
+            PyObject *v = lv ? Py_BuildValue("(KN)", (unsigned long long)s->points[j].ts, lv) : NULL;
+            if (!v)
+                Py_CLEAR(pts);
+            else
+                PyList_SET_ITEM(pts, (Py_ssize_t)j, v);
+        }
+        PyObject *cur = pts ? signed_wide(s->cur) : NULL;
+        PyObject *item = cur ? Py_BuildValue("(IiiNN)", (unsigned)s->order,
+                                             (int)(int8_t)(uint8_t)s->slot, s->cat, cur, pts)
+                             : NULL;
+        if (!cur)
+            Py_XDECREF(pts);
+        if (!item || PyList_Append(out, item) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(item);
+    }
+    return out;
+}
+
+static PyObject *get_events(Replayer *self, void *unused)
+{
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(self->ready ? self->r.n : 0);
+}
+
+static PyObject *get_ts(Replayer *self, void *unused)
+{
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(self->ready ? self->r.ts : 0);
+}
+
+static PyObject *get_dropped(Replayer *self, void *unused)
+{
+    (void)unused;
+    return unsigned_wide(self->ready ? self->r.dropped : 0);
+}
+
+static PyMethodDef replayer_methods[] = {
+    {"feed", (PyCFunction)replayer_feed, METH_VARARGS,
+     "feed(buf, offset, count, layout[, start, stop]): replay records [start, stop) of an EVENTS "
+     "chunk's count records at buf[offset:] (layout 0: one after another, 1: byte planes)."},
+    {"feed_at", (PyCFunction)replayer_feed_at, METH_VARARGS,
+     "feed_at(buf, offset, count, layout, at_ns): feed, keeping what was live at at_ns."},
+    {"feed_events", (PyCFunction)replayer_feed_events, METH_VARARGS,
+     "feed_events(buf, offset, count, layout[, start, stop]) -> [(op, ts, seq, address, size, "
+     "device, kind, thread, label id, made ts, stack id)] of the alloc, free and failed events."},
+    {"live", (PyCFunction)replayer_live, METH_NOARGS, "Rows of the live allocations."},
+    {"at", (PyCFunction)replayer_at, METH_NOARGS, "Rows live at feed_at's at_ns."},
+    {"peak", (PyCFunction)replayer_peak, METH_VARARGS,
+     "peak(device=None): rows live at the device's peak (None: each device at its own)."},
+    {"failures", (PyCFunction)replayer_failures, METH_NOARGS, "Rows of the FAILED events."},
+    {"devices", (PyCFunction)replayer_devices, METH_NOARGS, "{device: figures}."},
+    {"timeline", (PyCFunction)replayer_timeline, METH_NOARGS,
+     "{device: (changes, [(event index, ts, level)])}: the bounded timeline."},
+    {"blocks", (PyCFunction)replayer_blocks, METH_NOARGS,
+     "{device: sorted addresses of every block allocated}."},
+    {"start_categories", (PyCFunction)replayer_start_categories, METH_VARARGS,
+     "start_categories(ncat, known, limit): sum live bytes per category from here on."},
+    {"feed_categories", (PyCFunction)replayer_feed_categories, METH_VARARGS,
+     "feed_categories(buf, offset, count, layout): feed, summing live bytes per category."},
+    {"categories", (PyCFunction)replayer_categories, METH_NOARGS,
+     "[(order, device, category, last level, [(ts, level)])]: the category series."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef replayer_getset[] = {
+    {"events", (getter)get_events, NULL, "Events replayed.", NULL},
+    {"ts", (getter)get_ts, NULL, "The time of the last event replayed (ns).", NULL},
+    {"dropped", (getter)get_dropped, NULL, "Events the GAP records say were dropped.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ReplayerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "memviz._core.Replayer",
+    .tp_basicsize = sizeof(Replayer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Replayer(start_ns=0, summary=True): a trace's events through the store's rules, "
+              "a chunk at a time (src/replay.h).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)replayer_init,
+    .tp_dealloc = (destructor)replayer_dealloc,
+    .tp_methods = replayer_methods,
+    .tp_getset = replayer_getset,
+};
+
+int mvz_replay_bindings_init(PyObject *m)
+{
+    if (PyType_Ready(&ReplayerType) < 0)
+        return -1;
+    Py_INCREF(&ReplayerType);
+    if (PyModule_AddObject(m, "Replayer", (PyObject *)&ReplayerType) < 0) {
+        Py_DECREF(&ReplayerType);
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,123 @@
+/* Live bytes per category over a loaded trace's events: the rules of
+ * memviz/report/_categories.py (the HTML report's and the Perfetto
+ * export's category series), run in C over a replay's events, so a trace of
+ * millions of events needs no Python object per event.
+ *
+ * Every byte counts once, as snapshots count them: a PyTorch block (kind
+ * "block") lies inside a segment (a "device" allocation); from the first
+ * block seen in it, the segment counts as unused_pool, less the blocks it
+ * holds. An allocation's category is the one the snapshots gave it (the
+ * "known" ones: live at the end or at a peak), else <unknown>.
+ *
+ * Changes come in the events' order and are summed in time order, as the
+ * Python rules sort them: a window of the last MVZ_CAT_WINDOW changes is
+ * put in order before it is summed (a change earlier than what was summed
+ * already counts at the time summed last; traces that memviz writes are in
+ * order, or out of order by a few events). Each series keeps every point,
+ * or with a limit the highest of each bucket of consecutive points
+ * (buckets merged in pairs when full).
+ *
+ * With or without the GIL: it touches only its own state. Calls nothing of
+ * memviz (the replay calls it back, replay.h's mvz_replay_visit). The
+ * binding is module_replay.c's Replayer.feed_categories. */
+#ifndef MEMVIZ_REPLAY_CATEGORIES_H
+#define MEMVIZ_REPLAY_CATEGORIES_H
+
+#include "replay.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MVZ_CAT_UNKNOWN 0 /* "<unknown>" */
+#define MVZ_CAT_POOL 1    /* "unused_pool" */
+#define MVZ_CAT_WINDOW ((size_t)1 << 19)
+
+typedef struct {
+    uint64_t ts;
+    mvz_wide level;
+} mvz_cat_point;
+
+typedef struct {
+    uint32_t order; /* the how-manieth series to change first */
+    int slot;
+    int cat;
+    mvz_wide cur;
+    int has_pending;
+    mvz_cat_point pending; /* the last time's point, while changes may come at that time */
+    mvz_cat_point *points;
+    size_t n, cap;
+    uint64_t stride, fill; /* with a limit: points per bucket, points in the open one */
+    mvz_cat_point open;
+} mvz_cat_series;
+
+typedef struct {
+    uint64_t ts;
+    mvz_wide delta;
+    uint32_t seq, series;
+} mvz_cat_change;
+
+/* An entry of the two small hash tables: `key` 0 is an empty place. */
+typedef struct {
+    uint64_t address;
+    uint64_t value; /* known: the time it was made; live: its size */
+    uint32_t key;   /* known: slot + 1; live: (slot << 8 | kind) + 1 */
+    int cat;
+} mvz_cat_entry;
+
+/* A live device allocation. They are kept in the order of the Python
+ * rules' sorted list (by address, and among equal addresses the newest
+ * first), in runs of at most MVZ_CAT_RUN (a sorted array of sorted arrays:
+ * a change moves at most one run and the runs' pointers). */
+typedef struct {
+    uint64_t address, size, ts, seq;
+    int cat, pool;
+} mvz_cat_segment;
+
+#define MVZ_CAT_RUN 64
+
+typedef struct {
+    size_t n;
+    mvz_cat_segment v[MVZ_CAT_RUN];
+} mvz_cat_run;
+
+typedef struct {
+    mvz_cat_run **runs;
+    size_t n, cap;
+} mvz_cat_segments;
+
+typedef struct {
+    int ncat;
+    size_t limit; /* points per series, 0: all (even) */
+    /* known categories: (slot, address, ts) -> category */
+    mvz_cat_entry *known;
+    size_t k_n, k_cap;
+    /* live allocations: (slot, address, kind) -> (category, size) */
+    mvz_cat_entry *live;
+    size_t l_n, l_cap;
+    mvz_cat_segments segs[MVZ_REPLAY_SLOTS]; /* live device allocations, by address */
+    uint64_t seg_seq;
+    mvz_cat_series **series;                 /* [slot * ncat + cat], made on first change */
+    uint32_t nseries;
+    mvz_cat_change *window;
+    size_t nwin;
+    int unsorted;
+    uint32_t seq;
+    uint64_t summed_to; /* the time of the last change summed */
+    int summed;
+    int failed; /* out of memory: the result is not to be read */
+} mvz_catpass;
+
+/* `ncat` categories (0 and 1 are MVZ_CAT_UNKNOWN and MVZ_CAT_POOL); `limit`
+ * points per series (0: every point). 0, or -1 out of memory. */
+int mvz_catpass_init(mvz_catpass *c, int ncat, size_t limit);
+void mvz_catpass_release(mvz_catpass *c);
+/* The category the snapshots gave the allocation of `slot` at `address`
+ * made at `ts`. 0 or -1. */
+int mvz_catpass_known(mvz_catpass *c, int slot, uint64_t address, uint64_t ts, int cat);
+/* The replay's visitor (ctx: the mvz_catpass). */
+int mvz_catpass_visit(void *ctx, const mvz_event *e, uint64_t index, uint64_t ts,
+                      const mvz_alloc *ended);
+/* Sum what is left (once, after the last event). 0 or -1. */
+int mvz_catpass_finish(mvz_catpass *c);
+
+#endif
