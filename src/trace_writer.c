@@ -40,12 +40,11 @@ typedef int (*uncompress_fn)(uint8_t *, unsigned long *, const uint8_t *, unsign
 static compress2_fn z_compress2;
 static bound_fn z_bound;
 static uncompress_fn z_uncompress;
-static int z_tried;
+static pthread_once_t z_once = PTHREAD_ONCE_INIT;
 
-int mvz_tw_zlib(void)
+static void z_load(void)
 {
-    if (!z_tried) {
-        z_tried = 1;
+    {
         /* The copy CPython's zlib module already mapped, else the system's. */
         void *h = dlopen("libz.so.1", RTLD_NOW | RTLD_NOLOAD);
         if (!h)
@@ -58,6 +57,13 @@ int mvz_tw_zlib(void)
                 z_compress2 = NULL;
         }
     }
+}
+
+/* Any thread: loads libz once (pthread_once orders the pointers' writes
+ * before every reader's use). */
+int mvz_tw_zlib(void)
+{
+    pthread_once(&z_once, z_load);
     return z_compress2 != NULL;
 }
 

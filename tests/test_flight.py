@@ -202,3 +202,12 @@ def test_memviz_run_dumps_when_the_script_raises(fake_path, tmp_path):
     assert bad.returncode == 2 and "not both" in bad.stderr
     tiny = _run(tmp_path, "--flight-recorder", "1KiB", "train.py", fake_path=fake_path)
     assert tiny.returncode == 2 and "at least 16 MiB" in tiny.stderr
+
+
+def test_failures_before_the_recorder_started_cause_no_dump(fake, tmp_path):
+    with memviz.track(torch=False):
+        fake.alloc(CBID_cuMemAlloc_v2, 80 << 30, result=2)  # the outer tracker's failure
+        with memviz.track(flight_recorder="16 MiB", flight_dir=str(tmp_path), torch=False) as inner:
+            fake.alloc(CBID_cuMemAlloc_v2, MiB)
+            time.sleep(0.7)
+    assert inner.flight_recorder.dumps == [] and os.listdir(tmp_path) == []

@@ -113,6 +113,7 @@ class FlightRecorder:
                              folder, hint="give flight_dir= (or --flight-dir) a folder that exists "
                                           "and that you may write to")
         self._meta = _meta(tracker, "flight")
+        self._failures_seen = self._failed_now()  # an outer tracker's earlier failures are not this one's
         _core.trace_enable(self.capacity)
         _core.trace_writer_start(-1, self.capacity, EVENT_LEVEL, _INTERVAL, self._chunk_budget)
         self._running = True
@@ -273,7 +274,8 @@ class FlightRecorder:
             recorder = self
 
             def on_usr1(signum, frame):
-                recorder.dump_quietly("SIGUSR1")
+                if recorder._running:  # stopped on another thread: the handler could not be given back
+                    recorder.dump_quietly("SIGUSR1")
                 if callable(old) and old not in (signal.SIG_DFL, signal.SIG_IGN):
                     old(signum, frame)
 
