@@ -423,6 +423,20 @@ class Tracker(StoreReading, Outputs):
         except Exception:  # noqa: BLE001 - an unreadable file: no history
             return None
 
+    def _category_series(self, known: Dict[Any, Any], end_ns: int, points: Optional[int] = None) -> Any:
+        """The HTML report's category series of a stopped tracker that streamed
+        a trace: the loaded trace's pass in C over its events (as
+        memviz/report/_categories.py asks a loaded trace); None otherwise, and
+        the report sums the events itself."""
+        path = self.trace_path
+        if not path or self._running or not os.path.exists(path):
+            return None
+        from memviz.loaded import load
+        try:
+            return load(path)._category_series(known, end_ns, points)
+        except Exception:  # noqa: BLE001 - an unreadable file: the report's own way
+            return None
+
     def __enter__(self) -> "Tracker":
         return self.start()
 

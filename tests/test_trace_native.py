@@ -124,3 +124,28 @@ def test_each_trace_gets_the_ring_it_asks_for(fake, tmp_path):
         fake.lib.fake_alloc_free_loop(CBID_cuMemAlloc_v2, CBID_cuMemFree_v2, 200_000, MiB)
     trace = memviz.load(path)
     assert trace.dropped_events == 0 and trace.event_count >= 400_000
+
+
+def test_a_stopped_tracker_with_a_trace_sums_its_category_series_in_c(fake, tmp_path):
+    """The HTML report of a tracker that streamed a trace takes the loaded
+    trace's pass in C (the same series the report's Python rules give)."""
+    from memviz.report import _categories
+
+    path = tmp_path / "c.memviz"
+    with memviz.track(trace=str(path), torch=False) as t:
+        for i in range(200):
+            a = fake.alloc(CBID_cuMemAlloc_v2, MiB * (1 + i % 3))
+            if i % 4:
+                fake.free(CBID_cuMemFree_v2, a)
+    allocs = list(t.snapshot().allocations)
+    known = {(a.device, a.address, a.timestamp_ns): "activation" for a in allocs}
+    fast = t._category_series(known, t.stopped_ns)
+    assert fast is not None and fast == memviz.load(path)._category_series(known, t.stopped_ns)
+    assert fast[0]["activation"][1][-1] == sum(a.size for a in allocs) == 99 * MiB
+    # Through the report's own entry point: the C pass, and the same last
+    # levels as the report's Python rules over the events.
+    via_report, note = _categories.category_series(t, allocs, [], {}, t.stopped_ns)
+    slow, _ = _categories.category_series(type("NoFastPath", (), {"events": t.events})(), allocs, [], {},
+                                          t.stopped_ns)
+    assert note == "from the recorded events"
+    assert {c: v[1][-1] for c, v in via_report[0].items()} == {c: v[1][-1] for c, v in slow[0].items()}
