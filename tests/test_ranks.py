@@ -375,3 +375,30 @@ def test_loading_the_path_given_once_points_to_the_ranks_files(fake, no_launcher
     with pytest.raises(memviz.TraceError) as e:  # no rank's file either: the plain error
         memviz.load(str(tmp_path / "other.memviz"))
     assert "rank" not in str(e.value)
+
+
+def test_the_merged_html_page_reads_in_chromium(fake, no_launcher, tmp_path, capsys):
+    """The merged page in a real headless Chromium: no console error (its
+    Content-Security-Policy allows no script), every section there, the
+    per-rank tables filled, and the imbalance said."""
+    from test_html_report import _browser
+    from selenium.webdriver.common.by import By
+
+    paths = [_record(fake, no_launcher, tmp_path, 0, big=64, spike=True),
+             _record(fake, no_launcher, tmp_path, 1, big=16)]
+    out = tmp_path / "ranks.html"
+    assert main(["report", *paths, "--format", "html", "-o", str(out)]) == 0
+    browser = _browser()
+    try:
+        browser.get("file://" + str(out))
+        heads = [h.text for h in browser.find_elements(By.TAG_NAME, "h2")]
+        assert heads[0] == "Ranks" and any(h.startswith("Imbalance: ") for h in heads), heads
+        assert any(h.startswith("Steps side by side") for h in heads), heads
+        rows = browser.find_elements(By.CSS_SELECTOR, "table tbody tr")
+        assert len(rows) >= 2 + 10, len(rows)  # the two ranks, and the steps at least
+        first = browser.find_element(By.CSS_SELECTOR, "table tbody tr").text
+        assert first.startswith("rank 0") and "MiB" in first, first
+        errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        assert errors == [], errors
+    finally:
+        browser.quit()
