@@ -211,3 +211,18 @@ def test_failures_before_the_recorder_started_cause_no_dump(fake, tmp_path):
             fake.alloc(CBID_cuMemAlloc_v2, MiB)
             time.sleep(0.7)
     assert inner.flight_recorder.dumps == [] and os.listdir(tmp_path) == []
+
+
+def test_a_writer_thread_that_cannot_start_is_a_clear_error(fake, tmp_path, monkeypatch):
+    import errno
+
+    def refuse(*a):
+        raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+    monkeypatch.setattr(memviz._core, "trace_writer_start", refuse)
+    with pytest.raises(memviz.TraceError, match="could not start its writer thread"):
+        memviz.track(flight_recorder="16 MiB", flight_dir=str(tmp_path), torch=False).start()
+    assert memviz.active_tracker() is None
+    monkeypatch.undo()
+    with memviz.track(flight_recorder="16 MiB", flight_dir=str(tmp_path), torch=False) as t:
+        fake.alloc(CBID_cuMemAlloc_v2, MiB)
+        assert len(memviz.load(t.dump()).snapshot()) == 1

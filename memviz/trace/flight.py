@@ -115,7 +115,13 @@ class FlightRecorder:
         self._meta = _meta(tracker, "flight")
         self._failures_seen = self._failed_now()  # an outer tracker's earlier failures are not this one's
         _core.trace_enable(self.capacity)
-        _core.trace_writer_start(-1, self.capacity, EVENT_LEVEL, _INTERVAL, self._chunk_budget)
+        try:
+            _core.trace_writer_start(-1, self.capacity, EVENT_LEVEL, _INTERVAL, self._chunk_budget)
+        except OSError as e:
+            _core.trace_disable()
+            raise TraceError(f"the flight recorder could not start its writer thread: {e.strerror or e}",
+                             None, hint="the process may be out of threads or memory; try a smaller "
+                                        "budget, or run without the flight recorder") from e
         self._running = True
         self._install_signal()
         self._thread = threading.Thread(target=self._run, name="memviz-flight-recorder", daemon=True)
