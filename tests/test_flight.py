@@ -218,11 +218,11 @@ def test_a_writer_thread_that_cannot_start_is_a_clear_error(fake, tmp_path, monk
 
     def refuse(*a):
         raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
-    monkeypatch.setattr(memviz._core, "trace_writer_start", refuse)
-    with pytest.raises(memviz.TraceError, match="could not start its writer thread"):
-        memviz.track(flight_recorder="16 MiB", flight_dir=str(tmp_path), torch=False).start()
+    with monkeypatch.context() as m:
+        m.setattr(memviz._core, "trace_writer_start", refuse)
+        with pytest.raises(memviz.TraceError, match="could not start its writer thread"):
+            memviz.track(flight_recorder="16 MiB", flight_dir=str(tmp_path), torch=False).start()
     assert memviz.active_tracker() is None
-    monkeypatch.undo()
     with memviz.track(flight_recorder="16 MiB", flight_dir=str(tmp_path), torch=False) as t:
         fake.alloc(CBID_cuMemAlloc_v2, MiB)
         assert len(memviz.load(t.dump()).snapshot()) == 1
