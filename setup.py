@@ -36,6 +36,7 @@ core = Extension(
         "src/replay_categories.c",
         "src/module_store.c",
         "src/module_replay.c",
+        "src/module_trace.c",
         "src/records.c",
         "src/codeobj.c",
     ],

@@ -1,4 +1,4 @@
-/* What the binding files (module.c, module_store.c, module_replay.c)
+/* What the binding files (module.c, module_store.c, module_trace.c, module_replay.c)
  * share. Header only; with the GIL. */
 #ifndef MEMVIZ_BIND_H
 #define MEMVIZ_BIND_H
@@ -17,8 +17,10 @@ static inline int mvz_ensure_store(void)
     return -1;
 }
 
-/* The store's readers, window and trace bindings (module_store.c). */
+/* The store's readers and window bindings (module_store.c). */
 extern PyMethodDef mvz_store_bindings[];
+/* The trace ring's and the native trace writer's bindings (module_trace.c). */
+extern PyMethodDef mvz_trace_bindings[];
 /* Adds _core.Replayer, a loaded trace's streaming replay (module_replay.c). */
 int mvz_replay_bindings_init(PyObject *m);
 

@@ -539,7 +539,8 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "KIND_PHYSICAL", MVZ_KIND_PHYSICAL) ||
         PyModule_AddIntConstant(m, "KIND_BLOCK", MVZ_KIND_BLOCK) ||
         PyModule_AddFunctions(m, mvz_allocator_methods) ||
-        PyModule_AddFunctions(m, mvz_store_bindings) || mvz_replay_bindings_init(m) ||
+        PyModule_AddFunctions(m, mvz_store_bindings) ||
+        PyModule_AddFunctions(m, mvz_trace_bindings) || mvz_replay_bindings_init(m) ||
         PyModule_AddFunctions(m, mvz_codeobj_methods) || mvz_records_init(m) ||
         PyModule_AddIntConstant(m, "MAX_DEPTH", MVZ_MAX_DEPTH) ||
         PyModule_AddIntConstant(m, "MAX_WINDOWS", MVZ_MAX_WINDOWS) ||

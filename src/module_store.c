@@ -1,12 +1,12 @@
 /* memviz._core's bindings for reading the store: rows and snapshots,
- * totals, timelines, threads, stacks, step marks, peaks, windows and the
- * trace ring, and the replay of a loaded trace's events through the same
- * rules. Every function here runs with the GIL; none of them holds the
+ * totals, timelines, threads, stacks, step marks, peaks and windows, and the
+ * replay of a loaded trace's events through the same rules (the trace ring
+ * and the native writer: module_trace.c). Every function here runs with the GIL; none of them holds the
  * store lock while calling Python (the store copies out, then objects are
  * built), so a garbage collection or a finalizer that allocates GPU memory
  * cannot deadlock against the capture callback.
  *
- * Calls down only: store, trace_writer, replay, records, codeobj, capture and labels
+ * Calls down only: store, replay, records, codeobj, capture and labels
  * (counters for stats), frames (its ABI name). module.c adds the table at the end to
  * the module.
  */
@@ -24,7 +24,6 @@
 #include "records.h"
 #include "replay.h"
 #include "store.h"
-#include "trace_writer.h"
 
 static PyObject *core_live(PyObject *self, PyObject *unused)
 {
@@ -510,47 +509,6 @@ static PyObject *core_window_close(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-static PyObject *core_trace_enable(PyObject *self, PyObject *arg)
-{
-    (void)self;
-    if (mvz_ensure_store())
-        return NULL;
-    Py_ssize_t cap = PyLong_AsSsize_t(arg);
-    if (cap == -1 && PyErr_Occurred())
-        return NULL;
-    if (cap < 1024 || cap > (1L << 28)) {
-        PyErr_SetString(PyExc_ValueError, "trace capacity must be between 1024 and 2**28 events");
-        return NULL;
-    }
-    if (mvz_store_trace_enable((size_t)cap) != 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
-    Py_RETURN_NONE;
-}
-
-static PyObject *core_trace_disable(PyObject *self, PyObject *unused)
-{
-    (void)self;
-    (void)unused;
-    if (mvz_store_ready())
-        mvz_store_trace_disable();
-    Py_RETURN_NONE;
-}
-
-static PyObject *core_trace_drain(PyObject *self, PyObject *unused)
-{
-    (void)self;
-    (void)unused;
-    if (mvz_ensure_store())
-        return NULL;
-    uint8_t *buf = NULL;
-    long n = mvz_store_trace_drain(&buf);
-    if (n < 0)
-        return PyErr_NoMemory();
-    PyObject *b = PyBytes_FromStringAndSize((const char *)buf, n);
-    free(buf);
-    return b;
-}
-
 static PyObject *core_stack_count(PyObject *self, PyObject *unused)
 {
     (void)self;
@@ -558,122 +516,6 @@ static PyObject *core_stack_count(PyObject *self, PyObject *unused)
     if (mvz_ensure_store())
         return NULL;
     return PyLong_FromUnsignedLong(mvz_store_stack_count());
-}
-
-/* ---- the native trace writer (trace_writer.h) ------------------------------ */
-
-/* trace_writer_start(fd, capacity, level, interval_s, budget): the ring and
- * the writer thread; fd -1 is the flight recorder with `budget` bytes. */
-static PyObject *core_trace_writer_start(PyObject *self, PyObject *args)
-{
-    (void)self;
-    int fd, level;
-    Py_ssize_t cap, budget;
-    double interval;
-    if (!PyArg_ParseTuple(args, "inidn:trace_writer_start", &fd, &cap, &level, &interval, &budget))
-        return NULL;
-    if (mvz_ensure_store())
-        return NULL;
-    if (cap < 1024 || cap > (1L << 28) || level < 0 || level > 9 || !(interval > 0) ||
-        interval > 3600 || budget < 0) {
-        PyErr_SetString(PyExc_ValueError, "trace_writer_start(): a value is out of range");
-        return NULL;
-    }
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = mvz_tw_start(fd, (size_t)cap, level, (unsigned)(interval * 1000.0 + 0.5), (size_t)budget);
-    Py_END_ALLOW_THREADS
-    if (rc != 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
-    Py_RETURN_NONE;
-}
-
-static PyObject *core_trace_writer_write(PyObject *self, PyObject *arg)
-{
-    (void)self;
-    Py_buffer b;
-    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
-        return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = mvz_tw_write((const uint8_t *)b.buf, (size_t)b.len);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&b);
-    if (rc != 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
-    Py_RETURN_NONE;
-}
-
-static PyObject *core_trace_writer_flush(PyObject *self, PyObject *unused)
-{
-    (void)self;
-    (void)unused;
-    Py_BEGIN_ALLOW_THREADS
-    mvz_tw_flush();
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
-}
-
-static PyObject *core_trace_writer_stop(PyObject *self, PyObject *unused)
-{
-    (void)self;
-    (void)unused;
-    Py_BEGIN_ALLOW_THREADS
-    mvz_tw_stop();
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
-}
-
-static PyObject *core_trace_writer_release(PyObject *self, PyObject *unused)
-{
-    (void)self;
-    (void)unused;
-    mvz_tw_release();
-    Py_RETURN_NONE;
-}
-
-static PyObject *core_trace_writer_dump(PyObject *self, PyObject *arg)
-{
-    (void)self;
-    long fd = PyLong_AsLong(arg);
-    if (fd == -1 && PyErr_Occurred())
-        return NULL;
-    if (fd < 0 || fd > 0x7fffffff) {
-        PyErr_SetString(PyExc_ValueError, "trace_writer_dump(): not a file descriptor");
-        return NULL;
-    }
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = mvz_tw_dump((int)fd);
-    Py_END_ALLOW_THREADS
-    if (rc != 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
-    Py_RETURN_NONE;
-}
-
-static PyObject *core_trace_writer_stats(PyObject *self, PyObject *unused)
-{
-    (void)self;
-    (void)unused;
-    mvz_tw_stats s;
-    mvz_tw_get_stats(&s);
-    return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsisOsO}", "events", (unsigned long long)s.events, "chunks",
-        (unsigned long long)s.chunks, "bytes", (unsigned long long)s.bytes, "dropped",
-        (unsigned long long)s.dropped, "evicted", (unsigned long long)s.evicted, "kept_events",
-        (unsigned long long)s.kept_events, "kept_bytes", (unsigned long long)s.kept_bytes,
-        "base_count", (unsigned long long)s.base_count, "base_bytes", (unsigned long long)s.base_bytes,
-        "window_start", (unsigned long long)s.window_start, "window_end",
-        (unsigned long long)s.window_end, "evicted_until", (unsigned long long)s.evicted_until,
-        "budget", (unsigned long long)s.budget, "error", s.error, "compressed",
-        s.compressed ? Py_True : Py_False, "running", s.running ? Py_True : Py_False);
-}
-
-static PyObject *core_zlib_available(PyObject *self, PyObject *unused)
-{
-    (void)self;
-    (void)unused;
-    return PyBool_FromLong(mvz_tw_zlib());
 }
 
 /* ---- replay of a loaded trace (replay.h) ---------------------------------- */
@@ -861,24 +703,6 @@ PyMethodDef mvz_store_bindings[] = {
      "copy(window=-1, close=False) -> StoreCopy(live, totals, peaks, timeline, when_ns), at one "
      "instant."},
     {"window_close", core_window_close, METH_O, "Close a window opened by window_open()."},
-    {"trace_enable", core_trace_enable, METH_O, "Log events into a ring of this many entries."},
-    {"trace_disable", core_trace_disable, METH_NOARGS, "Stop logging trace events."},
-    {"trace_drain", core_trace_drain, METH_NOARGS,
-     "Logged events since the last drain, as 32-byte records (bytes)."},
-    {"trace_writer_start", core_trace_writer_start, METH_VARARGS,
-     "trace_writer_start(fd, capacity, level, interval_s, budget): the native writer (fd -1: the "
-     "flight recorder's memory, `budget` bytes)."},
-    {"trace_writer_write", core_trace_writer_write, METH_O,
-     "Append bytes to the writer's file, between its chunks (GIL released)."},
-    {"trace_writer_flush", core_trace_writer_flush, METH_NOARGS, "Write every event the ring holds now."},
-    {"trace_writer_stop", core_trace_writer_stop, METH_NOARGS,
-     "Write the rest and stop the writer thread and the ring."},
-    {"trace_writer_release", core_trace_writer_release, METH_NOARGS,
-     "Free a stopped flight recorder's memory."},
-    {"trace_writer_dump", core_trace_writer_dump, METH_O,
-     "Write the flight recorder's events (base, chunks kept, the ring's) to this fd."},
-    {"trace_writer_stats", core_trace_writer_stats, METH_NOARGS, "The writer's counters (a dict)."},
-    {"zlib_available", core_zlib_available, METH_NOARGS, "Whether the native writer can compress."},
     {"stack_count", core_stack_count, METH_NOARGS, "Stacks interned so far (ids are below it)."},
     {"threads", core_threads, METH_NOARGS,
      "{thread index: ThreadRow(native_id, ident, name, serial)}."},

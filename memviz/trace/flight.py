@@ -167,7 +167,7 @@ class FlightRecorder:
                 raise TraceError("the flight recorder is not running, so there is nothing to dump",
                                  path, hint="call dump() while the tracker runs, before it stops")
             target = path if path is not None else self._new_path()
-            self._name_new()
+            self._name_new()  # the failing allocation's stack among them
             started = time.monotonic_ns()
             with output_file(target, "the flight recorder's dump", binary=True,
                              hint="choose a folder you may write to (flight_dir=... or "
@@ -181,8 +181,8 @@ class FlightRecorder:
                     raise TraceError(f"cannot write the flight recorder's dump: {e.strerror or e}",
                                      target, hint="free some disk space, or choose another folder") from e
                 s = _core.trace_writer_stats()
-                self._name_new()  # stacks of the last events, taken by the dump
-                f.write(b"".join(self._tables_since_dump) + chunk(END, json_bytes(self._end(s, reason, started))))
+                last = self._name_new()  # stacks of the last events, taken by the dump
+                f.write(b"".join(last) + chunk(END, json_bytes(self._end(s, reason, started))))
             self.dumps.append(os.fspath(target))
             self._failures_seen = max(self._failures_seen, self._failed_now())
             return os.fspath(target)
@@ -220,11 +220,12 @@ class FlightRecorder:
             n += 1
         return path
 
-    def _name_new(self) -> None:
-        """Name what is new (stacks, labels, threads, steps) and keep it."""
+    def _name_new(self) -> List[bytes]:
+        """Name what is new (stacks, labels, threads, steps), keep it, and
+        return those chunks."""
         new = self._new.chunks()
         self._tables += new
-        self._tables_since_dump = new
+        return new
 
     def _failed_now(self) -> int:
         return sum(v.get("failed", 0) for v in _core.totals().values())

@@ -178,12 +178,6 @@ def native_writer() -> bool:
     return bool(_core.zlib_available())
 
 
-def _label_ids(rows: bytes) -> set:
-    """Label ids used by packed event records (bytes 14-15 of each)."""
-    lo, hi = rows[14::EVENT.size], rows[15::EVENT.size]
-    return {a | (b << 8) for a, b in set(zip(lo, hi))} - {0}
-
-
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -391,13 +385,10 @@ class TraceWriter:
                     self._python_bytes += len(data)
             return
         rows = _core.trace_drain()
-        out = self._new.stacks()  # after the drain: covers every drained event's stack
+        out = self._new.stacks() + self._new.labels()  # after the drain: every drained event's names
         n = len(rows) // EVENT.size
         counted = 0
         if n > 1 or (n == 1 and rows[4] != OP_TIME):
-            labels = {i: _core.label_name(i) for i in _label_ids(rows)
-                      if i not in self._tables.labels}
-            out += self._tables.label_chunk({i: s for i, s in labels.items() if s is not None})
             gaps = rows[4::EVENT.size].count(OP_GAP)
             if gaps:
                 for k in range(n):
