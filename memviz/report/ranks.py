@@ -291,6 +291,16 @@ def _per_rank_table(title: str, label: str, rows: List[Tuple[str, Dict[str, Any]
     return lines
 
 
+def by_category(rows: List[Dict[str, Any]], key: str) -> List[Tuple[str, Dict[str, Any]]]:
+    """(category, {rank: bytes}) of the rank rows' ``key`` ("categories_at_peak"
+    or "categories_at_end"), the largest first (the text and HTML tables)."""
+    cats: Dict[str, Dict[str, Any]] = {}
+    for r in rows:
+        for cat, n in (r[key] or {}).items():
+            cats.setdefault(cat, {})[str(r["rank"])] = n
+    return [(c, cats[c]) for c in sorted(cats, key=lambda c: -max(cats[c].values()))]
+
+
 def _location(file: str, line: int) -> str:
     return f"{short_path(file)}:{line}" if line > 0 else short_path(file)
 
@@ -328,13 +338,9 @@ def rank_text(doc: Dict[str, Any], steps_shown: int = 10) -> str:
         lines += ["", "Imbalance: no rank allocated GPU memory."]
     for key, title in (("categories_at_peak", "By category at each rank's peak:"),
                        ("categories_at_end", "By category at the end:")):
-        cats: Dict[str, Dict[str, Any]] = {}
-        for r in rows:
-            for cat, n in (r[key] or {}).items():
-                cats.setdefault(cat, {})[str(r["rank"])] = n
+        cats = by_category(rows, key)
         if cats:
-            order = sorted(cats, key=lambda c: -max(cats[c].values()))
-            lines += _per_rank_table(title, "category", [(c, cats[c]) for c in order], ranks)
+            lines += _per_rank_table(title, "category", cats, ranks)
     if doc["lines"]:
         lines += _per_rank_table("Lines whose bytes at the peak differ most between ranks:", "line",
                                  [(_location(x["file"], x["line"]), x["bytes"]) for x in doc["lines"]], ranks)

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from memviz._units import escape_surrogates, format_size
 from memviz.report.html import _asset, json_for_script
-from memviz.report.ranks import _location, _short_location
+from memviz.report.ranks import _location, _short_location, by_category
 from memviz.report.summary import device_name
 
 __all__ = ["render"]
@@ -138,13 +138,9 @@ def render(doc: Dict[str, Any], title: Optional[str] = None) -> str:
                     f"{_e(format_size(imb['min_peak']))}.</p>")
     for key, title_ in (("categories_at_peak", "By category at each rank's peak"),
                         ("categories_at_end", "By category at the end")):
-        cats: Dict[str, Dict[str, Any]] = {}
-        for r in rows:
-            for cat, n in (r[key] or {}).items():
-                cats.setdefault(cat, {})[str(r["rank"])] = n
+        cats = by_category(rows, key)
         if cats:
-            order = sorted(cats, key=lambda c: -max(cats[c].values()))
-            body.append(_per_rank(title_, "category", [(c, cats[c]) for c in order], ranks))
+            body.append(_per_rank(title_, "category", cats, ranks))
     if doc["lines"]:
         body.append(_per_rank("Lines whose bytes at the peak differ most between ranks", "line",
                               [(_location(x["file"], x["line"]) + (f"  {x['function']}" if x["function"] else ""),
