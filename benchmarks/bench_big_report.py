@@ -63,15 +63,22 @@ import numpy as np  # noqa: E402
 
 from memviz.trace import format as F  # noqa: E402
 
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3  # 3: format 2 (48-byte records)
 MiB = 1 << 20
 GiB = 1 << 30
 STEPS_PER_CHUNK = 50
-RECORD = np.dtype({"names": ["delta", "op", "kind", "dev", "flags", "stack", "thread", "label",
-                             "addr", "size"],
-                   "formats": ["<u4", "u1", "u1", "i1", "u1", "<u4", "<u2", "<u2", "<u8", "<u8"],
-                   "offsets": [0, 4, 5, 6, 7, 8, 12, 14, 16, 24], "itemsize": F.EVENT.size})
-assert F.EVENT.size == RECORD.itemsize == 32
+# The file's record (src/record.h), with the short names this generator uses.
+_NAMES = {"ts_delta": "delta", "device": "dev", "stack_id": "stack", "thread_idx": "thread",
+          "label_id": "label", "address": "addr"}
+_CODES = {"I": "<u4", "B": "u1", "b": "i1", "H": "<u2", "Q": "<u8"}
+_offsets, _at = [], 0
+for _code in F._core.EVENT_FORMAT[1:]:
+    _offsets.append(_at)
+    _at += np.dtype(_CODES[_code]).itemsize
+RECORD = np.dtype({"names": [_NAMES.get(n, n) for n in F.EVENT_FIELDS],
+                   "formats": [_CODES[c] for c in F._core.EVENT_FORMAT[1:]],
+                   "offsets": _offsets, "itemsize": F.EVENT.size})
+assert F.EVENT.size == RECORD.itemsize
 
 DEVICE, HOST, BLOCK = 0, 1, 5
 MAIN, AUTOGRAD, LOADER = 0, 1, 2
@@ -240,8 +247,10 @@ def default_path(events):
                         f"memviz-big-report-{events // 1_000_000}M-v{GENERATOR_VERSION}.memviz")
 
 
-def build(path, events, seed=0):
-    """Write the trace; returns (events written, seconds)."""
+def build(path, events, seed=0, mark_every=None):
+    """Write the trace; returns (events written, seconds). ``mark_every``:
+    a step record every that many steps, dated at the step's last event (as
+    ``t.step()`` would be); default: every 100 steps, dated 10 ms apart."""
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     tables, stacks, labels, threads = make_tables()
@@ -300,7 +309,10 @@ def build(path, events, seed=0):
                     arr = np.concatenate([arr[:mid - 1], extra[:2], arr[mid - 1:mid + 40],
                                           extra[2:], arr[mid + 40:]])
                 parts.append(arr)
-                if s % 100 == 99:
+                if mark_every and s % mark_every == mark_every - 1:
+                    step_records.append((s, now + int(sum(int(p["delta"].astype(np.uint64).sum())
+                                                          for p in parts[1:]))))
+                elif not mark_every and s % 100 == 99:
                     step_records.append(s)
             rows = np.concatenate(parts)
             rows["delta"][0] = 0
@@ -311,10 +323,12 @@ def build(path, events, seed=0):
             written += len(rows)
             step = min(step + STEPS_PER_CHUNK, steps)
             if step_records:
-                recs = [{"index": i, "timestamp_ns": now - (step - 1 - i) * 10_000_000,
+                recs = [{"index": i[0] if mark_every else i,
+                         "timestamp_ns": i[1] if mark_every else now - (step - 1 - i) * 10_000_000,
                          "duration_ns": 10_000_000,
                          "devices": {"0": {"current": tot[0]["current"], "peak": tot[0]["peak"]}},
-                         "lines": [], "info": {"loss": 2.5 - i * 1e-4}} for i in step_records]
+                         "lines": [], "info": {"loss": 2.5 - (i[0] if mark_every else i) * 1e-4}}
+                        for i in step_records]
                 out.write(F.chunk(F.STEPS, F.json_bytes(recs)))
                 step_records = []
         end = {"stopped_monotonic_ns": now + 1000, "stopped_wall_time": 1.8e9 + 60,

@@ -1,15 +1,33 @@
 """Capture cost per allocation event, through the libcupti test double.
 
-    python benchmarks/bench_capture.py [--depth 30] [--n 200000] [--procs 5]
+    python benchmarks/bench_capture.py [--depth 30] [--keep 32] [--n 200000] [--procs 5]
+                                       [--library] [--cpu] [--against DIR]
 
 Each fresh process fires n cuMemAlloc_v2 + cuMemFree_v2 pairs from C (the
 double's fake_alloc_free_loop, so no ctypes in the loop) at the bottom of a
 Python stack `depth` frames deep, once with memviz not subscribed (the
 double's own cost) and once inside memviz.track(); the difference is what
 memviz adds. Runs alternate A/B inside each process and processes repeat.
+
+``--library``: the recursion that makes the stack deep runs in a file the
+frame filter counts as a library's (a ``<frozen ...>`` pseudo-file), as
+Inductor's and dynamo's frames are under a compile, and the allocating
+calls are C-level (no frame of this file below it): a stack deeper than the
+32 frames kept then has its user's frames only at the outer end, and the
+walk looks past the innermost frames for them (src/frames.c).
+
+``--keep``: the frames a stack keeps (``track(depth=...)``, default 32).
+``--cpu``: time the loop in the calling thread's CPU time, not wall time,
+so that time spent descheduled on a shared machine does not count.
+``--against DIR``: another checkout (its extension built): fresh processes
+of the two take turns, this one first in odd rounds, the other first in
+even ones, and the result is per checkout plus the per-round ratio.
+Per event: a pair is two events (the allocation walks the stack, the free
+does not).
 """
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -19,8 +37,14 @@ import sys
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
-def child(depth, n, reps):
-    sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+_RECURSE = """
+def at_depth(k, fn):
+    return at_depth(k - 1, fn) if k > 0 else fn()
+"""
+
+
+def child(depth, n, reps, library=False, keep=32, cpu=False, root=ROOT):
+    sys.path[:0] = [root, os.path.join(root, "tests")]
     from fake_cupti import FakeCupti, build
 
     path = build()
@@ -32,42 +56,82 @@ def child(depth, n, reps):
     def at_depth(k, fn):
         return at_depth(k - 1, fn) if k > 0 else fn()
 
+    if library:
+        ns = {}
+        exec(compile(_RECURSE, "<frozen bench recursion>", "exec"), ns)
+        at_depth = ns["at_depth"]  # noqa: F811
+
     here = len(__import__("inspect").stack())
+    loop = (lambda: fake.alloc_free_loop_cpu(n)) if cpu else (lambda: fake.alloc_free_loop(n))  # noqa: E731
+    probe = lambda: memviz._core._capture_depth(64)  # noqa: E731
+    if library:  # no frame of this file below the recursion: C-level callables
+        from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
+
+        loop = functools.partial(fake._c.fake_alloc_free_loop_cpu if cpu else fake._c.fake_alloc_free_loop,
+                                 CBID_cuMemAlloc_v2, CBID_cuMemFree_v2, n, 4096)
+        probe = functools.partial(memviz._core._capture_depth, 64)
+        here -= 1  # the recursion is one frame deeper for want of the two Python wrappers
     base, tracked = [], []
     for _ in range(reps):
-        base.append(at_depth(depth - here - 1, lambda: fake.alloc_free_loop(n)) / n)
-        with memviz.track(depth=32) as t:
-            frames = at_depth(depth - here - 1, lambda: memviz._core._capture_depth(64))
-            tracked.append(at_depth(depth - here - 1, lambda: fake.alloc_free_loop(n)) / n)
+        base.append(at_depth(depth - here - 1, loop) / n)
+        with memviz.track(depth=keep) as t:
+            frames = at_depth(depth - here - 1, probe)
+            tracked.append(at_depth(depth - here - 1, loop) / n)
         assert t.capture_info()["store"]["calls"]["alloc"] == n
     print(json.dumps({"base_ns": statistics.median(base), "tracked_ns": statistics.median(tracked),
                       "frames": frames}))
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--depth", type=int, default=30)
-    ap.add_argument("--n", type=int, default=200000)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--procs", type=int, default=5)
-    ap.add_argument("--child", action="store_true")
-    a = ap.parse_args()
-    if a.child:
-        return child(a.depth, a.n, a.reps)
-    rows = []
-    for _ in range(a.procs):
-        p = subprocess.run([sys.executable, __file__, "--child", "--depth", str(a.depth), "--n", str(a.n),
-                            "--reps", str(a.reps)], capture_output=True, text=True, check=True)
-        rows.append(json.loads(p.stdout.strip().splitlines()[-1]))
+def _run(root, a):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--depth", str(a.depth), "--n", str(a.n),
+           "--reps", str(a.reps), "--keep", str(a.keep), "--root", root]
+    cmd += (["--library"] if a.library else []) + (["--cpu"] if a.cpu else [])
+    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _summary(rows, a):
     added = [r["tracked_ns"] - r["base_ns"] for r in rows]
-    print(json.dumps({
+    return {
         "python_frames_at_callback": rows[0]["frames"],
         "double_alone_ns_per_pair": statistics.median(r["base_ns"] for r in rows),
         "tracked_ns_per_pair": statistics.median(r["tracked_ns"] for r in rows),
         "memviz_added_ns_per_alloc_free_pair": statistics.median(added),
+        "memviz_added_ns_per_event": statistics.median(added) / 2,
         "spread_added_ns": [min(added), max(added)],
-        "processes": a.procs,
-    }, indent=1))
+        "min_added_ns": min(added),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--depth", type=int, default=30)
+    ap.add_argument("--keep", type=int, default=32)
+    ap.add_argument("--n", type=int, default=200000)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--procs", type=int, default=5)
+    ap.add_argument("--child", action="store_true")
+    ap.add_argument("--library", action="store_true")
+    ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--root", default=ROOT)
+    ap.add_argument("--against", default=None)
+    a = ap.parse_args()
+    if a.child:
+        return child(a.depth, a.n, a.reps, a.library, a.keep, a.cpu, a.root)
+    roots = [ROOT] + ([os.path.abspath(a.against)] if a.against else [])
+    rows = {r: [] for r in roots}
+    for k in range(a.procs):
+        for r in (roots if k % 2 == 0 else roots[::-1]):
+            rows[r].append(_run(r, a))
+    out = {"processes": a.procs, "depth": a.depth, "keep": a.keep, "library": a.library, "cpu_time": a.cpu}
+    out.update(_summary(rows[ROOT], a))
+    if a.against:
+        out["against"] = {"root": roots[1], **_summary(rows[roots[1]], a)}
+        ratios = [(x["tracked_ns"] - x["base_ns"]) / (y["tracked_ns"] - y["base_ns"])
+                  for x, y in zip(rows[ROOT], rows[roots[1]])]
+        out["added_ratio_this_over_against_per_round"] = {
+            "median": statistics.median(ratios), "spread": [min(ratios), max(ratios)]}
+    print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

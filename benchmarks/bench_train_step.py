@@ -1,9 +1,16 @@
-"""One GPT-style training step, timed, under one tracking mode (a fresh process each).
+"""One training step, timed, under one tracking mode (a fresh process each).
 
     python benchmarks/bench_train_step.py --mode none|memviz|torch_history [--steps 60]
+                                          [--model gpt|alloc_bound]
 
-12 layers, width 768, 12 heads, sequence 512, batch 8, vocabulary 50257,
-AdamW, bf16 autocast. Prints one JSON line with per-step times in ms.
+``--model gpt`` (default): 12 layers, width 768, 12 heads, sequence 512,
+batch 8, vocabulary 50257, AdamW, bf16 autocast (about 26 ms on the H200).
+``--model alloc_bound``: the allocation-bound step of issue 27, 48 small
+Linear(256, 256) + LayerNorm + GELU layers, batch 32, AdamW: many small ops,
+so PyTorch's allocations and frees per second are at their highest (about
+10 ms a step; the JSON says how many allocations a second it made,
+``allocs_per_s``, from PyTorch's own counter). Prints one JSON line with
+per-step times in ms.
 """
 
 import argparse
@@ -52,6 +59,14 @@ def build(torch):
     return GPT
 
 
+def build_alloc_bound(torch, layers=48, width=256):
+    """The allocation-bound model: many small layers, each a handful of
+    small tensors forward and backward."""
+    nn = torch.nn
+    return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.LayerNorm(width), nn.GELU())
+                           for _ in range(layers)])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", default="none", choices=[
@@ -59,6 +74,8 @@ def main():
         "memviz_precise_noautograd", "memviz_precise_nohooks", "memviz_precise_packonly",
         "memviz_precise_walkonly", "memviz_precise_cbnoop", "memviz_precise_noasync", "memviz_precise_hooks", "memviz_precise_cupti", "torch_history", "torch_profiler_memory",
         "memviz_after", "alternate"])
+    ap.add_argument("--model", default="gpt", choices=["gpt", "alloc_bound"],
+                    help="gpt (default) or alloc_bound: 48 small Linear+LayerNorm+GELU layers, batch 32")
     ap.add_argument("--trace-dir", default="/tmp", help="where memviz_trace / torch_history write files")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
@@ -114,16 +131,20 @@ def main():
         integ._hook_graph = timed_walk
 
     torch.manual_seed(0)
-    GPT = build(torch)
-    model = GPT().cuda()
+    if a.model == "alloc_bound":
+        model = build_alloc_bound(torch).cuda()
+        data = torch.randn(32, 256, device="cuda")
+    else:
+        GPT = build(torch)
+        model = GPT().cuda()
+        data = torch.randint(0, 50257, (a.batch, a.seq + 1), device="cuda")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    data = torch.randint(0, 50257, (a.batch, a.seq + 1), device="cuda")
     if a.mode == "memviz_after":  # a notebook user: torch, CUDA and the model first, then track()
         import memviz
         tracker = memviz.track().start()
         integ = tracker.torch
 
-    def step():
+    def gpt_step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(data[:, :-1])
             loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]),
@@ -131,6 +152,13 @@ def main():
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    def alloc_bound_step():
+        model(data).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step = alloc_bound_step if a.model == "alloc_bound" else gpt_step
 
     if a.mode == "alternate":
         return alternate(a, torch, step)
@@ -145,15 +173,20 @@ def main():
         prof.__enter__()
 
     times = []
+    allocs0 = None
     for i in range(a.warmup + a.steps):
         torch.cuda.synchronize()
+        if i == a.warmup:
+            allocs0 = _allocs(torch)
         t0 = time.perf_counter()
         step()
         torch.cuda.synchronize()
         if i >= a.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
 
-    extra = {"backend": torch.cuda.get_allocator_backend()}
+    extra = {"backend": torch.cuda.get_allocator_backend(), "model": a.model}
+    if allocs0 is not None and times:  # PyTorch's own count of allocations (and as many frees) a second
+        extra["allocs_per_s"] = (_allocs(torch) - allocs0) / (sum(times) / 1e3)
     if integ is not None and integ.route is not None:
         extra["pytorch_route"] = integ.route.as_dict()
     if integ is not None and integ.autograd:
@@ -195,6 +228,11 @@ def main():
                       "max_allocated": torch.cuda.max_memory_allocated(), **extra}))
 
 
+def _allocs(torch) -> int:
+    """PyTorch's count of block allocations so far (all pools, device 0)."""
+    return int(torch.cuda.memory_stats().get("allocation.all.allocated", 0))
+
+
 def _core_stats():
     import memviz._core
     return memviz._core.trace_writer_stats()
@@ -216,6 +254,7 @@ def alternate(a, torch, step):
             raise SystemExit(f"unknown configuration {c!r}")
     times = {c: [] for c in configs}
     trace_stats = {c: [] for c in configs}
+    allocs_s = [0, 0.0]  # PyTorch's allocations, and seconds, of the untracked steps
     n = len(configs)
     for i in range(a.warmup):
         step()
@@ -237,11 +276,15 @@ def alternate(a, torch, step):
                 torch.cuda.memory._record_memory_history(stacks="python")
             for i in range(a.block):
                 torch.cuda.synchronize()
+                n0 = _allocs(torch) if c == "none" else 0
                 t0 = time.perf_counter()
                 step()
                 torch.cuda.synchronize()
                 if i >= 2:
                     times[c].append((time.perf_counter() - t0) * 1e3)
+                    if c == "none":
+                        allocs_s[0] += _allocs(torch) - n0
+                        allocs_s[1] += times[c][-1] / 1e3
             if tracker is not None:
                 fr = tracker.flight_recorder
                 tracker.stop()
@@ -256,7 +299,9 @@ def alternate(a, torch, step):
                 del tracker
             elif c == "torch_history":
                 torch.cuda.memory._record_memory_history(enabled=None)
-    print(json.dumps({"mode": "alternate", "times_ms": times, "routes": sorted(map(str, routes)),
+    print(json.dumps({"mode": "alternate", "model": a.model,
+                      "untracked_allocs_per_s": allocs_s[0] / allocs_s[1] if allocs_s[1] else None,
+                      "times_ms": times, "routes": sorted(map(str, routes)),
                       "trace_stats": trace_stats,
                       "medians_ms": {c: statistics.median(v) for c, v in times.items()}}))
 

@@ -54,7 +54,8 @@ def _where(e: BaseException) -> str:
     return f"{os.path.relpath(f.filename, os.path.join(HERE, '..'))}:{f.lineno}"
 
 
-def _worker(index: int, seed: int, inputs: int, deadline: float, save: str, queue) -> None:
+def _worker(index: int, seed: int, inputs: int, deadline: float, save: str, queue,
+            level: str = "pipeline") -> None:
     """Fuzz until ``inputs`` inputs ran or ``deadline`` (time.time()); report
     counts and failures through ``queue``."""
     rnd = random.Random(seed)
@@ -67,7 +68,8 @@ def _worker(index: int, seed: int, inputs: int, deadline: float, save: str, queu
     def run(data: bytes) -> object:
         counts["inputs"] += 1
         try:
-            t = fuzz_trace.check(data)
+            t = fuzz_trace.check(data, level == "pipeline", level in ("pipeline", "reports"),
+                                 level != "load")
         except Exception as e:  # noqa: BLE001 - every other exception is what we look for
             key = f"{type(e).__name__} at {_where(e)}"
             if isinstance(e, fuzz_trace.PipelineError):  # raised by the check: say which
@@ -112,6 +114,12 @@ def main() -> int:
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="stop after this long and report what ran")
     ap.add_argument("--save", default=None, help="folder for one input of each failure")
+    ap.add_argument("--check", choices=("pipeline", "reports", "reading", "load"),
+                    default="pipeline",
+                    help="what a loaded input goes through: the whole pipeline (default); the "
+                         "reading API and the text, JSON and diff reports; the reading API "
+                         "alone (snapshots, statistics, failures, events()); the load alone "
+                         "(parsing, the replay, totals, the live set: the reader's own code)")
     opts = ap.parse_args()
     save = opts.save or tempfile.mkdtemp(prefix="memviz-fuzz-")
     os.makedirs(save, exist_ok=True)
@@ -121,7 +129,8 @@ def main() -> int:
     queue = ctx.Queue()
     share = [opts.inputs // opts.workers + (i < opts.inputs % opts.workers)
              for i in range(opts.workers)]
-    procs = [ctx.Process(target=_worker, args=(i, opts.seed + i, share[i], deadline, save, queue))
+    procs = [ctx.Process(target=_worker, args=(i, opts.seed + i, share[i], deadline, save, queue,
+                                               opts.check))
              for i in range(opts.workers)]
     for p in procs:
         p.start()
@@ -159,7 +168,7 @@ def main() -> int:
             got["count"] += count
     out = dict(total, distinct_failures=len(failures), failures=failures,
                seconds=round(seconds, 1), inputs_per_second=round(total["inputs"] / seconds),
-               workers=opts.workers, seed=opts.seed, stopped_early=total["inputs"] < opts.inputs,
+               workers=opts.workers, seed=opts.seed, check=opts.check, stopped_early=total["inputs"] < opts.inputs,
                python=platform.python_version(), machine=platform.machine(),
                cpus=os.cpu_count(), saved_to=save if failures else None)
     print(json.dumps(out, indent=1))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build, CPU suite on the GPU machine's Python, GPU suite,
-# the demo, and (with BENCH=1) the GPU benchmarks. Results land in $OUT.
+# the demo, and (with BENCH=1) the GPU benchmarks; COST=1: issue 27's paired cost runs
+# (both steps, five configurations) and the C capture cost. Results land in $OUT.
 # Usage on the GPU machine:  bash benchmarks/gpu_check.sh [quick|full]
 set -u
 OUT=${OUT:-/tmp/memviz-out}
@@ -45,6 +46,19 @@ tail -40 "$OUT/demo.log"
 if [ -n "${MINI_MODES:-}" ]; then
   echo "== mini benchmark: $MINI_MODES"
   $PY benchmarks/run_train_bench.py --rounds ${ROUNDS:-2} --modes "$MINI_MODES" --out "$OUT/mini_bench.json" 2>&1 | tail -12
+fi
+
+if [ -n "${COST:-}" ]; then
+  # issue 27: the paired protocol on both steps, each configuration beside PyTorch's recorder
+  for model in ${COST_MODELS:-alloc_bound gpt}; do
+    echo "== cost: $model"
+    $PY benchmarks/run_alternate_bench.py --procs ${PROCS:-5} --model $model \
+        --configs none,memviz_after,memviz_after_trace,memviz_after_flight,torch_history \
+        --out "$OUT/cost_$model.json" 2>&1 | tail -8
+  done
+  $PY benchmarks/bench_capture.py --depth 32 --keep 32 --cpu > "$OUT/capture_32.json" 2>&1
+  $PY benchmarks/bench_capture.py --depth 64 --keep 64 --cpu > "$OUT/capture_64.json" 2>&1
+  grep -h "per_event" "$OUT"/capture_*.json
 fi
 
 if [ "${1:-quick}" = full ]; then

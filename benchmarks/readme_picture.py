@@ -15,7 +15,6 @@ written to a temporary file first, then renamed over the old one.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import sys
@@ -48,29 +47,17 @@ def _browser(width, height):
     return webdriver.Chrome(service=Service(driver), options=opts)
 
 
-def _sample_meta(trace_path):
-    """The sample's description (sample.json) when the trace is memviz's sample, else None."""
-    from memviz.cli import sample as _cli_sample
-
-    if os.path.realpath(trace_path) != os.path.realpath(SAMPLE):
-        return None
-    return _cli_sample.load_sample()[1]
-
-
 def picture(trace_path, out, width=1280, height=1400, title=None):
-    """Write the PNG of ``trace_path``'s HTML report to ``out``; returns ``out``."""
+    """Write the PNG of ``trace_path``'s HTML report to ``out``; returns ``out``.
+
+    memviz's sample (or a copy) is marked by memviz.load (LoadedTrace.sample):
+    its page is headed as a sample, its lines read as recorded
+    (sample.json has the script's text), and no path of the machine it was
+    recorded on is shown."""
     import memviz
     from memviz.report import html
 
-    from memviz.cli import sample as _cli_sample
-
-    trace = memviz.load(trace_path)
-    meta = _sample_meta(trace_path)
-    if meta is not None and title is None:
-        title = f"memviz report: {meta['script']} (recorded on {meta['machine']}, {meta['date']})"
-    # The sample's lines read as recorded (sample.json has the script's text).
-    with _cli_sample.recorded_source(meta) if meta is not None else contextlib.nullcontext():
-        page = html.render(trace, title=title)
+    page = html.render(memviz.load(trace_path), title=title)
     out = os.path.abspath(out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:

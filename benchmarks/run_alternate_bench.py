@@ -2,7 +2,8 @@
 runs untracked, memviz (started after the model) and PyTorch's
 _record_memory_history in turn, so every process gives paired ratios.
 
-    python benchmarks/run_alternate_bench.py [--procs 5] [--cycles 6] [--block 12] --out F.json
+    python benchmarks/run_alternate_bench.py [--procs 5] [--cycles 6] [--block 12]
+                                             [--model gpt|alloc_bound] --out F.json
 
 Prints, per configuration: the median of the per-process medians, their
 spread, the minimum of each process's minimum, and the median (and spread)
@@ -26,11 +27,14 @@ def main():
     ap.add_argument("--block", type=int, default=12)
     ap.add_argument("--out", default="alternate_bench.json")
     ap.add_argument("--configs", default="none,memviz_after,torch_history")
+    ap.add_argument("--model", default="gpt", choices=["gpt", "alloc_bound"],
+                    help="bench_train_step.py's model (alloc_bound: issue 27's allocation-bound step)")
     a = ap.parse_args()
     runs = []
     for i in range(a.procs):
         p = subprocess.run([sys.executable, os.path.join(HERE, "bench_train_step.py"), "--mode", "alternate",
-                            "--cycles", str(a.cycles), "--block", str(a.block), "--configs", a.configs],
+                            "--cycles", str(a.cycles), "--block", str(a.block), "--configs", a.configs,
+                            "--model", a.model],
                            capture_output=True, text=True, timeout=600)
         if p.returncode != 0:
             print(f"process {i} failed:\n{p.stderr[-2000:]}", file=sys.stderr)
@@ -66,8 +70,12 @@ def main():
                   f"{summary[c]['dropped_events']} dropped")
         elif stats:
             summary[c]["dropped_events"] = sum(x["dropped"] for x in stats)
+    rates = [r["untracked_allocs_per_s"] for r in runs if r.get("untracked_allocs_per_s")]
+    if rates:  # issue 27's allocation-bound step is meant to make at least 100,000 a second
+        print(f"untracked: {statistics.median(rates):,.0f} PyTorch allocations a second (and as many frees)")
     with open(a.out, "w") as f:
-        json.dump({"summary": summary, "runs": runs}, f, indent=1)
+        json.dump({"model": a.model, "summary": summary, "untracked_allocs_per_s": rates, "runs": runs},
+                  f, indent=1)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from memviz.model import display as _display
 from memviz.model.failures import FailedAllocation
 from memviz.model.filters import DomainFilter, Filter
 from memviz.model.frame_filter import FrameFilter, frames
+from memviz.model.lines import BackwardFrame, CompiledFrame
 from memviz.model.snapshot import Allocation, Snapshot, ThreadInfo
 from memviz.model.statistics import Statistic, StatisticDiff
 from memviz.model.traceback import Frame, Traceback
@@ -30,18 +31,19 @@ from memviz.tracker import (CaptureWarning, Tracker, available, capture_info, ge
 __all__ = [
     "track", "start", "stop", "label", "available", "capture_info", "active_tracker",
     "get_traced_memory", "reset_peak",
-    "Tracker", "Snapshot", "Statistic", "StatisticDiff", "Allocation", "Frame", "Traceback",
-    "ThreadInfo", "FailedAllocation", "FrameFilter", "frames", "Filter", "DomainFilter",
+    "Tracker", "Snapshot", "Statistic", "StatisticDiff", "Allocation", "Frame", "BackwardFrame",
+    "CompiledFrame",
+    "Traceback", "ThreadInfo", "FailedAllocation", "FrameFilter", "frames", "Filter", "DomainFilter",
     "MemvizError", "CaptureUnavailable", "CaptureConflict", "AlreadyTracking", "NotTracking",
     "CaptureWarning", "format_size", "parse_size", "load", "TraceError", "GraphNotRecorded",
-    "watch", "StepRecord", "diagnose", "Finding",
+    "watch", "StepRecord", "diagnose", "Finding", "summary",
     "InvalidArgument", "InvalidArgumentType", "OutputError",
 ]
 from memviz.integrations.ipython import load_ipython_extension  # noqa: E402,F401  (%load_ext memviz)
 
 #: public names imported on first use (module under memviz), so that `import memviz` stays cheap
 _LAZY = {"load": "loaded", "diagnose": "analysis.diagnose", "Finding": "analysis.findings",
-         "watch": "analysis.steps", "StepRecord": "model.steps"}
+         "watch": "analysis.steps", "StepRecord": "model.steps", "summary": "report.text"}
 #: subpackages reachable as memviz.torch, memviz.report, ... after `import memviz`
 #: (memviz.torch imports no torch: PyTorch is imported only where it is used)
 _SUBPACKAGES = ("torch", "report", "export", "integrations")

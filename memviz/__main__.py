@@ -9,6 +9,9 @@ Commands:
             of several, the ranks of one torchrun run, their merged report
     diff    compare two .memviz traces of one script run two ways: peaks,
             reserved against allocated, fragmentation, categories, lines
+    whatif  replay a trace's PyTorch requests under other allocator settings
+            and on other cards: predicted peaks, retries, out-of-memory points
+    export  write traces as Parquet tables (--parquet OUT/ run.rank*.memviz)
 
 ``python -m memviz run --help`` shows the options of a command.
 """
@@ -32,6 +35,12 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
                "run's ranks merged"),
     "diff": ("memviz.cli.diff",
              "compare two .memviz traces of one script run two ways, side by side"),
+    "whatif": ("memviz.cli.whatif",
+               "replay a .memviz trace's PyTorch requests under other allocator settings "
+               "(expandable segments, max_split_size_mb, a smaller card)"),
+    "export": ("memviz.cli.export",
+               "write .memviz traces as Parquet tables (events, stacks, steps, peaks, findings) "
+               "for DuckDB, Polars or Spark"),
 }
 
 

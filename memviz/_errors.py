@@ -100,9 +100,10 @@ class CaptureConflict(MemvizError):
             )
         else:
             message += (
-                " What to do: stop the other profiler before starting memviz (leave the "
-                "torch.profiler context, or do not run under nsys/ncu), or run memviz "
-                "in a separate process."
+                " What to do: leave cupti= out (or pass cupti=False): memviz then goes on "
+                "without CUPTI, seeing PyTorch's memory through its allocator; or stop the other "
+                "profiler before starting memviz (leave the torch.profiler context, or do not "
+                "run under nsys/ncu); or run memviz in a separate process."
             )
         super().__init__(message)
 

@@ -8,12 +8,23 @@ import errno as _errno
 import os
 import secrets
 import stat
+import time
 from typing import IO, Any, Iterable, Iterator, List, Optional
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: temporary files are neither locked nor cleaned up
+    fcntl = None  # type: ignore[assignment]
 
 from memviz._args import path as _path_arg
 from memviz._errors import OutputError
 
-__all__ = ["output_file", "write_output", "same_file", "refuse_inputs", "own_files"]
+__all__ = ["output_file", "write_output", "same_file", "refuse_inputs", "own_files", "remove_stale_temps"]
+
+#: the end of a temporary file's name (".<target>.<random>.memviz-tmp")
+TEMP_SUFFIX = ".memviz-tmp"
+#: a temporary file nobody holds is stale once unchanged this long (seconds)
+STALE_AFTER_S = 600.0
 
 
 def same_file(a: Any, b: Any) -> bool:
@@ -66,15 +77,72 @@ def _error(what: str, path: str, e: OSError, hint: Optional[str] = None) -> Outp
 
 def _temp_in(folder: str, base: str) -> "tuple[int, str]":
     """A new file next to the target, created exclusively (never through a
-    link someone planted), mode 0666 less the umask as open() gives."""
+    link someone planted), mode 0666 less the umask as open() gives, and
+    locked (flock) while this process writes it: the lock is how
+    :func:`remove_stale_temps` knows that its writer is alive."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
     for _ in range(100):
-        tmp = os.path.join(folder, f".{base[:80]}.{secrets.token_hex(6)}.memviz-tmp")
+        tmp = os.path.join(folder, f".{base[:80]}.{secrets.token_hex(6)}{TEMP_SUFFIX}")
         try:
-            return os.open(tmp, flags, 0o666), tmp
+            fd = os.open(tmp, flags, 0o666)
         except FileExistsError:
             continue
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # a file system without locks: only the age guard protects it
+                pass
+        return fd, tmp
     raise FileExistsError(_errno.EEXIST, "could not create a temporary file", folder)
+
+
+def remove_stale_temps(folder: str, older_than_s: Optional[float] = None) -> List[str]:
+    """Remove the temporary files (``.*.memviz-tmp``) in ``folder`` that a
+    killed process left (SIGKILL in the middle of a write); returns their paths.
+
+    A live writer's file is never removed: it holds a lock on it for as long
+    as it writes (:func:`_temp_in`), so a file is removed only when its lock
+    can be taken, and only when it has not changed for ``older_than_s``
+    seconds (STALE_AFTER_S), which also covers the instants between creating
+    the file and locking it, between closing and renaming it, and file
+    systems whose locks are not shared. Anything unexpected (another
+    user's file, a link, a folder, a file replaced meanwhile) is left alone.
+    Never raises."""
+    if fcntl is None:
+        return []
+    older_than_s = STALE_AFTER_S if older_than_s is None else older_than_s
+    try:
+        names = os.listdir(folder)
+    except (OSError, ValueError, TypeError):
+        return []
+    removed = []
+    flags = os.O_RDWR | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+    for name in names:
+        if not (name.startswith(".") and name.endswith(TEMP_SUFFIX)):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            fd = os.open(path, flags)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or time.time() - st.st_mtime < older_than_s:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held: a live process is writing it
+                continue
+            now = os.lstat(path)
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                continue
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return removed
 
 
 @contextlib.contextmanager

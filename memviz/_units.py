@@ -181,6 +181,34 @@ def escape_surrogates(text: str, in_json: bool = False) -> str:
     return _SURROGATE.sub(_escape_one_json if in_json else _escape_one, text)
 
 
+#: what must not reach a terminal or a page raw from trace data: C0 controls
+#: (ESC starts the sequences that clear a screen, set colours or write the
+#: clipboard, OSC 52; BEL ends them), DEL, C1 controls (U+009B is a one-byte
+#: CSI), and the bidirectional controls that reorder what is shown (U+202E
+#: right-to-left override, the isolates, the marks)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape_control(m: "re.Match[str]") -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c <= 0xFF else f"\\u{c:04x}"
+
+
+def escape_controls(text: str, keep: str = "\n") -> str:
+    """``text`` safe to print or show: lone surrogates escaped (see
+    :func:`escape_surrogates`), and control characters and bidirectional
+    controls written as their escapes (``\\x1b``, ``\\u202e``) but those in
+    ``keep`` (newlines, by default; a page may keep tabs too). For what a
+    trace or a program names (file, function, label and thread names) on
+    its way to a terminal, a notebook or an HTML page."""
+    text = escape_surrogates(text)
+    if not _CONTROL.search(text):
+        return text
+    if not keep:
+        return _CONTROL.sub(_escape_control, text)
+    return _CONTROL.sub(lambda m: m.group() if m.group() in keep else _escape_control(m), text)
+
+
 def json_finite(value: Any) -> Any:
     """``value`` (dicts, lists, tuples, leaves) with NaN and infinities as
     None: floats JSON does not have (``json.dumps`` would write ``NaN``)."""

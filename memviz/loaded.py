@@ -9,15 +9,18 @@ diagnoses and the outputs (HTML report, exports, notebook display).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from typing import Any, List, Optional
+from functools import lru_cache
+from typing import Any, Dict, List, Optional
 
 import memviz._args as _args
 from memviz._errors import TraceError
 from memviz.outputs import Outputs
 from memviz.trace.reader import TraceReader
 
-__all__ = ["LoadedTrace", "load"]
+__all__ = ["LoadedTrace", "load", "shipped_sample"]
 
 
 class LoadedTrace(TraceReader, Outputs):
@@ -30,7 +33,15 @@ class LoadedTrace(TraceReader, Outputs):
     ``local_rank``, ``world_size``, ``host``, ``run_id`` and ``cuda_device``
     say which process of the run it was (None where not known, as for a
     trace of a single process, or one of a memviz that did not record it);
-    ``devices`` are the GPUs it allocated on."""
+    ``devices`` are the GPUs it allocated on.
+
+    ``sample`` is the description of the sample trace shipped with memviz
+    (memviz/data/sample.json: "machine", "date", "script", "script_source")
+    when this file is that sample or a copy of it, else None: its reports
+    say it is a sample, recorded elsewhere, and show none of the recording
+    machine's paths."""
+
+    sample: Optional[Dict[str, str]] = None
 
     def _rank_field(self, name: str) -> Any:
         ranks = (self.meta or {}).get("ranks")
@@ -58,6 +69,18 @@ class LoadedTrace(TraceReader, Outputs):
         """The GPUs (CUDA device numbers) this process allocated on."""
         return sorted(d for d, t in self.totals().items()
                       if d >= 0 and (t.get("allocs", 0) or t.get("peak", 0)))
+
+    def to_parquet(self, path: str, *, rank: Any = "auto", force: bool = False) -> List[str]:
+        """Write this trace's tables as Parquet into the folder ``path``
+        (events, stacks, steps, peaks and what was live at each, findings,
+        the rank's row: docs/parquet.md), streaming the events; returns the
+        files written. Needs pyarrow (``pip install 'memviz-gpu[parquet]'``).
+        ``rank``: the ``rank`` column (default: the trace's, None without a
+        launcher). Tables of the same rank already in ``path`` are replaced
+        only with ``force=True`` (else InvalidArgument says so)."""
+        from memviz.export.parquet import write_trace
+        path = _args.path(path, "LoadedTrace.to_parquet(path)")
+        return write_trace(self, path, rank=rank, force=force)
 
     def diagnose(self) -> List[Any]:
         """Findings about the recorded run (see :func:`memviz.diagnose`)."""
@@ -94,7 +117,59 @@ def load(path: str, *, recover: bool = False) -> LoadedTrace:
         raise _special_file(what, path)
     # Read where it lies, a chunk at a time (the reader keeps the descriptor
     # to read the events again, and closes it when it goes).
-    return LoadedTrace.from_fd(fd, path, recover=recover)
+    trace = LoadedTrace.from_fd(fd, path, recover=recover)
+    trace.sample = shipped_sample(path)
+    return trace
+
+
+_SAMPLE_DESCRIPTION = ("machine", "date", "script", "script_source")
+
+
+def _shipped(name: str) -> Optional[str]:
+    """The path of a file of memviz/data, as installed, or None."""
+    try:
+        from importlib import resources
+
+        path = os.fspath(resources.files("memviz").joinpath("data", name))
+    except (ImportError, TypeError, OSError):  # pragma: no cover - a zipped or broken install
+        return None
+    return path if os.path.isfile(path) else None
+
+
+@lru_cache(maxsize=4)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def shipped_sample(path: str) -> Optional[Dict[str, str]]:
+    """The shipped sample's description (sample.json's "machine", "date",
+    "script" and "script_source" strings; those it lacks left out) when
+    ``path`` is memviz's sample trace or a copy of it (the same bytes), else
+    None. Costs a stat unless the sizes are equal."""
+    sample = _shipped("sample.memviz")
+    if sample is None:
+        return None
+    try:
+        mine, theirs = os.stat(path), os.stat(sample)
+        same = os.path.samefile(path, sample) or (
+            mine.st_size == theirs.st_size
+            and _digest(os.path.realpath(path), mine.st_size, mine.st_mtime_ns)
+            == _digest(sample, theirs.st_size, theirs.st_mtime_ns))
+    except OSError:
+        return None
+    if not same:
+        return None
+    meta: Any = None
+    described = _shipped("sample.json")
+    if described is not None:
+        try:
+            with open(described, encoding="utf-8") as f:
+                meta = json.load(f)
+        except (OSError, ValueError):
+            meta = None
+    meta = meta if isinstance(meta, dict) else {}
+    return {k: meta[k] for k in _SAMPLE_DESCRIPTION if isinstance(meta.get(k), str) and meta[k]}
 
 
 def _ranks_hint(path: str, e: OSError) -> Optional[str]:

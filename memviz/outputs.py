@@ -34,3 +34,17 @@ class Outputs:
         from memviz.report.html import write
         with _progress.shown("memviz: to_html"):
             return write(self, path)
+
+    def whatif(self, *settings: str, device_memory=None):
+        """Replay the recorded PyTorch requests under other allocator settings
+        (PYTORCH_CUDA_ALLOC_CONF syntax: ``"expandable_segments:True"``), on a
+        card of ``device_memory`` ('24GiB', or a fraction of the recorded card:
+        0.9); a list of memviz.analysis.whatif.WhatIfRow, the recorded
+        settings first. Needs every request: a trace file (a tracker needs
+        ``trace=``)."""
+        from memviz.analysis.whatif import whatif
+        with _progress.shown("memviz: whatif"):
+            return whatif(self._whatif_source(), settings, device_memory)
+
+    def _whatif_source(self):
+        return self

@@ -41,7 +41,8 @@ import weakref
 from typing import Any, Dict, Iterator, List, Optional
 
 import memviz._core as _core
-from memviz._errors import AlreadyTracking, InvalidArgument, NotTracking
+from memviz._errors import AlreadyTracking, CaptureConflict, InvalidArgument, NotTracking
+from memviz._interrupts import deferred_interrupt
 from memviz._package import PACKAGE_DIR
 from memviz._units import format_size
 from memviz.capture import cupti as _capture, hints as _hints, store as _store, threads as _threads
@@ -96,7 +97,8 @@ class Tracker(StoreReading, Outputs):
             events in memory, within it, and write them as a trace file only
             when an allocation fails, an exception leaves ``track()``, on
             SIGUSR1, or on ``dump()`` (memviz/trace/flight.py).
-        flight_dir: the folder for those dumps (default: the working folder).
+        flight_dir: the folder for those dumps (default: the working folder);
+            made, with its parents, when tracking starts if it is missing.
         precise: put PyTorch's allocator on the driver's stream-ordered pool
             (``backend:cudaMallocAsync``) so every tensor is a driver call;
             must be chosen before CUDA initialises.
@@ -130,14 +132,23 @@ class Tracker(StoreReading, Outputs):
                  trace: Optional[str] = None, precise: bool = False,
                  torch: Optional[bool] = None, autograd: Optional[bool] = None,
                  graph: Optional[bool] = None, flight_recorder: Any = None,
-                 flight_dir: Optional[str] = None) -> None:
+                 flight_dir: Optional[str] = None, cupti: Optional[bool] = None) -> None:
         self._depth_given = depth is not None
         if depth is None:
             depth = _DEFAULT_DEPTH
         _check_options(gpu=gpu, depth=depth, activity=activity, frame_filter=frame_filter,
                        trace=trace, precise=precise, torch=torch, autograd=autograd, graph=graph,
-                       flight_recorder=flight_recorder, flight_dir=flight_dir)
+                       flight_recorder=flight_recorder, flight_dir=flight_dir, cupti=cupti)
         self.gpu_requested = bool(gpu)
+        #: cupti= as given: None (use CUPTI where it can be had, else go on without it, warning),
+        #: True (CUPTI or CaptureConflict), False (never CUPTI)
+        self.cupti_requested = cupti
+        #: whether memviz's CUPTI subscription records now (False: the allocator route
+        #: and NVML only; see cupti_off_reason)
+        self.cupti_enabled = False
+        self.cupti_off_reason: Optional[str] = None
+        #: CUPTI's multi-subscriber mode: the other subscriber memviz shares CUPTI with
+        self.cupti_shared_with: Optional[str] = None
         self.depth = depth
         self.activity = (not precise) if activity is None else bool(activity)
         self.frame_filter = frame_filter
@@ -226,7 +237,9 @@ class Tracker(StoreReading, Outputs):
         _shared.clear()
         _shared.update(depth=self.depth, precise=self.precise, gpu_enabled=self.gpu_enabled,
                         gpu_off_reason=self.gpu_off_reason, activity_enabled=self.activity_enabled,
-                        activity_error=self.activity_error, where=self._started_where)
+                        activity_error=self.activity_error, where=self._started_where,
+                        cupti_enabled=self.cupti_enabled, cupti_off_reason=self.cupti_off_reason,
+                        cupti_shared_with=self.cupti_shared_with)
         _threads.watch(True)
         self.started_ns = time.monotonic_ns()
         self._running = True
@@ -253,6 +266,9 @@ class Tracker(StoreReading, Outputs):
                 self.gpu_enabled = True
                 self.activity_enabled = _shared["activity_enabled"]
                 self.activity_error = _shared["activity_error"]
+                self.cupti_enabled = _shared["cupti_enabled"]
+                self.cupti_off_reason = _shared["cupti_off_reason"]
+                self.cupti_shared_with = _shared["cupti_shared_with"]
             else:
                 self.gpu_off_reason = (f"it is nested in the tracker started at {where}, which does not "
                                        f"capture GPU allocations ({_shared['gpu_off_reason']})")
@@ -295,10 +311,74 @@ class Tracker(StoreReading, Outputs):
             self.gpu_off_reason = why
             _hints.warn_gpu_off(why)
             return
-        activity_on, activity_error = _hints.subscribe(self.depth, self.activity)
+        with_torch = self.torch_integration or (self.torch_integration is None and _torch_installed())
+        if self.cupti_requested is False:
+            if not with_torch:
+                self.gpu_off_reason = ("cupti=False was passed without the PyTorch integration, "
+                                       "the only other way memviz sees GPU memory")
+                return
+            self._start_without_cupti("cupti=False was passed")
+            return
+        try:
+            started = _hints.subscribe(self.depth, self.activity)
+        except CaptureConflict as e:
+            if self.cupti_requested:  # cupti=True: CUPTI or nothing
+                raise
+            reason = _hints.conflict_reason(e)
+            if not with_torch:  # nothing else to see GPU memory through
+                self.gpu_off_reason = (f"{reason}, and without the PyTorch integration "
+                                       f"({'torch=False was passed' if self.torch_integration is False else 'PyTorch is not installed'}) "
+                                       "memviz has no other way to see GPU memory")
+                _hints.warn_gpu_off(self.gpu_off_reason)
+                return
+            self._start_without_cupti(reason)
+            _hints.warn_without_cupti(reason)
+            return
         self.gpu_enabled = True
-        self.activity_enabled = bool(activity_on)
-        self.activity_error = activity_error or None
+        self.cupti_enabled = True
+        self.cupti_shared_with = started.shared_with
+        self.activity_enabled = started.activity
+        self.activity_error = started.activity_error
+
+    def _start_without_cupti(self, reason: str) -> None:
+        """GPU capture on the wrappers alone: PyTorch's blocks (the allocator
+        route) and segments (its cudaMalloc/cudaFree), no CUPTI."""
+        _core.start(depth=self.depth, activity=False, cupti=False)
+        self.gpu_enabled = True
+        self.cupti_enabled = False
+        self.cupti_off_reason = reason
+        self.activity_enabled = False
+        self.activity_error = f"CUPTI is not used ({reason})"
+
+    def _release_cupti(self, reason: str) -> bool:
+        """Give CUPTI up now (another tool, torch.profiler, is about to
+        subscribe) and go on without it: PyTorch's segments from its
+        cudaMalloc first, so none is missed. True if CUPTI was held."""
+        with _state_lock:
+            root = _running[0] if _running else None
+            if root is None or not root.cupti_enabled:
+                return False
+            integ = getattr(root, "torch", None)
+            if integ is not None:
+                integ.wrap_segments()
+            if not _core.release_cupti():
+                return False
+            root._cupti_released(reason)
+        _hints.warn_cupti_released(reason)
+        return True
+
+    def _cupti_released(self, reason: str) -> None:
+        """CUPTI was given up while this (running, outermost) tracker ran:
+        record why, for it and the trackers nested in it."""
+        self.cupti_enabled = False
+        self.cupti_off_reason = reason
+        self.activity_enabled = False
+        self.activity_error = f"CUPTI is not used ({reason})"
+        for t in _running:
+            t.cupti_enabled, t.cupti_off_reason = False, reason
+            t.activity_enabled, t.activity_error = False, self.activity_error
+        _shared.update(cupti_enabled=False, cupti_off_reason=reason, activity_enabled=False,
+                       activity_error=self.activity_error)
 
     def stop(self) -> "Tracker":
         """Stop capturing. The last running tracker to stop unsubscribes from
@@ -311,11 +391,13 @@ class Tracker(StoreReading, Outputs):
                 raise NotTracking("this tracker is not running: start() it first, or use `with memviz.track() as t:`.")
             last = len(_running) == 1 and _running[0] is self
             try:
-                if last:
-                    _threads.watch(False)
-                _threads.note_running_threads()
-                if last and _shared.get("gpu_enabled") and not self._forked:
-                    _core.stop()  # first, so plugins (the trace writer) see every event
+                try:
+                    if last:
+                        _threads.watch(False)
+                    _threads.note_running_threads()
+                finally:  # a Ctrl-C above: capture stops all the same
+                    if last and _shared.get("gpu_enabled") and not self._forked:
+                        _core.stop()  # first, so plugins (the trace writer) see every event
             finally:
                 errors = []
                 for plugin in reversed(self._plugins):
@@ -327,16 +409,17 @@ class Tracker(StoreReading, Outputs):
                     if self._view is not None or not last:
                         self._freeze()  # the store goes on without this tracker
                 finally:
-                    if self._view is not None:
-                        _core.window_close(self._view.id)
-                        self._view = None
-                    self._running = False
-                    self.stopped_ns = time.monotonic_ns()
-                    if self in _running:
-                        _running.remove(self)
-                    if not _running:
-                        _shared.clear()
-                    _sync_active()
+                    with deferred_interrupt():  # a Ctrl-C here: raised once this tracker is off the list
+                        if self._view is not None:
+                            _core.window_close(self._view.id)
+                            self._view = None
+                        self._running = False
+                        self.stopped_ns = time.monotonic_ns()
+                        if self in _running:
+                            _running.remove(self)
+                        if not _running:
+                            _shared.clear()
+                        _sync_active()
                 if errors:
                     raise errors[0]
         return self
@@ -423,6 +506,21 @@ class Tracker(StoreReading, Outputs):
         except Exception:  # noqa: BLE001 - an unreadable file: no history
             return None
 
+    def _known_in_trace(self, known: Dict[Any, Any]) -> Dict[Any, Any]:
+        """The report's known categories ({(device, address, made at, kind):
+        category}, from this tracker's snapshots) keyed as the events of the
+        trace it streamed date them: the store dates a block when it was
+        asked for, the trace when it was made (memviz/report/_categories.py)."""
+        path = self.trace_path
+        if not path or self._running or not os.path.exists(path):
+            return known
+        from memviz.loaded import load
+        from memviz.report._categories import known_in_trace
+        try:
+            return known_in_trace(load(path), known)
+        except Exception:  # noqa: BLE001 - an unreadable file: no history, nothing to key
+            return known
+
     def _category_series(self, known: Dict[Any, Any], end_ns: int, points: Optional[int] = None) -> Any:
         """The HTML report's category series of a stopped tracker that streamed
         a trace: the loaded trace's pass in C over its events (as
@@ -441,11 +539,13 @@ class Tracker(StoreReading, Outputs):
         return self.start()
 
     def __exit__(self, *exc) -> None:
-        if self._running and exc[0] is not None and self.flight_recorder is not None \
-                and not issubclass(exc[0], (GeneratorExit,)):
-            self.flight_recorder.dump_quietly(f"{exc[0].__name__} left memviz.track()")
-        if self._running:
-            self.stop()
+        try:
+            if self._running and exc[0] is not None and self.flight_recorder is not None \
+                    and not issubclass(exc[0], (GeneratorExit,)):
+                self.flight_recorder.dump_quietly(f"{exc[0].__name__} left memviz.track()")
+        finally:  # a Ctrl-C during that dump: stopped all the same
+            if self._running:
+                self.stop()
 
     @property
     def running(self) -> bool:
@@ -479,7 +579,20 @@ class Tracker(StoreReading, Outputs):
             depth=self.depth,
             store=stats,
         )
+        info["sources"] = _hints.capture_sources(self, info.get("pytorch"))
         return info
+
+    def _whatif_source(self):
+        """The trace this tracker wrote (what-if replays every request)."""
+        if self.trace_path is None:
+            raise InvalidArgument("what-if replays every request PyTorch made, which only a trace holds: "
+                                  "track with trace='run.memviz', then call whatif() (or run `memviz whatif "
+                                  "run.memviz`)")
+        if self._running:
+            raise InvalidArgument("stop the tracker first: its trace is complete once it stops "
+                                  "(t.stop(), or leave the `with` block)")
+        from memviz.loaded import load
+        return load(self.trace_path)
 
     def _freeze(self) -> None:
         if self._frozen is None:
@@ -541,7 +654,10 @@ def capture_info(probe: bool = True) -> Dict[str, Any]:
     With ``probe`` (the default) this tries to load libcupti when a GPU is
     present and it is not loaded yet, so the answer is definite."""
     info = _hints.library_info(probe)
-    info["pytorch"] = _hints.pytorch_route(_active or (_latest() if _latest is not None else None))
+    t = _active or (_latest() if _latest is not None else None)
+    info["pytorch"] = _hints.pytorch_route(t)
+    if t is not None:  # how the running (or last) tracker saw each source
+        info["sources"] = _hints.capture_sources(t, info["pytorch"])
     return info
 
 

@@ -9,7 +9,8 @@
 #ifndef MEMVIZ_ACCOUNTING_H
 #define MEMVIZ_ACCOUNTING_H
 
-#include "store.h"
+#include "record.h"
+#include "types.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -129,11 +129,9 @@ __asm__(".text\n"
 
 static void wrap_delete(void *ctx);
 
-/* PyTorch's caching allocator rounds every request up to a multiple of 512
- * bytes (kMinBlockSize), and counts those in memory_allocated(). A block may
- * still be larger (a remainder too small to split stays with it): snapshots
- * take PyTorch's own block sizes (memviz/torch/segments.py). */
-static inline uint64_t block_size(size_t n) { return n < 512 ? 512 : ((uint64_t)n + 511) / 512 * 512; }
+/* A block is recorded with the bytes asked for; the store sizes it by
+ * PyTorch's own rules (blocks.h): its rounding, and the remainder it does
+ * not split off. */
 
 static inline int device_of_word(uintptr_t w)
 {
@@ -166,7 +164,7 @@ static void *wrap_allocate(void *sret, void *self, size_t n)
             return r;
         }
         w[A.deleter_w] = (uintptr_t)wrap_delete;
-        mvz_capture_block(0, w[A.data_w], block_size(n), 0, device_of_word(w[A.device_w]), stamp);
+        mvz_capture_block(0, w[A.data_w], n, 0, device_of_word(w[A.device_w]), stamp);
     }
     return r;
 }
@@ -200,6 +198,7 @@ static inline void record_stream(int which, void *self, const uintptr_t *dp, uin
         memcpy(copy, dp, sizeof copy);
         copy[A.deleter_w] = (uintptr_t)A.orig_deleter;
         f(self, copy, s0, s1);
+        mvz_store_mark_stream((uint64_t)dp[A.data_w]); /* its free will wait on that stream */
         return;
     }
     f(self, dp, s0, s1);
@@ -220,7 +219,7 @@ static void *wrap_raw_alloc_stream(void *self, size_t n, void *stream)
     uint64_t stamp = mvz_capture_active() ? mvz_store_stamp() : 0;
     void *p = ((raw_alloc_stream_fn)A.orig[A.raw_alloc_slot])(self, n, stream);
     if (p)
-        mvz_capture_block(0, (uint64_t)(uintptr_t)p, block_size(n), (uint64_t)(uintptr_t)stream, -1,
+        mvz_capture_block(0, (uint64_t)(uintptr_t)p, n, (uint64_t)(uintptr_t)stream, -1,
                           stamp);
     return p;
 }

@@ -1,4 +1,5 @@
-/* What the binding files (module.c, module_store.c, module_trace.c, module_replay.c)
+/* What the binding files (module.c, module_store.c, module_seed.c, module_heap.c,
+ * module_trace.c, module_replay.c)
  * share. Header only; with the GIL. */
 #ifndef MEMVIZ_BIND_H
 #define MEMVIZ_BIND_H
@@ -19,9 +20,14 @@ static inline int mvz_ensure_store(void)
 
 /* The store's readers and window bindings (module_store.c). */
 extern PyMethodDef mvz_store_bindings[];
+/* What memviz did not see happen: seed, retire, block_rules (module_seed.c). */
+extern PyMethodDef mvz_seed_bindings[];
+/* Python's tracked objects by kind, for the categories (module_heap.c). */
+extern PyMethodDef mvz_heap_bindings[];
 /* The trace ring's and the native trace writer's bindings (module_trace.c). */
 extern PyMethodDef mvz_trace_bindings[];
 /* Adds _core.Replayer, a loaded trace's streaming replay (module_replay.c). */
 int mvz_replay_bindings_init(PyObject *m);
+int mvz_whatif_bindings_init(PyObject *m); /* module_whatif.c: memviz._core.WhatIf */
 
 #endif

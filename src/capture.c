@@ -21,6 +21,12 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,13 +54,36 @@ static const uint32_t memory_cbids[] = {
 
 static int capturing;  /* read with atomics on the hot path */
 /* Recordings under way (record()): stop waits for them, so that once it
- * returns nothing more reaches the store. Its own cache line: every
- * recording thread writes it. */
+ * returns nothing more reaches the store. Two ways of counting them:
+ *  - per thread (busy[]), with no atomic read-modify-write and no fence on
+ *    the capture path: stop() pays instead, with one membarrier() that runs
+ *    a full memory barrier on every thread of the process, between its
+ *    clearing `capturing` and its reading the counters (an asymmetric
+ *    Dekker: a recording either sees capturing off, or its counter was set
+ *    before that barrier and stop sees it). Used once membarrier's private
+ *    expedited command is registered (`fenced`, Linux 4.14 and later);
+ *  - one shared counter (inflight), a locked add and a sequentially
+ *    consistent load a recording: where membarrier is missing or refused
+ *    (a seccomp filter), and for threads beyond BUSY_SLOTS.
+ * stop() always waits for both. Each counter has its own cache line: the
+ * shared one bounced between every recording thread's cores. */
 static int inflight __attribute__((aligned(64)));
+#define BUSY_SLOTS 1024
+typedef struct {
+    int n; /* written only by its thread (relaxed stores), read by stop() */
+    char pad[60];
+} busy_slot;
+static busy_slot busy[BUSY_SLOTS] __attribute__((aligned(64)));
+static int busy_used; /* slots handed out; atomic, never reset (threads keep theirs) */
+static int fenced;    /* 1 once membarrier is registered; atomic; 0 again only in a fork child */
+/* This thread's slot + 1; 0: none yet; -1: none left. */
+static __thread int tl_busy __attribute__((tls_model("initial-exec")));
 static int depth_limit = 32;
 static mvz_CUpti_SubscriberHandle subscriber;
 static uint64_t counts[MVZ_OP_COUNT];
 static int activity_on;
+/* 1 while CUPTI's callbacks record: the segment wrappers stay quiet then. */
+static int cupti_held;
 
 /* Benchmark-only self-measurement (MEMVIZ_CALLBACK_PROFILE=time|noop, read
  * at start): "time" adds the callback's own wall time to a counter, "noop"
@@ -72,6 +101,9 @@ void (*mvz_new_stack_hook)(void);
 static __thread uint32_t tl_label __attribute__((tls_model("initial-exec")));
 /* 1 while this thread runs a real call from interpose.c's wrappers. */
 static __thread int tl_inside __attribute__((tls_model("initial-exec")));
+/* This thread is inside memviz's own work (the allocator route's probe):
+ * what it allocates is memviz's (MVZ_FLAG_MEMVIZ), not the user's line. */
+static __thread int tl_own __attribute__((tls_model("initial-exec")));
 
 /* Thread-local, initial-exec: reading it is one load from this thread's
  * own TLS block, safe in the callback. */
@@ -326,8 +358,45 @@ static void record_call(int domain, uint32_t cbid, const void *data)
  * record_call: this thread's frames and TLS, leaf locks only. */
 static void record_body(const decoded *dp, int result, int slot, uint64_t stamp);
 
+/* Hot path, no GIL: this thread's recording counter (busy[] above), given
+ * out once per thread by an atomic add; NULL when membarrier is not in use
+ * or the slots are all taken (the shared counter then). Touches only this
+ * thread's TLS and the slot it owns. */
+static inline int *busy_counter(void)
+{
+    if (!__atomic_load_n(&fenced, __ATOMIC_ACQUIRE))
+        return NULL;
+    int s = tl_busy;
+    if (s > 0)
+        return &busy[s - 1].n;
+    if (s < 0)
+        return NULL;
+    /* Once per thread; sequentially consistent, so that a thread that takes
+     * its slot after stop() read busy_used also reads capturing after it. */
+    int i = __atomic_fetch_add(&busy_used, 1, __ATOMIC_SEQ_CST);
+    if (i >= BUSY_SLOTS) {
+        tl_busy = -1;
+        return NULL;
+    }
+    tl_busy = i + 1;
+    return &busy[i].n;
+}
+
 static void record(const decoded *dp, int result, int slot, uint64_t stamp)
 {
+    int *mine = busy_counter();
+    if (mine) {
+        /* Only this thread writes *mine; a count, not a flag, in case a
+         * recording ever nests. The compiler fence keeps the store before
+         * the load; stop()'s membarrier orders them for the CPU. */
+        int was = __atomic_load_n(mine, __ATOMIC_RELAXED);
+        __atomic_store_n(mine, was + 1, __ATOMIC_RELAXED);
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&capturing, __ATOMIC_RELAXED))
+            record_body(dp, result, slot, stamp);
+        __atomic_store_n(mine, was, __ATOMIC_RELEASE);
+        return;
+    }
     /* Sequentially consistent both here and in mvz_capture_stop: either
      * this sees capturing off and backs out, or stop sees this recording
      * and waits for it (no lock, no waiting on this side). */
@@ -356,8 +425,8 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
         mvz_store_failure(d.size, d.stream, slot, d.kind, lab, result, frames, depth);
     } else {
         count(d.op);
-        uint32_t stack = mvz_store_alloc_at(stamp, d.address, d.size, d.stream, slot, d.kind, lab,
-                                            frames, depth);
+        uint32_t stack = mvz_store_record_alloc(stamp, d.address, d.size, 0, d.stream, slot, d.kind,
+                                                lab, tl_own ? MVZ_FLAG_MEMVIZ : 0, frames, depth);
         if (!node && !mvz_label_is_node(lab)) /* not inside a backward node */
             mvz_seqmap_note(stack);   /* the autograd node this line may have just made */
     }
@@ -387,6 +456,14 @@ static int current_slot(void)
 /* Hot path, no GIL: this thread's own TLS (interpose.c's wrappers set it
  * around the real call; record_call reads it). */
 void mvz_capture_set_inside(int on) { tl_inside = on; }
+
+/* With the GIL, this thread's own TLS: memviz's own work begins or ends. */
+int mvz_capture_set_own(int on)
+{
+    int was = tl_own;
+    tl_own = on;
+    return was;
+}
 
 /* The wrappers' path (interpose.c): a cudaMallocAsync/cudaFreeAsync that
  * PyTorch just made on this thread, on the current context's device
@@ -418,6 +495,21 @@ void mvz_capture_block(int is_free, uint64_t address, uint64_t size, uint64_t st
     if (slot < 0)
         slot = is_free ? 0 : current_slot(); /* a free: the store knows the device */
     record(&d, 0, slot, stamp);
+}
+
+/* The segment wrappers' path (interpose.c): cudaMalloc/cudaFree from
+ * PyTorch's caching allocator, seen at its call site because CUPTI is not
+ * held. Hot path, no GIL, any thread: as record(); while CUPTI's callback
+ * sees the same call (cuMemAlloc) this returns at once. A free of NULL
+ * (cudaFree(0), which only makes a context) is nothing. */
+void mvz_capture_segment(int is_free, int result, uint64_t address, uint64_t size)
+{
+    if (!__atomic_load_n(&capturing, __ATOMIC_ACQUIRE) || __atomic_load_n(&cupti_held, __ATOMIC_ACQUIRE))
+        return;
+    if (is_free && address == 0)
+        return;
+    decoded d = {is_free ? MVZ_OP_FREE : MVZ_OP_ALLOC, MVZ_KIND_DEVICE, is_free, address, size, 0};
+    record(&d, result, is_free ? 0 : current_slot(), 0);
 }
 
 /* With the GIL: make sure the driver's cuCtxGetCurrent is at hand for the
@@ -537,20 +629,30 @@ void mvz_capture_configure(int depth)
     __atomic_store_n(&depth_limit, depth, __ATOMIC_RELAXED);
 }
 
-int mvz_capture_start(int want_activity, mvz_start_status *st)
+/* With the GIL released: subscribe (beside another subscriber where the
+ * library allows it and allow_shared asks), enable the memory callbacks. */
+static int subscribe(int allow_shared, mvz_start_status *st)
 {
-    memset(st, 0, sizeof *st);
-    const char *prof = getenv("MEMVIZ_CALLBACK_PROFILE");
-    __atomic_store_n(&profile_mode, !prof ? PROFILE_OFF : !strcmp(prof, "time") ? PROFILE_TIME
-                                    : !strcmp(prof, "noop") ? PROFILE_NOOP : PROFILE_OFF,
-                     __ATOMIC_RELAXED);
     mvz_CUptiResult r;
     if (mvz_api.Subscribe_v2) {
         char old[MVZ_CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN * 2] = {0};
-        mvz_CUpti_SubscriberParams params = {sizeof params, "memviz", old, sizeof old};
+        mvz_CUpti_SubscriberParams params = {sizeof params, "memviz", old, sizeof old, 0, {0}};
+        /* allowMultipleSubscribers is only passed to a CUPTI that knows it:
+         * an older one would be handed a struct size it has not seen. */
+        uint32_t version = 0;
+        int shared = allow_shared && mvz_api.GetVersion && mvz_api.GetVersion(&version) == MVZ_CUPTI_SUCCESS &&
+                     version >= MVZ_CUPTI_MULTI_SUBSCRIBER_VERSION;
+        if (shared) {
+            params.allowMultipleSubscribers = 1;
+        } else {
+            params.structSize = MVZ_CUPTI_SUBSCRIBER_PARAMS_V1_SIZE;
+        }
         r = mvz_api.Subscribe_v2(&subscriber, on_driver_call, NULL, &params);
+        old[sizeof old - 1] = '\0';
         if (r != MVZ_CUPTI_SUCCESS)
             snprintf(st->holder, sizeof st->holder, "%s", old);
+        else if (shared && old[0] && strstr(old, "memviz") == NULL)
+            snprintf(st->shared_with, sizeof st->shared_with, "%s", old); /* the first subscriber */
     } else {
         r = mvz_api.Subscribe(&subscriber, on_driver_call, NULL);
     }
@@ -560,6 +662,7 @@ int mvz_capture_start(int want_activity, mvz_start_status *st)
         subscriber = NULL;
         return -1;
     }
+    const char *prof = getenv("MEMVIZ_CALLBACK_PROFILE");
     int noasync = prof && !strcmp(prof, "noasync");
     for (size_t i = 0; i < N_CBIDS; i++) {
         uint32_t cbid = memory_cbids[i];
@@ -575,31 +678,114 @@ int mvz_capture_start(int want_activity, mvz_start_status *st)
             return -1;
         }
     }
-    if (want_activity) {
-        if (!mvz_api.ActivityRegisterCallbacks || !mvz_api.ActivityEnable ||
-            !mvz_api.ActivityGetNextRecord) {
-            snprintf(st->activity_error, sizeof st->activity_error,
-                     "this libcupti has no activity API");
-        } else {
-            /* Registered at every start: another tool (torch.profiler) may
-             * have put its own buffer callbacks in place since. */
-            r = mvz_api.ActivityRegisterCallbacks(on_buffer_requested, on_buffer_completed);
-            if (r == MVZ_CUPTI_SUCCESS) {
-                r = mvz_api.ActivityEnable(MVZ_CUPTI_ACTIVITY_KIND_MEMORY2);
-            }
-            if (r == MVZ_CUPTI_SUCCESS) {
-                activity_on = 1;
-                st->activity = 1;
-                if (mvz_api.ActivityFlushPeriod)
-                    mvz_api.ActivityFlushPeriod(1000); /* static memory shows within 1 s */
-            } else {
-                snprintf(st->activity_error, sizeof st->activity_error,
-                         "MEMORY2 activity records are off: %s", mvz_cupti_result_string(r));
-            }
-        }
+    st->cupti = 1;
+    return 0;
+}
+
+static void start_activity(mvz_start_status *st)
+{
+    if (!mvz_api.ActivityRegisterCallbacks || !mvz_api.ActivityEnable || !mvz_api.ActivityGetNextRecord) {
+        snprintf(st->activity_error, sizeof st->activity_error, "this libcupti has no activity API");
+        return;
     }
+    if (st->shared_with[0]) {
+        /* The activity API's buffer callbacks are one per process: taking
+         * them would steal the other tool's records. */
+        snprintf(st->activity_error, sizeof st->activity_error,
+                 "CUPTI is shared with %.60s, whose activity buffers memviz leaves alone", st->shared_with);
+        return;
+    }
+    /* Registered at every start: another tool (torch.profiler) may have put
+     * its own buffer callbacks in place since. */
+    mvz_CUptiResult r = mvz_api.ActivityRegisterCallbacks(on_buffer_requested, on_buffer_completed);
+    if (r == MVZ_CUPTI_SUCCESS)
+        r = mvz_api.ActivityEnable(MVZ_CUPTI_ACTIVITY_KIND_MEMORY2);
+    if (r == MVZ_CUPTI_SUCCESS) {
+        activity_on = 1;
+        st->activity = 1;
+        if (mvz_api.ActivityFlushPeriod)
+            mvz_api.ActivityFlushPeriod(1000); /* static memory shows within 1 s */
+    } else {
+        snprintf(st->activity_error, sizeof st->activity_error, "MEMORY2 activity records are off: %s",
+                 mvz_cupti_result_string(r));
+    }
+}
+
+/* With the GIL (start and stop): membarrier's private expedited command,
+ * registered once per process; the capture path then counts its
+ * recordings per thread (busy[] above). */
+static void register_barrier(void)
+{
+#if defined(__linux__) && defined(SYS_membarrier)
+    if (__atomic_load_n(&fenced, __ATOMIC_ACQUIRE))
+        return;
+    long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0);
+    if (cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+        syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0) == 0)
+        __atomic_store_n(&fenced, 1, __ATOMIC_RELEASE);
+#endif
+}
+
+/* With the GIL, in stop: a full memory barrier on every running thread of
+ * the process. Registered, it cannot fail; if it ever did, every thread is
+ * made to pass through the scheduler instead (a fallback that orders
+ * memory on every thread only once each has been switched out). */
+static void process_barrier(void)
+{
+#if defined(__linux__) && defined(SYS_membarrier)
+    if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0) == 0)
+        return;
+#endif
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    struct timespec pause = {0, 20 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+}
+
+int mvz_capture_start(int want_cupti, int want_activity, int allow_shared, mvz_start_status *st)
+{
+    memset(st, 0, sizeof *st);
+    register_barrier();
+    const char *prof = getenv("MEMVIZ_CALLBACK_PROFILE");
+    __atomic_store_n(&profile_mode, !prof ? PROFILE_OFF : !strcmp(prof, "time") ? PROFILE_TIME
+                                    : !strcmp(prof, "noop") ? PROFILE_NOOP : PROFILE_OFF,
+                     __ATOMIC_RELAXED);
+    if (want_cupti) {
+        if (subscribe(allow_shared, st) != 0)
+            return -1;
+        if (want_activity)
+            start_activity(st);
+    } else {
+        load_ctx_get_current(); /* the wrappers' device, without CUPTI's answer */
+        snprintf(st->activity_error, sizeof st->activity_error, "CUPTI is not used");
+    }
+    __atomic_store_n(&cupti_held, st->cupti, __ATOMIC_SEQ_CST);
     __atomic_store_n(&capturing, 1, __ATOMIC_RELEASE);
     return 0;
+}
+
+int mvz_capture_per_thread_counters(void) { return __atomic_load_n(&fenced, __ATOMIC_ACQUIRE); }
+
+int mvz_capture_cupti_held(void) { return __atomic_load_n(&cupti_held, __ATOMIC_ACQUIRE); }
+
+int mvz_capture_release_cupti(void)
+{
+    if (!subscriber)
+        return 0;
+    /* The segment wrappers record from here on; a cudaMalloc whose CUPTI
+     * callback also records it in the moment between is the same address,
+     * size and kind twice (the store keeps one). */
+    __atomic_store_n(&cupti_held, 0, __ATOMIC_SEQ_CST);
+    if (activity_on) {
+        mvz_capture_flush();
+        if (mvz_api.ActivityDisable)
+            mvz_api.ActivityDisable(MVZ_CUPTI_ACTIVITY_KIND_MEMORY2);
+        if (mvz_api.ActivityFlushPeriod)
+            mvz_api.ActivityFlushPeriod(0);
+        activity_on = 0;
+    }
+    mvz_api.Unsubscribe(subscriber);
+    subscriber = NULL;
+    return 1;
 }
 
 void mvz_capture_flush(void)
@@ -621,12 +807,19 @@ void mvz_capture_stop(void)
     __atomic_store_n(&capturing, 0, __ATOMIC_SEQ_CST);
     /* Let recordings that passed their check finish (microseconds: they
      * never wait for anything this thread holds; the GIL is released). */
+    if (__atomic_load_n(&fenced, __ATOMIC_ACQUIRE))
+        process_barrier(); /* every thread's counter store before it is seen after it */
     while (__atomic_load_n(&inflight, __ATOMIC_ACQUIRE))
         sched_yield();
+    int used = __atomic_load_n(&busy_used, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < used && i < BUSY_SLOTS; i++)
+        while (__atomic_load_n(&busy[i].n, __ATOMIC_ACQUIRE))
+            sched_yield();
     if (subscriber) {
         mvz_api.Unsubscribe(subscriber); /* lets torch.profiler subscribe later */
         subscriber = NULL;
     }
+    __atomic_store_n(&cupti_held, 0, __ATOMIC_RELEASE);
 }
 
 int mvz_capture_active(void) { return __atomic_load_n(&capturing, __ATOMIC_ACQUIRE); }
@@ -655,7 +848,13 @@ void mvz_capture_atfork_child(void)
      * calling into CUPTI (its state belongs to the parent). */
     __atomic_store_n(&capturing, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&inflight, 0, __ATOMIC_RELEASE); /* the parent's threads are not here */
+    int used = __atomic_load_n(&busy_used, __ATOMIC_RELAXED);
+    for (int i = 0; i < used && i < BUSY_SLOTS; i++)
+        __atomic_store_n(&busy[i].n, 0, __ATOMIC_RELAXED);
+    /* a child's memory is not the registered parent's: register again at the next start */
+    __atomic_store_n(&fenced, 0, __ATOMIC_RELEASE);
     subscriber = NULL;
     activity_on = 0;
+    cupti_held = 0;
     mvz_labels_atfork_child();
 }

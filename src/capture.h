@@ -40,10 +40,30 @@ typedef struct {
     char holder[128];    /* with 39: who holds CUPTI, when CUPTI says */
     int activity;        /* 1 when MEMORY2 records are on */
     char activity_error[160];
+    int cupti;           /* 1 when subscribed to CUPTI (0: started without it) */
+    char shared_with[128]; /* multi-subscriber mode: the other subscriber, or '' */
 } mvz_start_status;
 
+/* Whether to subscribe to CUPTI at start (want_cupti) and, where the
+ * library allows it (MVZ_CUPTI_MULTI_SUBSCRIBER_VERSION and newer), beside
+ * another subscriber (allow_shared). Without CUPTI, capture runs on the
+ * wrappers alone (allocator.c's blocks, interpose.c's segments). */
 void mvz_capture_configure(int depth);
-int mvz_capture_start(int want_activity, mvz_start_status *st);
+int mvz_capture_start(int want_cupti, int want_activity, int allow_shared, mvz_start_status *st);
+/* With the GIL released: give CUPTI up while capture goes on (another
+ * tool, torch.profiler, is about to subscribe): activity records are
+ * flushed and disabled, the subscription ends; the wrappers keep
+ * recording. Returns 1 if CUPTI was held, 0 if not. */
+int mvz_capture_release_cupti(void);
+/* Whether CUPTI's callbacks currently record (subscribed and capturing). */
+int mvz_capture_cupti_held(void);
+/* 1 when recordings in flight are counted per thread (membarrier registered),
+ * 0 when by one shared counter. */
+int mvz_capture_per_thread_counters(void);
+/* The segment wrappers' path (interpose.c): a cudaMalloc/cudaFree PyTorch's
+ * caching allocator just made on this thread; recorded only while CUPTI is
+ * not held (it sees the same call as cuMemAlloc). Hot path, no GIL. */
+void mvz_capture_segment(int is_free, int result, uint64_t address, uint64_t size);
 /* Stops callbacks and unsubscribes; flushes activity records first. The
  * caller releases the GIL around it (CUPTI may call back on this thread). */
 void mvz_capture_stop(void);
@@ -83,6 +103,9 @@ void mvz_capture_block(int is_free, uint64_t address, uint64_t size, uint64_t st
  * real call from a wrapper, 0 after; the CUPTI callback then ignores that
  * call's own stream-ordered event. This thread's TLS only. */
 void mvz_capture_set_inside(int on);
+/* With the GIL: what this thread allocates from now on is memviz's own
+ * (flagged MVZ_FLAG_MEMVIZ) while `on`; returns the previous setting. */
+int mvz_capture_set_own(int on);
 
 /* With the GIL, before wrappers that run after driver calls are installed. */
 void mvz_capture_prepare_wrappers(void);

@@ -166,10 +166,12 @@ static int adopt_pending_call(void *arg)
     return 0;
 }
 
-/* Capture path, no GIL: one compare-and-swap, and Py_AddPendingCall, which
+/* Capture path, no GIL: an atomic load, at most one compare-and-swap, and Py_AddPendingCall, which
  * CPython documents as safe to call without the GIL from any thread. */
 static void schedule_adopt(void)
 {
+    if (__atomic_load_n(&adopt_scheduled, __ATOMIC_RELAXED))
+        return; /* already asked: a read, not a compare-and-swap, on every event until it runs */
     int expected = 0;
     if (__atomic_compare_exchange_n(&adopt_scheduled, &expected, 1, 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_RELAXED)) {

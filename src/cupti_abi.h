@@ -92,13 +92,23 @@ typedef struct {
 typedef void (*mvz_CUpti_CallbackFunc)(void *userdata, int domain, uint32_t cbid,
                                        const void *cbdata);
 
-/* CUpti_SubscriberParams (cuptiSubscribe_v2, CUPTI 13.0 and newer). */
+/* CUpti_SubscriberParams (cuptiSubscribe_v2, CUPTI 13.0 and newer). CUPTI
+ * reads the fields that structSize covers: the first four in 13.0 and 13.1
+ * (MVZ_CUPTI_SUBSCRIBER_PARAMS_V1_SIZE); allowMultipleSubscribers after
+ * them in newer releases, honoured for the callback and activity APIs from
+ * CUPTI 13.5 (MVZ_CUPTI_MULTI_SUBSCRIBER_VERSION, cuptiGetVersion's number)
+ * on recent drivers. memviz passes the longer struct only to a CUPTI of that
+ * version or newer. */
 typedef struct {
     size_t structSize;
     const char *subscriberName;
     char *oldSubscriberName;
     size_t oldSubscriberSize;
+    uint8_t allowMultipleSubscribers;
+    uint8_t reserved_[7];
 } mvz_CUpti_SubscriberParams;
+#define MVZ_CUPTI_SUBSCRIBER_PARAMS_V1_SIZE (offsetof(mvz_CUpti_SubscriberParams, oldSubscriberSize) + sizeof(size_t))
+#define MVZ_CUPTI_MULTI_SUBSCRIBER_VERSION 130500u
 #define MVZ_CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN 64
 
 /* Driver API parameter structs (generated_cuda_meta.h). */

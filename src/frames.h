@@ -2,12 +2,30 @@
 #ifndef MEMVIZ_FRAMES_H
 #define MEMVIZ_FRAMES_H
 
-#include "store.h"
+#include "record.h"
+#include "types.h"
+
+#include <stddef.h>
 
 /* Copies up to `max_depth` (code, instruction offset) pairs of the calling
  * thread's Python frames, innermost first, into `out`; returns how many.
- * 0 when the thread has no Python thread state or no frames. */
+ * 0 when the thread has no Python thread state or no frames. A deeper
+ * stack keeps its innermost frames and, in the last quarter, the first
+ * frame beyond them whose file is not a library's with its callers (the
+ * rules below; frames.c says how). */
 int mvz_capture_frames(mvz_frame *out, int max_depth);
+
+/* Kinds of the rules Python hands down (memviz/model/frame_filter.py). */
+enum {
+    MVZ_RULE_USER = 0,    /* a configured user path (a prefix) */
+    MVZ_RULE_LIBRARY = 1, /* a configured library path (a prefix) */
+    MVZ_RULE_DEFAULT = 2, /* a default library folder (a prefix) */
+    MVZ_RULE_PART = 3,    /* a library marker anywhere in the path ("/site-packages/") */
+    MVZ_RULE_PSEUDO = 4   /* a library pseudo-file's prefix ("<frozen ") */
+};
+
+/* With the GIL: replace the rule set (copied); returns 0 or -1 (no memory). */
+int mvz_frames_set_rules(const int *kinds, const char *const *texts, const size_t *lens, int n);
 
 /* Python version the frame walker was compiled for, e.g. "3.12". */
 extern const char mvz_frames_abi[];

@@ -19,16 +19,24 @@
 
 #include <stddef.h>
 
+/* The sets of functions wrapped, each attached and detached on its own:
+ *   MVZ_WRAP_ASYNC     cudaMallocAsync/cudaFreeAsync (precise mode, above);
+ *   MVZ_WRAP_SEGMENTS  cudaMalloc/cudaFree: the caching allocator's
+ *                      segments, recorded only while CUPTI is not held
+ *                      (track(cupti=False), or CUPTI held by another tool:
+ *                      capture.h, mvz_capture_segment). */
+enum { MVZ_WRAP_ASYNC, MVZ_WRAP_SEGMENTS, MVZ_WRAP_SETS };
+
 /* With the GIL: patch the loaded library whose path ends with `suffix` (it
- * must import cudaMallocAsync or cudaFreeAsync; several libraries may be
+ * must import one of the set's two functions; several libraries may be
  * wrapped). Returns the number of GOT slots patched (0: nothing done, the
  * reason in err). */
-int mvz_interpose_attach(const char *suffix, char *err, size_t errlen);
+int mvz_interpose_attach(const char *suffix, int set, char *err, size_t errlen);
 
-/* Whether any library is wrapped. */
-int mvz_interpose_attached(void);
+/* Whether any library is wrapped for `set`. */
+int mvz_interpose_attached(int set);
 
-/* With the GIL: put every patched slot back. */
-void mvz_interpose_detach(void);
+/* With the GIL: put every slot patched for `set` back. */
+void mvz_interpose_detach(int set);
 
 #endif

@@ -4,9 +4,18 @@
  * memory's names), nodes.c (autograd node labels) and the bindings.
  *
  * Ids come from mvz_label_intern (any thread, the driver callback
- * included: a leaf lock, no allocation). Past 65,534 distinct labels or
+ * included: a leaf lock, no allocation). Past 65,534 labels in use or
  * 4 MiB of their text, every new label gets the id of
- * MVZ_LABEL_OVERFLOW_NAME (counted in mvz_label_stats), never 0. */
+ * MVZ_LABEL_OVERFLOW_NAME (counted in mvz_label_stats), never 0.
+ *
+ * Ids are reused: when the store is cleared for a new outermost tracker
+ * (module.c's clear, nothing capturing), mvz_labels_reclaim frees every id
+ * that no label context holds now (mvz_label_pin), if the table is half
+ * full (ids or text) or overflowed; later mvz_label_intern calls hand ids
+ * out again from just above the highest id kept. So the table is, in
+ * effect, per tracker: a long process never runs out (a tracker gets fewer
+ * than 65,534 when a block holds a high id across its start). Who keeps an id across trackers re-interns its
+ * name (memviz.label does at each enter). */
 #ifndef MEMVIZ_LABELS_H
 #define MEMVIZ_LABELS_H
 
@@ -17,9 +26,24 @@
 #define MVZ_MAX_LABELS 65536
 
 uint32_t mvz_label_intern(const char *name);
+/* The text of `id` (valid until the next reclaim), or NULL for a free id. */
 const char *mvz_label_name(uint32_t id);
-/* Labels interned, requests that got the overflow label, bytes of text. */
+/* Labels in use, requests that got the overflow label since the last
+ * reclaim call, bytes of text. */
 void mvz_label_stats(uint32_t *count, uint64_t *overflowed, uint64_t *bytes);
+/* The highest id in use (0: none); ids handed out after a reclaim only grow
+ * until the next one, so a reader that named ids up to it names the new
+ * ones by reading from there on. */
+uint32_t mvz_label_high(void);
+/* With the GIL: a label context holds `id` (delta 1) or lets it go (-1). */
+void mvz_label_pin(uint32_t id, int delta);
+/* With the GIL, while nothing captures and the store holds no record (the
+ * store's clear): frees the ids no context pins, when `force` or when the
+ * table is half full or overflowed; 1 if it did (nodes.c's cache of node
+ * labels must then be forgotten too). Resets the overflow count. */
+int mvz_labels_reclaim(int force);
+/* Reclaims that freed ids, over the process's life. */
+uint64_t mvz_label_reclaims(void);
 /* mvz_label_node[id]: 1 when label `id` names an autograd node (its text
  * starts with "\x01"). Written by mvz_label_intern before `id` is handed to
  * anyone (under the table's lock, whose release orders it before the id's

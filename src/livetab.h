@@ -9,7 +9,8 @@
 #define MEMVIZ_LIVETAB_H
 
 #include "region.h"
-#include "store.h"
+#include "record.h"
+#include "types.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -96,13 +96,13 @@ static PyObject *core_cupti_info(PyObject *self, PyObject *unused)
 static PyObject *core_start(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kwlist[] = {"depth", "activity", NULL};
-    int depth = 32, activity = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|ip", kwlist, &depth, &activity))
+    static char *kwlist[] = {"depth", "activity", "cupti", "shared", NULL};
+    int depth = 32, activity = 1, cupti = 1, shared = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|ippp", kwlist, &depth, &activity, &cupti, &shared))
         return NULL;
     if (mvz_ensure_store())
         return NULL;
-    if (!mvz_api.handle) {
+    if (cupti && !mvz_api.handle) {
         PyErr_SetString(PyExc_RuntimeError, "libcupti is not loaded");
         return NULL;
     }
@@ -115,12 +115,29 @@ static PyObject *core_start(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     mvz_start_status st;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = mvz_capture_start(activity, &st);
+    Py_BEGIN_ALLOW_THREADS rc = mvz_capture_start(cupti, activity, shared, &st);
     Py_END_ALLOW_THREADS
     if (rc != 0)
         return mvz_start_result(st.result, st.step ? st.step : "",
-                                mvz_cupti_result_string(st.result), st.holder, 0, "");
-    return mvz_start_result(0, "", "", "", st.activity, st.activity_error);
+                                mvz_cupti_result_string(st.result), st.holder, 0, "", 0, "");
+    return mvz_start_result(0, "", "", "", st.activity, st.activity_error, st.cupti, st.shared_with);
+}
+
+static PyObject *core_release_cupti(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    int held;
+    Py_BEGIN_ALLOW_THREADS held = mvz_capture_release_cupti();
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(held);
+}
+
+static PyObject *core_cupti_held(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyBool_FromLong(mvz_capture_cupti_held());
 }
 
 static PyObject *core_stop(PyObject *self, PyObject *unused)
@@ -165,10 +182,36 @@ static PyObject *core_clear(PyObject *self, PyObject *unused)
     mvz_codeobj_adopt_pending(); /* so every reference the store holds is listed */
     mvz_store_clear(&refs, &n);
     mvz_capture_forget_counts();
+    /* No record holds a label id now, and nothing captures: free the ids no
+     * label context holds, if the table fills (labels.h), and the node
+     * labels cached with them. */
+    if (mvz_labels_reclaim(0))
+        mvz_nodes_forget_labels();
     for (size_t i = 0; i < n; i++)
         Py_XDECREF((PyObject *)refs[i]);
     free(refs);
     Py_RETURN_NONE;
+}
+
+/* A label's UTF-8 bytes (lone surrogates kept as they are: label_obj
+ * decodes them back), or NULL with an exception set. A NUL would end the C
+ * string early and merge labels: memviz.label() refuses it, and so does
+ * this. */
+static PyObject *label_bytes(PyObject *arg, const char *who)
+{
+    if (!PyUnicode_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "%s() takes a str or None", who);
+        return NULL;
+    }
+    PyObject *b = PyUnicode_AsEncodedString(arg, "utf-8", "surrogatepass");
+    if (!b)
+        return NULL;
+    if (strlen(PyBytes_AS_STRING(b)) != (size_t)PyBytes_GET_SIZE(b)) {
+        Py_DECREF(b);
+        PyErr_Format(PyExc_ValueError, "%s(): a label cannot contain NUL characters", who);
+        return NULL;
+    }
+    return b;
 }
 
 static PyObject *core_label_intern(PyObject *self, PyObject *arg)
@@ -176,24 +219,63 @@ static PyObject *core_label_intern(PyObject *self, PyObject *arg)
     (void)self;
     if (arg == Py_None)
         return PyLong_FromLong(0);
-    if (!PyUnicode_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "label_intern() takes a str or None");
-        return NULL;
-    }
-    /* Lone surrogates (file names that are not UTF-8) are kept as they are:
-     * label_obj decodes them back. A NUL would end the C string early and
-     * merge labels: memviz.label() refuses it, and so does this. */
-    PyObject *b = PyUnicode_AsEncodedString(arg, "utf-8", "surrogatepass");
+    PyObject *b = label_bytes(arg, "label_intern");
     if (!b)
         return NULL;
-    if (strlen(PyBytes_AS_STRING(b)) != (size_t)PyBytes_GET_SIZE(b)) {
-        Py_DECREF(b);
-        PyErr_SetString(PyExc_ValueError, "label_intern(): a label cannot contain NUL characters");
-        return NULL;
-    }
     uint32_t id = mvz_label_intern(PyBytes_AS_STRING(b)); /* never 0: full tables overflow */
     Py_DECREF(b);
     return PyLong_FromUnsignedLong(id);
+}
+
+/* label_enter(name, id, generation) -> (id, previous id, generation):
+ * memviz.label's enter. `id` of `name`, got in label table generation
+ * `generation` (the reclaims so far, labels.h), is still its id if no
+ * reclaim ran since; else the name is interned again. The id is pinned while
+ * the context holds it, and made this thread's label. */
+static PyObject *core_label_enter(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *name;
+    unsigned long id;
+    unsigned long long gen;
+    if (!PyArg_ParseTuple(args, "UkK", &name, &id, &gen))
+        return NULL;
+    uint64_t now = mvz_label_reclaims(); /* reclaims run with the GIL: none meanwhile */
+    if (gen != now || id == 0 || id > 0xffff) {
+        PyObject *b = label_bytes(name, "label_enter");
+        if (!b)
+            return NULL;
+        id = mvz_label_intern(PyBytes_AS_STRING(b));
+        Py_DECREF(b);
+    }
+    uint32_t prev = mvz_capture_label_get();
+    mvz_label_pin((uint32_t)id, 1);
+    mvz_capture_label_set((uint32_t)id);
+    return Py_BuildValue("(kkK)", id, (unsigned long)prev, (unsigned long long)now);
+}
+
+/* label_generation(): the label table's reclaims so far (label_enter). */
+static PyObject *core_label_generation(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(mvz_label_reclaims());
+}
+
+/* label_exit(id, previous id): memviz.label's exit (label_enter's pair). */
+static PyObject *core_label_exit(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long id, prev;
+    if (!PyArg_ParseTuple(args, "kk", &id, &prev))
+        return NULL;
+    if (id > 0xffff || prev > 0xffff) {
+        PyErr_SetString(PyExc_ValueError, "label_exit() takes ids from label_enter()");
+        return NULL;
+    }
+    mvz_capture_label_set((uint32_t)prev);
+    mvz_label_pin((uint32_t)id, -1);
+    Py_RETURN_NONE;
 }
 
 static PyObject *core_label_get(PyObject *self, PyObject *unused)
@@ -221,10 +303,7 @@ static PyObject *core_label_count(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    uint32_t count;
-    uint64_t overflowed, bytes;
-    mvz_label_stats(&count, &overflowed, &bytes);
-    return PyLong_FromUnsignedLong(count);
+    return PyLong_FromUnsignedLong(mvz_label_high());
 }
 
 static PyObject *core_label_name(PyObject *self, PyObject *arg)
@@ -245,18 +324,41 @@ static PyObject *core_interpose_attach(PyObject *self, PyObject *arg)
     if (!suffix)
         return NULL;
     char err[512] = "";
-    int n = mvz_interpose_attach(suffix, err, sizeof err);
+    int n = mvz_interpose_attach(suffix, MVZ_WRAP_ASYNC, err, sizeof err);
     return Py_BuildValue("(is)", n, err);
+}
+
+static PyObject *core_segments_attach(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *suffix = PyUnicode_AsUTF8(arg);
+    if (!suffix)
+        return NULL;
+    char err[512] = "";
+    int n = mvz_interpose_attach(suffix, MVZ_WRAP_SEGMENTS, err, sizeof err);
+    if (n > 0)
+        mvz_capture_prepare_wrappers(); /* their device: cuCtxGetCurrent */
+    return Py_BuildValue("(is)", n, err);
+}
+
+static PyObject *core_segments_detach(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    mvz_interpose_detach(MVZ_WRAP_SEGMENTS);
+    Py_RETURN_NONE;
 }
 
 static PyObject *core_interpose_commit(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    if (!mvz_interpose_attached())
+    if (!mvz_interpose_attached(MVZ_WRAP_ASYNC))
         Py_RETURN_FALSE;
+    if (mvz_capture_active() && !mvz_capture_cupti_held())
+        Py_RETURN_TRUE; /* no CUPTI: the wrappers are the only route, nothing to switch off */
     if (mvz_capture_async_callbacks(0) != 0) { /* both routes would record: undo */
-        mvz_interpose_detach();
+        mvz_interpose_detach(MVZ_WRAP_ASYNC);
         mvz_capture_async_callbacks(1);
         Py_RETURN_FALSE;
     }
@@ -267,7 +369,7 @@ static PyObject *core_interpose_detach(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    mvz_interpose_detach();
+    mvz_interpose_detach(MVZ_WRAP_ASYNC);
     mvz_capture_async_callbacks(1); /* no-op once CUPTI is unsubscribed */
     Py_RETURN_NONE;
 }
@@ -448,20 +550,96 @@ static PyObject *core_synthetic(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* _frame_rules([(kind, text), ...]): the frame filter's rules for the walk
+ * (frames.h: MVZ_RULE_*), with the GIL. */
+static PyObject *core_frame_rules(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    PyObject *seq = PySequence_Fast(arg, "_frame_rules takes a sequence of (kind, text)");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int *kinds = PyMem_Calloc((size_t)n + 1, sizeof(int));
+    const char **texts = PyMem_Calloc((size_t)n + 1, sizeof(char *));
+    size_t *lens = PyMem_Calloc((size_t)n + 1, sizeof(size_t));
+    PyObject *result = NULL;
+    if (!kinds || !texts || !lens) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        Py_ssize_t len = 0;
+        if (!PyArg_ParseTuple(item, "is#", &kinds[i], &texts[i], &len))
+            goto done;
+        lens[i] = (size_t)len;
+    }
+    if (mvz_frames_set_rules(kinds, texts, lens, (int)n)) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyMem_Free(kinds);
+    PyMem_Free(texts);
+    PyMem_Free(lens);
+    Py_DECREF(seq);
+    return result;
+}
+
+/* The walk from here, up to `arg` frames (0..MAX_DEPTH; others: MAX_DEPTH),
+ * into f; -1 with an error set. For the two bindings below (tests, benchmarks). */
+static int walk_here(PyObject *arg, mvz_frame *f)
+{
+    long max = PyLong_AsLong(arg);
+    if (max == -1 && PyErr_Occurred())
+        return -1;
+    if (max < 0 || max > MVZ_MAX_DEPTH)
+        max = MVZ_MAX_DEPTH;
+    return mvz_capture_frames(f, (int)max);
+}
+
 static PyObject *core_capture_depth(PyObject *self, PyObject *arg)
 {
     (void)self;
-    long max = PyLong_AsLong(arg);
-    if (max == -1 && PyErr_Occurred())
-        return NULL;
-    if (max < 0 || max > MVZ_MAX_DEPTH)
-        max = MVZ_MAX_DEPTH;
     mvz_frame f[MVZ_MAX_DEPTH];
-    return PyLong_FromLong(mvz_capture_frames(f, (int)max));
+    int n = walk_here(arg, f);
+    return n < 0 ? NULL : PyLong_FromLong(n);
 }
 
+/* _capture_stack(depth): what the walk keeps here (tests of deep stacks). */
+static PyObject *core_capture_stack(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    mvz_frame f[MVZ_MAX_DEPTH];
+    int n = walk_here(arg, f);
+    if (n < 0)
+        return NULL;
+    PyObject *out = PyTuple_New(n);
+    for (int i = 0; out && i < n; i++) {
+        PyObject *t = Py_BuildValue("(Oi)", (PyObject *)f[i].code, f[i].offset);
+        if (!t) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyTuple_SET_ITEM(out, i, t);
+    }
+    return out;
+}
+
+/* own(on) -> bool: what this thread allocates while on is memviz's own. */
+static PyObject *core_own(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    return PyBool_FromLong(mvz_capture_set_own(on));
+}
 
 static PyMethodDef core_methods[] = {
+    {"own", core_own, METH_O,
+     "own(on) -> previous: what this thread allocates while on is memviz's own (FLAG_MEMVIZ)."},
     {"init", (PyCFunction)(void (*)(void))core_init, METH_VARARGS | METH_KEYWORDS,
      "init(max_live=2**23, max_stacks=2**20, max_frames=2**24): reserve the store."},
     {"cupti_mapped", core_cupti_mapped, METH_NOARGS,
@@ -470,8 +648,16 @@ static PyMethodDef core_methods[] = {
      "cupti_load(path or None) -> (file, version); OSError with the reason."},
     {"cupti_info", core_cupti_info, METH_NOARGS, "The loaded libcupti, or None."},
     {"start", (PyCFunction)(void (*)(void))core_start, METH_VARARGS | METH_KEYWORDS,
-     "start(depth=32, activity=True) -> StartResult(result, step, error, holder, activity, "
-     "activity_error)."},
+     "start(depth=32, activity=True, cupti=True, shared=True) -> StartResult(result, step, error, "
+     "holder, activity, activity_error, cupti, shared_with). cupti=False: capture on the wrappers "
+     "alone; shared: subscribe beside another tool where CUPTI allows it."},
+    {"release_cupti", core_release_cupti, METH_NOARGS,
+     "Give CUPTI up while capture goes on (the wrappers record); True if it was held."},
+    {"cupti_held", core_cupti_held, METH_NOARGS, "Whether CUPTI's callbacks record now."},
+    {"segments_attach", core_segments_attach, METH_O,
+     "segments_attach(library path suffix) -> (GOT slots patched, reason when 0): wrap its "
+     "cudaMalloc/cudaFree (recorded while CUPTI is not held)."},
+    {"segments_detach", core_segments_detach, METH_NOARGS, "Put cudaMalloc/cudaFree's GOT slots back."},
     {"stop", core_stop, METH_NOARGS, "Stop capturing and unsubscribe from CUPTI."},
     {"flush", core_flush, METH_NOARGS, "Deliver pending CUPTI activity records."},
     {"active", core_active, METH_NOARGS, "Whether capture is running."},
@@ -480,7 +666,12 @@ static PyMethodDef core_methods[] = {
     {"label_get", core_label_get, METH_NOARGS, "The calling thread's label id."},
     {"label_set", core_label_set, METH_O, "Set the calling thread's label id."},
     {"label_name", core_label_name, METH_O, "The string of a label id."},
-    {"label_count", core_label_count, METH_NOARGS, "Label ids handed out so far (ids are below it + 1)."},
+    {"label_count", core_label_count, METH_NOARGS,
+     "The highest label id in use (ids handed out after it are higher, until the store is next cleared)."},
+    {"label_enter", core_label_enter, METH_VARARGS,
+     "label_enter(name, id, generation) -> (id, previous id, generation): hold and set this thread's label."},
+    {"label_generation", core_label_generation, METH_NOARGS, "Reclaims of the label table so far."},
+    {"label_exit", core_label_exit, METH_VARARGS, "label_exit(id, previous id): label_enter's pair."},
     {"interpose_attach", core_interpose_attach, METH_O,
      "interpose_attach(library path suffix) -> (GOT slots patched, reason when 0)."},
     {"interpose_commit", core_interpose_commit, METH_NOARGS,
@@ -506,6 +697,10 @@ static PyMethodDef core_methods[] = {
     {"_synthetic", core_synthetic, METH_VARARGS,
      "_synthetic(address, size, free=True, count=1): capture path without CUPTI."},
     {"_capture_depth", core_capture_depth, METH_O, "Frames the walker sees here."},
+    {"_capture_stack", core_capture_stack, METH_O,
+     "_capture_stack(depth) -> ((code, offset), ...) the walker keeps here, innermost first."},
+    {"_frame_rules", core_frame_rules, METH_O,
+     "_frame_rules([(kind, text), ...]): the frame filter's rules for deep stacks (frames.h)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -520,6 +715,43 @@ static void atfork_child(void)
     mvz_store_atfork_child();
     mvz_capture_atfork_child();
     mvz_tw_atfork_child();
+}
+
+/* The allocation record's schema (record.h), for Python's readers and
+ * writers: EVENT_FIELDS (the file's field names), EVENT_FORMAT (its
+ * struct format), EVENT_SIZE and EVENT_V1_SIZE (bytes of a file record, now
+ * and in format 1), RAW_EVENT_SIZE (bytes of a record in the capture ring),
+ * TIMELINE_POINTS and the FLAG_* bits. */
+static int add_record_schema(PyObject *m)
+{
+#define MVZ_F_NAME(mname, mtype, fname, ftype, code, rule) #fname,
+#define MVZ_F_CODE(mname, mtype, fname, ftype, code, rule) code
+    static const char *names[] = {MVZ_RECORD_FIELDS(MVZ_F_NAME)};
+    static const char format[] = "<" MVZ_RECORD_FIELDS(MVZ_F_CODE);
+    size_t n = sizeof names / sizeof names[0];
+    PyObject *t = PyTuple_New((Py_ssize_t)n);
+    for (size_t k = 0; t && k < n; k++) {
+        PyObject *s = PyUnicode_FromString(names[k]);
+        if (!s) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, (Py_ssize_t)k, s);
+    }
+    if (!t || PyModule_AddObject(m, "EVENT_FIELDS", t) < 0) {
+        Py_XDECREF(t);
+        return -1;
+    }
+    return PyModule_AddStringConstant(m, "EVENT_FORMAT", format) ||
+           PyModule_AddIntConstant(m, "EVENT_SIZE", MVZ_EVENT_SIZE) ||
+           PyModule_AddIntConstant(m, "EVENT_V1_SIZE", MVZ_EVENT_V1_SIZE) ||
+           PyModule_AddIntConstant(m, "RAW_EVENT_SIZE", sizeof(mvz_alloc)) ||
+           PyModule_AddIntConstant(m, "TIMELINE_POINTS", MVZ_TIMELINE_POINTS) ||
+           PyModule_AddIntConstant(m, "MAX_RATIO", MVZ_MAX_RATIO) ||
+           PyModule_AddIntConstant(m, "FLAG_BEFORE", MVZ_FLAG_BEFORE) ||
+           PyModule_AddIntConstant(m, "FLAG_ESTIMATED", MVZ_FLAG_ESTIMATED) ||
+           PyModule_AddIntConstant(m, "FLAG_MEMVIZ", MVZ_FLAG_MEMVIZ) ||
+           PyModule_AddIntConstant(m, "FLAG_SYNTHETIC", MVZ_FLAG_SYNTHETIC);
 }
 
 PyMODINIT_FUNC PyInit__core(void)
@@ -539,9 +771,11 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "KIND_PHYSICAL", MVZ_KIND_PHYSICAL) ||
         PyModule_AddIntConstant(m, "KIND_BLOCK", MVZ_KIND_BLOCK) ||
         PyModule_AddFunctions(m, mvz_allocator_methods) ||
-        PyModule_AddFunctions(m, mvz_store_bindings) ||
-        PyModule_AddFunctions(m, mvz_trace_bindings) || mvz_replay_bindings_init(m) ||
+        PyModule_AddFunctions(m, mvz_store_bindings) || PyModule_AddFunctions(m, mvz_seed_bindings) ||
+        PyModule_AddFunctions(m, mvz_heap_bindings) ||
+        PyModule_AddFunctions(m, mvz_trace_bindings) || mvz_replay_bindings_init(m) || mvz_whatif_bindings_init(m) ||
         PyModule_AddFunctions(m, mvz_codeobj_methods) || mvz_records_init(m) ||
+        add_record_schema(m) ||
         PyModule_AddIntConstant(m, "MAX_DEPTH", MVZ_MAX_DEPTH) ||
         PyModule_AddIntConstant(m, "MAX_WINDOWS", MVZ_MAX_WINDOWS) ||
         PyModule_AddIntConstant(m, "MAX_THREADS", MVZ_MAX_THREADS) ||

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "bind.h"
+#include "hash.h"
 #include "replay.h"
 #include "replay_categories.h"
 
@@ -29,6 +30,16 @@ typedef struct {
     /* feed_categories(): live bytes per category (start_categories() makes it) */
     mvz_catpass *cats;
     int cats_done;
+    size_t width; /* bytes of the file's records (record.h: older formats are shorter) */
+    /* feed_columns(): the number of each live allocation, by the index of
+     * its ALLOC event (open addressing, linear probing; key 0: empty) */
+    uint64_t *idkeys;
+    int64_t *idvals;
+    size_t idcap, idcount;
+    /* the numbers: (step marks before the event) << 32 | its order since the last one */
+    uint64_t *marks; /* the step marks' times, sorted (number_by_steps) */
+    size_t nmarks, marks_before;
+    int64_t next_id; /* the number the next ALLOC or FAILED event gets */
 } Replayer;
 
 static int check(Replayer *self)
@@ -46,11 +57,17 @@ static int check(Replayer *self)
 
 static int replayer_init(Replayer *self, PyObject *args, PyObject *kwds)
 {
-    static char *kw[] = {"start_ns", "summary", NULL};
+    static char *kw[] = {"start_ns", "summary", "width", NULL};
     unsigned long long start = 0;
     int summary = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|Kp:Replayer", kw, &start, &summary))
+    Py_ssize_t width = MVZ_EVENT_SIZE;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|Kpn:Replayer", kw, &start, &summary, &width))
         return -1;
+    if (width < MVZ_EVENT_V1_SIZE || width > 4096) {
+        PyErr_Format(PyExc_ValueError, "Replayer: records of %zd bytes are not a trace's", width);
+        return -1;
+    }
+    self->width = (size_t)width;
     if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "Replayer: already initialised");
         return -1;
@@ -68,6 +85,9 @@ static void replayer_dealloc(Replayer *self)
     if (self->ready)
         mvz_replayer_release(&self->r);
     free(self->at_rows);
+    free(self->idkeys);
+    free(self->idvals);
+    free(self->marks);
     if (self->cats) {
         mvz_catpass_release(self->cats);
         free(self->cats);
@@ -75,8 +95,9 @@ static void replayer_dealloc(Replayer *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* The records of a chunk: buffer `buf` holds `count` 32-byte records from
- * byte `offset`, in `layout` (0: one after another, 1: byte planes). */
+/* The records of a chunk: buffer `buf` holds `count` records of the
+ * replayer's width from byte `offset`, in `layout` (0: one after another,
+ * 1: byte planes). */
 typedef struct {
     Py_buffer view;
     const uint8_t *records;
@@ -84,7 +105,7 @@ typedef struct {
     int layout;
 } chunk_args;
 
-static int chunk_get(PyObject *args, chunk_args *c)
+static int chunk_get(PyObject *args, chunk_args *c, size_t width)
 {
     PyObject *buf;
     Py_ssize_t offset, count, start = 0, stop = -1;
@@ -95,7 +116,7 @@ static int chunk_get(PyObject *args, chunk_args *c)
     if (PyObject_GetBuffer(buf, &c->view, PyBUF_SIMPLE) < 0)
         return -1;
     if (offset < 0 || count < 0 || (layout != 0 && layout != 1) ||
-        count > (c->view.len - offset) / 32 || offset > c->view.len) {
+        offset > c->view.len || (size_t)count > (size_t)(c->view.len - offset) / width) {
         PyErr_Format(PyExc_ValueError, "Replayer: %zd records of layout %d from byte %zd do not "
                      "fit a buffer of %zd bytes", count, layout, offset, c->view.len);
         PyBuffer_Release(&c->view);
@@ -113,11 +134,11 @@ static int chunk_get(PyObject *args, chunk_args *c)
 static PyObject *replayer_feed(Replayer *self, PyObject *args)
 {
     chunk_args c;
-    if (check(self) || chunk_get(args, &c))
+    if (check(self) || chunk_get(args, &c, self->width))
         return NULL;
     int rc;
     self->busy = 1;
-    Py_BEGIN_ALLOW_THREADS rc = mvz_replay_chunk(&self->r, c.records, c.count, c.layout, c.start,
+    Py_BEGIN_ALLOW_THREADS rc = mvz_replay_chunk(&self->r, c.records, c.count, self->width, c.layout, c.start,
                                                  c.stop, NULL, NULL);
     Py_END_ALLOW_THREADS
     self->busy = 0;
@@ -161,7 +182,7 @@ static PyObject *replayer_feed_at(Replayer *self, PyObject *args)
     if (!rest)
         return NULL;
     chunk_args c;
-    int bad = check(self) || chunk_get(rest, &c);
+    int bad = check(self) || chunk_get(rest, &c, self->width);
     Py_DECREF(rest);
     if (bad)
         return NULL;
@@ -173,7 +194,7 @@ static PyObject *replayer_feed_at(Replayer *self, PyObject *args)
     self->at_ns = at;
     int rc;
     self->busy = 1;
-    Py_BEGIN_ALLOW_THREADS rc = mvz_replay_chunk(&self->r, c.records, c.count, c.layout, 0,
+    Py_BEGIN_ALLOW_THREADS rc = mvz_replay_chunk(&self->r, c.records, c.count, self->width, c.layout, 0,
                                                  c.count, at_visit, self);
     Py_END_ALLOW_THREADS
     self->busy = 0;
@@ -228,11 +249,12 @@ static PyObject *unsigned_wide(mvz_uwide v)
  * where the label goes (the reader names it) and the time as seq. */
 static PyObject *row(const mvz_alloc *a)
 {
-    return Py_BuildValue("(KKiiiIIKIK)", (unsigned long long)a->address,
+    return Py_BuildValue("(KKiiiIIKIKKi)", (unsigned long long)a->address,
                          (unsigned long long)a->size, (int)(int8_t)(uint8_t)a->slot, (int)a->kind,
                          0, (unsigned)a->thread_idx, (unsigned)a->label_id,
                          (unsigned long long)MVZ_REPLAY_TIME(a), (unsigned)a->stack_id,
-                         (unsigned long long)MVZ_REPLAY_TIME(a));
+                         (unsigned long long)MVZ_REPLAY_TIME(a),
+                         (unsigned long long)(a->size - a->slack), (int)a->flags);
 }
 
 static PyObject *rows(const mvz_alloc *a, long n)
@@ -263,20 +285,24 @@ static int events_visit(void *ctx, const mvz_event *e, uint64_t index, uint64_t 
     events_ctx *c = ctx;
     PyObject *item;
     if (e->op == MVZ_EV_FREE && ended) /* the allocation it ended, as it was made */
-        item = Py_BuildValue("(iKKKKiiIIKI)", e->op, (unsigned long long)ts,
+        item = Py_BuildValue("(iKKKKiiIIKIKiK)", e->op, (unsigned long long)ts,
                              (unsigned long long)MVZ_REPLAY_TIME(ended),
                              (unsigned long long)ended->address, (unsigned long long)ended->size,
                              (int)(int8_t)(uint8_t)ended->slot, (int)ended->kind,
                              (unsigned)ended->thread_idx, (unsigned)ended->label_id,
-                             (unsigned long long)MVZ_REPLAY_TIME(ended), (unsigned)ended->stack_id);
+                             (unsigned long long)MVZ_REPLAY_TIME(ended), (unsigned)ended->stack_id,
+                             (unsigned long long)(ended->size - ended->slack), (int)ended->flags,
+                             (unsigned long long)e->stream);
     else {
         PyObject *seq = e->op == MVZ_EV_FREE ? Py_NewRef(Py_None)
                                               : PyLong_FromUnsignedLongLong((unsigned long long)ts);
-        item = seq ? Py_BuildValue("(iKNKKiiIIKI)", e->op, (unsigned long long)ts, seq,
+        item = seq ? Py_BuildValue("(iKNKKiiIIKIKiK)", e->op, (unsigned long long)ts, seq,
                                    (unsigned long long)e->address, (unsigned long long)e->size,
                                    (int)e->device, (int)e->kind, (unsigned)e->thread_idx,
                                    (unsigned)e->label_id, (unsigned long long)ts,
-                                   (unsigned)e->stack_id)
+                                   (unsigned)e->stack_id,
+                                   (unsigned long long)(e->size - e->slack), (int)e->flags,
+                                   (unsigned long long)e->stream)
                    : NULL;
     }
     if (!item || PyList_Append(c->list, item) < 0) {
@@ -288,14 +314,15 @@ static int events_visit(void *ctx, const mvz_event *e, uint64_t index, uint64_t 
 }
 
 /* feed_events(buf, offset, count, layout[, start, stop]) -> [(op, ts, seq,
- * address, size, device, kind, thread, label id, made ts, stack id)] of the
+ * address, size, device, kind, thread, label id, made ts, stack id, requested,
+ * flags, stream)] of the
  * ALLOC, FREE and FAILED records among them; a FREE carries the allocation
  * it ended (seq None and its own fields when it ended none). With the GIL
  * throughout (it builds the list as it goes). */
 static PyObject *replayer_feed_events(Replayer *self, PyObject *args)
 {
     chunk_args c;
-    if (check(self) || chunk_get(args, &c))
+    if (check(self) || chunk_get(args, &c, self->width))
         return NULL;
     events_ctx ctx = {PyList_New(0)};
     if (!ctx.list) {
@@ -303,7 +330,7 @@ static PyObject *replayer_feed_events(Replayer *self, PyObject *args)
         return NULL;
     }
     self->busy = 1;
-    int rc = mvz_replay_chunk(&self->r, c.records, c.count, c.layout, c.start, c.stop,
+    int rc = mvz_replay_chunk(&self->r, c.records, c.count, self->width, c.layout, c.start, c.stop,
                               events_visit, &ctx);
     self->busy = 0;
     PyBuffer_Release(&c.view);
@@ -312,6 +339,242 @@ static PyObject *replayer_feed_events(Replayer *self, PyObject *args)
         return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     }
     return ctx.list;
+}
+
+/* ---- feed_columns: the events as columns, for the Parquet export ---------------------- */
+
+/* The numbers of the live allocations: ALLOC event index -> number. */
+static size_t id_slot(const Replayer *self, uint64_t key)
+{
+    size_t mask = self->idcap - 1, i = (size_t)mvz_mix64(key) & mask;
+    while (self->idkeys[i] && self->idkeys[i] != key)
+        i = (i + 1) & mask;
+    return i;
+}
+
+static int id_put(Replayer *self, uint64_t index, int64_t id)
+{
+    if ((self->idcount + 1) * 2 > self->idcap) { /* at most half full */
+        size_t cap = self->idcap ? self->idcap * 2 : 1024;
+        uint64_t *keys = self->idkeys, *nk = calloc(cap, sizeof *nk);
+        int64_t *vals = self->idvals, *nv = malloc(cap * sizeof *nv);
+        if (!nk || !nv) {
+            free(nk);
+            free(nv);
+            return -1;
+        }
+        size_t old = self->idcap;
+        self->idkeys = nk, self->idvals = nv, self->idcap = cap;
+        for (size_t k = 0; k < old; k++)
+            if (keys[k]) {
+                size_t j = id_slot(self, keys[k]);
+                nk[j] = keys[k], nv[j] = vals[k];
+            }
+        free(keys);
+        free(vals);
+    }
+    size_t i = id_slot(self, index + 1);
+    if (!self->idkeys[i])
+        self->idcount++;
+    self->idkeys[i] = index + 1, self->idvals[i] = id;
+    return 0;
+}
+
+/* The number of the allocation whose ALLOC event was `index`, forgotten
+ * (-1: none); backward-shift deletion keeps the probe runs whole. */
+static int64_t id_take(Replayer *self, uint64_t index)
+{
+    if (!self->idcount)
+        return -1;
+    size_t mask = self->idcap - 1, i = id_slot(self, index + 1);
+    if (!self->idkeys[i])
+        return -1;
+    int64_t id = self->idvals[i];
+    self->idcount--;
+    for (size_t j = (i + 1) & mask;; j = (j + 1) & mask) {
+        if (!self->idkeys[j])
+            break;
+        size_t home = (size_t)mvz_mix64(self->idkeys[j]) & mask;
+        /* j's entry may move to i when its home is not within (i, j] */
+        if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
+            self->idkeys[i] = self->idkeys[j], self->idvals[i] = self->idvals[j];
+            i = j;
+        }
+    }
+    self->idkeys[i] = 0;
+    return id;
+}
+
+enum { COL_OP, COL_TS, COL_ID, COL_VALID, COL_ADDR, COL_SIZE, COL_DEV, COL_KIND, COL_THREAD, COL_LABEL,
+       COL_MADE, COL_STACK, COL_REQ, COL_FLAGS, COL_STREAM, NCOLS };
+static const size_t col_width[NCOLS] = {1, 8, 8, 0, 8, 8, 2, 1, 4, 4, 8, 8, 8, 1, 8};
+
+typedef struct {
+    Replayer *self;
+    uint8_t *col[NCOLS];
+    size_t n, nulls;
+    int failed; /* out of memory */
+} columns_ctx;
+
+#define PUT(c, k, type, v) (((type *)(c)->col[k])[(c)->n] = (type)(v))
+
+static int columns_visit(void *ctx, const mvz_event *e, uint64_t index, uint64_t ts,
+                         const mvz_alloc *ended)
+{
+    columns_ctx *c = ctx;
+    Replayer *self = c->self;
+    if (ended && e->op != MVZ_EV_FREE) /* an ALLOC at a live allocation's address ended it */
+        (void)id_take(self, MVZ_REPLAY_INDEX(ended));
+    if (e->op != MVZ_EV_ALLOC && e->op != MVZ_EV_FREE && e->op != MVZ_EV_FAILED)
+        return 0;
+    int64_t id;
+    if (e->op == MVZ_EV_FREE)
+        id = ended ? id_take(self, MVZ_REPLAY_INDEX(ended)) : -1;
+    else {
+        size_t before = self->marks_before;
+        while (before < self->nmarks && self->marks[before] < ts)
+            before++;
+        if (before != self->marks_before) { /* a new step: its allocations counted from 0 */
+            self->marks_before = before;
+            self->next_id = (int64_t)((uint64_t)before << 32);
+        }
+        id = self->next_id++;
+        if (e->op == MVZ_EV_ALLOC && id_put(self, index, id)) {
+            c->failed = 1;
+            return -1;
+        }
+    }
+    /* a FREE that ended an allocation: the allocation's fields, as it was made */
+    const int as_made = e->op == MVZ_EV_FREE && ended;
+    PUT(c, COL_OP, uint8_t, e->op);
+    PUT(c, COL_TS, int64_t, ts);
+    PUT(c, COL_ID, int64_t, id < 0 ? 0 : id);
+    if (id < 0)
+        c->nulls++;
+    else
+        c->col[COL_VALID][c->n >> 3] |= (uint8_t)(1u << (c->n & 7));
+    PUT(c, COL_STREAM, uint64_t, e->stream);
+    if (as_made) {
+        PUT(c, COL_ADDR, uint64_t, ended->address);
+        PUT(c, COL_SIZE, int64_t, ended->size);
+        PUT(c, COL_DEV, int16_t, (int8_t)(uint8_t)ended->slot);
+        PUT(c, COL_KIND, uint8_t, ended->kind);
+        PUT(c, COL_THREAD, int32_t, ended->thread_idx);
+        PUT(c, COL_LABEL, uint32_t, ended->label_id);
+        PUT(c, COL_MADE, uint64_t, MVZ_REPLAY_TIME(ended));
+        PUT(c, COL_STACK, int64_t, ended->stack_id);
+        PUT(c, COL_REQ, int64_t, ended->size - ended->slack);
+        PUT(c, COL_FLAGS, uint8_t, ended->flags);
+    } else {
+        PUT(c, COL_ADDR, uint64_t, e->address);
+        PUT(c, COL_SIZE, int64_t, e->size);
+        PUT(c, COL_DEV, int16_t, e->device);
+        PUT(c, COL_KIND, uint8_t, e->kind);
+        PUT(c, COL_THREAD, int32_t, e->thread_idx);
+        PUT(c, COL_LABEL, uint32_t, e->label_id);
+        PUT(c, COL_MADE, uint64_t, e->op == MVZ_EV_FREE ? 0 : ts);
+        PUT(c, COL_STACK, int64_t, e->stack_id);
+        PUT(c, COL_REQ, int64_t, e->size - e->slack);
+        PUT(c, COL_FLAGS, uint8_t, e->flags);
+    }
+    c->n++;
+    return 0;
+}
+
+static int by_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* number_by_steps(marks): feed_columns numbers the allocations of each step
+ * apart: marks, the step marks' times (uint64, native order, in a bytes-like
+ * object). Before any event is fed. */
+static PyObject *replayer_number_by_steps(Replayer *self, PyObject *args)
+{
+    Py_buffer view;
+    if (check(self) || !PyArg_ParseTuple(args, "y*", &view))
+        return NULL;
+    if (self->r.n || view.len % 8) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, self->r.n ? "number_by_steps: events were fed already"
+                                                    : "number_by_steps: 8 bytes a mark");
+        return NULL;
+    }
+    size_t n = (size_t)view.len / 8;
+    uint64_t *marks = malloc(n * 8 + 8);
+    if (!marks) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    memcpy(marks, view.buf, n * 8);
+    PyBuffer_Release(&view);
+    qsort(marks, n, sizeof *marks, by_u64);
+    free(self->marks);
+    self->marks = marks, self->nmarks = n, self->marks_before = 0, self->next_id = 0;
+    Py_RETURN_NONE;
+}
+
+/* feed_columns(buf, offset, count, layout[, start, stop]) -> (n, op, ts,
+ * alloc id, its validity, address, size, device, kind, thread, label id,
+ * made ts, stack id, requested, flags, stream): feed_events' rows as
+ * columns, each a bytes object of n little-endian values (op, kind, flags:
+ * uint8; ts, alloc id, size, stack id, requested: int64; address, made ts,
+ * stream: uint64; device: int16; thread: int32; label id: uint32; the
+ * validity: a bitmap, bit i of byte i/8 set when row i has an alloc id).
+ * The alloc id numbers the ALLOC and FAILED events 0, 1, 2 ... through the
+ * replayer's calls, each step's from (step marks before it) << 32 with
+ * number_by_steps (so that a training loop's steps, alike, number their
+ * allocations alike: their frees' numbers repeat and compress), and a FREE
+ * carries its allocation's (none: not valid);
+ * made ts: 0 for a FREE that ended nothing. */
+static PyObject *replayer_feed_columns(Replayer *self, PyObject *args)
+{
+    chunk_args a;
+    if (check(self) || chunk_get(args, &a, self->width))
+        return NULL;
+    size_t most = a.stop > a.start ? a.stop - a.start : 0;
+    columns_ctx c;
+    memset(&c, 0, sizeof c);
+    c.self = self;
+    PyObject *out = NULL;
+    for (int k = 0; k < NCOLS; k++) {
+        size_t bytes = k == COL_VALID ? most / 8 + 1 : most * col_width[k] + 1;
+        if (!(c.col[k] = k == COL_VALID ? calloc(bytes, 1) : malloc(bytes))) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    self->busy = 1;
+    int rc = mvz_replay_chunk(&self->r, a.records, a.count, self->width, a.layout, a.start, a.stop,
+                              columns_visit, &c);
+    self->busy = 0;
+    if (rc) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        goto done;
+    }
+    out = PyTuple_New(NCOLS + 2);
+    if (!out)
+        goto done;
+    PyTuple_SET_ITEM(out, 0, PyLong_FromSize_t(c.n));
+    for (int k = 0; k < NCOLS; k++) {
+        size_t bytes = k == COL_VALID ? (c.n + 7) / 8 : c.n * col_width[k];
+        PyObject *b = PyBytes_FromStringAndSize((const char *)c.col[k], (Py_ssize_t)bytes);
+        if (!b) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyTuple_SET_ITEM(out, k + 1, b);
+    }
+    PyTuple_SET_ITEM(out, NCOLS + 1, PyLong_FromSize_t(c.nulls));
+    if (!PyTuple_GET_ITEM(out, 0) || !PyTuple_GET_ITEM(out, NCOLS + 1))
+        Py_CLEAR(out);
+done:
+    for (int k = 0; k < NCOLS; k++)
+        free(c.col[k]);
+    PyBuffer_Release(&a.view);
+    return out;
 }
 
 static PyObject *replayer_live(Replayer *self, PyObject *unused)
@@ -369,12 +632,14 @@ static int summary_check(Replayer *self)
     return 0;
 }
 
-/* peak(device=None) -> rows live at the device's peak (None: each device at
- * its own), in the order of their ALLOC events. */
+/* peak(device=None, tensor=False) -> rows live at the device's peak (None:
+ * each device at its own; with tensor, at the peak of PyTorch's blocks), in
+ * the order of their ALLOC events. */
 static PyObject *replayer_peak(Replayer *self, PyObject *args)
 {
     PyObject *dev = Py_None;
-    if (!PyArg_ParseTuple(args, "|O", &dev) || summary_check(self))
+    int tensor = 0;
+    if (!PyArg_ParseTuple(args, "|Op", &dev, &tensor) || summary_check(self))
         return NULL;
     int slot = -1;
     if (dev != Py_None) {
@@ -386,10 +651,20 @@ static PyObject *replayer_peak(Replayer *self, PyObject *args)
         slot = (uint8_t)(int8_t)d;
     }
     mvz_alloc *a = NULL;
-    long n = mvz_replay_peak_set(&self->r, slot, &a);
+    long n = mvz_replay_peak_set_of(&self->r, slot, tensor, &a);
     PyObject *out = rows(a, n);
     free(a);
     return out;
+}
+
+/* graves() -> (held, bound): the freed allocations kept for the peak sets,
+ * and what the peak sets can need (tests of the graveyard's bound). */
+static PyObject *replayer_graves(Replayer *self, PyObject *unused)
+{
+    (void)unused;
+    if (summary_check(self))
+        return NULL;
+    return Py_BuildValue("(KK)", (unsigned long long)self->r.ngraves, (unsigned long long)self->r.bound);
 }
 
 /* failures() -> rows of the FAILED events (address: the driver's result). */
@@ -413,7 +688,9 @@ static int set_item(PyObject *d, const char *key, PyObject *v)
 /* devices() -> {device: {...}} of the devices an ALLOC or FAILED event
  * named: current, peak (the store's rules), peak_index, peak_ts, allocs,
  * frees, failed, alloc_bytes (events of every kind), live (allocations
- * live at the end, blocks too), changes (timeline changes). */
+ * live at the end, blocks too), changes (timeline changes), and PyTorch's
+ * blocks' own: tensor_current, tensor_peak, tensor_peak_index,
+ * tensor_peak_ts. */
 static PyObject *replayer_devices(Replayer *self, PyObject *unused)
 {
     (void)unused;
@@ -438,6 +715,10 @@ static PyObject *replayer_devices(Replayer *self, PyObject *unused)
             set_item(d, "alloc_bytes", unsigned_wide(s->alloc_bytes)) ||
             set_item(d, "live", PyLong_FromUnsignedLongLong(live[(uint8_t)(int8_t)dev])) ||
             set_item(d, "changes", PyLong_FromUnsignedLongLong(s->series.changes)) ||
+            set_item(d, "tensor_current", PyLong_FromUnsignedLongLong(s->bt.current)) ||
+            set_item(d, "tensor_peak", PyLong_FromUnsignedLongLong(s->bt.peak)) ||
+            set_item(d, "tensor_peak_index", PyLong_FromLongLong(s->tpeak_index)) ||
+            set_item(d, "tensor_peak_ts", PyLong_FromUnsignedLongLong(s->tpeak_ts)) ||
             PyDict_SetItem(out, key, d) < 0)
             Py_CLEAR(out);
         Py_XDECREF(d);
@@ -518,9 +799,9 @@ static PyObject *replayer_blocks(Replayer *self, PyObject *unused)
 
 /* start_categories(ncat, known, limit): live bytes per category from here on
  * (replay_categories.h), with `ncat` categories (0: <unknown>, 1:
- * unused_pool), `known` an iterable of (device, address, ts, category) of
- * the allocations the snapshots gave a category, and `limit` points per
- * series (0: all). */
+ * unused_pool, 2: PyTorch's tensors), `known` an iterable of (device,
+ * address, ts, kind, category) of the allocations the snapshots gave a
+ * category, and `limit` points per series (0: all). */
 static PyObject *replayer_start_categories(Replayer *self, PyObject *args)
 {
     int ncat;
@@ -532,8 +813,8 @@ static PyObject *replayer_start_categories(Replayer *self, PyObject *args)
         PyErr_SetString(PyExc_RuntimeError, "Replayer.start_categories: before any event, once");
         return NULL;
     }
-    if (ncat < 2 || ncat > 256 || limit < 0) {
-        PyErr_SetString(PyExc_ValueError, "Replayer.start_categories: 2 to 256 categories, "
+    if (ncat < 3 || ncat > 256 || limit < 0) {
+        PyErr_SetString(PyExc_ValueError, "Replayer.start_categories: 3 to 256 categories, "
                                           "a limit >= 0");
         return NULL;
     }
@@ -544,18 +825,18 @@ static PyObject *replayer_start_categories(Replayer *self, PyObject *args)
     }
     PyObject *it = PyObject_GetIter(known), *item;
     while (it && (item = PyIter_Next(it))) {
-        int dev, cat;
+        int dev, kind, cat;
         unsigned long long addr, ts;
-        int ok = PyArg_ParseTuple(item, "iKKi", &dev, &addr, &ts, &cat);
+        int ok = PyArg_ParseTuple(item, "iKKii", &dev, &addr, &ts, &kind, &cat);
         Py_DECREF(item);
         if (!ok)
             break;
-        if (dev < -128 || dev > 127 || cat < 0 || cat >= ncat) {
+        if (dev < -128 || dev > 127 || kind < 0 || kind > 255 || cat < 0 || cat >= ncat) {
             PyErr_SetString(PyExc_ValueError, "Replayer.start_categories: a known entry out of "
                                               "range");
             break;
         }
-        if (mvz_catpass_known(c, (uint8_t)(int8_t)dev, addr, ts, cat)) {
+        if (mvz_catpass_known(c, (uint8_t)(int8_t)dev, kind, addr, ts, cat)) {
             PyErr_NoMemory();
             break;
         }
@@ -582,11 +863,11 @@ static PyObject *replayer_feed_categories(Replayer *self, PyObject *args)
                                             "categories() last");
         return NULL;
     }
-    if (chunk_get(args, &c))
+    if (chunk_get(args, &c, self->width))
         return NULL;
     int rc;
     self->busy = 1;
-    Py_BEGIN_ALLOW_THREADS rc = mvz_replay_chunk(&self->r, c.records, c.count, c.layout, c.start,
+    Py_BEGIN_ALLOW_THREADS rc = mvz_replay_chunk(&self->r, c.records, c.count, self->width, c.layout, c.start,
                                                  c.stop, mvz_catpass_visit, self->cats);
     Py_END_ALLOW_THREADS
     self->busy = 0;
@@ -654,6 +935,12 @@ static PyObject *get_ts(Replayer *self, void *unused)
     return PyLong_FromUnsignedLongLong(self->ready ? self->r.ts : 0);
 }
 
+static PyObject *get_stream_frees(Replayer *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromUnsignedLongLong(self->ready ? self->r.stream_frees : 0);
+}
+
 static PyObject *get_dropped(Replayer *self, void *unused)
 {
     (void)unused;
@@ -668,19 +955,30 @@ static PyMethodDef replayer_methods[] = {
      "feed_at(buf, offset, count, layout, at_ns): feed, keeping what was live at at_ns."},
     {"feed_events", (PyCFunction)replayer_feed_events, METH_VARARGS,
      "feed_events(buf, offset, count, layout[, start, stop]) -> [(op, ts, seq, address, size, "
-     "device, kind, thread, label id, made ts, stack id)] of the alloc, free and failed events."},
+     "device, kind, thread, label id, made ts, stack id, requested, flags, stream)] of the alloc, "
+     "free and failed events."},
+    {"feed_columns", (PyCFunction)replayer_feed_columns, METH_VARARGS,
+     "feed_columns(buf, offset, count, layout[, start, stop]) -> (n, op, ts, alloc id, validity, "
+     "address, size, device, kind, thread, label id, made ts, stack id, requested, flags, stream, "
+     "nulls): feed_events' rows as columns of packed values (bytes), the allocations numbered."},
+    {"number_by_steps", (PyCFunction)replayer_number_by_steps, METH_VARARGS,
+     "number_by_steps(marks): feed_columns numbers each step's allocations from (marks before) << 32; "
+     "marks: the step marks' times (uint64 values, native order)."},
     {"live", (PyCFunction)replayer_live, METH_NOARGS, "Rows of the live allocations."},
     {"at", (PyCFunction)replayer_at, METH_NOARGS, "Rows live at feed_at's at_ns."},
-    {"peak", (PyCFunction)replayer_peak, METH_VARARGS,
+    {"peak", (PyCFunction)replayer_peak, METH_VARARGS,  /* peak(device=None, tensor=False) */
      "peak(device=None): rows live at the device's peak (None: each device at its own)."},
     {"failures", (PyCFunction)replayer_failures, METH_NOARGS, "Rows of the FAILED events."},
+    {"graves", (PyCFunction)replayer_graves, METH_NOARGS,
+     "(held, bound): freed allocations kept for the peak sets, and what those can need."},
     {"devices", (PyCFunction)replayer_devices, METH_NOARGS, "{device: figures}."},
     {"timeline", (PyCFunction)replayer_timeline, METH_NOARGS,
      "{device: (changes, [(event index, ts, level)])}: the bounded timeline."},
     {"blocks", (PyCFunction)replayer_blocks, METH_NOARGS,
      "{device: sorted addresses of every block allocated}."},
     {"start_categories", (PyCFunction)replayer_start_categories, METH_VARARGS,
-     "start_categories(ncat, known, limit): sum live bytes per category from here on."},
+     "start_categories(ncat, known, limit): sum live bytes per category (and of PyTorch's tensors) "
+     "from here on; known: (device, address, ts, kind, category) tuples."},
     {"feed_categories", (PyCFunction)replayer_feed_categories, METH_VARARGS,
      "feed_categories(buf, offset, count, layout): feed, summing live bytes per category."},
     {"categories", (PyCFunction)replayer_categories, METH_NOARGS,
@@ -692,6 +990,8 @@ static PyGetSetDef replayer_getset[] = {
     {"events", (getter)get_events, NULL, "Events replayed.", NULL},
     {"ts", (getter)get_ts, NULL, "The time of the last event replayed (ns).", NULL},
     {"dropped", (getter)get_dropped, NULL, "Events the GAP records say were dropped.", NULL},
+    {"stream_frees", (getter)get_stream_frees, NULL,
+     "Frees of blocks another stream's use was recorded on (sizes nearby may differ).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -717,5 +1017,7 @@ int mvz_replay_bindings_init(PyObject *m)
         Py_DECREF(&ReplayerType);
         return -1;
     }
-    return 0;
+    /* how far after a segment the block it was made for is looked for
+     * (replay.h; memviz/report/_categories.py's rules read it) */
+    return PyModule_AddIntConstant(m, "REPLAY_LOOKAHEAD", MVZ_REPLAY_LOOKAHEAD);
 }

@@ -36,6 +36,61 @@ static PyObject *core_live(PyObject *self, PyObject *unused)
     return mvz_alloc_rows(rows, n);
 }
 
+/* live_groups() -> [(row, count)]: the live allocations grouped by what a
+ * snapshot's statistics tell them by (device, kind, thread, label, stack,
+ * flags), a row each in AllocationRow's field order (address, stream, times
+ * 0; size and requested summed) with the allocations it stands for. Copied
+ * out under the store's lock, sorted and summed in C after it: one Python
+ * object per group, never one per allocation (Tracker.top). */
+static int group_cmp(const void *pa, const void *pb)
+{
+    const mvz_alloc *a = pa, *b = pb;
+#define CMP(f)                                                                                          \
+    if (a->f != b->f)                                                                                   \
+        return a->f < b->f ? -1 : 1;
+    CMP(stack_id)
+    CMP(label_id)
+    CMP(slot)
+    CMP(kind)
+    CMP(thread_idx)
+    CMP(flags)
+#undef CMP
+    return 0;
+}
+
+static PyObject *core_live_groups(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    if (mvz_ensure_store())
+        return NULL;
+    mvz_alloc *rows = NULL;
+    long n = mvz_store_live(&rows);
+    if (n < 0)
+        return PyErr_NoMemory();
+    qsort(rows, (size_t)n, sizeof *rows, group_cmp);
+    PyObject *out = PyList_New(0);
+    for (long i = 0; out && i < n;) {
+        long j = i;
+        unsigned long long size = 0, requested = 0;
+        for (; j < n && group_cmp(&rows[i], &rows[j]) == 0; j++) {
+            size += rows[j].size;
+            requested += rows[j].size - rows[j].slack;
+        }
+        const mvz_alloc *a = &rows[i];
+        PyObject *g = Py_BuildValue(
+            "((iKliiKNiKiKi)l)", 0, size, a->slot == MVZ_HOST_SLOT ? -1L : (long)a->slot, (int)a->kind, 0,
+            (unsigned long long)a->thread_idx, mvz_label_obj(a->label_id), 0, (unsigned long long)a->stack_id,
+            0, requested, (int)a->flags, j - i);
+        if (!g || PyList_Append(out, g) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(g);
+        i = j;
+    }
+    free(rows);
+    return out;
+}
+
 /* The optional `window` argument of the readers: -1 (the store) or the id of
  * an open window (a nested tracker's figures, see store.h). */
 static int parse_window(PyObject *args, const char *fmt, long *dev, int *window)
@@ -68,9 +123,10 @@ static int window_check(int window)
     return 0;
 }
 
-static PyObject *core_peak_live(PyObject *self, PyObject *args)
+/* AllocationRows live at a peak of a device, in a window (-1: the store's):
+ * the device's, or with `tensor` its blocks' (the tensor peak). */
+static PyObject *peak_rows(PyObject *args, int tensor)
 {
-    (void)self;
     long dev;
     int window;
     if (parse_window(args, "l|i", &dev, &window))
@@ -79,21 +135,38 @@ static PyObject *core_peak_live(PyObject *self, PyObject *args)
         return NULL;
     int slot = dev < 0 ? MVZ_HOST_SLOT : (int)dev;
     mvz_alloc *rows = NULL;
-    long n = window < 0 ? mvz_store_peak_live(slot, &rows)
-                        : mvz_store_window_peak_live(window, slot, &rows);
+    long n = mvz_store_window_peak_live(window, slot, tensor, &rows);
     return mvz_alloc_rows(rows, n);
+}
+
+/* peak_live(device, window=-1): at the device's peak. */
+static PyObject *core_peak_live(PyObject *self, PyObject *args)
+{
+    (void)self;
+    return peak_rows(args, 0);
+}
+
+/* tensor_peak_live(device, window=-1): at the peak of PyTorch's blocks on a
+ * device (the tensor peak). */
+static PyObject *core_tensor_peak_live(PyObject *self, PyObject *args)
+{
+    (void)self;
+    return peak_rows(args, 1);
 }
 
 static PyObject *totals_dict(const mvz_totals *t);
 
-static PyObject *core_block_totals(PyObject *self, PyObject *unused)
+/* block_totals(window=-1): the totals of PyTorch's blocks alone (the
+ * tensor peak), of the store or of an open window. */
+static PyObject *core_block_totals(PyObject *self, PyObject *args)
 {
     (void)self;
-    (void)unused;
-    if (mvz_ensure_store())
+    int window = -1;
+    if (!PyArg_ParseTuple(args, "|i", &window) || mvz_ensure_store())
         return NULL;
     mvz_totals t[MVZ_NSLOTS];
-    mvz_store_block_totals(t);
+    if (mvz_store_window_block_totals(window, t))
+        return window_closed();
     return totals_dict(t);
 }
 
@@ -234,14 +307,16 @@ static PyObject *core_stats(PyObject *self, PyObject *unused)
     uint64_t prof_calls, prof_ns;
     mvz_capture_profile(&prof_calls, &prof_ns);
     return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:N,s:s,s:K,s:K,"
-                         "s:I,s:K,s:K}", "live", s.live, "stacks", s.stacks, "frames", s.frames, "threads", s.threads,
+                         "s:I,s:K,s:K,s:K,s:K,s:i}", "live", s.live, "stacks", s.stacks, "frames", s.frames, "threads", s.threads,
                          "unmatched_frees", s.unmatched_frees, "dropped_allocs", s.dropped_allocs,
                          "dropped_stacks", s.dropped_stacks, "dropped_threads", s.dropped_threads,
                          "timeline_points", s.timeline_points,
                          "bytes_used", s.bytes_used, "bytes_reserved", s.bytes_reserved,
                          "max_live", s.max_live, "calls", calls, "frames_abi", mvz_frames_abi,
                          "profile_calls", prof_calls, "profile_ns", prof_ns, "labels", nlabels,
-                         "labels_overflowed", labels_overflowed, "label_bytes", label_bytes);
+                         "labels_overflowed", labels_overflowed, "label_bytes", label_bytes,
+                         "label_reclaims", mvz_label_reclaims(), "stream_frees", s.stream_frees,
+                         "per_thread_counters", mvz_capture_per_thread_counters());
 }
 
 /* A frame resolved when its code object died: (filename, lineno, name, call)
@@ -258,10 +333,16 @@ static PyObject *resolved_frame(PyObject *t)
     return mvz_frame_row(PyTuple_GET_ITEM(t, 0), line, PyTuple_GET_ITEM(t, 2));
 }
 
-/* resolve(ids) -> {id: (Frame(filename, lineno, name), ...)} innermost first. */
-static PyObject *core_resolve(PyObject *self, PyObject *ids)
+/* resolve(ids, limit=0) -> {id: (Frame(filename, lineno, name), ...)}
+ * innermost first; with a limit, that many innermost frames at most (a
+ * stack's user frame is near its innermost end: Tracker.top reads no more). */
+static PyObject *core_resolve(PyObject *self, PyObject *args)
 {
     (void)self;
+    PyObject *ids;
+    int limit = 0;
+    if (!PyArg_ParseTuple(args, "O|i", &ids, &limit))
+        return NULL;
     if (mvz_ensure_store())
         return NULL;
     mvz_codeobj_adopt_pending(); /* every code object we are about to read is kept alive */
@@ -283,6 +364,8 @@ static PyObject *core_resolve(PyObject *self, PyObject *ids)
         int depth = mvz_store_stack_frames((uint32_t)id, buf, MVZ_MAX_DEPTH);
         if (depth < 0)
             depth = 0;
+        if (limit > 0 && depth > limit)
+            depth = limit;
         PyObject *stack = PyTuple_New(depth);
         if (!stack) {
             Py_DECREF(item);
@@ -462,9 +545,11 @@ static PyObject *core_copy(PyObject *self, PyObject *args)
         return PyErr_NoMemory();
     PyObject *live = mvz_alloc_rows(c.live, (long)c.nlive);
     PyObject *peaks = mvz_alloc_rows(c.peaks, (long)c.npeaks);
+    PyObject *tpeaks = mvz_alloc_rows(c.tpeaks, (long)c.ntpeaks);
     PyObject *points = mvz_timeline_rows(c.timeline, (long)c.ntimeline);
     PyObject *tot = totals_dict(c.totals);
-    return mvz_copy_result(live, tot, peaks, points, c.when); /* NULLs: released, NULL */
+    PyObject *btot = totals_dict(c.btotals);
+    return mvz_copy_result(live, tot, peaks, points, c.when, tpeaks, btot); /* NULLs: released, NULL */
 }
 
 /* window_open() -> WindowOpen(id, start_ns, {device: current bytes}) or None when all
@@ -682,7 +767,9 @@ PyMethodDef mvz_store_bindings[] = {
     {"peak_live", core_peak_live, METH_VARARGS,
      "peak_live(device, window=-1): AllocationRows live at the peak of a device (-1: host)."},
     {"totals", core_totals, METH_VARARGS, "totals(window=-1): per-device totals."},
-    {"block_totals", core_block_totals, METH_NOARGS,
+    {"tensor_peak_live", core_tensor_peak_live, METH_VARARGS,
+     "tensor_peak_live(device, window=-1): AllocationRows live at the peak of PyTorch's blocks."},
+    {"block_totals", core_block_totals, METH_VARARGS,
      "Per-device totals of PyTorch's caching-allocator blocks (inside the device's)."},
     {"sites", core_sites, METH_NOARGS, "SiteRow list: per-stack aggregates."},
     {"failures", core_failures, METH_NOARGS, "FailureRow list: the last failed allocations, oldest first."},
@@ -691,7 +778,11 @@ PyMethodDef mvz_store_bindings[] = {
     {"thread_serial", core_thread_serial, METH_NOARGS,
      "The calling thread's serial (unique in the process, unlike its ident)."},
     {"stats", core_stats, METH_NOARGS, "Counters and memviz's own memory."},
-    {"resolve", core_resolve, METH_O, "{stack id: (Frame(filename, lineno, name), ...)}, innermost first."},
+    {"live_groups", core_live_groups, METH_NOARGS,
+     "[(row, count)]: live allocations grouped by device, kind, thread, label, stack and flags (Tracker.top)."},
+    {"resolve", core_resolve, METH_VARARGS,
+     "resolve(ids, limit=0) -> {stack id: (Frame(filename, lineno, name), ...)}, innermost first "
+     "(the innermost `limit` frames only, if given)."},
     {"call_sites", core_call_sites, METH_O,
      "(code, offset) of each stack's innermost frame, or the call name made when its code died."},
     {"step_mark", core_step_mark, METH_VARARGS,

@@ -88,15 +88,19 @@ static PyObject *core_trace_writer_start(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *core_trace_writer_write(PyObject *self, PyObject *arg)
+/* trace_writer_write(data, stacks=-1, labels=-1): append chunks to the file;
+ * for chunks of names, how far the file names stacks and labels now
+ * (mvz_tw_write_named). */
+static PyObject *core_trace_writer_write(PyObject *self, PyObject *args)
 {
     (void)self;
     Py_buffer b;
-    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
+    long stacks = -1, labels = -1;
+    if (!PyArg_ParseTuple(args, "y*|ll:trace_writer_write", &b, &stacks, &labels))
         return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = mvz_tw_write((const uint8_t *)b.buf, (size_t)b.len);
+    rc = mvz_tw_write_named((const uint8_t *)b.buf, (size_t)b.len, stacks, labels);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&b);
     if (rc != 0)
@@ -104,12 +108,16 @@ static PyObject *core_trace_writer_write(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-static PyObject *core_trace_writer_flush(PyObject *self, PyObject *unused)
+/* trace_writer_flush(force=False): write what the ring holds (force: the
+ * events whose names are not written yet too). */
+static PyObject *core_trace_writer_flush(PyObject *self, PyObject *args)
 {
     (void)self;
-    (void)unused;
+    int force = 0;
+    if (!PyArg_ParseTuple(args, "|p:trace_writer_flush", &force))
+        return NULL;
     Py_BEGIN_ALLOW_THREADS
-    mvz_tw_flush();
+    mvz_tw_flush(force);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -184,9 +192,13 @@ PyMethodDef mvz_trace_bindings[] = {
     {"trace_writer_start", core_trace_writer_start, METH_VARARGS,
      "trace_writer_start(fd, capacity, level, interval_s, budget): the native writer (fd -1: the "
      "flight recorder's memory, `budget` bytes)."},
-    {"trace_writer_write", core_trace_writer_write, METH_O,
-     "Append bytes to the writer's file, between its chunks (GIL released)."},
-    {"trace_writer_flush", core_trace_writer_flush, METH_NOARGS, "Write every event the ring holds now."},
+    {"trace_writer_write", core_trace_writer_write, METH_VARARGS,
+     "trace_writer_write(data, stacks=-1, labels=-1): append bytes to the writer's file, between "
+     "its chunks (GIL released); for chunks of names, the file names stacks below `stacks` and "
+     "labels up to `labels` now, and the events that waited for them follow."},
+    {"trace_writer_flush", core_trace_writer_flush, METH_VARARGS,
+     "trace_writer_flush(force=False): write every event the ring holds now whose stack and "
+     "label are named in the file (force: every event)."},
     {"trace_writer_stop", core_trace_writer_stop, METH_NOARGS,
      "Write the rest and stop the writer thread and the ring."},
     {"trace_writer_release", core_trace_writer_release, METH_NOARGS,

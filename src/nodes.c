@@ -278,6 +278,16 @@ uint32_t mvz_nodes_label(const void *node)
     return id;
 }
 
+/* With the GIL, while nothing captures (after the label table's reclaim,
+ * labels.h): the cache's lock-free readers run only on the capture path,
+ * which is off, so clearing the entries races with no reader. */
+void mvz_nodes_forget_labels(void)
+{
+    pthread_mutex_lock(&cache_lock);
+    memset(cache, 0, sizeof cache);
+    pthread_mutex_unlock(&cache_lock);
+}
+
 /* ---- probing ----------------------------------------------------------- */
 
 int mvz_nodes_module(const char *suffix, size_t *modid, size_t *memsz)

@@ -52,6 +52,9 @@ uint64_t mvz_nodes_seq(const void *node);
 /* Hot path: the label id naming `node` and the forward stack of its number
  * ("\x01<name>\x1f#<stack id>"), interned; 0 if the label table is full. */
 uint32_t mvz_nodes_label(const void *node);
+/* With the GIL, nothing capturing: forget the cached node labels (their
+ * ids and texts), after mvz_labels_reclaim freed ids. */
+void mvz_nodes_forget_labels(void);
 
 /* Probing, with the GIL ------------------------------------------------- */
 

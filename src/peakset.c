@@ -20,12 +20,13 @@ void mvz_graves_reset(mvz_graveyard *g)
 /* Capture path, no GIL, store lock held: a pass over the preallocated
  * graveyard, in place. Amortised O(1) per free (see mvz_graves_on_free). */
 void mvz_graves_compact(mvz_graveyard *g, const mvz_totals totals[MVZ_NSLOTS],
-                        const mvz_windows *ws)
+                        const mvz_totals btotals[MVZ_NSLOTS], const mvz_windows *ws)
 {
     size_t keep = 0;
     for (size_t k = 0; k < g->n; k++) {
         const mvz_grave *e = &g->graves[k];
         if (e->freed > totals[e->a.slot].peak_timestamp ||
+            e->freed > btotals[e->a.slot].peak_timestamp ||
             (ws->open && mvz_windows_want_grave(ws, &e->a, e->freed)))
             g->graves[keep++] = *e;
     }
@@ -36,13 +37,15 @@ void mvz_graves_compact(mvz_graveyard *g, const mvz_totals totals[MVZ_NSLOTS],
  * region, and a compaction once the graveyard holds more than twice what
  * the peak sets can need. */
 void mvz_graves_on_free(mvz_graveyard *g, const mvz_alloc *a, uint64_t freed,
-                        const mvz_totals totals[MVZ_NSLOTS], const mvz_windows *ws)
+                        const mvz_totals totals[MVZ_NSLOTS], const mvz_totals btotals[MVZ_NSLOTS],
+                        const mvz_windows *ws)
 {
     if (!(a->timestamp <= totals[a->slot].peak_timestamp ||
+          a->timestamp <= btotals[a->slot].peak_timestamp ||
           (ws->open && mvz_windows_want_grave(ws, a, freed))))
         return;
     if (g->n >= g->max)
-        mvz_graves_compact(g, totals, ws);
+        mvz_graves_compact(g, totals, btotals, ws);
     if (g->n < g->max && mvz_region_ensure(&g->r, (g->n + 1) * sizeof(mvz_grave)) == 0) {
         g->graves[g->n].a = *a;
         g->graves[g->n].freed = freed;
@@ -50,11 +53,11 @@ void mvz_graves_on_free(mvz_graveyard *g, const mvz_alloc *a, uint64_t freed,
     }
     size_t bound = 0;
     for (int d = 0; d < MVZ_NSLOTS; d++)
-        bound += totals[d].peak_count;
+        bound += totals[d].peak_count + btotals[d].peak_count;
     if (ws->open)
         bound += mvz_windows_peak_count(ws);
     if (g->n > 2 * bound + 1024)
-        mvz_graves_compact(g, totals, ws);
+        mvz_graves_compact(g, totals, btotals, ws);
 }
 
 /* With the GIL (readers), store lock held: reads, and copies into the

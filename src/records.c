@@ -37,6 +37,8 @@ static PyStructSequence_Field alloc_fields[] = {
     {"seq", "ordering key: the same value as timestamp_ns for a live tracker (store "
             "timestamps are strictly increasing, but a block's may equal its segment's); "
             "kept at this position for readers that index rows"},
+    {"requested", "bytes asked for (size, less a block's rounding and unsplit remainder)"},
+    {"flags", "FLAG_BEFORE, FLAG_ESTIMATED, FLAG_MEMVIZ bits"},
     {NULL, NULL},
 };
 static PyStructSequence_Field failure_fields[] = {
@@ -100,6 +102,9 @@ static PyStructSequence_Field copy_fields[] = {
     {"peaks", "AllocationRow list: what was live at each device's peak"},
     {"timeline", "TimelinePoint list"},
     {"when_ns", "the store timestamp of the copy"},
+    {"tensor_peaks", "AllocationRow list: what was live at the peak of PyTorch's blocks on each "
+                     "device (the tensor peak)"},
+    {"block_totals", "{device: totals dict} of PyTorch's blocks alone"},
     {NULL, NULL},
 };
 static PyStructSequence_Field step_mark_fields[] = {
@@ -120,12 +125,14 @@ static PyStructSequence_Field start_fields[] = {
     {"holder", "with ERROR_MULTIPLE_SUBSCRIBERS: who holds CUPTI, when CUPTI says"},
     {"activity", "whether MEMORY2 activity records are on"},
     {"activity_error", "why activity records are off, or ''"},
+    {"cupti", "whether memviz subscribed to CUPTI"},
+    {"shared_with", "CUPTI's multi-subscriber mode: the other subscriber, or ''"},
     {NULL, NULL},
 };
 
 static PyStructSequence_Desc descs[R_COUNT] = {
     [R_ALLOC] = {"memviz._core.AllocationRow",
-                 "An allocation: live(), peak_live(), copy().live and .peaks.", alloc_fields, 10},
+                 "An allocation: live(), peak_live(), copy().live and .peaks.", alloc_fields, 12},
     [R_FAILURE] = {"memviz._core.FailureRow", "A failed allocation: failures().", failure_fields,
                    9},
     [R_SITE] = {"memviz._core.SiteRow", "A stack's aggregates: sites().", site_fields, 6},
@@ -141,11 +148,11 @@ static PyStructSequence_Desc descs[R_COUNT] = {
     [R_FRAME] = {"memviz._core.Frame", "A frame of a stack: resolve()'s values, innermost first.",
                  frame_fields, 3},
     [R_COPY] = {"memviz._core.StoreCopy", "What a tracker reads, copied at one instant: copy().",
-                copy_fields, 5},
+                copy_fields, 7},
     [R_STEP_MARK] = {"memviz._core.StepMark", "step_mark()'s result.", step_mark_fields, 2},
     [R_WINDOW_OPEN] = {"memviz._core.WindowOpen", "window_open()'s result.", window_open_fields,
                        3},
-    [R_START] = {"memviz._core.StartResult", "start()'s result.", start_fields, 6},
+    [R_START] = {"memviz._core.StartResult", "start()'s result.", start_fields, 8},
 };
 
 static PyTypeObject *types[R_COUNT];
@@ -209,11 +216,11 @@ PyObject *mvz_label_obj(uint32_t id)
 static PyObject *alloc_row(const void *p)
 {
     const mvz_alloc *a = p;
-    PyObject *v[10] = {U64(a->address),    U64(a->size),         DEVICE(a->slot),
+    PyObject *v[12] = {U64(a->address),    U64(a->size),         DEVICE(a->slot),
                        PyLong_FromLong(a->kind), U64(a->stream), U64(a->thread_idx),
                        mvz_label_obj(a->label_id), U64(a->timestamp), U64(a->stack_id),
-                       U64(a->timestamp)};
-    return make(R_ALLOC, v, 10);
+                       U64(a->timestamp), U64(a->size - a->slack), PyLong_FromLong(a->flags)};
+    return make(R_ALLOC, v, 12);
 }
 
 static PyObject *failure_row(const void *p)
@@ -321,10 +328,10 @@ PyObject *mvz_frame_row_unknown(void)
 }
 
 PyObject *mvz_copy_result(PyObject *live, PyObject *totals, PyObject *peaks, PyObject *timeline,
-                          uint64_t when_ns)
+                          uint64_t when_ns, PyObject *tensor_peaks, PyObject *block_totals)
 {
-    PyObject *v[5] = {live, totals, peaks, timeline, U64(when_ns)};
-    return make(R_COPY, v, 5);
+    PyObject *v[7] = {live, totals, peaks, timeline, U64(when_ns), tensor_peaks, block_totals};
+    return make(R_COPY, v, 7);
 }
 
 PyObject *mvz_step_mark_result(PyObject *devices, PyObject *changes)
@@ -340,10 +347,11 @@ PyObject *mvz_window_open_result(int id, uint64_t start_ns, PyObject *live)
 }
 
 PyObject *mvz_start_result(int result, const char *step, const char *error, const char *holder,
-                           int activity, const char *activity_error)
+                           int activity, const char *activity_error, int cupti, const char *shared_with)
 {
-    PyObject *v[6] = {PyLong_FromLong(result), PyUnicode_FromString(step),
+    PyObject *v[8] = {PyLong_FromLong(result), PyUnicode_FromString(step),
                       PyUnicode_FromString(error), PyUnicode_FromString(holder),
-                      PyBool_FromLong(activity), PyUnicode_FromString(activity_error)};
-    return make(R_START, v, 6);
+                      PyBool_FromLong(activity), PyUnicode_FromString(activity_error),
+                      PyBool_FromLong(cupti), PyUnicode_FromString(shared_with)};
+    return make(R_START, v, 8);
 }

@@ -11,7 +11,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "store.h"
+#include "record.h"
+#include "types.h"
 
 /* Create the types and add them to the module (AllocationRow, ...).
  * Returns 0, or -1 with an exception set. */
@@ -40,10 +41,10 @@ PyObject *mvz_frame_row_unknown(void);
 /* Composite results; they steal the object arguments (which may be NULL
  * after an error: then NULL is returned and the others are released). */
 PyObject *mvz_copy_result(PyObject *live, PyObject *totals, PyObject *peaks, PyObject *timeline,
-                          uint64_t when_ns);
+                          uint64_t when_ns, PyObject *tensor_peaks, PyObject *block_totals);
 PyObject *mvz_step_mark_result(PyObject *devices, PyObject *changes);
 PyObject *mvz_window_open_result(int id, uint64_t start_ns, PyObject *live);
 PyObject *mvz_start_result(int result, const char *step, const char *error, const char *holder,
-                           int activity, const char *activity_error);
+                           int activity, const char *activity_error, int cupti, const char *shared_with);
 
 #endif

@@ -5,6 +5,7 @@
  * caller's buffers, so it may run without the GIL (the binding keeps one
  * caller at a time). */
 #include "replay.h"
+#include "grow.h"
 #include "accounting.h"
 #include "hash.h"
 #include "livetab.h"
@@ -43,26 +44,6 @@ static int live_room(mvz_replayer *r)
     mvz_live_release(&r->live);
     r->live = bigger;
     return mvz_live_make_room(&r->live) < 0 ? -1 : 1;
-}
-
-/* ---- growable arrays ------------------------------------------------------------ */
-
-static int grow(void **p, size_t *cap, size_t need, size_t item)
-{
-    if (need <= *cap)
-        return 0;
-    size_t ncap = *cap ? *cap : 64;
-    while (ncap < need) {
-        if (ncap > SIZE_MAX / 2 / item)
-            return -1;
-        ncap *= 2;
-    }
-    void *q = realloc(*p, ncap * item);
-    if (!q)
-        return -1;
-    *p = q;
-    *cap = ncap;
-    return 0;
 }
 
 /* ---- the timeline of a slot --------------------------------------------------- */
@@ -184,14 +165,23 @@ long mvz_replay_block_addresses(const mvz_replayer *r, int slot, uint64_t **out)
 
 /* ---- peak sets: the graveyard ------------------------------------------------------ */
 
-/* Drop the entries no peak set can need any more: freed before their slot's
- * peak (peaks only move later). */
+/* Drop the entries no peak set can need any more: a grave is in a peak's
+ * set only while it was made at or before that peak and freed after it
+ * (peaks only move later, past every free seen so far). Kept: those in the
+ * set of their slot's device peak or of its tensor peak, at most `bound`.
+ * (Keeping every grave freed after either peak kept those made after the
+ * device peak for a tensor peak that had moved on: a run whose device peak
+ * came early never shrank its graveyard, and compacted on nearly every free;
+ * loading a 7 M-event trace took 90 s.) */
 static void graves_compact(mvz_replayer *r)
 {
     size_t keep = 0;
     for (size_t k = 0; k < r->ngraves; k++) {
         const mvz_replay_grave *g = &r->graves[k];
-        if ((int64_t)g->freed > r->slots[(uint8_t)g->a.slot].peak_index)
+        const mvz_replay_slot *sl = &r->slots[(uint8_t)g->a.slot];
+        int64_t made = (int64_t)MVZ_REPLAY_INDEX(&g->a), freed = (int64_t)g->freed;
+        if ((made <= sl->peak_index && freed > sl->peak_index) ||
+            (made <= sl->tpeak_index && freed > sl->tpeak_index))
             r->graves[keep++] = *g;
     }
     r->ngraves = keep;
@@ -203,11 +193,13 @@ static void graves_compact(mvz_replayer *r)
  * the peak sets can need, so each end costs O(1) amortised. */
 static int graves_on_end(mvz_replayer *r, const mvz_alloc *a, uint64_t freed)
 {
-    if ((int64_t)MVZ_REPLAY_INDEX(a) > r->slots[(uint8_t)a->slot].peak_index)
+    const mvz_replay_slot *sl = &r->slots[(uint8_t)a->slot];
+    if ((int64_t)MVZ_REPLAY_INDEX(a) > sl->peak_index &&
+        (int64_t)MVZ_REPLAY_INDEX(a) > sl->tpeak_index)
         return 0;
     if (r->ngraves >= 2 * r->bound + 1024)
         graves_compact(r);
-    if (grow((void **)&r->graves, &r->capgraves, r->ngraves + 1, sizeof *r->graves))
+    if (mvz_grow((void **)&r->graves, &r->capgraves, r->ngraves + 1, sizeof *r->graves))
         return -1;
     r->graves[r->ngraves].a = *a;
     r->graves[r->ngraves].freed = freed;
@@ -221,14 +213,16 @@ static int by_index(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* The peak set of one slot, appended at out[m]; returns the new count. */
-static size_t peak_set_of(const mvz_replayer *r, int d, mvz_alloc *out, size_t m)
+/* The peak set of one slot (with `tensor`, at the peak of its blocks),
+ * appended at out[m]; returns the new count. */
+static size_t peak_set_of(const mvz_replayer *r, int d, int tensor, mvz_alloc *out, size_t m)
 {
     const mvz_replay_slot *s = &r->slots[d];
-    if (s->peak_index < 0)
+    int64_t pi = tensor ? s->tpeak_index : s->peak_index;
+    if (pi < 0)
         return m;
     size_t first = m;
-    uint64_t p = (uint64_t)s->peak_index;
+    uint64_t p = (uint64_t)pi;
     for (size_t k = 0; k < r->live.count; k++) {
         const mvz_alloc *a = &r->live.allocs[k];
         if ((uint8_t)a->slot == d && MVZ_REPLAY_INDEX(a) <= p)
@@ -240,22 +234,27 @@ static size_t peak_set_of(const mvz_replayer *r, int d, mvz_alloc *out, size_t m
             out[m++] = g->a;
     }
     qsort(out + first, m - first, sizeof *out, by_index);
-    if (s->has_block)
+    if (!tensor && s->has_block)
         out[m++] = s->block;
     return m;
 }
 
 long mvz_replay_peak_set(const mvz_replayer *r, int slot, mvz_alloc **out)
 {
+    return mvz_replay_peak_set_of(r, slot, 0, out);
+}
+
+long mvz_replay_peak_set_of(const mvz_replayer *r, int slot, int tensor, mvz_alloc **out)
+{
     size_t room = r->live.count + r->ngraves + MVZ_REPLAY_SLOTS + 1;
     *out = malloc(room * sizeof **out);
     if (!*out)
         return -1;
     if (slot >= 0)
-        return (long)peak_set_of(r, slot & 0xFF, *out, 0);
+        return (long)peak_set_of(r, slot & 0xFF, tensor, *out, 0);
     size_t m = 0;
     for (int d = 0; d < MVZ_REPLAY_SLOTS; d++)
-        m = peak_set_of(r, d, *out, m);
+        m = peak_set_of(r, d, tensor, *out, m);
     /* Every slot at its own peak, in the order of the ALLOC events (two
      * entries of one index are one allocation: a slot's block found after
      * its peak may be in another slot's set too). */
@@ -287,7 +286,7 @@ int mvz_replayer_init(mvz_replayer *r, uint64_t start_ns, int summary)
         if (!r->slots)
             goto fail;
         for (int d = 0; d < MVZ_REPLAY_SLOTS; d++)
-            r->slots[d].peak_index = -1;
+            r->slots[d].peak_index = r->slots[d].tpeak_index = -1;
     }
     return 0;
 fail:
@@ -309,19 +308,16 @@ void mvz_replayer_release(mvz_replayer *r)
     memset(r, 0, sizeof *r);
 }
 
+/* The record of an event (record.h's decoding: every field the file has),
+ * in the replay's terms (replay.h): dated by its index, its time where the
+ * stream goes, its device as the replay's slot. */
 static void fill(mvz_alloc *a, const mvz_event *e, uint64_t index, uint64_t ts)
 {
-    memset(a, 0, sizeof *a);
-    a->address = e->address;
-    a->size = e->size;
+    mvz_event_decode(a, e, ts);
     MVZ_REPLAY_TIME(a) = ts;
     MVZ_REPLAY_INDEX(a) = index;
-    a->stack_id = e->stack_id;
-    a->thread_idx = e->thread_idx;
-    a->label_id = e->label_id;
     a->slot = (int16_t)(uint8_t)e->device;
-    a->kind = e->kind;
-    a->flags = e->flags;
+    a->op = MVZ_EV_ALLOC;
 }
 
 /* An ALLOC: the lookahead of every slot whose peak is waiting for its block. */
@@ -379,7 +375,7 @@ int mvz_replay_event(mvz_replayer *r, const mvz_event *e, mvz_alloc *ended)
         if (s) {
             s->present = 1;
             s->failed++;
-            if (grow((void **)&r->fails, &r->capfails, r->nfails + 1, sizeof *r->fails))
+            if (mvz_grow((void **)&r->fails, &r->capfails, r->nfails + 1, sizeof *r->fails))
                 return -1;
             fill(&r->fails[r->nfails++], e, i, r->ts);
         }
@@ -392,13 +388,9 @@ int mvz_replay_event(mvz_replayer *r, const mvz_event *e, mvz_alloc *ended)
         if (is_alloc) {
             s->allocs++;
             s->alloc_bytes += e->size;
-            s->level += (mvz_wide)e->size;
         } else {
             s->frees++;
-            s->level -= (mvz_wide)e->size;
         }
-        if (series_push(&s->series, i, r->ts, s->level))
-            return -1;
     }
     size_t at = mvz_live_find(&r->live, e->address, k, &found);
     if (found) { /* its FREE (or, for an ALLOC, the free it was not seen to have) */
@@ -407,8 +399,19 @@ int mvz_replay_event(mvz_replayer *r, const mvz_event *e, mvz_alloc *ended)
         ret = 1;
         if (r->summary) {
             mvz_replay_slot *o = &r->slots[(uint8_t)a->slot];
-            if (a->kind != MVZ_KIND_BLOCK)
+            if (a->kind == MVZ_KIND_BLOCK) {
+                mvz_totals_free(&o->bt, a->size); /* the tensor peak's totals */
+                if (((a->flags | e->flags) & (MVZ_FLAG_STREAM | MVZ_FLAG_MEMVIZ)) == MVZ_FLAG_STREAM)
+                    r->stream_frees++; /* not memviz's own probe's */
+            } else {
+                /* The timeline follows the totals, as the store's does: a
+                 * block lies inside a segment the totals hold, so it is no
+                 * change. */
                 mvz_totals_free(&o->t, a->size);
+                o->level -= (mvz_wide)a->size;
+                if (series_push(&o->series, i, r->ts, o->level))
+                    return -1;
+            }
             o->live_all--;
             if (graves_on_end(r, a, i))
                 return -1;
@@ -433,58 +436,31 @@ int mvz_replay_event(mvz_replayer *r, const mvz_event *e, mvz_alloc *ended)
     if (k == MVZ_KIND_BLOCK) {
         if (block_add(r, e->address, d))
             return -1;
-    } else if (mvz_totals_alloc(&s->t, e->size, i)) {
+        if (mvz_totals_alloc(&s->bt, e->size, i)) { /* the tensor peak */
+            s->tpeak_index = (int64_t)i;
+            s->tpeak_ts = r->ts;
+            r->bound += s->live_all - s->tpeak_all;
+            s->tpeak_all = s->live_all;
+        }
+        return ret;
+    }
+    if (mvz_totals_alloc(&s->t, e->size, i)) {
         s->peak_index = (int64_t)i;
         s->peak_ts = r->ts;
         r->bound += s->live_all - s->peak_all;
         s->peak_all = s->live_all;
         look_for_block(r, d, a);
     }
+    s->level += (mvz_wide)e->size;
+    if (series_push(&s->series, i, r->ts, s->level))
+        return -1;
     return ret;
-}
-
-static inline uint64_t le(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int j = n - 1; j >= 0; j--)
-        v = v << 8 | p[j];
-    return v;
-}
-
-/* A record's fields from its 32 bytes (little-endian in the file, whatever
- * this machine's order). */
-static void decode(const uint8_t *b, mvz_event *e)
-{
-    e->ts_delta = (uint32_t)le(b, 4);
-    e->op = b[4];
-    e->kind = b[5];
-    e->device = (int8_t)b[6];
-    e->flags = b[7];
-    e->stack_id = (uint32_t)le(b + 8, 4);
-    e->thread_idx = (uint16_t)le(b + 12, 2);
-    e->label_id = (uint16_t)le(b + 14, 2);
-    e->address = le(b + 16, 8);
-    e->size = le(b + 24, 8);
 }
 
 #define BATCH 64
 
-/* Bytes lo..lo+n-1 of records k..k+m-1, from byte planes, as numbers: one
- * plane at a time, so each loop reads runs of bytes (and vectorises). */
-static void plane_field(const uint8_t *records, size_t count, size_t k, size_t m, int lo, int n,
-                        uint64_t *out)
-{
-    for (size_t i = 0; i < m; i++)
-        out[i] = 0;
-    for (int b = n - 1; b >= 0; b--) {
-        const uint8_t *plane = records + (size_t)(lo + b) * count + k;
-        for (size_t i = 0; i < m; i++)
-            out[i] = out[i] << 8 | plane[i];
-    }
-}
-
-int mvz_replay_chunk(mvz_replayer *r, const uint8_t *records, size_t count, int layout,
-                     size_t start, size_t stop, mvz_replay_visit visit, void *ctx)
+int mvz_replay_chunk(mvz_replayer *r, const uint8_t *records, size_t count, size_t width,
+                     int layout, size_t start, size_t stop, mvz_replay_visit visit, void *ctx)
 {
     mvz_event ev[BATCH];
     uint64_t f[BATCH];
@@ -494,34 +470,9 @@ int mvz_replay_chunk(mvz_replayer *r, const uint8_t *records, size_t count, int 
         size_t m = stop - k < BATCH ? stop - k : BATCH;
         if (layout == 0) {
             for (size_t i = 0; i < m; i++)
-                decode(records + (k + i) * 32, &ev[i]);
-        } else { /* byte planes: field by field */
-            plane_field(records, count, k, m, 0, 4, f);
-            for (size_t i = 0; i < m; i++)
-                ev[i].ts_delta = (uint32_t)f[i];
-            plane_field(records, count, k, m, 8, 4, f);
-            for (size_t i = 0; i < m; i++)
-                ev[i].stack_id = (uint32_t)f[i];
-            plane_field(records, count, k, m, 12, 2, f);
-            for (size_t i = 0; i < m; i++)
-                ev[i].thread_idx = (uint16_t)f[i];
-            plane_field(records, count, k, m, 14, 2, f);
-            for (size_t i = 0; i < m; i++)
-                ev[i].label_id = (uint16_t)f[i];
-            plane_field(records, count, k, m, 16, 8, f);
-            for (size_t i = 0; i < m; i++)
-                ev[i].address = f[i];
-            plane_field(records, count, k, m, 24, 8, f);
-            for (size_t i = 0; i < m; i++)
-                ev[i].size = f[i];
-            const uint8_t *op = records + 4 * count + k, *kind = records + 5 * count + k,
-                          *dev = records + 6 * count + k, *flags = records + 7 * count + k;
-            for (size_t i = 0; i < m; i++) {
-                ev[i].op = op[i];
-                ev[i].kind = kind[i];
-                ev[i].device = (int8_t)dev[i];
-                ev[i].flags = flags[i];
-            }
+                mvz_event_read(records + (k + i) * width, width, &ev[i]);
+        } else { /* byte planes: field by field (record.h) */
+            mvz_event_read_planes(records, count, width, k, m, ev, f);
         }
         for (size_t i = 0; i < m; i++) {
             mvz_alloc ended;

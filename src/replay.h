@@ -11,8 +11,9 @@
  * the whole run: each device's totals and peak, the allocations live at
  * each peak (the store's peak-set idea, peakset.c: the live table plus a
  * graveyard of what was freed after the peak), the failures, a bounded
- * timeline (each bucket's highest point, buckets merged in pairs when
- * full) and the addresses PyTorch's blocks ever had.
+ * timeline of the totals (each bucket's highest point, buckets merged in
+ * pairs when full; blocks are no change, as in the store's timeline) and
+ * the addresses PyTorch's blocks ever had.
  *
  * With the GIL or without (it touches only its own state and the caller's
  * buffers); never on the capture path, so it mallocs. Calls livetab.c,
@@ -22,7 +23,8 @@
 #define MEMVIZ_REPLAY_H
 
 #include "livetab.h"
-#include "store.h"
+#include "record.h"
+#include "types.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -46,7 +48,8 @@ typedef uint64_t mvz_uwide;
 
 /* A replayed allocation is an mvz_alloc whose `timestamp` is the index of
  * its ALLOC event in the trace (the order the peak rules compare) and whose
- * `stream` is the event's time in ns (a trace records no stream). */
+ * `stream` is the event's time in ns: so a replay's rows carry no stream
+ * (the events themselves do: feed_events() gives each one's). */
 #define MVZ_REPLAY_INDEX(a) ((a)->timestamp)
 #define MVZ_REPLAY_TIME(a) ((a)->stream)
 
@@ -70,10 +73,14 @@ typedef struct {
     uint64_t peak_ts;       /* its time */
     uint64_t live_all;      /* live allocations of the slot, blocks too */
     uint64_t peak_all;      /* live_all at the peak (the graveyard's bound) */
+    mvz_totals bt;          /* PyTorch's blocks alone: the tensor peak (bt.peak) */
+    int64_t tpeak_index;    /* the block ALLOC that made the tensor peak, -1: none */
+    uint64_t tpeak_ts;      /* its time */
+    uint64_t tpeak_all;     /* live_all then */
     uint64_t allocs, frees, failed; /* events of each op, every kind */
     mvz_uwide alloc_bytes;  /* sizes of the ALLOC events, every kind */
     int present;            /* an ALLOC or FAILED event named the slot */
-    mvz_wide level;         /* the timeline's level: +size per ALLOC, -size per FREE */
+    mvz_wide level;         /* the timeline's level: t.current, without wrapping */
     mvz_replay_series series;
     /* The block the thread of the peak's segment asked for, looked for among
      * the MVZ_REPLAY_LOOKAHEAD allocations after the peak. */
@@ -104,6 +111,7 @@ typedef struct {
     uint16_t *bslot; /* 0: empty, else slot + 1 */
     size_t bn, bcap;
     mvz_uwide dropped; /* the GAP records' counts */
+    uint64_t stream_frees; /* frees of blocks flagged MVZ_FLAG_STREAM */
     uint8_t looking[MVZ_REPLAY_SLOTS];
     int nlooking;
 } mvz_replayer;
@@ -123,16 +131,18 @@ void mvz_replayer_release(mvz_replayer *r);
  * 1), else 0; -1: out of memory. */
 int mvz_replay_event(mvz_replayer *r, const mvz_event *e, mvz_alloc *ended);
 
-/* Events [start, stop) of an EVENTS chunk's `count` records (layout 0:
- * records one after another, 1: byte planes), in order; `visit` (may be
- * NULL) after each. 0, or -1 when out of memory or visit stopped. */
-int mvz_replay_chunk(mvz_replayer *r, const uint8_t *records, size_t count, int layout,
-                     size_t start, size_t stop, mvz_replay_visit visit, void *ctx);
+/* Events [start, stop) of an EVENTS chunk's `count` records of `width`
+ * bytes (the file format's: record.h; layout 0: records one after another,
+ * 1: byte planes), in order; `visit` (may be NULL) after each. 0, or -1
+ * when out of memory or visit stopped. */
+int mvz_replay_chunk(mvz_replayer *r, const uint8_t *records, size_t count, size_t width,
+                     int layout, size_t start, size_t stop, mvz_replay_visit visit, void *ctx);
 
 /* Summary reads. The allocations live at the peak of `slot` (-1: of every
  * slot, each at its own), into a malloc'd array (the caller frees), ordered
  * by their ALLOC events (a slot's block found after its peak last in its
  * slot's share). Returns the count or -1. */
+long mvz_replay_peak_set_of(const mvz_replayer *r, int slot, int tensor, mvz_alloc **out);
 long mvz_replay_peak_set(const mvz_replayer *r, int slot, mvz_alloc **out);
 /* The live allocations, ordered by their ALLOC events (malloc'd). */
 long mvz_replay_live(const mvz_replayer *r, mvz_alloc **out);

@@ -58,11 +58,11 @@ static int table_room(mvz_cat_entry **t, size_t *n, size_t *cap, int by_value)
     return 0;
 }
 
-int mvz_catpass_known(mvz_catpass *c, int slot, uint64_t address, uint64_t ts, int cat)
+int mvz_catpass_known(mvz_catpass *c, int slot, int kind, uint64_t address, uint64_t ts, int cat)
 {
     if (table_room(&c->known, &c->k_n, &c->k_cap, 1))
         return -1;
-    uint32_t key = (uint32_t)slot + 1;
+    uint32_t key = (uint32_t)(slot << 8 | (kind & 0xFF)) + 1;
     size_t mask = c->k_cap - 1, i = home(key, address, ts, mask);
     for (; c->known[i].key; i = (i + 1) & mask) {
         mvz_cat_entry *e = &c->known[i];
@@ -76,11 +76,11 @@ int mvz_catpass_known(mvz_catpass *c, int slot, uint64_t address, uint64_t ts, i
     return 0;
 }
 
-static int known_get(const mvz_catpass *c, int slot, uint64_t address, uint64_t ts)
+static int known_get(const mvz_catpass *c, int slot, int kind, uint64_t address, uint64_t ts)
 {
     if (!c->k_n)
         return MVZ_CAT_UNKNOWN;
-    uint32_t key = (uint32_t)slot + 1;
+    uint32_t key = (uint32_t)(slot << 8 | (kind & 0xFF)) + 1;
     size_t mask = c->k_cap - 1, i = home(key, address, ts, mask);
     for (; c->known[i].key; i = (i + 1) & mask) {
         const mvz_cat_entry *e = &c->known[i];
@@ -144,10 +144,10 @@ static int seg_before(const mvz_cat_segment *a, const mvz_cat_segment *b)
 }
 
 static int seg_insert(mvz_catpass *c, int slot, uint64_t address, uint64_t size, uint64_t ts,
-                      int cat)
+                      int cat, uint32_t thread)
 {
     mvz_cat_segments *s = &c->segs[slot];
-    mvz_cat_segment x = {address, size, ts, c->seg_seq++, cat, 0};
+    mvz_cat_segment x = {address, size, ts, c->seg_seq++, c->allocs, thread, cat, 0, 1};
     if (!s->n) {
         if (grow_runs(s, 1))
             return -1;
@@ -389,6 +389,31 @@ static int add(mvz_catpass *c, int slot, int cat, uint64_t ts, mvz_wide delta)
 
 /* ---- the rules ------------------------------------------------------------------ */
 
+/* The end of a live allocation at `ts` (its FREE, or an ALLOC at its
+ * address whose free was not seen). */
+static int end_one(mvz_catpass *c, int slot, int kind, uint64_t address, uint64_t ts)
+{
+    int cat;
+    uint64_t size;
+    if (!live_pop(c, slot, kind, address, &cat, &size))
+        return 0;
+    if (kind == MVZ_KIND_DEVICE) {
+        size_t r, i;
+        if (seg_lower(c, slot, address, &r, &i) && c->segs[slot].runs[r]->v[i].address == address) {
+            if (c->segs[slot].runs[r]->v[i].pool) /* what is left of a pool segment is unused pool */
+                cat = MVZ_CAT_POOL;
+            seg_remove(c, slot, r, i);
+        }
+    } else if (kind == MVZ_KIND_BLOCK) {
+        mvz_cat_segment *g = segment_of(c, slot, address);
+        if (g && g->pool && add(c, slot, MVZ_CAT_POOL, ts, (mvz_wide)size))
+            return -1;
+        if (add(c, slot, MVZ_CAT_TENSORS, ts, -(mvz_wide)size))
+            return -1;
+    }
+    return add(c, slot, cat, ts, -(mvz_wide)size);
+}
+
 int mvz_catpass_visit(void *ctx, const mvz_event *e, uint64_t index, uint64_t ts,
                       const mvz_alloc *ended)
 {
@@ -396,16 +421,25 @@ int mvz_catpass_visit(void *ctx, const mvz_event *e, uint64_t index, uint64_t ts
     mvz_catpass *c = ctx;
     if (e->op == MVZ_EV_ALLOC) {
         int slot = (uint8_t)e->device, kind = e->kind;
-        int cat = known_get(c, slot, e->address, ts);
+        c->allocs++;
+        /* an earlier allocation at its address, whose free was not seen */
+        if (ended && end_one(c, (uint8_t)ended->slot, ended->kind, ended->address, ts))
+            return c->failed = -1;
+        int cat = known_get(c, slot, kind, e->address, ts);
+        uint64_t at = ts;
         if (kind == MVZ_KIND_BLOCK) {
             mvz_cat_segment *g = segment_of(c, slot, e->address);
             if (g) {
-                /* A block is dated when it was asked for, maybe before the
-                 * segment made for it: move the bytes once both exist. */
-                uint64_t at = ts > g->ts ? ts : g->ts;
-                if (!g->pool) { /* the segment's first block: its bytes are the pool's */
-                    if (add(c, slot, g->cat, at, -(mvz_wide)g->size) ||
-                        add(c, slot, MVZ_CAT_POOL, at, (mvz_wide)g->size))
+                if (g->waiting && e->thread_idx == g->thread &&
+                    c->allocs - g->allocs <= MVZ_REPLAY_LOOKAHEAD) {
+                    at = g->ts; /* the block the segment was made for */
+                    g->waiting = 0;
+                } else if (g->ts > ts) {
+                    at = g->ts;
+                }
+                if (!g->pool) { /* its first block: the segment is the pool's since it was made */
+                    if (add(c, slot, g->cat, g->ts, -(mvz_wide)g->size) ||
+                        add(c, slot, MVZ_CAT_POOL, g->ts, (mvz_wide)g->size))
                         return c->failed = -1;
                     g->cat = MVZ_CAT_POOL;
                     g->pool = 1;
@@ -413,33 +447,21 @@ int mvz_catpass_visit(void *ctx, const mvz_event *e, uint64_t index, uint64_t ts
                 if (add(c, slot, MVZ_CAT_POOL, at, -(mvz_wide)e->size))
                     return c->failed = -1;
             }
-        } else if (kind == MVZ_KIND_DEVICE && seg_insert(c, slot, e->address, e->size, ts, cat)) {
+            if (add(c, slot, MVZ_CAT_TENSORS, at, (mvz_wide)e->size))
+                return c->failed = -1;
+        } else if (kind == MVZ_KIND_DEVICE &&
+                   seg_insert(c, slot, e->address, e->size, ts, cat, e->thread_idx)) {
             return c->failed = -1;
         }
         if (live_put(c, slot, kind, e->address, cat, e->size) ||
-            add(c, slot, cat, ts, (mvz_wide)e->size))
+            add(c, slot, cat, at, (mvz_wide)e->size))
             return c->failed = -1;
     } else if (e->op == MVZ_EV_FREE) {
         /* what it freed, as it was made (a free of nothing known: its own record) */
         int slot = ended ? (uint8_t)ended->slot : (uint8_t)e->device;
         int kind = ended ? ended->kind : e->kind;
-        uint64_t address = ended ? ended->address : e->address, size;
-        int cat;
-        if (!live_pop(c, slot, kind, address, &cat, &size))
-            return 0;
-        if (kind == MVZ_KIND_DEVICE) {
-            size_t r, i;
-            if (seg_lower(c, slot, address, &r, &i) && c->segs[slot].runs[r]->v[i].address == address) {
-                if (c->segs[slot].runs[r]->v[i].pool) /* what is left of a pool segment is unused pool */
-                    cat = MVZ_CAT_POOL;
-                seg_remove(c, slot, r, i);
-            }
-        } else if (kind == MVZ_KIND_BLOCK) {
-            mvz_cat_segment *g = segment_of(c, slot, address);
-            if (g && g->pool && add(c, slot, MVZ_CAT_POOL, ts, (mvz_wide)size))
-                return c->failed = -1;
-        }
-        if (add(c, slot, cat, ts, -(mvz_wide)size))
+        uint64_t address = ended ? ended->address : e->address;
+        if (end_one(c, slot, kind, address, ts))
             return c->failed = -1;
     }
     return 0;
@@ -474,7 +496,7 @@ int mvz_catpass_finish(mvz_catpass *c)
 int mvz_catpass_init(mvz_catpass *c, int ncat, size_t limit)
 {
     memset(c, 0, sizeof *c);
-    c->ncat = ncat < 2 ? 2 : ncat;
+    c->ncat = ncat < 3 ? 3 : ncat;
     c->limit = limit & ~(size_t)1;
     c->series = calloc((size_t)MVZ_REPLAY_SLOTS * (size_t)c->ncat, sizeof *c->series);
     c->window = malloc(MVZ_CAT_WINDOW * sizeof *c->window);

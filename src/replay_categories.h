@@ -4,10 +4,17 @@
  * millions of events needs no Python object per event.
  *
  * Every byte counts once, as snapshots count them: a PyTorch block (kind
- * "block") lies inside a segment (a "device" allocation); from the first
- * block seen in it, the segment counts as unused_pool, less the blocks it
- * holds. An allocation's category is the one the snapshots gave it (the
- * "known" ones: live at the end or at a peak), else <unknown>.
+ * "block") lies inside a segment (a "device" allocation); a segment that
+ * gets a block counts, from when it was made, as unused_pool, less the
+ * blocks it holds; the block the segment was made for (the first of the
+ * segment's thread inside it, among the MVZ_REPLAY_LOOKAHEAD allocations
+ * after it) counts from the segment's time, as a peak's set holds it
+ * (replay.c). The blocks' bytes are also a series of their own
+ * (MVZ_CAT_TENSORS, PyTorch's tensors), never added to the segments. An
+ * allocation's category is the one the snapshots gave it (the "known"
+ * ones: live at the end or at a peak, by device, kind, address and time),
+ * else <unknown>. memviz/report/_categories.py owns these rules; this file
+ * follows them.
  *
  * Changes come in the events' order and are summed in time order, as the
  * Python rules sort them: a window of the last MVZ_CAT_WINDOW changes is
@@ -30,6 +37,7 @@
 
 #define MVZ_CAT_UNKNOWN 0 /* "<unknown>" */
 #define MVZ_CAT_POOL 1    /* "unused_pool" */
+#define MVZ_CAT_TENSORS 2 /* PyTorch's tensors: its blocks' bytes (not a category) */
 #define MVZ_CAT_WINDOW ((size_t)1 << 19)
 
 typedef struct {
@@ -60,7 +68,7 @@ typedef struct {
 typedef struct {
     uint64_t address;
     uint64_t value; /* known: the time it was made; live: its size */
-    uint32_t key;   /* known: slot + 1; live: (slot << 8 | kind) + 1 */
+    uint32_t key;   /* (slot << 8 | kind) + 1 */
     int cat;
 } mvz_cat_entry;
 
@@ -70,7 +78,10 @@ typedef struct {
  * a change moves at most one run and the runs' pointers). */
 typedef struct {
     uint64_t address, size, ts, seq;
+    uint64_t allocs; /* ALLOC events seen when it was made */
+    uint32_t thread; /* the thread that made it */
     int cat, pool;
+    int waiting; /* for the block it was made for */
 } mvz_cat_segment;
 
 #define MVZ_CAT_RUN 64
@@ -96,6 +107,7 @@ typedef struct {
     size_t l_n, l_cap;
     mvz_cat_segments segs[MVZ_REPLAY_SLOTS]; /* live device allocations, by address */
     uint64_t seg_seq;
+    uint64_t allocs; /* ALLOC events seen */
     mvz_cat_series **series;                 /* [slot * ncat + cat], made on first change */
     uint32_t nseries;
     mvz_cat_change *window;
@@ -107,13 +119,14 @@ typedef struct {
     int failed; /* out of memory: the result is not to be read */
 } mvz_catpass;
 
-/* `ncat` categories (0 and 1 are MVZ_CAT_UNKNOWN and MVZ_CAT_POOL); `limit`
+/* `ncat` categories (0, 1 and 2 are MVZ_CAT_UNKNOWN, MVZ_CAT_POOL and
+ * MVZ_CAT_TENSORS); `limit`
  * points per series (0: every point). 0, or -1 out of memory. */
 int mvz_catpass_init(mvz_catpass *c, int ncat, size_t limit);
 void mvz_catpass_release(mvz_catpass *c);
-/* The category the snapshots gave the allocation of `slot` at `address`
- * made at `ts`. 0 or -1. */
-int mvz_catpass_known(mvz_catpass *c, int slot, uint64_t address, uint64_t ts, int cat);
+/* The category the snapshots gave the allocation of `slot` and `kind` at
+ * `address` made at `ts`. 0 or -1. */
+int mvz_catpass_known(mvz_catpass *c, int slot, int kind, uint64_t address, uint64_t ts, int cat);
 /* The replay's visitor (ctx: the mvz_catpass). */
 int mvz_catpass_visit(void *ctx, const mvz_event *e, uint64_t index, uint64_t ts,
                       const mvz_alloc *ended);

@@ -62,18 +62,38 @@ void mvz_stacks_reset(mvz_stacks *s)
     mvz_region_discard(&s->frames_r);
 }
 
-static uint64_t stack_hash(const mvz_frame *f, int depth)
+/* Capture path, no GIL, no lock: reads only the frames it is given (the
+ * caller's own array). Four independent multiply-xorshift chains, frame i
+ * feeding chain i % 4, joined by one full mix: a chain's multiply latency,
+ * not the number of multiplies, bounds the time, so a 32-frame stack costs 8
+ * dependent steps instead of 32 (about 60 ns down to 15 on the machines
+ * measured; benchmarks/RESULTS.md, issue 27). Order is kept: a frame's
+ * chain and its place in that chain both count. */
+uint64_t mvz_stacks_hash(const mvz_frame *f, int depth)
 {
-    /* One multiply per frame (the multiply-xorshift chain keeps order and
-     * mixes well enough for a table keyed on pointers), one full mix at the
-     * end: hashing a 32-frame stack costs tens of nanoseconds. */
-    uint64_t h = 0x84222325cbf29ce4ULL ^ (uint64_t)depth;
-    for (int i = 0; i < depth; i++) {
-        uint64_t w = (uint64_t)(uintptr_t)f[i].code ^ ((uint64_t)(uint32_t)f[i].offset << 40);
-        h = (h ^ w) * 0x9e3779b97f4a7c15ULL;
-        h ^= h >> 29;
+#define MVZ_HASH_STEP(h, fr)                                                                   \
+    do {                                                                                    \
+        uint64_t w_ = (uint64_t)(uintptr_t)(fr).code ^ ((uint64_t)(uint32_t)(fr).offset << 40); \
+        h = (h ^ w_) * 0x9e3779b97f4a7c15ULL;                                               \
+        h ^= h >> 29;                                                                       \
+    } while (0)
+    uint64_t h0 = 0x84222325cbf29ce4ULL ^ (uint64_t)depth, h1 = 0x243f6a8885a308d3ULL,
+             h2 = 0x13198a2e03707344ULL, h3 = 0xa4093822299f31d0ULL;
+    int i = 0;
+    for (; i + 4 <= depth; i += 4) {
+        MVZ_HASH_STEP(h0, f[i]);
+        MVZ_HASH_STEP(h1, f[i + 1]);
+        MVZ_HASH_STEP(h2, f[i + 2]);
+        MVZ_HASH_STEP(h3, f[i + 3]);
     }
-    return mvz_mix64(h);
+    for (; i < depth; i++)
+        MVZ_HASH_STEP(h0, f[i]);
+#undef MVZ_HASH_STEP
+    /* rotated apart, so that chains holding the same frames do not cancel */
+    h1 = h1 << 17 | h1 >> 47;
+    h2 = h2 << 31 | h2 >> 33;
+    h3 = h3 << 47 | h3 >> 17;
+    return mvz_mix64(h0 ^ h1 ^ h2 ^ h3);
 }
 
 static int stack_eq(const mvz_stacks *s, const mvz_stack *st, uint64_t h, const mvz_frame *f,
@@ -106,13 +126,19 @@ static int index_grow(mvz_stacks *s)
     return 0;
 }
 
-/* Capture path, no GIL, store lock held: a probe sequence in a table kept at
- * most half full and copies into preallocated regions; no allocation. */
+/* Capture path, no GIL, store lock held: as mvz_stacks_intern_hashed. */
 uint32_t mvz_stacks_intern(mvz_stacks *s, const mvz_frame *f, int depth)
+{
+    return depth <= 0 ? 0 : mvz_stacks_intern_hashed(s, f, depth, mvz_stacks_hash(f, depth));
+}
+
+/* Capture path, no GIL, store lock held: a probe sequence in a table kept at
+ * most half full and copies into preallocated regions; no allocation. h is
+ * mvz_stacks_hash(f, depth), computed by the caller before it took the lock. */
+uint32_t mvz_stacks_intern_hashed(mvz_stacks *s, const mvz_frame *f, int depth, uint64_t h)
 {
     if (depth <= 0)
         return 0;
-    uint64_t h = stack_hash(f, depth);
     size_t mask = s->index_cap - 1;
     size_t i = h & mask;
     for (; s->index[i]; i = (i + 1) & mask) {
@@ -142,8 +168,8 @@ uint32_t mvz_stacks_intern(mvz_stacks *s, const mvz_frame *f, int depth)
     st->depth = (uint16_t)depth;
     st->first_frame = (uint32_t)s->nframes;
     memcpy(&s->frames[s->nframes], f, (size_t)depth * sizeof(mvz_frame));
-    for (int k = 0; k < depth; k++)
-        s->frames[s->nframes + k].flags = 0;
+    for (int k = 0; k < depth; k++) /* a frame given resolved (seeded) stays so; no other mark */
+        s->frames[s->nframes + k].flags &= MVZ_FRAME_RESOLVED;
     s->nframes += (size_t)depth;
     s->index[i] = id + 1;
     mvz_region_ensure(&s->pending_r, (s->npending + 1) * sizeof(uint32_t));

@@ -9,7 +9,8 @@
 #define MEMVIZ_STACKS_H
 
 #include "region.h"
-#include "store.h"
+#include "record.h"
+#include "types.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -45,6 +46,10 @@ size_t mvz_stacks_refs(const mvz_stacks *s, void **out);
 /* Capture path: the id of the stack `f[0..depth)`, interned when new; 0 when
  * there are no frames or no room (counted in s->dropped). */
 uint32_t mvz_stacks_intern(mvz_stacks *s, const mvz_frame *f, int depth);
+/* The stack's hash, with no lock (the capture path computes it before taking
+ * the store's), and the intern that takes it. */
+uint64_t mvz_stacks_hash(const mvz_frame *f, int depth);
+uint32_t mvz_stacks_intern_hashed(mvz_stacks *s, const mvz_frame *f, int depth, uint64_t h);
 
 /* Code-object lifetimes (module's codeobj.c, through store.h). */
 void mvz_stacks_adopt_pending(mvz_stacks *s, void (*adopt)(void *code));

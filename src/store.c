@@ -6,12 +6,16 @@
  * accounting.c. Every function that runs on the capture path says why it is
  * safe without the GIL.
  *
- * Calls down only: livetab, stacks, peakset, window, trace_ring, accounting,
- * region, clock.
+ * Calls down only: livetab, stacks, peakset, window, trace_ring, blocks,
+ * accounting, region, clock.
+ *
+ * Over 800 lines: it is one concern, the one lock and everything behind it
+ * (docs/architecture.md, "Sizes"); what it owns lives in the files above.
  */
 #define _GNU_SOURCE
 #include "store.h"
 #include "accounting.h"
+#include "blocks.h"
 #include "clock.h"
 #include "livetab.h"
 #include "peakset.h"
@@ -36,6 +40,7 @@ static mvz_livetab live;
 static mvz_stacks stacks;
 static mvz_windows windows;
 static mvz_trace_ring ring;
+static mvz_blocks blocks; /* PyTorch's block sizes (blocks.h) */
 
 static mvz_graveyard graves; /* peak sets' freed half (peakset.h) */
 
@@ -55,6 +60,7 @@ static mvz_series timeline = {timeline_points, 0, MVZ_TIMELINE_POINTS, 1, 0};
 static mvz_thread threads[MVZ_MAX_THREADS];
 static uint32_t nthreads;
 static uint64_t last_ts, unmatched_frees, dropped_allocs, dropped_threads;
+static uint64_t stream_frees; /* frees of blocks flagged MVZ_FLAG_STREAM */
 static uint64_t last_serial; /* atomic */
 static uint32_t generation = 1;
 
@@ -68,22 +74,27 @@ static __thread uint64_t tl_serial __attribute__((tls_model("initial-exec")));
 #define UNLOCK() pthread_mutex_unlock(&store_lock)
 
 /* Called with the lock held: a strictly increasing timestamp, so that
- * "made before the peak" and "freed after it" are never ambiguous. */
-static uint64_t next_ts(void)
+ * "made before the peak" and "freed after it" are never ambiguous. t is a
+ * clock reading, which the capture path takes before the lock (so that the
+ * lock is held for less): a thread that read the clock first but took the
+ * lock second gets the next nanosecond after the other's. */
+static uint64_t next_ts_from(uint64_t t)
 {
-    uint64_t t = mvz_now_ns();
     if (t <= last_ts)
         t = last_ts + 1;
     last_ts = t;
     return t;
 }
 
+/* Called with the lock held: next_ts_from the clock read now. */
+static uint64_t next_ts(void) { return next_ts_from(mvz_now_ns()); }
+
 int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames)
 {
     if (initialized)
         return 0;
     if (mvz_live_init(&live, max_live) || mvz_stacks_init(&stacks, max_stacks, max_frames) ||
-        mvz_graves_init(&graves, max_live))
+        mvz_graves_init(&graves, max_live) || mvz_blocks_init(&blocks))
         return -1;
     initialized = 1;
     return 0;
@@ -107,10 +118,11 @@ void mvz_store_clear(void ***refs, size_t *nrefs)
     memset(totals, 0, sizeof totals);
     memset(btotals, 0, sizeof btotals);
     mvz_ring_reset(&ring);
+    mvz_blocks_reset(&blocks);
     nfailures = 0;
     mvz_series_reset(&timeline);
     nthreads = 0;
-    unmatched_frees = dropped_allocs = dropped_threads = 0;
+    unmatched_frees = dropped_allocs = dropped_threads = stream_frees = 0;
     generation++;
     UNLOCK();
     *refs = out;
@@ -232,7 +244,7 @@ uint32_t mvz_store_stack_count(void)
 uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int slot, int kind,
                          uint32_t label_id, const mvz_frame *f, int depth)
 {
-    return mvz_store_alloc_at(0, address, size, stream, slot, kind, label_id, f, depth);
+    return mvz_store_record_alloc(0, address, size, 0, stream, slot, kind, label_id, 0, f, depth);
 }
 
 /* Capture path, no GIL: one vDSO clock read, no lock. Not unique: a block
@@ -240,40 +252,88 @@ uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int s
  * which only keeps it in that peak's set, where it belongs. */
 uint64_t mvz_store_stamp(void) { return mvz_now_ns(); }
 
-/* Capture path, no GIL: takes the store lock (a leaf lock, see store.h) and
- * touches only preallocated memory (livetab.c, stacks.c, window.c,
- * trace_ring.c, accounting.c run under it). */
+/* Capture path, no GIL: as mvz_store_record_alloc, which it calls. */
 uint32_t mvz_store_alloc_at(uint64_t stamp, uint64_t address, uint64_t size, uint64_t stream,
                             int slot, int kind, uint32_t label_id, const mvz_frame *f, int depth)
+{
+    return mvz_store_record_alloc(stamp, address, size, 0, stream, slot, kind, label_id, 0, f,
+                                  depth);
+}
+
+static int free_locked(uint64_t address, int kind, uint64_t ts);
+
+/* Capture path, no GIL, lock held: what a new allocation does to PyTorch's
+ * block rules (blocks.c: reserved memory only); returns the bytes it holds
+ * (a block: PyTorch's block size). */
+static uint64_t blocks_on_alloc(uint64_t address, uint64_t size, uint64_t *requested, int slot,
+                                int kind, uint8_t *flags)
+{
+    if (kind == MVZ_KIND_BLOCK) {
+        if (*requested) { /* its size is known (read from PyTorch) */
+            mvz_blocks_known(&blocks, slot, address, size);
+            return size;
+        }
+        *requested = size;
+        return mvz_blocks_alloc(&blocks, slot, address, size, flags);
+    }
+    *requested = size;
+    if (kind == MVZ_KIND_DEVICE)
+        mvz_blocks_segment(&blocks, slot, address, size, 1);
+    else if (kind == MVZ_KIND_PHYSICAL)
+        mvz_blocks_inexact(&blocks, slot); /* expandable segments map pages as they go */
+    return size;
+}
+
+/* Capture path, no GIL: takes the store lock (a leaf lock, see store.h) and
+ * touches only preallocated memory (livetab.c, stacks.c, window.c,
+ * trace_ring.c, blocks.c, accounting.c run under it). */
+uint32_t mvz_store_record_alloc(uint64_t stamp, uint64_t address, uint64_t size,
+                                uint64_t requested, uint64_t stream, int slot, int kind,
+                                uint32_t label_id, int flags, const mvz_frame *f, int depth)
 {
     uint32_t thread_idx = mvz_store_thread_index();
     if (slot < 0 || slot >= MVZ_NSLOTS)
         slot = MVZ_HOST_SLOT;
+    /* The hash of the stack and the clock need no lock: read before it. */
+    uint64_t hash = depth > 0 ? mvz_stacks_hash(f, depth) : 0;
+    uint64_t clock_now = mvz_now_ns();
     LOCK();
-    uint64_t now = next_ts();
-    uint64_t ts = stamp && stamp < now ? stamp : now; /* dated when asked for (store.h) */
+    /* Whatever this allocation shows was freed unseen is retired first, so
+     * that nothing is live twice at any moment: an earlier allocation at
+     * this address (made before tracking started, or its free lost), and,
+     * for a block, blocks inside it (blocks.h). */
+    uint64_t floor = 0;
     int found;
     size_t i = mvz_live_find(&live, address, kind, &found);
-    if (found) {
-        /* The free of an earlier allocation at this address was not seen
-         * (made before tracking started, or lost): retire it first. */
-        UNLOCK();
-        mvz_store_free(address, kind);
-        LOCK();
-        i = mvz_live_find(&live, address, kind, &found);
-    }
+    if (found && free_locked(address, kind, next_ts()))
+        floor = last_ts;
+    uint8_t fl = (uint8_t)flags;
+    size = blocks_on_alloc(address, size, &requested, slot, kind, &fl);
+    int blocks_retired = blocks.nstale;
+    for (int k = 0; k < blocks.nstale; k++)
+        if (free_locked(blocks.stale[k], MVZ_KIND_BLOCK, next_ts()))
+            floor = last_ts;
+    blocks.nstale = 0;
+    uint64_t now = next_ts_from(clock_now);
+    /* dated when asked for (store.h), but never before a retirement above */
+    uint64_t ts = stamp && stamp < now && stamp > floor ? stamp : now;
     int room = mvz_live_make_room(&live);
     if (room < 0) {
         dropped_allocs++;
+        if (kind == MVZ_KIND_BLOCK) /* the rules forget it too */
+            mvz_blocks_free(&blocks, slot, address, size);
         UNLOCK();
         return 0;
     }
-    if (room > 0)
+    if (found || blocks_retired || room > 0) /* the index moved since the probe above */
         i = mvz_live_find(&live, address, kind, &found);
-    uint32_t stack_id = mvz_stacks_intern(&stacks, f, depth);
+    uint32_t stack_id = depth > 0 ? mvz_stacks_intern_hashed(&stacks, f, depth, hash) : 0;
     mvz_alloc *a = mvz_live_insert(&live, i);
+    memset(a, 0, sizeof *a);
+    a->op = MVZ_EV_ALLOC;
     a->address = address;
     a->size = size;
+    a->slack = size - requested;
     a->stream = stream;
     a->timestamp = ts;
     a->stack_id = stack_id;
@@ -281,7 +341,7 @@ uint32_t mvz_store_alloc_at(uint64_t stamp, uint64_t address, uint64_t size, uin
     a->label_id = label_id;
     a->slot = (int16_t)slot;
     a->kind = (uint8_t)kind;
-    a->flags = 0;
+    a->flags = fl;
 
     mvz_stack *s = &stacks.stacks[stack_id];
     s->live_bytes += size;
@@ -291,48 +351,100 @@ uint32_t mvz_store_alloc_at(uint64_t stamp, uint64_t address, uint64_t size, uin
     if (s->live_bytes > s->peak_bytes)
         s->peak_bytes = s->live_bytes;
 
-    if (mvz_totals_alloc(totals_of(kind, slot), size, ts))
+    /* A block's tensor peak is dated when it was recorded, not asked for:
+     * the segment made for it (recorded in between) is live at that peak. */
+    uint64_t peak_ts = kind == MVZ_KIND_BLOCK ? now : ts;
+    if (mvz_totals_alloc(totals_of(kind, slot), size, peak_ts))
         mvz_series_force_next(&timeline); /* always record a new peak */
-    if (kind != MVZ_KIND_BLOCK) { /* blocks lie inside segments the device totals hold */
+    if (kind != MVZ_KIND_BLOCK) /* blocks lie inside segments the device totals hold */
         mvz_series_push(&timeline, ts, totals[slot].current, slot);
-        if (windows.open)
-            mvz_windows_alloc(&windows, a);
+    if (windows.open) {
+        mvz_alloc dated = *a;
+        dated.timestamp = peak_ts;
+        mvz_windows_alloc(&windows, &dated);
     }
-    mvz_ring_record(&ring, MVZ_EV_ALLOC, now, address, size, stack_id, thread_idx, label_id,
-                    kind, slot);
+    mvz_alloc ev = *a;
+    ev.timestamp = now;
+    mvz_ring_record(&ring, &ev);
     UNLOCK();
     return stack_id;
 }
 
-/* Capture path, no GIL: takes the store lock (leaf) and touches only
- * preallocated memory. */
-void mvz_store_free(uint64_t address, int kind)
+/* Capture path, no GIL, lock held: the free of the live allocation at
+ * (address, kind) dated ts; 0 when there is none. */
+static int free_locked(uint64_t address, int kind, uint64_t ts)
 {
-    LOCK();
-    uint64_t ts = next_ts();
     int found;
     size_t i = mvz_live_find(&live, address, kind, &found);
-    if (!found) {
-        unmatched_frees++; /* allocated before tracking started */
-        UNLOCK();
-        return;
-    }
+    if (!found)
+        return 0;
     mvz_alloc a = *mvz_live_at(&live, i);
-    mvz_graves_on_free(&graves, &a, ts, totals, &windows);
+    mvz_graves_on_free(&graves, &a, ts, totals, btotals, &windows);
     mvz_live_remove(&live, i);
+    if (a.kind == MVZ_KIND_BLOCK && (a.flags & (MVZ_FLAG_STREAM | MVZ_FLAG_MEMVIZ)) == MVZ_FLAG_STREAM)
+        stream_frees++; /* PyTorch keeps it until that stream is done: a size nearby may differ */
+    if (a.kind == MVZ_KIND_BLOCK)
+        mvz_blocks_free(&blocks, a.slot, a.address, a.size);
+    else if (a.kind == MVZ_KIND_DEVICE)
+        mvz_blocks_segment(&blocks, a.slot, a.address, a.size, 0);
 
     mvz_stack *s = &stacks.stacks[a.stack_id];
     s->live_bytes -= a.size;
     s->live_count--;
     mvz_totals *t = totals_of(a.kind, a.slot);
     mvz_totals_free(t, a.size);
-    if (a.kind != MVZ_KIND_BLOCK) {
+    if (a.kind != MVZ_KIND_BLOCK)
         mvz_series_push(&timeline, ts, totals[a.slot].current, a.slot);
-        if (windows.open)
-            mvz_windows_free(&windows, &a, ts);
-    }
-    mvz_ring_record(&ring, MVZ_EV_FREE, ts, a.address, a.size, a.stack_id, a.thread_idx,
-                    a.label_id, a.kind, a.slot);
+    if (windows.open)
+        mvz_windows_free(&windows, &a, ts);
+    a.op = MVZ_EV_FREE;
+    a.timestamp = ts;
+    mvz_ring_record(&ring, &a);
+    return 1;
+}
+
+/* Any thread, no GIL (the allocator route's recordStream wrapper): the
+ * store's leaf lock for one flag write, as the capture path. */
+void mvz_store_mark_stream(uint64_t address)
+{
+    LOCK();
+    int found;
+    size_t i = mvz_live_find(&live, address, MVZ_KIND_BLOCK, &found);
+    if (found)
+        mvz_live_at(&live, i)->flags |= MVZ_FLAG_STREAM;
+    UNLOCK();
+}
+
+void mvz_store_set_rules(const mvz_rules *r)
+{
+    LOCK();
+    blocks.rules = *r;
+    UNLOCK();
+}
+
+/* With the GIL, never on the capture path: the free of the allocation at
+ * (address, kind) made at `made`, seen late (PyTorch no longer holds a
+ * block read from it when tracking started); 0 when that allocation is not
+ * live any more (its address may hold a newer one, which stays). */
+int mvz_store_retire(uint64_t address, int kind, uint64_t made)
+{
+    LOCK();
+    int found, done = 0;
+    size_t i = mvz_live_find(&live, address, kind, &found);
+    if (found && mvz_live_at(&live, i)->timestamp == made)
+        done = free_locked(address, kind, next_ts());
+    UNLOCK();
+    return done;
+}
+
+/* Capture path, no GIL: takes the store lock (leaf) and touches only
+ * preallocated memory. */
+void mvz_store_free(uint64_t address, int kind)
+{
+    uint64_t clock_now = mvz_now_ns(); /* needs no lock */
+    LOCK();
+    if (!free_locked(address, kind, next_ts_from(clock_now)))
+        unmatched_frees++; /* allocated before tracking started */
     UNLOCK();
 }
 
@@ -358,8 +470,19 @@ void mvz_store_failure(uint64_t size, uint64_t stream, int slot, int kind, uint3
     totals[slot].failed++;
     if (windows.open)
         mvz_windows_failure(&windows, slot);
-    mvz_ring_record(&ring, MVZ_EV_FAILED, x->timestamp, (uint64_t)(int64_t)result, size,
-                    x->stack_id, thread_idx, label_id, kind, slot);
+    mvz_alloc ev;
+    memset(&ev, 0, sizeof ev);
+    ev.op = MVZ_EV_FAILED;
+    ev.timestamp = x->timestamp;
+    ev.address = (uint64_t)(int64_t)result;
+    ev.size = size;
+    ev.stream = stream;
+    ev.stack_id = x->stack_id;
+    ev.thread_idx = thread_idx;
+    ev.label_id = label_id;
+    ev.kind = (uint8_t)kind;
+    ev.slot = (int16_t)slot;
+    mvz_ring_record(&ring, &ev);
     UNLOCK();
 }
 /* ---- readers (with the GIL) ------------------------------------------------ */
@@ -408,6 +531,12 @@ static mvz_totals *totals_of_window(int w, uint64_t *after)
     return w < 0 ? totals : mvz_window_totals(&windows, w);
 }
 
+/* As totals_of_window, for PyTorch's blocks (the tensor peak). */
+static mvz_totals *block_totals_of_window(int w)
+{
+    return w < 0 ? btotals : mvz_window_block_totals(&windows, w);
+}
+
 /* Lock held: the live allocations made after `after`, into out. */
 static size_t collect_live(uint64_t after, mvz_alloc *out)
 {
@@ -430,8 +559,9 @@ long mvz_store_live(mvz_alloc **out)
     return (long)m;
 }
 
-/* The allocations live at the peak of `slot`, in window w (-1: the store). */
-static long peak_live(int w, int slot, mvz_alloc **out)
+/* The allocations live at the peak of `slot`, in window w (-1: the store):
+ * the device's peak, or with `tensor` the peak of PyTorch's blocks. */
+static long peak_live(int w, int slot, int tensor, mvz_alloc **out)
 {
     void *buf;
     *out = NULL;
@@ -441,6 +571,8 @@ static long peak_live(int w, int slot, mvz_alloc **out)
         return -1;
     uint64_t after;
     const mvz_totals *t = totals_of_window(w, &after);
+    if (t && tensor)
+        t = block_totals_of_window(w);
     size_t m = t ? mvz_peak_set(&live, &graves, t, slot, after, buf) : 0;
     UNLOCK();
     if (!t) {
@@ -451,15 +583,9 @@ static long peak_live(int w, int slot, mvz_alloc **out)
     return (long)m;
 }
 
-long mvz_store_peak_live(int slot, mvz_alloc **out) { return peak_live(-1, slot, out); }
-
-long mvz_store_window_peak_live(int w, int slot, mvz_alloc **out)
+long mvz_store_window_peak_live(int w, int slot, int tensor, mvz_alloc **out)
 {
-    if (w < 0) {
-        *out = NULL;
-        return -1;
-    }
-    return peak_live(w, slot, out);
+    return peak_live(w, slot, tensor, out);
 }
 
 long mvz_store_sites(mvz_site **out)
@@ -543,6 +669,7 @@ void mvz_store_get_stats(mvz_store_stats *o)
     o->frames = stacks.nframes;
     o->threads = nthreads;
     o->unmatched_frees = unmatched_frees;
+    o->stream_frees = stream_frees;
     o->dropped_allocs = dropped_allocs;
     o->dropped_stacks = stacks.dropped;
     o->dropped_threads = dropped_threads;
@@ -622,13 +749,12 @@ int mvz_store_reset_peak(int w)
         t[d].peak = t[d].current;
         t[d].peak_timestamp = now;
         t[d].peak_count = t[d].live_count;
-        if (w < 0) {
-            btotals[d].peak = btotals[d].current;
-            btotals[d].peak_timestamp = now;
-            btotals[d].peak_count = btotals[d].live_count;
-        }
+        mvz_totals *b = &block_totals_of_window(w)[d];
+        b->peak = b->current;
+        b->peak_timestamp = now;
+        b->peak_count = b->live_count;
     }
-    mvz_graves_compact(&graves, totals, &windows);
+    mvz_graves_compact(&graves, totals, btotals, &windows);
     UNLOCK();
     return 0;
 }
@@ -638,8 +764,8 @@ int mvz_store_copy(int w, int close, mvz_store_copy_t *out)
     memset(out, 0, sizeof *out);
     _Static_assert(MVZ_TIMELINE_POINTS >= MVZ_WINDOW_POINTS, "one buffer serves both timelines");
     mvz_point *points = malloc(MVZ_TIMELINE_POINTS * sizeof(mvz_point));
-    void *bufs[2]; /* live, peaks */
-    if (!points || lock_with_room(room_live_graves, sizeof(mvz_alloc), 2, bufs)) {
+    void *bufs[3]; /* live, peaks, tensor peaks */
+    if (!points || lock_with_room(room_live_graves, sizeof(mvz_alloc), 3, bufs)) {
         free(points);
         return -1;
     }
@@ -647,14 +773,17 @@ int mvz_store_copy(int w, int close, mvz_store_copy_t *out)
     const mvz_totals *t = totals_of_window(w, &after);
     if (!t) {
         UNLOCK();
-        free(bufs[0]);
-        free(bufs[1]);
+        for (int b = 0; b < 3; b++)
+            free(bufs[b]);
         free(points);
         return -1;
     }
+    const mvz_totals *bt = block_totals_of_window(w);
     memcpy(out->totals, t, sizeof totals);
+    memcpy(out->btotals, bt, sizeof btotals);
     out->nlive = collect_live(after, bufs[0]);
     out->npeaks = mvz_peak_set(&live, &graves, t, -1, after, bufs[1]);
+    out->ntpeaks = mvz_peak_set(&live, &graves, bt, -1, after, bufs[2]);
     if (w < 0) {
         memcpy(points, timeline_points, timeline.n * sizeof(mvz_point));
         out->ntimeline = timeline.n;
@@ -667,6 +796,7 @@ int mvz_store_copy(int w, int close, mvz_store_copy_t *out)
     UNLOCK();
     out->live = bufs[0];
     out->peaks = bufs[1];
+    out->tpeaks = bufs[2];
     out->timeline = points;
     return 0;
 }
@@ -697,6 +827,16 @@ int mvz_store_window_totals(int w, mvz_totals out[MVZ_NSLOTS])
     const mvz_totals *t = mvz_window_totals(&windows, w);
     if (t)
         memcpy(out, t, sizeof totals);
+    UNLOCK();
+    return t ? 0 : -1;
+}
+
+int mvz_store_window_block_totals(int w, mvz_totals out[MVZ_NSLOTS])
+{
+    LOCK();
+    const mvz_totals *t = block_totals_of_window(w);
+    if (t)
+        memcpy(out, t, sizeof btotals);
     UNLOCK();
     return t ? 0 : -1;
 }
@@ -738,7 +878,7 @@ void mvz_store_trace_disable(void)
 size_t mvz_store_trace_pending(void) { return mvz_ring_pending(&ring); }
 size_t mvz_store_trace_capacity(void) { return ring.cap; }
 
-size_t mvz_store_trace_take(mvz_raw_event *out, size_t room, uint64_t *dropped)
+size_t mvz_store_trace_take(mvz_alloc *out, size_t room, uint64_t *dropped)
 {
     LOCK();
     size_t m = mvz_ring_take(&ring, out, room, dropped);

@@ -13,131 +13,9 @@
 #ifndef MEMVIZ_STORE_H
 #define MEMVIZ_STORE_H
 
-#include <stddef.h>
-#include <stdint.h>
-
-#define MVZ_MAX_DEPTH 256
-#define MVZ_MAX_DEVICES 64
-#define MVZ_HOST_SLOT MVZ_MAX_DEVICES     /* pinned host memory */
-#define MVZ_NSLOTS (MVZ_MAX_DEVICES + 1)
-#define MVZ_MAX_THREADS 4096
-#define MVZ_FAILURES 256
-#define MVZ_TIMELINE_POINTS 16384
-
-enum mvz_kind {
-    MVZ_KIND_DEVICE = 0,   /* cuMemAlloc and friends, stream-ordered pools */
-    MVZ_KIND_HOST = 1,     /* pinned host memory */
-    MVZ_KIND_MANAGED = 2,  /* cuMemAllocManaged */
-    MVZ_KIND_STATIC = 3,   /* module globals (activity records) */
-    MVZ_KIND_PHYSICAL = 4, /* cuMemCreate handles (virtual memory management) */
-    MVZ_KIND_BLOCK = 5,    /* a block of PyTorch's caching allocator (allocator.h): it
-                            * lies inside a segment the driver handed out, so it
-                            * counts in the block totals, not the device's */
-};
-
-/* One Python frame as captured: the code object and the byte offset of the
- * instruction. With MVZ_FRAME_RESOLVED, `code` is instead a tuple
- * (filename, lineno, name, call) that memviz owns (made when the code object
- * died before it could be kept alive; `call` is a str or None). */
-#define MVZ_FRAME_RESOLVED 1u
-#define MVZ_FRAME_DYING 2u
-typedef struct {
-    void *code;
-    int32_t offset;
-    uint32_t flags;
-} mvz_frame;
-
-/* A live (or peak-time) allocation: 48 bytes. */
-typedef struct {
-    uint64_t address; /* device/host pointer, or the handle for PHYSICAL */
-    uint64_t size;
-    uint64_t stream;
-    uint64_t timestamp; /* ns, strictly increasing across the store */
-    uint32_t stack_id;  /* 0: no Python frames */
-    uint32_t thread_idx;
-    uint32_t label_id; /* 0: no label */
-    int16_t slot;      /* device number, or MVZ_HOST_SLOT */
-    uint8_t kind;
-    uint8_t flags;
-} mvz_alloc;
-
-typedef struct {
-    uint64_t current, peak, peak_timestamp;
-    uint64_t allocs, frees, failed;
-    uint64_t alloc_bytes; /* total bytes ever allocated */
-    uint32_t live_count, peak_count;
-    uint64_t window_peak; /* highest `current` since the last step mark */
-} mvz_totals;
-
-/* A stack whose live bytes or count changed since the last step mark. */
-typedef struct {
-    uint32_t stack_id;
-    uint32_t live_count;
-    uint64_t live_bytes;
-    int64_t delta_bytes;
-    int64_t delta_count;
-} mvz_site_change;
-
-/* Trace events, as written to a .memviz file: 32 bytes, little-endian. */
-enum mvz_event_op {
-    MVZ_EV_ALLOC = 1,
-    MVZ_EV_FREE = 2,
-    MVZ_EV_FAILED = 3, /* address holds the CUresult */
-    MVZ_EV_TIME = 4,   /* address holds the absolute timestamp (ns) */
-    MVZ_EV_GAP = 5,    /* address holds how many events were dropped */
-};
-#pragma pack(push, 1)
-typedef struct {
-    uint32_t ts_delta; /* ns since the previous event of the stream */
-    uint8_t op;
-    uint8_t kind;
-    int8_t device; /* -1: pinned host memory */
-    uint8_t flags;
-    uint32_t stack_id;
-    uint16_t thread_idx;
-    uint16_t label_id;
-    uint64_t address;
-    uint64_t size;
-} mvz_event;
-#pragma pack(pop)
-_Static_assert(sizeof(mvz_event) == 32, "trace events are 32 bytes");
-
-typedef struct {
-    uint32_t stack_id;
-    uint32_t live_count;
-    uint64_t live_bytes, peak_bytes, alloc_count, alloc_bytes;
-} mvz_site;
-
-typedef struct {
-    uint64_t size, stream, timestamp;
-    uint32_t stack_id, thread_idx, label_id;
-    int32_t result;
-    int16_t slot;
-    uint8_t kind;
-} mvz_failure;
-
-typedef struct {
-    uint64_t timestamp, total;
-    int32_t slot;
-} mvz_point;
-
-typedef struct {
-    int64_t native_id;
-    uint64_t ident;  /* pthread_self(), which is threading.get_ident() */
-    uint64_t serial; /* mvz_store_thread_serial() of that thread */
-    char name[16];
-} mvz_thread;
-
-/* The thread index of every thread registered after the table filled up:
- * one row past it, which threads() names as such (counted in
- * dropped_threads), so that they are never taken for the table's last. */
-#define MVZ_THREAD_OVERFLOW MVZ_MAX_THREADS
-
-typedef struct {
-    uint64_t live, stacks, frames, threads, unmatched_frees, dropped_allocs,
-        dropped_stacks, dropped_threads, timeline_points, bytes_used, bytes_reserved, generation;
-    uint32_t max_live;
-} mvz_store_stats;
+#include "blocks.h"
+#include "record.h"
+#include "types.h"
 
 /* Lifetime (with the GIL). */
 int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames);
@@ -165,16 +43,30 @@ uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int s
 uint32_t mvz_store_alloc_at(uint64_t stamp, uint64_t address, uint64_t size, uint64_t stream,
                             int slot, int kind, uint32_t label_id, const mvz_frame *frames,
                             int depth);
+/* The whole form, which the others call: `requested`, when not 0, says the
+ * allocation's size is known and what was asked for (a block read from
+ * PyTorch at attach); else a block's `size` is the request, and its size is
+ * worked out by PyTorch's rules (blocks.h). `flags`: MVZ_FLAG_* (record.h). */
+uint32_t mvz_store_record_alloc(uint64_t stamp, uint64_t address, uint64_t size,
+                                uint64_t requested, uint64_t stream, int slot, int kind,
+                                uint32_t label_id, int flags, const mvz_frame *frames, int depth);
 /* The store's clock now (no lock, no allocation). */
 uint64_t mvz_store_stamp(void);
 void mvz_store_free(uint64_t address, int kind);
+/* Any thread, no GIL: the block at `address` had another stream's use
+ * recorded on it (MVZ_FLAG_STREAM). */
+void mvz_store_mark_stream(uint64_t address);
+/* With the GIL: PyTorch's allocator settings, for sizing its blocks (blocks.h). */
+void mvz_store_set_rules(const mvz_rules *r);
+/* With the GIL: a free seen late, of the allocation made at `made` only
+ * (store timestamp). 1 when it was live. */
+int mvz_store_retire(uint64_t address, int kind, uint64_t made);
 void mvz_store_failure(uint64_t size, uint64_t stream, int slot, int kind, uint32_t label_id,
                        int result, const mvz_frame *frames, int depth);
 
 /* Readers (with the GIL). Each copies under the lock into a malloc'd array
  * the caller frees; they return the count, or -1 when out of memory. */
 long mvz_store_live(mvz_alloc **out);
-long mvz_store_peak_live(int slot, mvz_alloc **out);
 long mvz_store_sites(mvz_site **out);
 long mvz_store_failures(mvz_failure **out);
 long mvz_store_timeline(mvz_point **out);
@@ -217,12 +109,11 @@ void mvz_store_trace_disable(void);
 long mvz_store_trace_drain(uint8_t **out);
 /* The native writer's calls (trace_writer.c, no GIL): events held now
  * (relaxed read), the ring's size, and taking at most `room` of the oldest
- * (raw, mvz_raw_event of trace_ring.h) with the dropped count, under the
+ * (records as the ring keeps them) with the dropped count, under the
  * lock for one copy. */
 size_t mvz_store_trace_pending(void);
 size_t mvz_store_trace_capacity(void);
-struct mvz_raw_event_s;
-size_t mvz_store_trace_take(struct mvz_raw_event_s *out, size_t room, uint64_t *dropped);
+size_t mvz_store_trace_take(mvz_alloc *out, size_t room, uint64_t *dropped);
 uint32_t mvz_store_stack_count(void);
 
 /* Windows: trackers nested in a running one (with the GIL). A window counts
@@ -231,18 +122,21 @@ uint32_t mvz_store_stack_count(void);
  * opened are not the window's, so their frees do not count in it. At most
  * MVZ_MAX_WINDOWS are open at once; the capture path pays a few additions per
  * open window. */
-#define MVZ_MAX_WINDOWS 32
-#define MVZ_WINDOW_POINTS 4096
+/* MVZ_MAX_WINDOWS, MVZ_WINDOW_POINTS: types.h. */
 /* Returns the id of a newly opened window, or -1 when all are open. *start is
  * its opening timestamp (it holds the allocations made strictly after it) and
  * at_open[] the store's totals at that moment. */
 int mvz_store_window_open(uint64_t *start, mvz_totals at_open[MVZ_NSLOTS]);
 void mvz_store_window_close(int w);
-/* As mvz_store_totals / _peak_live / _timeline / _step_mark, for window w.
- * They return -1 for a window that is not open (or when out of memory). The
+/* As mvz_store_totals / _timeline / _step_mark, for window w; _peak_live
+ * (the allocations live at a peak) and _block_totals also take -1, the
+ * store itself. They return -1 for a window that is not open (or when out of memory). The
  * step mark's per-stack changes are the store's, shared by all windows. */
 int mvz_store_window_totals(int w, mvz_totals out[MVZ_NSLOTS]);
-long mvz_store_window_peak_live(int w, int slot, mvz_alloc **out);
+/* PyTorch's blocks' totals of window w (-1: the store's). */
+int mvz_store_window_block_totals(int w, mvz_totals out[MVZ_NSLOTS]);
+/* With `tensor`: live at the peak of PyTorch's blocks (the tensor peak). */
+long mvz_store_window_peak_live(int w, int slot, int tensor, mvz_alloc **out);
 long mvz_store_window_timeline(int w, mvz_point **out);
 long mvz_store_window_step_mark(int w, mvz_totals out[MVZ_NSLOTS], mvz_site_change **changes);
 /* Everything a tracker reads, copied at one instant (so the copy adds up
@@ -253,9 +147,11 @@ long mvz_store_window_step_mark(int w, mvz_totals out[MVZ_NSLOTS], mvz_site_chan
 typedef struct {
     mvz_alloc *live;     /* the window's live allocations */
     mvz_alloc *peaks;    /* the allocations live at their device's peak, every device */
+    mvz_alloc *tpeaks;   /* ... at the peak of PyTorch's blocks there (the tensor peak) */
     mvz_point *timeline;
-    size_t nlive, npeaks, ntimeline;
+    size_t nlive, npeaks, ntpeaks, ntimeline;
     mvz_totals totals[MVZ_NSLOTS];
+    mvz_totals btotals[MVZ_NSLOTS]; /* PyTorch's blocks */
     uint64_t when; /* the store timestamp of the copy */
 } mvz_store_copy_t;
 int mvz_store_copy(int w, int close, mvz_store_copy_t *out);

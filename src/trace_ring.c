@@ -4,15 +4,13 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime (clock.h) */
 #include "trace_ring.h"
 #include "clock.h"
-#include "store.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 /* Capture path, no GIL, store lock held by the caller: one write into the
  * preallocated ring, or a counter increment. */
-void mvz_ring_record(mvz_trace_ring *t, int op, uint64_t ts, uint64_t address, uint64_t size,
-                     uint32_t stack_id, uint32_t thread_idx, uint32_t label_id, int kind, int slot)
+void mvz_ring_record(mvz_trace_ring *t, const mvz_alloc *event)
 {
     if (!t->on)
         return;
@@ -20,16 +18,7 @@ void mvz_ring_record(mvz_trace_ring *t, int op, uint64_t ts, uint64_t address, u
         t->dropped++;
         return;
     }
-    mvz_raw_event *e = &t->events[(t->head + t->len) % t->cap];
-    e->timestamp = ts;
-    e->address = address;
-    e->size = size;
-    e->stack_id = stack_id;
-    e->thread_idx = thread_idx;
-    e->label_id = label_id;
-    e->op = (uint8_t)op;
-    e->kind = (uint8_t)kind;
-    e->slot = (int16_t)slot;
+    t->events[(t->head + t->len) % t->cap] = *event;
     t->len++;
 }
 
@@ -77,22 +66,6 @@ size_t mvz_ring_take(mvz_trace_ring *t, mvz_raw_event *out, size_t room, uint64_
     return m;
 }
 
-static void put_event(mvz_event *e, uint64_t *prev_ts, const mvz_raw_event *r)
-{
-    memset(e, 0, sizeof *e);
-    uint64_t d = r->timestamp >= *prev_ts ? r->timestamp - *prev_ts : 0;
-    e->ts_delta = (uint32_t)d;
-    *prev_ts += d;
-    e->op = r->op;
-    e->kind = r->kind;
-    e->device = (int8_t)(r->slot == MVZ_HOST_SLOT ? -1 : r->slot);
-    e->stack_id = r->stack_id;
-    e->thread_idx = (uint16_t)(r->thread_idx > 0xffff ? 0xffff : r->thread_idx);
-    e->label_id = (uint16_t)(r->label_id > 0xffff ? 0xffff : r->label_id);
-    e->address = r->address;
-    e->size = r->size;
-}
-
 long mvz_ring_encode(const mvz_raw_event *raw, size_t m, uint64_t dropped, uint8_t **out)
 {
     *out = NULL;
@@ -104,25 +77,15 @@ long mvz_ring_encode(const mvz_raw_event *raw, size_t m, uint64_t dropped, uint8
         return -1;
     size_t k = 0;
     uint64_t prev = m ? raw[0].timestamp : mvz_now_ns();
-    memset(&ev[k], 0, sizeof ev[k]);
-    ev[k].op = MVZ_EV_TIME;
-    ev[k].address = prev;
-    k++;
-    if (dropped) {
-        memset(&ev[k], 0, sizeof ev[k]);
-        ev[k].op = MVZ_EV_GAP;
-        ev[k].address = dropped;
-        k++;
-    }
+    mvz_event_marker(&ev[k++], MVZ_EV_TIME, prev, 0);
+    if (dropped)
+        mvz_event_marker(&ev[k++], MVZ_EV_GAP, dropped, 0);
     for (size_t i = 0; i < m; i++) {
         if (raw[i].timestamp - prev > 0xffffffffULL && raw[i].timestamp > prev) {
-            memset(&ev[k], 0, sizeof ev[k]);
-            ev[k].op = MVZ_EV_TIME;
-            ev[k].address = raw[i].timestamp;
+            mvz_event_marker(&ev[k++], MVZ_EV_TIME, raw[i].timestamp, 0);
             prev = raw[i].timestamp;
-            k++;
         }
-        put_event(&ev[k++], &prev, &raw[i]);
+        mvz_event_encode(&ev[k++], &raw[i], &prev);
     }
     *out = (uint8_t *)ev;
     return (long)(k * sizeof *ev);

@@ -1,6 +1,7 @@
-/* The bounded ring of trace events behind track(trace=...): appended by the
- * store, drained with the GIL into 32-byte records (mvz_event, store.h) for
- * the .memviz file.
+/* The bounded ring of trace events behind track(trace=...) and the flight
+ * recorder: appended by the store, taken by the native writer's thread
+ * (trace_writer.c) or drained by the Python writer, and encoded into the
+ * .memviz file's records (mvz_event, record.h).
  *
  * The ring (mvz_trace_ring) is the store's: store.c owns it and calls the
  * functions below that touch it with its lock held; this file takes no
@@ -8,18 +9,15 @@
 #ifndef MEMVIZ_TRACE_RING_H
 #define MEMVIZ_TRACE_RING_H
 
+#include "record.h"
 #include "region.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
-/* A trace event as kept in the ring (encoded into mvz_event on drain). */
-typedef struct mvz_raw_event_s {
-    uint64_t timestamp, address, size;
-    uint32_t stack_id, thread_idx, label_id;
-    uint8_t op, kind;
-    int16_t slot;
-} mvz_raw_event;
+/* A trace event as kept in the ring: the allocation record (record.h),
+ * its `op` saying what happened. */
+typedef mvz_alloc mvz_raw_event;
 
 typedef struct {
     mvz_region r;
@@ -31,8 +29,7 @@ typedef struct {
 
 /* Store lock held (capture path, no GIL): one write into preallocated
  * memory, or a dropped-event count when the ring is full. */
-void mvz_ring_record(mvz_trace_ring *t, int op, uint64_t ts, uint64_t address, uint64_t size,
-                     uint32_t stack_id, uint32_t thread_idx, uint32_t label_id, int kind, int slot);
+void mvz_ring_record(mvz_trace_ring *t, const mvz_alloc *event);
 /* Store lock held: forget the ring's contents and stop recording. */
 void mvz_ring_reset(mvz_trace_ring *t);
 /* Store lock held, with the GIL: start recording into a ring of `capacity`

@@ -26,8 +26,9 @@
 /* The .memviz framing (memviz/trace/format.py). */
 #define KIND_EVENTS 7
 #define COMPRESSED 0x80
+#define LAYOUT_ROWS 0
 #define LAYOUT_PLANES 1
-#define FLAG_SYNTHETIC 0x80
+#define FLAG_SYNTHETIC MVZ_FLAG_SYNTHETIC
 #define EVENTS_HEAD 5 /* count:u32, layout:u8 */
 /* Events per chunk: 2 MiB of records before compression. */
 #define CHUNK_EVENTS 65536
@@ -122,8 +123,28 @@ static void put_u32(uint8_t *p, uint32_t v)
         p[k] = (uint8_t)(v >> (8 * k));
 }
 
+/* The zlib-compressed payload of `raw`, when that is smaller and inflates
+ * no more than a reader allows (MVZ_MAX_RATIO): a malloc'd buffer and its
+ * length in *plen, else NULL. */
+static uint8_t *pack(const uint8_t *raw, size_t raw_len, size_t *plen)
+{
+    if (tw_level <= 0 || !mvz_tw_zlib())
+        return NULL;
+    unsigned long cap = z_bound(raw_len);
+    uint8_t *packed = malloc(cap);
+    if (packed && z_compress2(packed, &cap, raw, raw_len, tw_level) == 0 && cap < raw_len &&
+        raw_len <= (size_t)cap * MVZ_MAX_RATIO + MVZ_INFLATE_SLACK) {
+        *plen = cap;
+        return packed;
+    }
+    free(packed);
+    return NULL;
+}
+
 /* Frame `nrec` records as an EVENTS chunk (byte planes, compressed when
- * zlib is there and it helps): a malloc'd tw_chunk, or NULL. */
+ * zlib is there and it helps; records one after another where the planes
+ * would inflate past what a reader allows, uncompressed where those would
+ * too): a malloc'd tw_chunk, or NULL. */
 static tw_chunk *frame_events(const mvz_event *ev, size_t nrec, uint32_t events, uint64_t first_ts,
                               uint64_t last_ts)
 {
@@ -140,18 +161,16 @@ static tw_chunk *frame_events(const mvz_event *ev, size_t nrec, uint32_t events,
             plane[i] = src[i * sizeof(mvz_event) + k];
     }
     uint8_t type = KIND_EVENTS;
-    const uint8_t *payload = raw;
     size_t plen = raw_len;
-    uint8_t *packed = NULL;
-    if (tw_level > 0 && mvz_tw_zlib()) {
-        unsigned long cap = z_bound(raw_len);
-        packed = malloc(cap);
-        if (packed && z_compress2(packed, &cap, raw, raw_len, tw_level) == 0 && cap < raw_len) {
-            payload = packed;
-            plen = cap;
-            type |= COMPRESSED;
-        }
+    uint8_t *packed = pack(raw, raw_len, &plen);
+    if (!packed && tw_level > 0 && z_compress2 != NULL) {
+        raw[4] = LAYOUT_ROWS; /* as regular as that: rows compress less */
+        memcpy(raw + EVENTS_HEAD, ev, nrec * sizeof(mvz_event));
+        packed = pack(raw, raw_len, &plen);
     }
+    const uint8_t *payload = packed ? packed : raw;
+    if (packed)
+        type |= COMPRESSED;
     tw_chunk *c = malloc(sizeof *c + 5 + plen + 4);
     if (c) {
         c->next = NULL;
@@ -187,14 +206,6 @@ static int write_all(int fd, const uint8_t *p, size_t n)
 
 /* ---- the flight recorder's base ----------------------------------------- */
 
-static uint64_t get_le(const uint8_t *const *planes, size_t lo, size_t width, size_t i)
-{
-    uint64_t v = 0;
-    for (size_t k = 0; k < width; k++)
-        v |= (uint64_t)planes[lo + k][i] << (8 * k);
-    return v;
-}
-
 /* Fold the oldest chunk's events into the base (the live set before the
  * chunks kept), then free it. tw_lock held. */
 static void evict_oldest(void)
@@ -221,41 +232,39 @@ static void evict_oldest(void)
     }
     if (ok && base_ready) {
         size_t n = c->records;
-        const uint8_t *planes[sizeof(mvz_event)];
-        for (size_t k = 0; k < sizeof(mvz_event); k++)
-            planes[k] = raw + EVENTS_HEAD + k * n;
-        uint64_t ts = 0;
-        for (size_t i = 0; i < n; i++) {
-            int op = planes[4][i];
-            uint64_t addr = get_le(planes, 16, 8, i);
-            if (op == MVZ_EV_TIME) {
-                ts = addr;
-                continue;
+        const uint8_t *records = raw + EVENTS_HEAD;
+        uint64_t ts = 0, f[64];
+        mvz_event ev[64];
+        int planes = raw[4] == LAYOUT_PLANES; /* else rows (frame_events) */
+        for (size_t k = 0; k < n; k += 64) {
+            size_t m = n - k < 64 ? n - k : 64;
+            if (planes)
+                mvz_event_read_planes(records, n, MVZ_EVENT_SIZE, k, m, ev, f);
+            else
+                for (size_t i = 0; i < m; i++)
+                    mvz_event_read(records + (k + i) * MVZ_EVENT_SIZE, MVZ_EVENT_SIZE, &ev[i]);
+            for (size_t i = 0; i < m; i++) {
+                const mvz_event *e = &ev[i];
+                if (e->op == MVZ_EV_TIME) {
+                    ts = e->address;
+                    continue;
+                }
+                ts += e->ts_delta;
+                if (e->op != MVZ_EV_ALLOC && e->op != MVZ_EV_FREE)
+                    continue;
+                int found;
+                size_t at = mvz_live_find(&base, e->address, e->kind, &found);
+                if (found)
+                    mvz_live_remove(&base, at);
+                if (e->op == MVZ_EV_FREE)
+                    continue;
+                int room = mvz_live_make_room(&base);
+                if (room < 0)
+                    continue; /* more live allocations than the store itself keeps */
+                if (room > 0 || found)
+                    at = mvz_live_find(&base, e->address, e->kind, &found);
+                mvz_event_decode(mvz_live_insert(&base, at), e, ts);
             }
-            ts += get_le(planes, 0, 4, i);
-            if (op != MVZ_EV_ALLOC && op != MVZ_EV_FREE)
-                continue;
-            int kind = planes[5][i], found;
-            size_t at = mvz_live_find(&base, addr, kind, &found);
-            if (found)
-                mvz_live_remove(&base, at);
-            if (op == MVZ_EV_FREE)
-                continue;
-            int room = mvz_live_make_room(&base);
-            if (room < 0)
-                continue; /* more live allocations than the store itself keeps */
-            if (room > 0 || found)
-                at = mvz_live_find(&base, addr, kind, &found);
-            mvz_alloc *a = mvz_live_insert(&base, at);
-            memset(a, 0, sizeof *a);
-            a->address = addr;
-            a->size = get_le(planes, 24, 8, i);
-            a->timestamp = ts;
-            a->stack_id = (uint32_t)get_le(planes, 8, 4, i);
-            a->thread_idx = (uint32_t)get_le(planes, 12, 2, i);
-            a->label_id = (uint32_t)get_le(planes, 14, 2, i);
-            a->slot = (int16_t)(int8_t)planes[6][i];
-            a->kind = (uint8_t)kind;
         }
     }
     free(raw);
@@ -283,44 +292,99 @@ static void keep(tw_chunk *c)
 
 /* ---- draining ------------------------------------------------------------ */
 
+/* The file sink writes an event only once the file names its stack and its
+ * label (Python appends those chunks, mvz_tw_write_named, and says how far
+ * they go), so a process killed at any moment leaves no event without its
+ * names: an event that needs a name not yet written waits in tw_raw, with
+ * every event after it, until Python's next chunks of names (every
+ * interval), or at most HOLD_MS (Python cannot run: its names come after
+ * its events then), or until tw_raw is full of them. */
+#define HOLD_MS 3000
+static uint32_t named_stacks = 1; /* stack ids below this are named in the file */
+static uint32_t named_labels;     /* label ids 1..this are named in the file */
+static size_t held;               /* events kept at the start of tw_raw */
+static uint64_t held_dropped;     /* the ring's drops taken with them */
+static uint64_t held_since;       /* when the oldest of them was taken (0: none) */
+
+/* Writer thread, or a binding with the GIL released; tw_lock held: reads
+ * an event copied out of the ring and the two watermarks, nothing else. */
+static int named(const mvz_raw_event *e)
+{
+    uint32_t label = e->label_id;
+    return (e->stack_id == 0 || e->stack_id < named_stacks) &&
+           (label == 0 || label <= named_labels || (label >= 0xFFFF && named_labels >= 0xFFFE));
+}
+
+/* Encode, frame and hand to the sink events [0, n) of tw_raw (ALLOC, FREE,
+ * FAILED; the TIME and GAP markers are made here). Writer thread or a
+ * binding without the GIL, tw_lock held: malloc, zlib and write(2) only,
+ * never the capture path's locks or Python. */
+static void emit(size_t n, uint64_t dropped)
+{
+    uint8_t *buf = NULL;
+    long len = mvz_ring_encode(tw_raw, n, dropped, &buf);
+    if (len >= 0) {
+        uint64_t first = n ? tw_raw[0].timestamp : mvz_now_ns();
+        uint64_t last = n ? tw_raw[n - 1].timestamp : first;
+        tw_chunk *c = frame_events((const mvz_event *)buf, (size_t)len / sizeof(mvz_event),
+                                   (uint32_t)n, first, last);
+        if (c) {
+            st.chunks++;
+            if (last > st.window_end)
+                st.window_end = last;
+            if (tw_fd >= 0) {
+                /* Counted once written: an error says how far the file goes. */
+                if (!st.error && write_all(tw_fd, c->data, c->len) != 0)
+                    st.error = errno ? errno : EIO;
+                if (!st.error) {
+                    st.bytes += c->len;
+                    st.events += n;
+                }
+                free(c);
+            } else {
+                st.events += n;
+                keep(c);
+            }
+        }
+    }
+    free(buf);
+}
+
 /* Take the ring's events, CHUNK_EVENTS at a time, into chunks for the sink.
- * tw_lock held. With `only` non-zero, stop after that many takes. */
-static void drain(int only)
+ * Writer thread or a binding without the GIL; tw_lock held, the store's
+ * lock taken only inside mvz_store_trace_take (the order trace_writer.h
+ * gives); no Python. With `only` non-zero, stop after that many takes; with
+ * `force`, write the events waiting for their names too. */
+static void drain(int only, int force)
 {
     for (int takes = 0; !only || takes < only; takes++) {
         uint64_t dropped = 0;
-        size_t m = mvz_store_trace_take(tw_raw, CHUNK_EVENTS, &dropped);
-        if (m == 0 && dropped == 0)
-            return;
+        size_t room = CHUNK_EVENTS - held;
+        size_t m = room ? mvz_store_trace_take(tw_raw + held, room, &dropped) : 0;
         st.dropped += dropped;
-        uint8_t *buf = NULL;
-        long len = mvz_ring_encode(tw_raw, m, dropped, &buf);
-        if (len >= 0) {
-            uint64_t first = m ? tw_raw[0].timestamp : mvz_now_ns();
-            uint64_t last = m ? tw_raw[m - 1].timestamp : first;
-            tw_chunk *c = frame_events((const mvz_event *)buf, (size_t)len / sizeof(mvz_event),
-                                       (uint32_t)m, first, last);
-            if (c) {
-                st.chunks++;
-                if (last > st.window_end)
-                    st.window_end = last;
-                if (tw_fd >= 0) {
-                    /* Counted once written: an error says how far the file goes. */
-                    if (!st.error && write_all(tw_fd, c->data, c->len) != 0)
-                        st.error = errno ? errno : EIO;
-                    if (!st.error) {
-                        st.bytes += c->len;
-                        st.events += m;
-                    }
-                    free(c);
-                } else {
-                    st.events += m;
-                    keep(c);
-                }
-            }
+        dropped += held_dropped; /* a GAP says where it was seen: at most a chunk early */
+        size_t n = held + m;
+        if (n == 0 && dropped == 0)
+            return;
+        size_t ok = n;
+        if (tw_fd >= 0 && !force && n < CHUNK_EVENTS &&
+            !(held_since && mvz_now_ns() - held_since >= HOLD_MS * 1000000ull)) {
+            ok = 0;
+            while (ok < n && named(&tw_raw[ok]))
+                ok++;
         }
-        free(buf);
-        if (m < CHUNK_EVENTS)
+        if (ok || dropped)
+            emit(ok, dropped);
+        held = n - ok;
+        held_dropped = 0;
+        if (held) {
+            memmove(tw_raw, tw_raw + ok, held * sizeof *tw_raw);
+            if (!held_since || ok)
+                held_since = mvz_now_ns();
+        } else {
+            held_since = 0;
+        }
+        if (m < room || (held && ok == 0))
             return;
     }
 }
@@ -357,7 +421,7 @@ static void *writer_main(void *unused)
         pthread_cond_timedwait(&tw_cond, &tw_lock, &t);
         if (!tw_stopping && due(since)) {
             uint64_t before = st.events;
-            drain(0);
+            drain(0, 0);
             since = mvz_now_ns();
             wait_ns = st.events - before >= mvz_store_trace_capacity() / 8 ? 2 * 1000000L : 20 * 1000000L;
         }
@@ -421,6 +485,10 @@ int mvz_tw_start(int fd, size_t capacity, int level, unsigned interval_ms, size_
         st.base_bytes = base_bytes();
     }
     tw_stopping = 0;
+    named_stacks = 1;
+    named_labels = 0;
+    held = 0;
+    held_dropped = held_since = 0;
     if ((errno = pthread_create(&tw_thread, NULL, writer_main, NULL)) != 0)
         goto out;
     tw_running = st.running = 1;
@@ -430,7 +498,9 @@ out:
     return rc;
 }
 
-int mvz_tw_write(const uint8_t *data, size_t len)
+/* A binding, the GIL released: takes tw_lock (never held by the capture
+ * path), writes, and drains what waited for these names. */
+int mvz_tw_write_named(const uint8_t *data, size_t len, long stacks, long labels)
 {
     pthread_mutex_lock(&tw_lock);
     int rc = -1;
@@ -443,16 +513,24 @@ int mvz_tw_write(const uint8_t *data, size_t len)
     } else {
         st.bytes += len;
         rc = 0;
+        if (stacks >= 0 && (uint64_t)stacks > named_stacks)
+            named_stacks = stacks > 0xFFFFFFFFL ? 0xFFFFFFFFu : (uint32_t)stacks;
+        if (labels >= 0 && (uint64_t)labels > named_labels)
+            named_labels = labels > 0xFFFFFFFFL ? 0xFFFFFFFFu : (uint32_t)labels;
+        if (held && tw_running)
+            drain(0, 0); /* what waited for these names */
     }
     pthread_mutex_unlock(&tw_lock);
     return rc;
 }
 
-void mvz_tw_flush(void)
+int mvz_tw_write(const uint8_t *data, size_t len) { return mvz_tw_write_named(data, len, -1, -1); }
+
+void mvz_tw_flush(int force)
 {
     pthread_mutex_lock(&tw_lock);
     if (tw_running)
-        drain(0);
+        drain(0, force);
     pthread_mutex_unlock(&tw_lock);
 }
 
@@ -469,7 +547,7 @@ void mvz_tw_stop(void)
     pthread_join(tw_thread, NULL);
     pthread_mutex_lock(&tw_lock);
     mvz_store_trace_disable();
-    drain(0); /* what came before the ring stopped */
+    drain(0, 1); /* what came before the ring stopped, named or not (names follow) */
     tw_running = st.running = 0;
     tw_fd = -1;
     pthread_mutex_unlock(&tw_lock);
@@ -517,25 +595,13 @@ static int dump_base(int fd)
     for (size_t i = 0; i < n; i++) {
         const mvz_alloc *a = &sorted[i];
         if (i == 0 || a->timestamp - prev > 0xffffffffULL) {
-            memset(&ev[k], 0, sizeof ev[k]);
-            ev[k].op = MVZ_EV_TIME;
-            ev[k].flags = FLAG_SYNTHETIC;
-            ev[k].address = prev = a->timestamp;
-            k++;
+            mvz_event_marker(&ev[k++], MVZ_EV_TIME, a->timestamp, FLAG_SYNTHETIC);
+            prev = a->timestamp;
         }
-        mvz_event *e = &ev[k++];
-        memset(e, 0, sizeof *e);
-        e->ts_delta = (uint32_t)(a->timestamp - prev);
-        prev = a->timestamp;
-        e->op = MVZ_EV_ALLOC;
-        e->kind = a->kind;
-        e->device = (int8_t)a->slot;
-        e->flags = FLAG_SYNTHETIC;
-        e->stack_id = a->stack_id;
-        e->thread_idx = (uint16_t)(a->thread_idx > 0xffff ? 0xffff : a->thread_idx);
-        e->label_id = (uint16_t)(a->label_id > 0xffff ? 0xffff : a->label_id);
-        e->address = a->address;
-        e->size = a->size;
+        mvz_alloc rec = *a;
+        rec.op = MVZ_EV_ALLOC;
+        rec.flags |= FLAG_SYNTHETIC;
+        mvz_event_encode(&ev[k++], &rec, &prev);
     }
     for (size_t lo = 0; lo < k; lo += CHUNK_EVENTS) {
         size_t m = k - lo < CHUNK_EVENTS ? k - lo : CHUNK_EVENTS;
@@ -563,7 +629,7 @@ int mvz_tw_dump(int fd)
         goto out;
     }
     if (tw_running)
-        drain(0);
+        drain(0, 1);
     if (base_ready && dump_base(fd))
         goto out;
     for (tw_chunk *c = q_head; c; c = c->next)

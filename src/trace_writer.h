@@ -58,8 +58,15 @@ int mvz_tw_start(int fd, size_t capacity, int level, unsigned interval_ms, size_
 /* Without the GIL: append bytes to the file sink, whole (0, or -1 with
  * errno; EINVAL for the memory sink). */
 int mvz_tw_write(const uint8_t *data, size_t len);
-/* Without the GIL: take and write every event the ring holds now. */
-void mvz_tw_flush(void);
+/* The same, for chunks that name stacks and labels: once written, the file
+ * names every stack id below `stacks` and every label id up to `labels`
+ * (-1: no change), and the events that waited for those names follow. The
+ * file sink writes no event before its stack's and label's names (at most
+ * a few seconds late where Python cannot run, trace_writer.c). */
+int mvz_tw_write_named(const uint8_t *data, size_t len, long stacks, long labels);
+/* Without the GIL: take and write every event the ring holds now whose
+ * names are written (`force`: every event, named or not). */
+void mvz_tw_flush(int force);
 /* Without the GIL: flush, stop the thread and the ring. The memory sink
  * keeps its chunks until mvz_tw_release. */
 void mvz_tw_stop(void);

@@ -16,6 +16,10 @@ void mvz_windows_alloc(mvz_windows *ws, const mvz_alloc *a)
 {
     for (uint32_t m = ws->open; m; m &= m - 1) {
         mvz_window *w = &ws->w[__builtin_ctz(m)];
+        if (a->kind == MVZ_KIND_BLOCK) { /* inside segments: the tensor peak, no timeline */
+            mvz_totals_alloc(&w->btotals[a->slot], a->size, a->timestamp);
+            continue;
+        }
         mvz_totals *t = &w->totals[a->slot];
         if (mvz_totals_alloc(t, a->size, a->timestamp))
             mvz_series_force_next(&w->timeline); /* always a point at a new peak */
@@ -30,6 +34,10 @@ void mvz_windows_free(mvz_windows *ws, const mvz_alloc *a, uint64_t ts)
         mvz_window *w = &ws->w[__builtin_ctz(m)];
         if (a->timestamp <= w->start)
             continue; /* live before the window opened: not its memory */
+        if (a->kind == MVZ_KIND_BLOCK) {
+            mvz_totals_free(&w->btotals[a->slot], a->size);
+            continue;
+        }
         mvz_totals *t = &w->totals[a->slot];
         mvz_totals_free(t, a->size);
         mvz_series_push(&w->timeline, ts, t->current, a->slot);
@@ -48,9 +56,11 @@ int mvz_windows_want_grave(const mvz_windows *ws, const mvz_alloc *a, uint64_t f
 {
     for (uint32_t m = ws->open; m; m &= m - 1) {
         const mvz_window *w = &ws->w[__builtin_ctz(m)];
-        uint64_t peak_ts = w->totals[a->slot].peak_timestamp;
-        if (a->timestamp > w->start && a->timestamp <= peak_ts && freed > peak_ts)
-            return 1;
+        for (int b = 0; b < 2; b++) {
+            uint64_t peak_ts = (b ? w->btotals : w->totals)[a->slot].peak_timestamp;
+            if (a->timestamp > w->start && a->timestamp <= peak_ts && freed > peak_ts)
+                return 1;
+        }
     }
     return 0;
 }
@@ -62,7 +72,7 @@ size_t mvz_windows_peak_count(const mvz_windows *ws)
     for (uint32_t m = ws->open; m; m &= m - 1) {
         const mvz_window *w = &ws->w[__builtin_ctz(m)];
         for (int d = 0; d < MVZ_NSLOTS; d++)
-            n += w->totals[d].peak_count;
+            n += w->totals[d].peak_count + w->btotals[d].peak_count;
     }
     return n;
 }
@@ -74,6 +84,7 @@ int mvz_window_open(mvz_windows *ws, uint64_t start)
             continue;
         mvz_window *w = &ws->w[k];
         memset(w->totals, 0, sizeof w->totals);
+        memset(w->btotals, 0, sizeof w->btotals);
         mvz_series_init(&w->timeline, w->points, MVZ_WINDOW_POINTS);
         w->start = start;
         ws->open |= 1u << k;
@@ -83,6 +94,11 @@ int mvz_window_open(mvz_windows *ws, uint64_t start)
 }
 
 mvz_totals *mvz_window_totals(mvz_windows *ws, int w) { return is_open(ws, w) ? ws->w[w].totals : NULL; }
+
+mvz_totals *mvz_window_block_totals(mvz_windows *ws, int w)
+{
+    return is_open(ws, w) ? ws->w[w].btotals : NULL;
+}
 
 uint64_t mvz_window_start(const mvz_windows *ws, int w) { return is_open(ws, w) ? ws->w[w].start : 0; }
 

@@ -9,7 +9,8 @@
 #define MEMVIZ_WINDOW_H
 
 #include "accounting.h"
-#include "store.h"
+#include "record.h"
+#include "types.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -17,6 +18,7 @@
 typedef struct {
     uint64_t start; /* allocations made after this timestamp are the window's */
     mvz_totals totals[MVZ_NSLOTS];
+    mvz_totals btotals[MVZ_NSLOTS]; /* PyTorch's blocks (the tensor peak) */
     mvz_point points[MVZ_WINDOW_POINTS];
     mvz_series timeline; /* over points[] */
 } mvz_window;
@@ -39,8 +41,9 @@ size_t mvz_windows_peak_count(const mvz_windows *ws);
 /* Store lock held, with the GIL. */
 /* Open a free window starting at `start` (a store timestamp); -1 if none is free. */
 int mvz_window_open(mvz_windows *ws, uint64_t start);
-/* The totals of open window w, or NULL. */
+/* The totals of open window w, or NULL; its blocks' with `blocks`. */
 mvz_totals *mvz_window_totals(mvz_windows *ws, int w);
+mvz_totals *mvz_window_block_totals(mvz_windows *ws, int w);
 /* The opening timestamp of open window w, or 0 when it is not open. */
 uint64_t mvz_window_start(const mvz_windows *ws, int w);
 /* Copy open window w's timeline into out (MVZ_WINDOW_POINTS room); returns

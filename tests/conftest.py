@@ -72,3 +72,10 @@ def _no_tracker_left():
     top = getattr(getattr(getattr(torch, "_C", None), "_autograd", None), "_top_saved_tensors_default_hooks", None)
     if top is not None and top(False) is not None:
         pytest.fail("a test left saved-tensor hooks installed")
+
+
+@pytest.fixture(scope="session")
+def stand_in_root(tmp_path_factory):
+    """One folder for every stand-in allocator library of the session: they
+    share libc10_standin.so (a second copy of its soname would not load)."""
+    return tmp_path_factory.mktemp("stand_in_allocator")

@@ -57,20 +57,20 @@ Chunk = Tuple[int, bytes]  # (type byte, payload as stored)
 
 def _events(rnd: random.Random, n: int) -> bytes:
     """A plausible event stream: allocs, frees, failures, TIME and GAP records."""
-    out = [F.EVENT.pack(0, F.OP_TIME, 0, 0, 0, 0, 0, 0, 1_000_000, 0)]
+    out = [F.EVENT.pack(0, F.OP_TIME, 0, 0, 0, 0, 0, 0, 1_000_000, 0, 0, 0)]
     live: List[Tuple[int, int, int]] = []
     for i in range(n):
         r = rnd.random()
         if live and r < 0.4:
             addr, size, dev = live.pop(rnd.randrange(len(live)))
-            out.append(F.EVENT.pack(rnd.randrange(5000), F.OP_FREE, 0, dev, 0, 1, 0, 0, addr, size))
+            out.append(F.EVENT.pack(rnd.randrange(5000), F.OP_FREE, 0, dev, 0, 1, 0, 0, addr, size, 0, 0))
         elif r < 0.45:
             out.append(F.EVENT.pack(rnd.randrange(5000), F.OP_FAILED, 0, 0, 0, 2, 1, 1, 2,
-                                    1 << 40))
+                                    1 << 40, 0, 0))
         elif r < 0.47:
-            out.append(F.EVENT.pack(0, F.OP_GAP, 0, 0, 0, 0, 0, 0, rnd.randrange(100), 0))
+            out.append(F.EVENT.pack(0, F.OP_GAP, 0, 0, 0, 0, 0, 0, rnd.randrange(100), 0, 0, 0))
         elif r < 0.49:
-            out.append(F.EVENT.pack(0, F.OP_TIME, 0, 0, 0, 0, 0, 0, 2_000_000 + i * 10_000, 0))
+            out.append(F.EVENT.pack(0, F.OP_TIME, 0, 0, 0, 0, 0, 0, 2_000_000 + i * 10_000, 0, 0, 0))
         else:
             addr, size, dev = 0x7F00_0000_0000 + i * 512, rnd.randrange(1, 1 << 30), rnd.choice(
                 (0, 0, 1, -1))
@@ -78,7 +78,7 @@ def _events(rnd: random.Random, n: int) -> bytes:
             live.append((addr, size, dev))
             out.append(F.EVENT.pack(rnd.randrange(5000), F.OP_ALLOC, kind, dev, 0,
                                     rnd.choice((0, 1, 2)), rnd.choice((0, 1)),
-                                    rnd.choice((0, 1, 2)), addr, size))
+                                    rnd.choice((0, 1, 2)), addr, size, 0, 0))
     return b"".join(out)
 
 
@@ -105,7 +105,8 @@ def _steps(rnd: random.Random, n: int) -> List[dict]:
     return out
 
 
-def seed(compress: bool = True, n: int = 60, rng_seed: int = 0, saved: bool = False) -> bytes:
+def seed(compress: bool = True, n: int = 60, rng_seed: int = 0, saved: bool = False,
+         lossy: bool = False) -> bytes:
     """A valid trace of every chunk kind, built with the writer's encoders."""
     rnd = random.Random(rng_seed)
     level = 6 if compress else None
@@ -135,6 +136,13 @@ def seed(compress: bool = True, n: int = 60, rng_seed: int = 0, saved: bool = Fa
              c(F.EVENTS, F.events_payload(_events(rnd, n // 2), 1))]
     if saved:
         parts.append(c(F.TIMELINE, [[1_000_000, 0, 10], [2_000_000, 0, 5]]))
+    if lossy:  # events lost (a GAP), and the live set at the end (LIVE)
+        gap = F.pack_event(op=F.OP_TIME, address=5_000_000) + F.pack_event(op=F.OP_GAP, address=7)
+        parts.append(c(F.EVENTS, F.events_payload(gap, 0)))
+        live = F.pack_event(op=F.OP_TIME, address=1_000_000) + b"".join(
+            F.pack_event(ts_delta=10, op=F.OP_ALLOC, stack_id=1 + k % 2, label_id=k % 3,
+                         address=0x7F0000000000 + (k << 20), size=1 << 20) for k in range(4))
+        parts.append(c(F.LIVE | F.OPTIONAL, F.events_payload(live, rnd.choice((0, 1)))))
     parts.append(c(F.END, {"stopped_monotonic_ns": 9_000_000, "totals": {
         "0": {"current": 5, "peak": 10, "peak_timestamp_ns": 2, "allocs": 3, "frees": 1,
               "failed": 1}}, "failures": 1, "stats": {"live": 3, "calls": {"alloc": 3}},
@@ -144,7 +152,7 @@ def seed(compress: bool = True, n: int = 60, rng_seed: int = 0, saved: bool = Fa
 
 def seeds() -> List[bytes]:
     return [seed(True), seed(False), seed(False, 200, 1, saved=True), seed(True, 5, 2),
-            seed(True, 0, 3)]
+            seed(True, 0, 3), seed(True, 60, 4, lossy=True)]
 
 
 # ---- the check ------------------------------------------------------------------
@@ -168,10 +176,13 @@ def _no_rule_failed(caught) -> None:
             raise PipelineError(f"a diagnose rule failed: {w.message}")
 
 
-def check(data: bytes, pipeline: bool = True) -> Optional[object]:
+def check(data: bytes, pipeline: bool = True, reports: bool = True,
+          reading: bool = True) -> Optional[object]:
     """Load ``data`` and use everything: the reading API, the text, JSON and
     HTML reports, diagnose(), the notebook views and both exports (with
-    ``pipeline``; only the reading API and the text reports without).
+    ``pipeline``; only the reading API and the text reports without; only
+    the reading API without ``reports`` either; only the load, the live set
+    and the totals without ``reading``).
     Returns the trace, or None for a TraceError. Any other exception
     propagates (a bug), and so does output that is not valid UTF-8 or JSON
     (:class:`PipelineError`)."""
@@ -189,6 +200,9 @@ def check(data: bytes, pipeline: bool = True) -> Optional[object]:
         except TraceError:
             return None
     t.totals(), t.current_bytes(), t.peak_bytes(), t.capture_info(), t.steps, repr(t)
+    if not reading:
+        t.snapshot()
+        return t
     for f in t.failures:
         str(f)
     snaps = [t.snapshot(), t.peak_snapshot()]
@@ -200,6 +214,9 @@ def check(data: bytes, pipeline: bool = True) -> Optional[object]:
         for key in ("lineno", "traceback", "label", "thread", "autograd_node"):
             [str(s) for s in snap.statistics(key)]
         repr(snap)
+    if not reports:
+        sum(1 for _e in t.events())
+        return t
     text_report(t, outside=t.outside, command=t.command).encode("utf-8")
     json.dumps(json_report(t), default=str)
     diff_text(t, t)

@@ -563,9 +563,10 @@ def test_only_memory_callbacks_are_enabled_and_stop_unsubscribes(fake):
 
 
 def test_another_subscriber_is_named(fake):
+    """cupti=True: CUPTI or nothing (without it, tests/test_cupti_sharing.py)."""
     fake.set_conflict("Kineto (torch.profiler)")
     with pytest.raises(memviz.CaptureConflict) as e:
-        memviz.track().start()
+        memviz.track(cupti=True).start()
     assert e.value.holder == "Kineto (torch.profiler)"
     assert "Kineto (torch.profiler)" in str(e.value)
     assert memviz.active_tracker() is None
@@ -717,7 +718,7 @@ def test_a_plugin_that_fails_to_start_leaves_nothing_running(fake, monkeypatch):
 
 RECORD_FIELDS = {
     "AllocationRow": ("address", "size", "device", "kind", "stream", "thread", "label",
-                      "timestamp_ns", "stack_id", "seq"),
+                      "timestamp_ns", "stack_id", "seq", "requested", "flags"),
     "FailureRow": ("size", "device", "kind", "stream", "thread", "label", "timestamp_ns",
                    "stack_id", "result"),
     "SiteRow": ("stack_id", "live_bytes", "live_count", "peak_bytes", "alloc_count",
@@ -727,10 +728,10 @@ RECORD_FIELDS = {
     "StepTotals": ("current", "window_peak", "live_count"),
     "StepChange": ("stack_id", "live_bytes", "live_count", "delta_bytes", "delta_count"),
     "Frame": ("filename", "lineno", "name"),
-    "StoreCopy": ("live", "totals", "peaks", "timeline", "when_ns"),
+    "StoreCopy": ("live", "totals", "peaks", "timeline", "when_ns", "tensor_peaks", "block_totals"),
     "StepMark": ("devices", "changes"),
     "WindowOpen": ("id", "start_ns", "live"),
-    "StartResult": ("result", "step", "error", "holder", "activity", "activity_error"),
+    "StartResult": ("result", "step", "error", "holder", "activity", "activity_error", "cupti", "shared_with"),
 }
 
 

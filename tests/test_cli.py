@@ -578,3 +578,49 @@ def test_every_command_reads_its_whole_number_options_alike(capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert said in err and "usage:" in err, (argv, err)
+
+
+# ---- the README's usage lines ------------------------------------------------------
+
+
+def _usage_options(text):
+    """{option: metavar or None} of the ``[--opt META]`` groups of a usage text."""
+    return {m.group(1): m.group(2) for m in re.finditer(r"\[(-{1,2}[\w-]+)(?: ([A-Za-z_.]+))?[]|]", text)}
+
+
+def _readme_run_usage():
+    """The ``python -m memviz run`` lines of the README's "From the command line" block."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## From the command line", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    assert block.lstrip().startswith("python -m memviz run"), block
+    return block
+
+
+def test_the_readme_usage_names_every_option_of_memviz_run():
+    """The parser's usage is argparse's, generated from its options; the
+    README's usage block names each of them with the same metavar."""
+    from memviz.cli import run as cli_run
+
+    parser = cli_run.build_parser("python -m memviz run")
+    assert parser.usage is None  # no hand-written usage line to drift
+    generated = _usage_options(parser.format_usage())
+    generated.pop("-h")
+    ours = {a.dest for a in parser._actions if a.option_strings and a.dest != "help"}
+    assert len(generated) == len(ours) >= 10  # one group per option in argparse's line
+    assert generated.pop("-m") == "module"  # the README's second line: -m package.module
+    readme = _readme_run_usage()
+    named = _usage_options(readme)
+    assert named == generated, (named, generated)
+    assert "script.py [args ...]" in readme and "-m package.module [args ...]" in readme
+    # and whatever the README names elsewhere in the block is an option of the parser
+    known = {o for a in parser._actions for o in a.option_strings}
+    assert set(re.findall(r"(?<![\w-])(-{1,2}[a-z][\w-]*)", readme)) <= known
+
+
+def test_the_usage_line_of_help_comes_from_the_parser(capsys):
+    assert main(["run", "--help"]) == 0
+    usage = " ".join(capsys.readouterr().out.split("\n\n")[0].split())
+    assert re.match(r"usage: (python -m )?memviz run \[-h\] \[--precise\] \[--autograd\]", usage), usage
+    assert "[--flight-recorder SIZE] [--flight-dir DIR]" in usage and "[-o TRACE]" in usage
+    assert usage.endswith(("[-m module] [script.py] [args ...]", "[-m module | script.py] [args ...]"))

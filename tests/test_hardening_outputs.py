@@ -417,7 +417,7 @@ def test_report_and_diff_write_errors(trace):
 def test_report_on_a_full_disk_keeps_the_previous_file(trace):
     out = trace.parent / "out.html"
     out.write_text("the previous report\n")
-    p = cli("report", "t.memviz", "--format", "html", "-o", "out.html", cwd=trace.parent,
+    p = cli("report", "t.memviz", "--format", "html", "-o", "out.html", "--force", cwd=trace.parent,
             limit=4096)
     assert_refused(p, "cannot write the HTML report to 'out.html': File too large",
                    "ulimit -f")
@@ -523,3 +523,30 @@ def test_step_sink_arguments_are_checked(fake, tmp_path):
         t.step()
         handle.remove()
     assert (tmp_path / "s.jsonl").read_text().count("\n") == 1
+
+
+@pytest.mark.parametrize("verb", ["report", "whatif", "diff"])
+def test_an_existing_output_is_refused_without_force(tmp_path, verb):
+    """As memray's run -o: no output file is overwritten unless --force says so
+    (the earlier result is kept, byte for byte)."""
+    sample = os.path.join(os.path.dirname(memviz.__file__), "data", "sample.memviz")
+    out = tmp_path / "out.txt"
+    out.write_text("an earlier result\n")
+    args = [verb, sample] + ([sample] if verb == "diff" else []) + ["-o", str(out)]
+    p = subprocess.run([sys.executable, "-m", "memviz", *args], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "exists" in p.stderr and "--force" in p.stderr, p.stderr
+    assert out.read_text() == "an earlier result\n"
+    p = subprocess.run([sys.executable, "-m", "memviz", *args, "--force"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert out.read_text() != "an earlier result\n"
+
+
+def test_run_refuses_an_existing_trace_before_the_script_runs(tmp_path, script):
+    (tmp_path / "run.memviz").write_bytes(b"kept")
+    p = run("-o", "run.memviz", "s.py", cwd=tmp_path)
+    assert p.returncode == 2 and "--force" in p.stderr, p.stderr
+    assert not (tmp_path / "ran").exists() and (tmp_path / "run.memviz").read_bytes() == b"kept"
+    p = run("-o", "run.memviz", "-f", "s.py", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "run.memviz").read_bytes()[:3] != b"kep"

@@ -102,6 +102,39 @@ def test_cell_that_raises_still_stops_tracking_and_reports(shell, fake):
     assert shell.user_ns["_memviz"].current_bytes() == MiB
 
 
+def test_line_magic_tracks_one_statement(shell, fake):
+    """%memviz [options] STATEMENT: the statement as a one-line cell."""
+    from fake_cupti import CBID_cuMemAlloc_v2
+    from memviz.integrations.ipython import split_line
+
+    assert split_line("--top 3 --no-gpu x = f(--y)") == ("--top 3 --no-gpu", "x = f(--y)")
+    shell.user_ns.update(fake=fake, CBID=CBID_cuMemAlloc_v2)
+    result, htmls, _ = run_cell(shell, "%memviz --top 1 x = fake.alloc(CBID, 3 << 20)\n")
+    assert result.success
+    html, = htmls
+    assert "3 MiB" in html
+    t = shell.user_ns["_memviz"]
+    assert t.current_bytes() == 3 * MiB and shell.user_ns["x"]
+    result, htmls, _ = run_cell(shell, "%memviz --top 2\n")  # no statement: the usage
+    assert "Usage: %%memviz" in htmls[0] and "%memviz [options] STATEMENT" in htmls[0]
+
+
+def test_cell_lines_show_with_their_source_in_a_terminal_shell(shell, fake):
+    """IPython's terminal shell names cells <ipython-input-N-...> and keeps
+    their source in linecache: the report shows the line and its source."""
+    from fake_cupti import CBID_cuMemAlloc_v2
+    from memviz.report.text import text_report
+
+    shell.user_ns.update(fake=fake, CBID=CBID_cuMemAlloc_v2, memviz=memviz)
+    result, _, _ = run_cell(shell, "t = memviz.track().start()\n"
+                                   "x = fake.alloc(CBID, 5 << 20)  # the cell's own line\n"
+                                   "t.stop()\n")
+    assert result.success
+    text = text_report(shell.user_ns["t"], top=3)
+    assert "<ipython-input-" in text and ":2" in text, text
+    assert "x = fake.alloc(CBID, 5 << 20)" in text, text
+
+
 def test_bad_options_show_what_to_do_and_run_nothing(shell):
     shell.user_ns["ran"] = False
     result, htmls, _ = run_cell(shell, "%%memviz --top zero\nran = True\n")
@@ -181,10 +214,12 @@ def test_sparkline_shows_the_sawtooth_of_steps(fake):
     lows = sum(near(v, 512 * MiB) for v in levels)
     highs = sum(near(v, 656 * MiB) for v in levels)
     assert lows > 100 and highs > 100, (lows, highs)
-    # up and down all along, not one rise and one fall
+    # up and down all along, not one rise and one fall. The buckets are by time: a
+    # loaded machine that pauses this thread leaves some of them empty (84 changes on
+    # CI under load, against about 200 here), so the bound asks only for many.
     steps = [v for v in levels if near(v, 512 * MiB) or near(v, 656 * MiB)]
     changes = sum(1 for a, b in zip(steps, steps[1:]) if near(a, 512 * MiB) != near(b, 512 * MiB))
-    assert changes > 100
+    assert changes > 30, changes
 
 
 def test_sparkline_keeps_the_peak_and_a_lone_dip():

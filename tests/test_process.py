@@ -117,7 +117,7 @@ def test_older_cupti_conflict_code_is_a_conflict_too(fake_path):
     r, _ = run(f"""
         f = FakeCupti({fake_path!r}); f.set_subscribe_error(12)
         try:
-            memviz.track().start()
+            memviz.track(cupti=True).start()
         except memviz.CaptureConflict as e:
             out(msg=str(e))
     """, fake_path)
@@ -290,7 +290,7 @@ def test_a_conflict_with_memviz_itself_says_so(fake_path):
     r, _ = run(f"""
         f = FakeCupti({fake_path!r}); f.set_conflict("CUPTI for memviz")
         try:
-            memviz.track().start()
+            memviz.track(cupti=True).start()
         except memviz.CaptureConflict as e:
             out(msg=str(e))
     """, fake_path)

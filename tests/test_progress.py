@@ -30,8 +30,8 @@ def small_trace(path, chunks=40, per_chunk=2000):
     rows = []
     for k in range(per_chunk // 2):
         a = 0x7F00_0000 + (k % 16) * 4096
-        rows.append(F.EVENT.pack(100, F.OP_ALLOC, 0, 0, 0, 0, 0, 0, a, 4096))
-        rows.append(F.EVENT.pack(100, F.OP_FREE, 0, 0, 0, 0, 0, 0, a, 4096))
+        rows.append(F.EVENT.pack(100, F.OP_ALLOC, 0, 0, 0, 0, 0, 0, a, 4096, 0, 0))
+        rows.append(F.EVENT.pack(100, F.OP_FREE, 0, 0, 0, 0, 0, 0, a, 4096, 0, 0))
     meta = {"format": "memviz-trace", "format_version": 1, "mode": "stream",
             "start_monotonic_ns": 1000, "tracker": {}, "capture": {}}
     with open(path, "wb") as f:

@@ -7,6 +7,7 @@ GPU checks (peak=, leaks=) run through the libcupti test double: the outer
 
 import importlib.metadata
 import json
+import sys
 
 import pytest
 
@@ -76,7 +77,7 @@ def test_b():
     r = pytester.runpytest(*PLUGIN, *QUIET, "--strict-markers", "--collect-only", "-q")
     assert r.ret == 0, r.stdout.str()
     r = pytester.runpytest(*PLUGIN, *QUIET, "--markers")
-    r.stdout.fnmatch_lines(["*@pytest.mark.memviz(peak=None, leaks=False, own_code=False, filter_fn=None)*",
+    r.stdout.fnmatch_lines(["*@pytest.mark.memviz(peak=None, leaks=False, own_code=False, filter_fn=None, warmups=0)*",
                             "*@pytest.mark.no_graph_leak*"])
 
 
@@ -229,8 +230,7 @@ def no_capture(monkeypatch):
 def test_without_capture_marked_tests_run_and_fail_on_their_own_assertions(pytester, no_capture):
     src = NO_GPU
     r = run(pytester, src)
-    has_torch = torch is not None  # no_graph_leak (kept as it is) skips without torch
-    r.assert_outcomes(passed=3 if has_torch else 2, failed=1, skipped=0 if has_torch else 1)
+    r.assert_outcomes(passed=3, failed=1)  # no_graph_leak's test runs with or without torch
     out = r.stdout.str()
     assert "FAILED test_inner.py::test_body_fails" in out
     assert "the test's own assertion" in out
@@ -263,9 +263,40 @@ def test_without_capture_the_skipped_checks_are_in_the_summary_and_report(pytest
     both = rows["test_inner.py::test_body_fails"]["checks_skipped"]
     assert [c["check"] for c in both] == ["peak='1 GiB'", "leaks=True"]
     assert all(c["reason"].startswith(reason) for c in both)
-    if torch is not None:
-        graph = rows["test_inner.py::test_graph_runs_on_cpu"]
+    graph = rows["test_inner.py::test_graph_runs_on_cpu"]
+    if torch is not None:  # without torch: test_no_graph_leak_without_torch_runs_the_test
         assert graph["checks_run"] == ["no_graph_leak"] and graph["checks_skipped"] == []
+
+
+def test_no_graph_leak_without_torch_runs_the_test_and_lists_the_check(pytester, monkeypatch, tmp_path):
+    """Without PyTorch no graph can be made: the test body still runs (a
+    failing one fails) and the check is listed as not run, with what to do."""
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` fails, here and in the inner run
+    src = """
+import pytest
+
+@pytest.mark.no_graph_leak
+def test_graph_runs_on_cpu():
+    pass
+
+@pytest.mark.no_graph_leak
+def test_graph_body_fails():
+    assert 1 == 2, "the test's own assertion"
+"""
+    report = tmp_path / "mem.json"
+    r = run(pytester, src, f"--memviz-report={report}")
+    r.assert_outcomes(passed=1, failed=1)
+    assert "the test's own assertion" in r.stdout.str()
+    r.stdout.fnmatch_lines([
+        "*memviz: checks not run (the tests themselves ran)*",
+        f"test_inner.py::test_graph_runs_on_cpu: no_graph_leak (marker at "
+        f"test_inner.py:{marker_line(src, 'test_graph_runs_on_cpu')})",
+        "  why: PyTorch is not installed*",
+        "  what to do: pip install torch*",
+    ])
+    rows = {t["nodeid"]: t for t in json.loads(report.read_text())["tests"]}
+    ran = rows["test_inner.py::test_graph_runs_on_cpu"]
+    assert ran["checks_run"] == [] and [c["check"] for c in ran["checks_skipped"]] == ["no_graph_leak"]
 
 
 def test_a_capture_conflict_skips_only_the_gpu_checks(pytester, fake):
@@ -289,7 +320,7 @@ def test_fails():
         "test_inner.py::test_passes: leaks=True (marker at test_inner.py:*)",
         "test_inner.py::test_fails: peak='1 MiB' (marker at test_inner.py:*)",
         "  why: memviz cannot capture GPU allocations: CUPTI is already in use in this process by nsys*",
-        "  what to do: stop the other profiler before starting memviz*",
+        "  what to do: stop the other profiler before the test*",
     ])
 
 
@@ -461,7 +492,7 @@ def test_x():
 @pytest.mark.parametrize("mark, expected", [
     ("memviz()", "checks nothing (marker at test_inner.py:2); use @pytest.mark.memviz(peak='2 GiB')"),
     ("memviz(peak='lots')", "@pytest.mark.memviz(peak='lots'): cannot parse size 'lots'"),
-    ("memviz(budget=1)", "takes the keywords peak=, leaks=, own_code= and filter_fn= only, got budget="),
+    ("memviz(budget=1)", "takes the keywords peak=, leaks=, own_code=, filter_fn= and warmups= only, got budget="),
     ("memviz(leaks='some')", "takes True or a size to tolerate"),
     ("memviz(peak='1 GiB', own_code=True)",
      "own_code= and filter_fn= choose which leaks count; add leaks=True"),
@@ -599,3 +630,64 @@ def test_nothing():
 
 
 MiB = 1 << 20
+
+
+# ---- conventions from pytest-memray ------------------------------------------------------
+
+
+def test_marker_sizes_read_as_pytest_memray_reads_them(pytester, fake):
+    """'3 MB' is 3 * 1024**2 bytes, as pytest-memray's limit_memory('3 MB');
+    a bare number is bytes."""
+    src = GPU + """
+@pytest.mark.memviz(peak="3 MB")
+def test_mb_is_binary():
+    fake.alloc(CBID_cuMemAlloc_v2, 3_100_000)  # over 3,000,000 but under 3 MiB
+
+@pytest.mark.memviz(peak=3_000_000)
+def test_bytes_are_bytes():
+    fake.alloc(CBID_cuMemAlloc_v2, 3_100_000)
+"""
+    r = run(pytester, src)
+    r.assert_outcomes(passed=1, failed=1)
+    assert "test_bytes_are_bytes" in r.stdout.str() and "FAILED" in r.stdout.str()
+
+
+def test_warmups_leave_a_cache_filled_once_out_of_the_leak_check(pytester, fake):
+    src = GPU + """
+CACHE = {}
+
+def cached_workspace():
+    if "w" not in CACHE:
+        CACHE["w"] = fake.alloc(CBID_cuMemAlloc_v2, 2 * MiB)  # filled on the first run only
+    return CACHE["w"]
+
+RUNS = []
+
+@pytest.mark.memviz(leaks=True, warmups=1)
+def test_with_warmup():
+    RUNS.append(1)
+    cached_workspace()
+
+@pytest.mark.memviz(leaks=True)
+def test_without_warmup():
+    CACHE.clear()
+    cached_workspace()
+
+def test_runs_counted():
+    assert len(RUNS) == 2  # one warm-up, one measured run
+"""
+    r = run(pytester, src)
+    r.assert_outcomes(passed=2, failed=1)
+    assert "test_without_warmup" in r.stdout.str()
+
+
+def test_most_allocations_limits_the_table(pytester, fake):
+    src = GPU + "".join(f"""
+def test_t{i}():
+    fake.free(CBID_cuMemFree_v2, fake.alloc(CBID_cuMemAlloc_v2, {i + 1} * MiB))
+""" for i in range(3))
+    r = run(pytester, src, "--memviz", "--most-allocations", "1")
+    r.assert_outcomes(passed=3)
+    out = r.stdout.str()
+    assert "test_t2" in out and "test_t0" not in out.split("memviz: GPU memory per test")[1], out
+    assert "2 more tests (--most-allocations 0 lists all" in out

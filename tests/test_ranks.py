@@ -21,6 +21,7 @@ import pytest
 import memviz
 from conftest import line_of
 from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
+from memviz._units import format_size
 from memviz.capture import cupti as _capture
 from memviz.capture.ranks import rank_glob, rank_meta, rank_path
 from memviz.__main__ import main
@@ -381,7 +382,9 @@ def test_the_merged_html_page_reads_in_chromium(fake, no_launcher, tmp_path, cap
     """The merged page in a real headless Chromium: no console error (its
     Content-Security-Policy allows no script), every section there, the
     per-rank tables filled, and the imbalance said."""
-    from test_html_report import _browser
+    from test_html_report import _browser, need_browser
+
+    need_browser()  # skips, saying what to install, before selenium is imported
     from selenium.webdriver.common.by import By
 
     paths = [_record(fake, no_launcher, tmp_path, 0, big=64, spike=True),
@@ -398,6 +401,20 @@ def test_the_merged_html_page_reads_in_chromium(fake, no_launcher, tmp_path, cap
         assert len(rows) >= 2 + 10, len(rows)  # the two ranks, and the steps at least
         first = browser.find_element(By.CSS_SELECTOR, "table tbody tr").text
         assert first.startswith("rank 0") and "MiB" in first, first
+        # Charts, not only tables (issue 28, item 3): a bar per rank as tall as its peak,
+        # each peak the rank's own report's, and the steps of the highest and lowest ranks.
+        charts = browser.find_elements(By.CSS_SELECTOR, "svg.mvz-chart")
+        assert len(charts) == 2, len(charts)
+        bars = charts[0].find_elements(By.TAG_NAME, "rect")
+        peaks = [max(t["peak"] for t in memviz.load(p).totals().values()) for p in paths]
+        assert len(bars) == len(peaks) == 2 and peaks[0] > peaks[1]
+        heights = [float(b.get_attribute("height")) for b in bars]
+        assert heights[1] / heights[0] == pytest.approx(peaks[1] / peaks[0], rel=0.01)
+        titles = [b.find_element(By.TAG_NAME, "title").get_attribute("textContent") for b in bars]
+        assert [t.split(" at ")[0] for t in titles] == [f"rank {r}: {format_size(p)}" for r, p in enumerate(peaks)]
+        lines = charts[1].find_elements(By.TAG_NAME, "polyline")
+        assert len(lines) == 3 and all(len(x.get_attribute("points").split()) == 10 for x in lines)
+        assert charts[0].size["height"] > 100 and charts[0].size["width"] > 400  # drawn, not collapsed
         errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
         assert errors == [], errors
     finally:

@@ -352,7 +352,11 @@ def test_huggingface_callback_uses_the_running_tracker(fake, monkeypatch):
 
 
 def test_integrations_say_what_to_install(monkeypatch):
-    for name in ("lightning", "pytorch_lightning", "transformers"):
+    frameworks = ("lightning", "pytorch_lightning", "transformers")
+    for name in list(sys.modules):  # where installed, an earlier test may have imported them:
+        if name.split(".")[0] in frameworks:  # their submodules (lightning.pytorch.callbacks) too
+            monkeypatch.setitem(sys.modules, name, None)
+    for name in frameworks:
         monkeypatch.setitem(sys.modules, name, None)  # import fails
     for name in ("memviz.integrations.lightning", "memviz.integrations.huggingface"):
         monkeypatch.delitem(sys.modules, name, raising=False)
@@ -382,3 +386,45 @@ def test_gpu_examples_say_so_in_one_sentence_without_cuda(name):
                        env={**os.environ, "PYTHONWARNINGS": "ignore"})  # e.g. torch without numpy
     assert p.returncode == 0 and p.stderr == ""
     assert p.stdout.count("\n") == 1 and p.stdout.startswith(f"{name}: this example needs a CUDA GPU")
+
+
+def test_print_every_keeps_a_tqdm_bar_whole(monkeypatch, capsys):
+    """print_every= goes through tqdm.write while a tqdm bar is open (a bare
+    print would break the bar), else to stdout."""
+    import types
+
+    from memviz.analysis.sinks import console_write
+
+    written = []
+    bar = type("tqdm", (), {"_instances": set(), "write": staticmethod(written.append)})
+    monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=bar))
+    console_write("no bar open")
+    assert capsys.readouterr().out == "no bar open\n" and written == []
+    bar._instances.add(object())
+    console_write("step 3: 1 MiB")
+    assert written == ["step 3: 1 MiB"] and capsys.readouterr().out == ""
+
+
+def test_print_every_with_a_real_tqdm_bar(capsys):
+    tqdm = pytest.importorskip("tqdm", reason="needs tqdm (pip install tqdm)")
+    from memviz.analysis.sinks import console_write
+
+    with tqdm.tqdm(total=3, file=sys.stderr) as bar:
+        console_write("a step line")
+        bar.update(1)
+    assert "a step line" in capsys.readouterr().out
+
+
+def test_the_no_gpu_example_names_its_own_lines_and_the_leak(tmp_path):
+    """examples/try_without_gpu.py, as the README tells a newcomer without a
+    GPU to run it: the loop's lines, the steps, and the growth at the leak."""
+    import subprocess
+
+    from conftest import ROOT
+    script = ROOT / "examples" / "try_without_gpu.py"
+    leak = next(i for i, ln in enumerate(script.read_text().splitlines(), 1) if "history.append(loss)" in ln) - 1
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                       cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert f"try_without_gpu.py:{leak}" in p.stdout  # the loss line, kept in `history`
+    assert "[growth]" in p.stdout and "Steps: 8 recorded" in p.stdout

@@ -245,6 +245,16 @@ def good_trace(fake, tmp_path):
     return path.read_bytes()
 
 
+def crafted_chunk(kind, payload):
+    """A chunk compressed however far deflate goes (memviz's own writers
+    stop at the reader's cap, F.MAX_RATIO): what a crafted file holds."""
+    import zlib
+
+    packed = zlib.compress(payload, 9)
+    head = F.CHUNK_HEAD.pack(kind | F.COMPRESSED, len(packed))
+    return head + packed + F.CRC.pack(zlib.crc32(packed, zlib.crc32(head)))
+
+
 def chunk_offsets(data):
     pos, out = F.HEADER.size, []
     while pos < len(data):
@@ -336,8 +346,8 @@ def test_chunk_level_problems(good_trace):
 
 def test_gap_records_count_dropped_events(good_trace):
     at = chunk_offsets(good_trace)[-1]
-    gap = F.EVENT.pack(0, F.OP_TIME, 0, 0, 0, 0, 0, 0, 10**12, 0) + \
-        F.EVENT.pack(0, F.OP_GAP, 0, 0, 0, 0, 0, 0, 12345, 0)
+    gap = F.EVENT.pack(0, F.OP_TIME, 0, 0, 0, 0, 0, 0, 10**12, 0, 0, 0) + \
+        F.EVENT.pack(0, F.OP_GAP, 0, 0, 0, 0, 0, 0, 12345, 0, 0, 0)
     t = from_bytes(good_trace[:at] + F.chunk(F.EVENTS, F.events_payload(gap)) + good_trace[at:])
     assert t.dropped_events == 12345
 
@@ -500,12 +510,12 @@ def test_chunks_that_inflate_far_beyond_what_memviz_writes_are_refused(good_trac
     what is past that is refused, quickly, without the memory."""
     meta_end = chunk_offsets(good_trace)[1]
     if bomb == "steps":
-        extra = F.chunk(F.STEPS, b"[" + b" " * (96 << 20) + b"]")
+        extra = crafted_chunk(F.STEPS, b"[" + b" " * (96 << 20) + b"]")
     elif bomb == "events":
         count = (96 << 20) // F.EVENT.size
-        extra = F.chunk(F.EVENTS, F.EVENTS_HEAD.pack(count, F.LAYOUT_PLANES) + bytes(count * F.EVENT.size))
+        extra = crafted_chunk(F.EVENTS, F.EVENTS_HEAD.pack(count, F.LAYOUT_PLANES) + bytes(count * F.EVENT.size))
     else:
-        extra = F.chunk(F.STRINGS, b'["' + b"a" * (96 << 20) + b'"]')
+        extra = crafted_chunk(F.STRINGS, b'["' + b"a" * (96 << 20) + b'"]')
     path = tmp_path / "bomb.memviz"
     path.write_bytes(good_trace[:meta_end] + extra)
     code = ("import sys, time, memviz\n"
@@ -524,8 +534,9 @@ def test_chunks_that_inflate_far_beyond_what_memviz_writes_are_refused(good_trac
 
 
 def test_the_most_compressible_traces_memviz_writes_still_load(fake, tmp_path):
-    """The caps above leave room for memviz's own most regular output: one
-    alloc/free pair repeated (its events inflate about 147x) and empty steps."""
+    """memviz's own most regular output loads: one alloc/free pair repeated
+    (its events in byte planes would inflate about 150x, past the cap: the
+    writer gives them as rows, which compress less) and empty steps."""
     path = str(tmp_path / "regular.memviz")
     with memviz.track(trace=path) as t:
         fake.lib.fake_alloc_free_loop(CBID_cuMemAlloc_v2, CBID_cuMemFree_v2, 200_000, MiB)
@@ -603,3 +614,30 @@ def test_events_of_a_saved_trace_replay_its_peak_and_live_set(fake, tmp_path):
         elif e.op == "free":
             live.remove((e.device, e.address, e.seq))
     assert live == {(a.device, a.address, a.seq) for a in t.snapshot().allocations}
+
+
+@pytest.mark.parametrize("how", ["stream", "save"])
+def test_frame_settings_travel_with_the_trace(fake, tmp_path, how):
+    """memviz.frames.add_library_path() is kept in the trace: read back in a
+    process that never made that call, the user line is the wrapper's caller,
+    as the recording tracker had it (top lines and findings agree)."""
+    import importlib.util
+    import inspect
+
+    wrapper = tmp_path / "gpu_wrapper.py"
+    wrapper.write_text("def alloc(fake, cbid, n):\n    return fake.alloc(cbid, n)\n")
+    spec = importlib.util.spec_from_file_location("gpu_wrapper", wrapper)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    memviz.frames.add_library_path(str(wrapper))
+    path = tmp_path / "run.memviz"
+    with memviz.track(**({"trace": str(path)} if how == "stream" else {})) as t:
+        mod.alloc(fake, CBID_cuMemAlloc_v2, 3 * MiB); line = inspect.currentframe().f_lineno  # noqa: E702
+    if how == "save":
+        t.save(str(path))
+    live = t.snapshot().statistics("lineno")[0].key
+    assert (os.path.basename(live.filename), live.lineno) == ("test_trace.py", line)
+    memviz.frames.reset()  # a reading process that never hid the wrapper
+    memviz.frames.add_library_path(os.path.join(os.path.dirname(__file__), "fake_cupti"))
+    back = memviz.load(str(path)).snapshot().statistics("lineno")[0].key
+    assert (os.path.basename(back.filename), back.lineno) == ("test_trace.py", line)

@@ -83,13 +83,6 @@ def test_reset_peak_of_a_nested_tracker_leaves_the_outer_peak(fake):
         assert memviz.get_traced_memory() == (1 * MiB, 64 * MiB)
 
 
-def test_get_traced_memory_and_reset_peak_without_a_tracker_say_what_to_do():
-    assert memviz.active_tracker() is None
-    for call in (memviz.get_traced_memory, memviz.reset_peak):
-        with pytest.raises(memviz.NotTracking, match=r"memviz\.track\(\)"):
-            call()
-
-
 def test_get_traced_memory_without_gpu_capture_is_zero():
     with memviz.track(gpu=False):
         assert memviz.get_traced_memory() == (0, 0)
@@ -237,3 +230,65 @@ def test_filter_traces_says_what_it_takes():
         memviz.Filter(True, "*", lineno="3")
     with pytest.raises(memviz.InvalidArgumentType, match="domain"):
         memviz.DomainFilter(True, "cuda:0")
+
+
+# ---- what the README says an allocation has ---------------------------------------------
+
+
+def test_the_readme_names_only_attributes_an_allocation_has():
+    import re
+    from pathlib import Path
+
+    from memviz.model.snapshot import Allocation
+
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    has = set(Allocation._fields) | {n for n in dir(Allocation) if not n.startswith("_")}
+    named = set(re.findall(r"`(?:allocation|a)\.(\w+)", readme))
+    assert {"traceback", "kind", "size"} <= named and named <= has, named - has
+    # "`Snapshot.allocations` yields each live allocation: address, size, ... and a traceback"
+    listed = readme.split("`Snapshot.allocations` yields each live allocation:", 1)[1].split(" of `Frame(")[0]
+    words = set(re.findall(r"\w+", re.sub(r"\([^()]*\)", "", listed))) - {"and", "a"}
+    assert "timestamp_ns" in words and words <= set(Allocation._fields), words - set(Allocation._fields)
+
+
+def test_the_readme_notebook_snippet_defines_every_name_it_uses():
+    import ast
+    import builtins
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## In a notebook or a script", 1)[1]
+    tree = ast.parse(re.search(r"```python\n(.*?)```", section, re.S).group(1))
+    defined = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    defined |= {(a.asname or a.name).split(".")[0] for n in ast.walk(tree)
+                if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    assert "snap" in used and used - defined - set(dir(builtins)) == set()
+
+
+def test_with_no_tracker_running_the_pair_answers_as_tracemalloc_does(fake):
+    """tracemalloc.get_traced_memory() is (0, 0) when not tracing, and
+    reset_peak() does nothing; memviz's pair answers the same way."""
+    import tracemalloc
+    assert not tracemalloc.is_tracing() and tracemalloc.get_traced_memory() == (0, 0)
+    assert memviz.active_tracker() is None
+    assert memviz.get_traced_memory() == (0, 0) and memviz.get_traced_memory(device=0) == (0, 0)
+    assert memviz.reset_peak() is None
+    with memviz.track() as t:
+        alloc(fake, MiB)
+    assert memviz.get_traced_memory() == (0, 0) and t.peak_bytes() == MiB  # the stopped tracker keeps its own
+
+
+def test_summary_is_the_text_report_of_a_tracker_or_a_trace(fake, tmp_path):
+    """memviz.summary(t): what torch.cuda.memory_summary() is to PyTorch."""
+    from memviz.report.text import text_report
+    path = tmp_path / "run.memviz"
+    with memviz.track(trace=str(path)) as t:
+        alloc(fake, 3 * MiB)
+        running = memviz.summary()  # the running tracker's
+        assert "3 MiB" in running or "3.00 MiB" in running
+    assert memviz.summary(t, top=5) == text_report(t, top=5)
+    assert "test_tracemalloc_shape.py" in memviz.summary(memviz.load(str(path)))
+    with pytest.raises(memviz.NotTracking, match=r"memviz\.summary\(t\)"):
+        memviz.summary()

@@ -110,3 +110,35 @@ def test_parse_size_other_errors():
 def test_round_trip():
     for n in (1, 1536, 256 * MiB, 3 * GiB // 2, 80 * GiB):
         assert parse_size(format_size(n)) == n
+
+
+def test_heap_kinds_sorts_objects_by_type_in_order():
+    """_core.heap_kinds, the categories' pass over gc.get_objects(): subclasses
+    of the tensor and optimizer types by their MRO (an __instancecheck__ or a
+    proxy is not consulted), the graph type exactly, order kept."""
+    import weakref
+
+    from memviz import _core
+
+    class Tensor: pass
+    class Param(Tensor): pass
+    class Optim: pass
+    class Adam(Optim): pass
+    class Graph: pass
+    class SubGraph(Graph): pass
+
+    class Liar:  # claims to be a tensor through __class__
+        __class__ = Tensor
+
+    t1, p, t2, a, g, sg, liar = Tensor(), Param(), Tensor(), Adam(), Graph(), SubGraph(), Liar()
+    proxy = weakref.proxy(t1)
+    objs = [1, "x", t1, p, a, proxy, g, sg, liar, t2, Optim]
+    tensors, optims, graphs = _core.heap_kinds(objs, Tensor, Optim, Graph)
+    assert tensors == [t1, p, t2] and optims == [a] and graphs == [g]
+    assert _core.heap_kinds(objs, None, None, None) == ([], [], [])
+    assert _core.heap_kinds(iter([]), Tensor, Optim, Graph) == ([], [], [])
+    with pytest.raises(TypeError, match="must be a type or None"):
+        _core.heap_kinds(objs, "Tensor", Optim, Graph)
+    # more distinct types than the memo's first size
+    many = [type(f"T{i}", (Tensor if i % 2 else object,), {})() for i in range(5000)]
+    assert len(_core.heap_kinds(many, Tensor, None, None)[0]) == 2500

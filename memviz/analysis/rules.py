@@ -95,16 +95,27 @@ def _peak_line(obj, dev) -> Optional[FindingLine]:
     fn = getattr(obj, "peak_snapshot", None)
     if fn is None:
         return None
+    # What to shrink is about tensors: the tensor peak (PyTorch's blocks'
+    # own, max_memory_allocated()) where the recording has one, else the
+    # device's peak.
+    stats, what = None, "largest line at the peak"
     try:
-        stats = fn(dev).statistics("lineno")
+        snap = fn(dev, peak="tensor")
+        if any(a.kind == "block" for a in snap.allocations):
+            stats, what = snap.statistics("lineno"), "largest line at the tensor peak"
+    except Exception:  # noqa: BLE001 - an older recording: no tensor peak
+        stats = None
+    try:
+        stats = stats if stats is not None else fn(dev).statistics("lineno")
     except Exception:  # noqa: BLE001 - no capture, or a trace without peaks
         return None
-    # A Python line, not the "<thread ...>" group of frameless allocations
-    # (PyTorch's backward runs on its own threads).
+    # A Python line (a backward one, "file:line (backward: NODE)", counts:
+    # memviz/model/lines.py), not the "<thread ...>" group of frameless
+    # allocations outside autograd nodes.
     real = [st for st in stats if not str(getattr(st.key, "filename", st.key)).startswith("<")]
     if not real:
         return None
-    return FindingLine(str(real[0].key), real[0].size, "largest line at the peak", sign=False)
+    return FindingLine(str(real[0].key), real[0].size, what, sign=False)
 
 
 # ---- cache churn ------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv as _csv
 import json
 import logging
+import sys
 from typing import Any, Callable, Dict, List, Optional
 
 from memviz._args import path as _path_arg
@@ -165,6 +166,31 @@ def _open(path: str, what: str, newline=None):
 SINK_NAMES = ("callback", "log", "print_every", "jsonl", "csv", "tensorboard")
 
 
+def console_write(text: str) -> None:
+    """A line for the terminal that keeps progress bars whole: through
+    tqdm.write while a tqdm bar is open, through rich's console while a rich
+    Live display (a Progress) runs, else print. Neither library is imported
+    here: only one the program already uses is asked."""
+    tqdm_mod = sys.modules.get("tqdm")
+    bar = getattr(tqdm_mod, "tqdm", None)
+    if bar is not None and getattr(bar, "_instances", None):
+        try:
+            bar.write(text)
+            return
+        except Exception:  # noqa: BLE001 - a progress bar must not lose the line
+            pass
+    rich_mod = sys.modules.get("rich")
+    if rich_mod is not None:
+        try:
+            console = rich_mod.get_console()
+            if getattr(console, "_live_stack", None) or getattr(console, "_live", None):
+                console.print(text, markup=False, highlight=False, soft_wrap=True)
+                return
+        except Exception:  # noqa: BLE001
+            pass
+    print(text, flush=True)
+
+
 def _check_sink_names(sinks: Dict[str, Any], where: str) -> None:
     unknown = sorted(set(sinks) - set(SINK_NAMES))
     if unknown:
@@ -206,7 +232,7 @@ def make_sinks(callback=None, log=False, print_every=None, jsonl=None, csv=None,
     if print_every is not None:
         if isinstance(print_every, bool) or not isinstance(print_every, int) or print_every < 1:
             raise InvalidArgument(f"memviz: print_every= must be a whole number of steps >= 1, got {print_every!r}")
-        sinks.append(_Sink(lambda text: print(text, flush=True), every=print_every))
+        sinks.append(_Sink(console_write, every=print_every))
     if tensorboard is not None:
         if not callable(getattr(tensorboard, "add_scalar", None)):
             raise InvalidArgumentType(f"memviz: tensorboard= needs a SummaryWriter (an object with "

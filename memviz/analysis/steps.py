@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import memviz._core as _core
 from memviz._errors import InvalidArgumentType, NotTracking
 from memviz.analysis.sinks import _check_sink_names, _emit, _refuse_same_files, _Sink, make_sinks
+from memviz.model import compiled as _compiled
 from memviz.model.frame_filter import frames as _default_filter, warning_site
 from memviz.model.steps import DeviceStep, GrowthLine, StepRecord
 from memviz.model.traceback import Frame
@@ -73,9 +74,11 @@ class _StepState:
             self.filter_gen = gen
         missing = [i for i in ids if i not in self.raw and i != 0]
         if missing:
+            compiled = _compiled.active()
             for sid, frames in _core.resolve(missing).items():
-                self.raw[sid] = tuple(Frame(fn or "<unknown>", ln if ln and ln > 0 else 0, nm or "")
-                                      for fn, ln, nm in frames)
+                done = _compiled.expand(frames) if compiled else None  # the model's lines (as snapshots)
+                self.raw[sid] = tuple(done[0]) if done else tuple(
+                    Frame(fn or "<unknown>", ln if ln and ln > 0 else 0, nm or "") for fn, ln, nm in frames)
         out = {}
         for i in ids:
             f = self.picked.get(i)

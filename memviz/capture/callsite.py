@@ -44,8 +44,8 @@ _NB_OPS = getattr(dis, "_nb_ops", ())  # [(name, symbol)] by BINARY_OP's argumen
 _MAX_NAME = 80
 _CACHE_LIMIT = 20000
 
-_names: Dict[Tuple[CodeType, int], Optional[str]] = {}
-_positions: Dict[CodeType, list] = {}
+_names: Dict[Tuple[int, int], Tuple[CodeType, Optional[str]]] = {}  # (id(code), offset) -> (code, name)
+_positions: Dict[int, Tuple[CodeType, list]] = {}  # id(code) -> (code, positions)
 _modules: Dict[str, Optional[ModuleType]] = {}
 _modules_seen = [0]
 _namespaces: Dict[str, dict] = {}  # file name -> globals of code that ran outside any module
@@ -73,7 +73,10 @@ def calls_of(ids: Iterable[int]) -> Dict[int, str]:
     """``{stack id: call name}`` for stacks of the live store."""
     out = {}
     for sid, site in _core.call_sites(ids).items():
-        name = site if isinstance(site, str) else call_name(*site)  # a str: named when its code died
+        if isinstance(site, _DyingName):  # named as its code died, an alias's module unknown then
+            name = site.now()
+        else:
+            name = site if isinstance(site, str) else call_name(*site)  # a str: named when its code died
         if name:
             out[sid] = name
     return out
@@ -82,13 +85,13 @@ def calls_of(ids: Iterable[int]) -> Dict[int, str]:
 def call_name(code: CodeType, offset: int) -> Optional[str]:
     """The name of what the instruction at ``offset`` of ``code`` calls (see
     the module's docstring), or None."""
-    key = (code, offset)
-    try:
-        return _names[key]
-    except KeyError:
-        pass
-    except TypeError:  # pragma: no cover - an unhashable stand-in for a code object
-        return None
+    # Keyed by the code object's identity: hashing a code object hashes its
+    # bytecode and constants, each time (a million lookups into 1,000-line
+    # functions took seconds). The entry holds the code, so its id stays its.
+    key = (id(code), offset)
+    hit = _names.get(key)
+    if hit is not None and hit[0] is code:
+        return hit[1]
     try:
         name = _name(code, offset)
     except Exception:  # never let naming break a snapshot: source may be odd or changed
@@ -96,21 +99,49 @@ def call_name(code: CodeType, offset: int) -> Optional[str]:
     if len(_names) >= _CACHE_LIMIT:
         _names.clear()
         _positions.clear()
-    _names[key] = name
+    _names[key] = (code, name)
     return name
+
+
+class _DyingName(str):
+    """A call named as its code object died (``G.alloc``) whose root is a
+    global that no namespace known then bound to a module: ``memviz run``'s
+    script dies as ``runpy`` returns, before the run hands its globals to
+    :func:`add_namespace` (3.12+ watch code objects die). :meth:`now`
+    spells the root out once the namespace is known."""
+
+    filename: str
+    root: str
+    rest: str
+
+    def now(self) -> str:
+        ns = _namespaces.get(self.filename)
+        value = ns.get(self.root) if ns is not None else None
+        mod = getattr(value, "__name__", None) if isinstance(value, ModuleType) else None
+        if not mod:
+            return str(self)
+        text = f"{mod}.{self.rest}"
+        return text if len(text) <= _MAX_NAME else text[:_MAX_NAME - 3] + "..."
 
 
 def _name_dying(code: CodeType, offset: int) -> Optional[str]:
     """``call_name`` for a code object being destroyed (the C core watches
     code objects die: src/module.c): nothing may keep a reference to it, so
-    nothing is cached."""
+    nothing is cached. A global root no module was found for is kept, to be
+    spelled out later (:class:`_DyingName`)."""
     try:
-        return _name(code, offset, cache=False)
+        unresolved = []
+        name = _name(code, offset, cache=False, unresolved=unresolved)
     except Exception:
         return None
+    if name is None or not unresolved:
+        return name
+    out = _DyingName(name)
+    out.filename, (out.root, out.rest) = code.co_filename, unresolved[0]
+    return out
 
 
-def _name(code: CodeType, offset: int, cache: bool = True) -> Optional[str]:
+def _name(code: CodeType, offset: int, cache: bool = True, unresolved: Optional[list] = None) -> Optional[str]:
     raw = code.co_code
     if not 0 <= offset < len(raw) or offset % 2:
         return None
@@ -134,19 +165,20 @@ def _name(code: CodeType, offset: int, cache: bool = True) -> Optional[str]:
     if after_dot and isinstance(tree.func, ast.Name):
         # a method call across lines: Python starts its span at the name
         return "." + tree.func.id
-    return _called(tree.func, code)
+    return _called(tree.func, code, unresolved)
 
 
 def _segment(code: CodeType, offset: int, cache: bool = True) -> Optional[Tuple[str, bool]]:
     """The source text of the instruction at ``offset`` (3.11+ positions),
     and whether a ``.`` comes right before it."""
-    positions = _positions.get(code) if cache else None
+    hit = _positions.get(id(code)) if cache else None
+    positions = hit[1] if hit is not None and hit[0] is code else None
     if positions is None:
         if not hasattr(code, "co_positions"):
             return None  # Python 3.10: line numbers only
         positions = list(code.co_positions())
         if cache:
-            _positions[code] = positions
+            _positions[id(code)] = (code, positions)
     start, end, col, end_col = positions[offset // 2]
     if start is None or end is None or col is None or end_col is None:
         return None
@@ -166,7 +198,7 @@ def _segment(code: CodeType, offset: int, cache: bool = True) -> Optional[Tuple[
     return b"".join(chunk).decode("utf-8", "replace"), after_dot
 
 
-def _called(func: ast.expr, code: CodeType) -> str:
+def _called(func: ast.expr, code: CodeType, unresolved: Optional[list] = None) -> str:
     parts = []
     node = func
     while isinstance(node, ast.Attribute):
@@ -177,6 +209,8 @@ def _called(func: ast.expr, code: CodeType) -> str:
         local = root in code.co_varnames or root in code.co_cellvars or root in code.co_freevars
         mod = _global_module(code, root) if parts and not local else None
         text = ".".join([mod or root] + parts[::-1])
+        if mod is None and parts and not local and unresolved is not None:
+            unresolved.append((root, ".".join(parts[::-1])))
     elif parts:
         text = "." + parts[0]  # a method of a computed object: f(x).float(...) -> .float
     else:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import memviz._core as _core
 from memviz._errors import CaptureConflict, CaptureUnavailable
@@ -26,7 +26,8 @@ from memviz.capture import cupti as _capture
 from memviz.model.frame_filter import warning_site
 
 __all__ = ["CaptureWarning", "FORK_ADVICE", "fork_reason", "after_fork", "warn_forked", "warn_gpu_off",
-           "subscribe", "hint_for", "silence_hint", "available", "library_info", "pytorch_route"]
+           "subscribe", "Started", "conflict_reason", "warn_without_cupti", "warn_cupti_released", "capture_sources",
+           "sources_line", "hint_for", "silence_hint", "available", "library_info", "pytorch_route"]
 
 
 class CaptureWarning(UserWarning):
@@ -116,14 +117,22 @@ def silence_hint(entry: Optional[str]) -> str:
     return "pass gpu=False (`memviz.track(gpu=False)`) to silence this warning"
 
 
-def subscribe(depth: int, activity: bool) -> Tuple[bool, Optional[str]]:
-    """Load libcupti and start the C core's capture; returns (activity
-    records on, why not). Raises CaptureUnavailable (with what was tried and
-    what to do) or CaptureConflict (another profiler holds CUPTI)."""
+class Started(NamedTuple):
+    """What :func:`subscribe` got: activity records on (and why not), and the
+    other subscriber CUPTI is shared with (its multi-subscriber mode), if any."""
+    activity: bool
+    activity_error: Optional[str]
+    shared_with: Optional[str]
+
+
+def subscribe(depth: int, activity: bool) -> Started:
+    """Load libcupti and start the C core's capture, beside another
+    subscriber where CUPTI allows it (13.5's multi-subscriber mode). Raises
+    CaptureUnavailable (with what was tried and what to do) or
+    CaptureConflict (another tool holds CUPTI and does not share it)."""
     lib = _capture.load()  # raises CaptureUnavailable with what it tried
-    st = _core.start(depth=depth, activity=activity)
+    st = _core.start(depth=depth, activity=activity, cupti=True, shared=True)
     result, step, error, holder = st.result, st.step, st.error, st.holder
-    activity_on, activity_error = st.activity, st.activity_error
     # 39 on CUPTI 12+; older CUPTI answered a second subscriber with 12.
     if result == _core.ERROR_MULTIPLE_SUBSCRIBERS or (result == 12 and step == "cuptiSubscribe"):
         raise CaptureConflict(holder or None, detail=f"{step} returned {error} ({result})")
@@ -133,7 +142,131 @@ def subscribe(depth: int, activity: bool) -> Tuple[bool, Optional[str]]:
             lib.tried + [f"{lib.path}: loaded ({lib.how})", f"{step}: {error} ({result})"],
             hint=hint_for(result),
         )
-    return bool(activity_on), activity_error or None
+    return Started(bool(st.activity), st.activity_error or None, st.shared_with or None)
+
+
+def conflict_reason(e: CaptureConflict) -> str:
+    """Why CUPTI is not used, after ``e``: who holds it."""
+    who = e.holder or "another tool (Nsight Systems, or torch.profiler run earlier in this process)"
+    return f"CUPTI is held by {who}, which does not share it"
+
+
+_warned_without_cupti = False
+
+
+def warn_without_cupti(reason: str) -> None:
+    """CaptureWarning, once per process: tracking goes on without CUPTI
+    (``reason``); what that costs and what to do."""
+    global _warned_without_cupti
+    if _warned_without_cupti:
+        return
+    _warned_without_cupti = True
+    level, _ = warning_site()
+    warnings.warn(
+        f"memviz: tracking without CUPTI: {reason.rstrip('.')}. PyTorch's memory is still seen "
+        "through its caching allocator (every block and segment); what other libraries allocate "
+        "(CuPy, JAX, NCCL, the CUDA context) is not seen allocation by allocation: it is counted "
+        "in the memory outside PyTorch, from NVML's figure for this process. To see it all, start "
+        "memviz before the other tool, or run the other tool in another process; pass "
+        "cupti=False (`memviz.track(cupti=False)`, `memviz run --no-cupti`) to say this is meant "
+        "and silence this warning.",
+        CaptureWarning, stacklevel=level)
+
+
+def warn_cupti_released(reason: str) -> None:
+    """CaptureWarning: memviz gave CUPTI up while tracking (``reason``)."""
+    level, _ = warning_site()
+    warnings.warn(
+        f"memviz: {reason.rstrip('.')}: memviz gave CUPTI up so that it works, and goes on without "
+        "it. PyTorch's memory is still seen through its caching allocator (every block and segment); "
+        "what other libraries allocate from now on is counted in the memory outside PyTorch, from "
+        "NVML's figure for this process. To keep CUPTI for memviz, run the profiler outside the "
+        "tracker (or in another process); pass cupti=False to track without CUPTI from the start.",
+        CaptureWarning, stacklevel=level)
+
+
+def _nvml_state() -> "tuple[bool, Optional[str]]":
+    import importlib.util
+    try:
+        found = importlib.util.find_spec("pynvml") is not None
+    except (ImportError, ValueError):
+        found = False
+    if found:
+        return True, None
+    return False, ("pynvml (nvidia-ml-py) is not importable: the memory outside PyTorch comes from "
+                   "cuMemGetInfo's whole-device figure, which counts other processes too")
+
+
+def capture_sources(t: Any, pytorch: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The capture route of each source for tracker ``t`` and the reason for
+    each gap: {"cupti": {...}, "allocator": {...}, "nvml": {...}, "gaps": [...]}.
+
+    - cupti: the driver's memory calls of every library (and, with activity
+      records, static module memory); "used", "reason" (why not), "shared_with".
+    - allocator: PyTorch's caching allocator, wrapped: "used" (its blocks),
+      "segments" ("cupti", "allocator" or None: how PyTorch's segments are seen), "reason".
+    - nvml: the process's total on the device, which stands for what is not
+      seen one by one (the CUDA context, other libraries without CUPTI).
+    """
+    gpu = bool(getattr(t, "gpu_enabled", False))
+    cupti_on = gpu and bool(getattr(t, "cupti_enabled", False))
+    cupti_why = None if cupti_on else (getattr(t, "cupti_off_reason", None) or getattr(t, "gpu_off_reason", None)
+                                        or "GPU capture is off")
+    route = pytorch if isinstance(pytorch, dict) else {}
+    blocks_on = gpu and route.get("route") == "allocator"
+    owner = t  # a nested tracker reads the capture of the one it is nested in
+    while getattr(owner, "outer", None) is not None:
+        owner = owner.outer
+    segments = getattr(getattr(owner, "torch", None), "segments_route", None)
+    if gpu and cupti_on:
+        segments = "cupti"
+    seg_why = getattr(getattr(owner, "torch", None), "segments_reason", None)
+    if not gpu:
+        alloc_why = getattr(t, "gpu_off_reason", None) or "GPU capture is off"
+    elif not blocks_on:
+        alloc_why = route.get("reason") or "PyTorch's allocator is not attached"
+    else:
+        alloc_why = None
+    nvml_ok, nvml_why = _nvml_state()
+    gaps: List[str] = []
+    if gpu and not cupti_on:
+        gaps.append(f"No CUPTI ({cupti_why}): allocations outside PyTorch (CuPy, JAX, NCCL, the CUDA "
+                    "context) are not seen one by one; the memory outside PyTorch is the process's "
+                    "total on the device minus PyTorch's segments.")
+        if segments is None:
+            gaps.append("PyTorch's segments are not seen as they come and go"
+                        + (f" ({seg_why})" if seg_why else "") + "; the reserved total is PyTorch's own figure.")
+    if gpu and not blocks_on and route.get("route") is not None:
+        gaps.append(f"PyTorch's blocks are not seen one by one: {alloc_why}.")
+    if gpu and not nvml_ok:
+        gaps.append(nvml_why + ".")
+    return {
+        "cupti": {"used": cupti_on, "reason": cupti_why,
+                  "shared_with": getattr(t, "cupti_shared_with", None) if cupti_on else None},
+        "allocator": {"used": blocks_on, "segments": segments if gpu else None, "reason": alloc_why},
+        "nvml": {"used": gpu and nvml_ok, "reason": nvml_why if gpu else None},
+        "gaps": gaps,
+    }
+
+
+def sources_line(sources: Optional[Dict[str, Any]]) -> Optional[str]:
+    """The reports' one line on how memory was captured, where CUPTI was not
+    used or was shared (None where CUPTI saw everything)."""
+    if not isinstance(sources, dict):
+        return None
+    cupti = sources.get("cupti") or {}
+    alloc = sources.get("allocator") or {}
+    if cupti.get("used"):
+        shared = cupti.get("shared_with")
+        return f"CUPTI shared with {shared} (its multi-subscriber mode)" if shared else None
+    if alloc.get("used"):
+        seen = ("PyTorch's blocks and segments through its allocator" if alloc.get("segments") == "allocator"
+                else "PyTorch's blocks through its allocator (its segments only as PyTorch's own total)")
+    else:
+        seen = f"PyTorch's allocator not attached ({str(alloc.get('reason') or 'unknown reason').rstrip('.')})"
+    nvml = "NVML's figure for this process" if (sources.get("nvml") or {}).get("used") else "the driver's figure"
+    return (f"without CUPTI ({str(cupti.get('reason') or 'not used').rstrip('.')}): {seen}; memory outside "
+            f"PyTorch from {nvml}, not allocation by allocation")
 
 
 def pytorch_route(t: Any) -> Dict[str, Any]:

@@ -1,5 +1,7 @@
 """``memviz.label``: names attached to the allocations a thread makes in a
-block, kept by the C core's label table (src/labels.h) for the process's life.
+block, kept by the C core's label table (src/labels.h). The table frees the
+ids that no block holds when a new outermost tracker starts, once it fills
+(per tracker, in effect), so a label interns its name at each enter.
 
 Imports the bottom floor, the model and capture/hints.py only
 (docs/architecture.md: the capture floor).
@@ -19,14 +21,14 @@ from memviz.model.frame_filter import warning_site
 
 __all__ = ["label", "user_label_id"]
 
-_label_overflow_warned = False  # written here only (user_label_id)
+_label_overflow_warned = False  # written here only (_check_overflow)
 
 
 def user_label_id(name: str) -> int:
-    """The C core's id of a label a user named. Past the label table's size
-    (65,534 labels, 4 MiB of text: labels are never forgotten) new names all
-    get the overflow label, with one warning per process."""
-    global _label_overflow_warned
+    """The C core's id of a label a user named (until the table next frees
+    ids, src/labels.h). Past the label table's size (65,534 labels, 4 MiB of
+    text, in one tracker) new names all get the overflow label, with one
+    warning per process."""
     if "\0" in name:
         raise InvalidArgument(f"memviz.label() names cannot contain NUL characters ('\\0'), got {name!r}: "
                               "remove them or replace them, e.g. name.replace('\\0', ' ').")
@@ -37,17 +39,22 @@ def user_label_id(name: str) -> int:
                               f"lone surrogate at index {e.start}: pass "
                               "name.encode('utf-8', 'backslashreplace').decode() to keep it visible.") from None
     lid = _core.label_intern(name)
+    _check_overflow(lid, name)
+    return lid
+
+
+def _check_overflow(lid: int, name: str) -> None:
+    global _label_overflow_warned
     if _core.label_name(lid) == _core.LABEL_OVERFLOW and name != _core.LABEL_OVERFLOW:
         if not _label_overflow_warned:
             _label_overflow_warned = True
             warnings.warn(CaptureWarning(
-                f"memviz's label table is full (65,534 labels or 4 MiB of text); "
+                f"memviz's label table is full (65,534 labels or 4 MiB of text in this tracker); "
                 f"{name if len(name) <= 60 else name[:57] + '...'!r} and every new "
                 f"label after it are recorded as {_core.LABEL_OVERFLOW!r} (capture_info()['store']"
                 "['labels_overflowed'] counts them). Use a few labels that repeat (e.g. 'train step', "
                 "not f'step {i}'): memviz.watch(optimizer) records memory per step."),
                 stacklevel=warning_site()[0])
-    return lid
 
 
 class label:
@@ -56,10 +63,13 @@ class label:
     ``with memviz.label("data loading"): ...`` or as a decorator. Labels nest;
     the innermost wins. Thread-local: other threads are not affected.
 
-    Label names are kept for the life of the process: past 65,534 distinct
-    names (or 4 MiB of their text) new ones are recorded as
+    Label names are kept while a tracker runs: past 65,534 distinct names
+    (or 4 MiB of their text) in one tracker, new ones are recorded as
     ``"<labels overflowed>"``, said once in a :class:`CaptureWarning` and
-    counted in ``capture_info()["store"]["labels_overflowed"]``. A name
+    counted in ``capture_info()["store"]["labels_overflowed"]``. When a new
+    outermost tracker starts, the names no running block holds are
+    forgotten (once the table is half full), so a long process never runs
+    out. A name
     cannot contain NUL characters or lone surrogates
     (:class:`~memviz.MemvizError`).
     """
@@ -68,6 +78,7 @@ class label:
         if not isinstance(name, str) or not name:
             raise _args.bad_type("memviz.label(name)", name, "a non-empty str")
         self.name = name
+        self._gen = _core.label_generation()  # the ids of the table's generation (src/labels.h)
         self._id = user_label_id(name)
         self._saved = threading.local()
 
@@ -75,12 +86,16 @@ class label:
         stack = getattr(self._saved, "stack", None)
         if stack is None:
             stack = self._saved.stack = []
-        stack.append(_core.label_get())
-        _core.label_set(self._id)
+        # An id is valid until the table frees ids (between trackers): then the name is interned again.
+        lid, prev, gen = _core.label_enter(self.name, self._id, self._gen)  # lid held till exit
+        stack.append((lid, prev))
+        if gen != self._gen:
+            self._id, self._gen = lid, gen
+            _check_overflow(lid, self.name)
         return self
 
     def __exit__(self, *exc) -> None:
-        _core.label_set(self._saved.stack.pop())
+        _core.label_exit(*self._saved.stack.pop())
 
     def __call__(self, fn):
         @functools.wraps(fn)

@@ -18,7 +18,7 @@ from memviz.model.frame_filter import FrameFilter
 __all__ = ["OPTIONS", "check_options", "torch_installed"]
 
 OPTIONS = ("gpu", "depth", "activity", "frame_filter", "trace", "precise", "torch", "autograd",
-           "graph", "flight_recorder", "flight_dir")
+           "graph", "flight_recorder", "flight_dir", "cupti")
 
 
 def check_options(**options: Any) -> None:
@@ -31,7 +31,7 @@ def check_options(**options: Any) -> None:
     for name in ("gpu", "precise"):
         if name in options:
             _args.flag(options[name], f"memviz.track({name}=...)")
-    for name in ("activity", "torch", "autograd", "graph"):
+    for name in ("activity", "torch", "autograd", "graph", "cupti"):
         if name in options:
             _args.flag(options[name], f"memviz.track({name}=...)", none=True)
     if "depth" in options:

@@ -7,8 +7,11 @@
 * :class:`Frozen`: a copy in Python of the store or of a window, taken at
   one instant before the store is reused or the window closes.
 
-All four offer the same attributes: live, totals, peaks, failures,
-timeline, threads, stats, peak_rows(dev), resolve(ids). Rows are the C core's (read by index).
+All four offer the same attributes: live, totals, block_totals, peaks,
+failures, timeline, threads, stats, peak_rows(dev), tensor_peak_rows(dev),
+resolve(ids). Rows are the C core's (read by index). Two peaks: a device's
+(``totals``: everything the process holds there) and its tensor peak
+(``block_totals``: PyTorch's blocks alone, as ``max_memory_allocated()``).
 
 Imports the C core and capture/callsite.py only (docs/architecture.md: the
 capture floor).
@@ -60,9 +63,17 @@ class Window:
     def peaks(self):
         return {dev: _core.peak_live(dev, self.id) for dev in _core.totals(self.id)}
 
+    @property
+    def block_totals(self):
+        return _core.block_totals(self.id)
+
     def peak_rows(self, dev):
         """The rows live at device ``dev``'s peak (of this window)."""
         return _core.peak_live(dev, self.id) if dev in _core.totals(self.id) else []
+
+    def tensor_peak_rows(self, dev):
+        """The rows live at the peak of PyTorch's blocks on ``dev`` (of this window)."""
+        return _core.tensor_peak_live(dev, self.id) if dev in _core.block_totals(self.id) else []
 
     @property
     def failures(self):
@@ -94,9 +105,12 @@ class NoGpuWindow(Window):
         super().__init__(-1, 0)
 
     live = failures = timeline = property(lambda self: [])
-    totals = peaks = property(lambda self: {})
+    totals = peaks = block_totals = property(lambda self: {})
 
     def peak_rows(self, dev):
+        return []
+
+    def tensor_peak_rows(self, dev):
         return []
 
     def step_mark(self):
@@ -121,6 +135,9 @@ class Store(Window):
     def peak_rows(self, dev):
         return _core.peak_live(dev)
 
+    def tensor_peak_rows(self, dev):
+        return _core.tensor_peak_live(dev)
+
     @property
     def failures(self):
         return _core.failures()
@@ -137,23 +154,30 @@ class Frozen:
             _core.flush()
         if isinstance(src, NoGpuWindow):
             self.live, self.totals, self.peaks, self.timeline, self.failures = [], {}, {}, [], []
+            self.block_totals, self.tensor_peaks = {}, {}
         else:
             wid = -1 if src is None else src.id
             c = _core.copy(wid, close)
             self.live, self.totals, self.timeline, when = c.live, c.totals, c.timeline, c.when_ns
             self.peaks = {dev: [r for r in c.peaks if r.device == dev] for dev in self.totals}
+            self.block_totals = c.block_totals
+            self.tensor_peaks = {dev: [r for r in c.tensor_peaks if r.device == dev]
+                                 for dev in self.block_totals}
             after = 0 if src is None else src.start
             self.failures = [r for r in _core.failures() if after < r.timestamp_ns <= when]
         self.threads = _core.threads()
         self.stats = _core.stats()
         ids = {r.stack_id for r in self.live} | {f.stack_id for f in self.failures}
-        for rows in self.peaks.values():
+        for rows in list(self.peaks.values()) + list(self.tensor_peaks.values()):
             ids |= {r.stack_id for r in rows}
         ids.discard(0)
         self.stacks = _callsite.resolve(ids) if ids else _callsite.Resolved()
 
     def peak_rows(self, dev):
         return self.peaks.get(dev, [])
+
+    def tensor_peak_rows(self, dev):
+        return self.tensor_peaks.get(dev, [])
 
     def resolve(self, ids):
         calls = self.stacks.calls

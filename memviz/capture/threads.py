@@ -1,10 +1,12 @@
 """Python's names of the threads that allocate while tracking.
 
-Threads often end before a snapshot is taken, so their names are noted as
-they run (memviz.model.snapshot's SEEN_THREADS, under the C core's thread
-serial) or from outside (SEEN_RUNNING, under ident and native id), and read
-back when a snapshot names its threads. The tracker switches the watching on
-when capture starts and off when the last tracker stops.
+Threads often end before a snapshot is taken, so they are noted as they
+run (memviz.model.threads' SEEN_THREADS, under the C core's thread serial)
+or from outside (SEEN_RUNNING, under ident and native id), and their names
+are read when a snapshot or a trace names its threads (again each time,
+while the thread object lives: a thread renamed after it started shows its
+new name). The tracker switches the watching on when capture starts and
+off when the last tracker stops.
 
 Imports the model and the C core only (docs/architecture.md: the capture floor).
 """
@@ -15,7 +17,7 @@ import sys
 import threading
 
 import memviz._core as _core
-from memviz.model.threads import SEEN_RUNNING, SEEN_THREADS, PyThread
+from memviz.model.threads import SEEN_RUNNING, SEEN_THREADS, SeenThread
 
 __all__ = ["note_running_threads", "note_this_thread", "watch", "forget"]
 
@@ -29,7 +31,7 @@ _seen_prune_at = _SEEN_KEEP  # written here only (note_this_thread)
 def _note_thread(t: threading.Thread) -> None:
     """Remember a running thread's name, from any thread."""
     if t.ident is not None:
-        SEEN_RUNNING[(t.ident, getattr(t, "native_id", None))] = PyThread.of(t)
+        SEEN_RUNNING[(t.ident, getattr(t, "native_id", None))] = SeenThread(t)
 
 
 def note_running_threads() -> None:
@@ -43,7 +45,7 @@ def note_this_thread() -> None:
     threads that the C core's table does not hold are dropped as they pile
     up (a process may start threads without end)."""
     global _seen_prune_at
-    SEEN_THREADS[_core.thread_serial()] = PyThread.of(threading.current_thread())
+    SEEN_THREADS[_core.thread_serial()] = SeenThread(threading.current_thread())
     if len(SEEN_THREADS) > _seen_prune_at:
         try:
             keep = {row.serial for row in _core.threads().values()}

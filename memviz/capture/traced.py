@@ -9,23 +9,14 @@ capture floor).
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple
 
 import memviz._args as _args
-from memviz._errors import NotTracking
 from memviz.capture.running import active_tracker, lock as _state_lock
 
 __all__ = ["get_traced_memory", "reset_peak"]
 
 
-def _running_tracker(call: str) -> Any:
-    t = active_tracker()
-    if t is None:
-        raise NotTracking(
-            f"memviz.{call} reads the running tracker, and no memviz tracker is running. What to do: "
-            f"call it inside a `with memviz.track() as t:` block (or after memviz.start()); a "
-            "stopped tracker keeps its figures: t.current_bytes(), t.peak_bytes(), t.totals().")
-    return t
 
 
 def get_traced_memory(device: Optional[int] = None) -> Tuple[int, int]:
@@ -42,10 +33,14 @@ def get_traced_memory(device: Optional[int] = None) -> Tuple[int, int]:
     or when the tracker does not capture GPU memory (``gpu=False``).
 
     The running tracker is :func:`active_tracker`'s (a nested tracker counts
-    what was allocated after it started). Raises :class:`NotTracking` when no
-    tracker runs; :func:`reset_peak` restarts the peak."""
+    what was allocated after it started). ``(0, 0)`` when no tracker runs, as
+    tracemalloc answers when it is not tracing (a stopped tracker keeps its
+    figures: ``t.current_bytes()``, ``t.peak_bytes()``); :func:`reset_peak`
+    restarts the peak."""
     _args.whole(device, "memviz.get_traced_memory(device=...)", none=True)
-    t = _running_tracker("get_traced_memory()")
+    t = active_tracker()
+    if t is None:
+        return 0, 0
     with _state_lock:
         totals = t.totals()
     if device is not None:
@@ -59,5 +54,8 @@ def reset_peak() -> None:
     """Restart the running tracker's peak at the current figures, on every
     device, like :func:`tracemalloc.reset_peak` (see :meth:`Tracker.reset_peak`).
 
-    Raises :class:`NotTracking` when no tracker runs."""
-    _running_tracker("reset_peak()").reset_peak()
+    Does nothing when no tracker runs, as tracemalloc does when it is not
+    tracing."""
+    t = active_tracker()
+    if t is not None:
+        t.reset_peak()

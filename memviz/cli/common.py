@@ -10,6 +10,7 @@ Imports only the floors below memviz.cli (docs/architecture.md); each verb
 from __future__ import annotations
 
 import argparse
+import os
 import functools
 import inspect
 import json
@@ -78,16 +79,33 @@ def load_trace(path: str, recover: bool, prog: str):
     return trace
 
 
+def add_force(parser: argparse.ArgumentParser) -> None:
+    """-f/--force: an output file that exists is overwritten (without it, refused)."""
+    parser.add_argument("-f", "--force", action="store_true",
+                        help="overwrite an output file that exists (without it memviz refuses, "
+                             "so that no earlier result is lost by mistake)")
+
+
+def exists_message(path: str, what: str, option: str = "-o") -> str:
+    """Why an existing output is refused, and what to do (--force)."""
+    return (f"{what} would go to {path!r}, which exists: memviz does not overwrite a file unless "
+            f"told to. Pass --force (-f) to overwrite it, or choose another {option} path.")
+
+
 def refuse_output(out: Optional[str], inputs: Sequence[Tuple[str, str]], what: str,
-                  prog: str) -> Optional[int]:
+                  prog: str, force: bool = False) -> Optional[int]:
     """Before anything is read: EXIT_USAGE (said on stderr) when -o ``out``
-    names one of ``inputs`` ((name, path) pairs), else None."""
+    names one of ``inputs`` ((name, path) pairs), or names a file that exists
+    and ``force`` is not given; else None."""
     if out is None:
         return None
     try:
         refuse_inputs(out, inputs, what, hint="choose another -o path")
     except OutputError as e:
         print(f"{prog}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if not force and os.path.isfile(out):  # a file's content (a device or a FIFO is no file to keep)
+        print(f"{prog}: {exists_message(out, what)}", file=sys.stderr)
         return EXIT_USAGE
     return None
 

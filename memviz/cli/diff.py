@@ -24,7 +24,7 @@ import sys
 from typing import List, Optional, Tuple
 
 from memviz._errors import MemvizError
-from memviz.cli.common import (EXIT_USAGE, dumps, load_trace, parse, positive, refuse_output,
+from memviz.cli.common import (EXIT_USAGE, add_force, dumps, load_trace, parse, positive, refuse_output,
                                with_progress, write_text)
 from memviz.cli.diff_compare import compare
 from memviz.cli.diff_render import diff_text, render
@@ -71,6 +71,7 @@ def diff_parser(prog: str = "memviz diff") -> argparse.ArgumentParser:
     parser.add_argument("--recover", action="store_true",
                         help="read corrupted files up to the damaged part")
     parser.add_argument("-o", "--output", metavar="PATH", help="write here instead of stdout")
+    add_force(parser)
     return parser
 
 
@@ -83,7 +84,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz diff") -> int:
     if isinstance(opts, int):
         return opts
     inputs = (("the older trace (A)", opts.a), ("the newer trace (B)", opts.b))
-    refused = refuse_output(opts.output, inputs, "the diff", prog)  # -o must not name a trace it compares
+    refused = refuse_output(opts.output, inputs, "the diff", prog, opts.force)  # -o must not name a trace it compares
     if refused is not None:
         return refused
     names = (os.path.basename(opts.a), os.path.basename(opts.b))

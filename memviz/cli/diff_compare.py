@@ -32,8 +32,8 @@ JSON (``--json``), version 2::
                   "figures": {NAME: ROW, ...},
                   "categories": [{"category": str, **ROW}, ...] | null,
                   "lines": [{"key": str, "file": str, "line": int,
-                             "function": str, "count_a": int, "count_b": int,
-                             **ROW}, ...],
+                             "function": str, "backward": str|null,
+                             "count_a": int, "count_b": int, **ROW}, ...],
                   "more_lines": {"count": int, "diff": int}}, ...],
      "notes": [str, ...]}
 
@@ -42,6 +42,10 @@ JSON (``--json``), version 2::
     ROW  = {"a": int|null, "b": int|null, "diff": int|null,
             "ratio": float|null, "unit": "bytes"|"count", "source": str}
 
+A line's ``key`` is written as every report writes it
+(memviz/model/lines.py): ``file:line``, or for the allocations a backward
+node made with no Python frames ``file:line (backward: NODE)`` (the forward
+line that made the node; ``backward`` holds the node, each node its own row).
 ``peaks`` keeps the shape of version 1. null: not in that trace. ``ratio``
 is B / A (null when A is 0 or either is null).
 
@@ -251,9 +255,10 @@ def _lines(a: _Side, b: _Side, da: int, db: int, key: str, top: int):
         k = d.key
         if hasattr(k, "filename"):
             shown, filename, lineno = _location(k)
-            where = {"key": shown, "file": filename, "line": lineno, "function": k.name or ""}
+            where = {"key": shown, "file": filename, "line": lineno, "function": k.name or "",
+                     "backward": k.autograd_node}
         else:
-            where = {"key": str(k), "file": "", "line": 0, "function": ""}
+            where = {"key": str(k), "file": "", "line": 0, "function": "", "backward": None}
         rows.append({**where, "count_a": d.count - d.count_diff, "count_b": d.count,
                      **_row(d.size - d.size_diff, d.size, "bytes", "peak snapshots")})
     rest = diffs[top:]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, Optional, Tuple
 
-from memviz._units import escape_surrogates, format_size
+from memviz._units import escape_controls, format_size
 from memviz.cli.diff_compare import FIGURES, compare
 
 __all__ = ["render", "diff_text"]
@@ -96,7 +96,7 @@ def render(doc: Dict[str, Any], names: Optional[Tuple[str, str]] = None) -> str:
     if doc["notes"]:
         lines.append("")
         lines += [f"Note: {n}" for n in doc["notes"]]
-    return escape_surrogates("\n".join(line.rstrip() for line in lines) + "\n")
+    return escape_controls("\n".join(line.rstrip() for line in lines) + "\n")
 
 
 def diff_text(a: Any, b: Any, names: Optional[Tuple[str, str]] = None, top: int = 10,

@@ -69,11 +69,13 @@ class UsageError(Exception):
 
 
 def build_parser(prog: str = "memviz run") -> argparse.ArgumentParser:
-    """The parser of memviz's own options (everything before the script)."""
+    """The parser of memviz's own options (everything before the script).
+
+    Its usage line is argparse's own, from the arguments below: the script,
+    -m and the script's arguments are in it for that, but main() splits them
+    off first (_split) and parses only memviz's options."""
     parser = argparse.ArgumentParser(
         prog=prog,
-        usage=f"{prog} [--precise] [--autograd] [--depth N] [--no-gpu] [--top N] [--report-file PATH] [-o TRACE] "
-              "(-m module | script.py) [args ...]",
         description="Run a Python script (or -m module) with every CUDA allocation tracked, "
                     "then print a memory report to stderr.",
         epilog="Everything after the script name (or -m module) is passed to the script.",
@@ -89,6 +91,9 @@ def build_parser(prog: str = "memviz run") -> argparse.ArgumentParser:
                         help=f"Python frames kept per allocation (1-{_core.MAX_DEPTH}, default 32)")
     parser.add_argument("--no-gpu", action="store_true",
                         help="do not capture GPU allocations (run and report only)")
+    parser.add_argument("--no-cupti", action="store_true",
+                        help="use no CUPTI (for other tools alongside: torch.profiler, Nsight): "
+                             "PyTorch's memory through its allocator, the rest as NVML's total")
     parser.add_argument("--top", type=positive, default=10, metavar="N",
                         help="lines listed per device at its peak (default 10)")
     parser.add_argument("--report-file", metavar="PATH",
@@ -99,14 +104,23 @@ def build_parser(prog: str = "memviz run") -> argparse.ArgumentParser:
                              "`memviz report TRACE` or memviz.load()); under torchrun each rank "
                              "writes its own, run.memviz -> run.rank0.memviz ({rank} in the path "
                              "says where the rank goes)")
+    parser.add_argument("-f", "--force", action="store_true",
+                        help="overwrite -o's trace and --report-file when they exist (without it "
+                             "memviz refuses before the script runs)")
     parser.add_argument("--flight-recorder", metavar="SIZE", type=_budget,
                         help="keep the latest events in SIZE of memory (e.g. 256MiB) and write "
                              "them as a trace only when an allocation fails, the script raises, "
                              "or on SIGUSR1 (kill -USR1 PID)")
     parser.add_argument("--flight-dir", metavar="DIR",
-                        help="where the flight recorder's dumps go (default: this folder)")
-    parser.add_argument("-m", dest="module", metavar="module",
+                        help="where the flight recorder's dumps go (default: this folder; made if "
+                             "missing)")
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("-m", dest="module", metavar="module",
                         help="run a module like python -m (the rest are its arguments)")
+    target.add_argument("script", nargs="?", metavar="script.py",
+                        help="the Python script to run (the rest are its arguments)")
+    parser.add_argument("args", nargs="*", metavar="args",
+                        help="the script's (or module's) arguments, passed on unchanged")
     return parser
 
 
@@ -182,9 +196,10 @@ def _check_module(module: str) -> List[str]:
 
 def _check_report_file(path: Optional[str], what: str = "the report",
                        option: str = "--report-file",
-                       inputs: Sequence[Tuple[str, Optional[str]]] = ()) -> None:
-    """Refuse, before the script runs, an output that cannot be written or
-    that is one of ``inputs`` ((name, path) pairs: the script, -o's trace)."""
+                       inputs: Sequence[Tuple[str, Optional[str]]] = (), force: bool = False) -> None:
+    """Refuse, before the script runs, an output that cannot be written, that
+    is one of ``inputs`` ((name, path) pairs: the script, -o's trace), or
+    that exists (without ``force``)."""
     if path is None:
         return
     if not path or "\0" in path:
@@ -204,6 +219,9 @@ def _check_report_file(path: Optional[str], what: str = "the report",
     if exists and not os.access(path, os.W_OK):
         raise UsageError(f"cannot write {what} to {path!r}: permission denied (the file is "
                          f"read-only). Make it writable or choose another {option}.")
+    if exists and not force and os.path.isfile(path):  # a device or a FIFO is no file to keep
+        from memviz.cli.common import exists_message
+        raise UsageError(exists_message(path, what, option))
     if not exists and not os.access(folder, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write {what} to {path!r}: permission denied in the folder "
                          f"{folder!r}. Choose another {option} in a folder you may write to.")
@@ -342,7 +360,8 @@ def _flight_dump(tracker: Tracker, exc: BaseException) -> None:
 def _start(opts: argparse.Namespace) -> Tracker:
     tracker = Tracker(gpu=not opts.no_gpu, depth=opts.depth, trace=opts.output,
                       precise=opts.precise, autograd=True if opts.autograd else None,
-                      flight_recorder=opts.flight_recorder, flight_dir=opts.flight_dir)
+                      flight_recorder=opts.flight_recorder, flight_dir=opts.flight_dir,
+                      cupti=False if opts.no_cupti else None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CaptureWarning)  # said below, and in the report
         tracker.start()
@@ -350,6 +369,11 @@ def _start(opts: argparse.Namespace) -> Tracker:
         reason = (tracker.gpu_off_reason or "unknown reason").rstrip(".")
         print(f"memviz: GPU capture is off: {reason}. The script runs, but no GPU allocation "
               "will be recorded.", file=sys.stderr)
+    elif tracker.gpu_enabled and not tracker.cupti_enabled and not opts.no_cupti:
+        reason = (tracker.cupti_off_reason or "unknown reason").rstrip(".")
+        print(f"memviz: tracking without CUPTI: {reason}. PyTorch's memory is still seen through its "
+              "allocator; other libraries' allocations only as NVML's total. Pass --no-cupti to say "
+              "this is meant.", file=sys.stderr)
     return tracker
 
 
@@ -375,9 +399,9 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
         trace = rank_path(opts.output) if opts.output is not None else None  # one per rank
         if opts.report_file is not None:
             opts.report_file = rank_path(opts.report_file)
-        _check_report_file(trace, "the trace", "-o", inputs)
+        _check_report_file(trace, "the trace", "-o", inputs, force=opts.force)
         _check_report_file(opts.report_file, inputs=inputs + [("the trace file given with -o",
-                                                               trace)])
+                                                               trace)], force=opts.force)
     except UsageError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -417,12 +441,18 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
             _wait_for_threads()
         except KeyboardInterrupt:
             status = EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # a second Ctrl-C while the first was handled (its dump, its traceback)
+        status = EXIT_INTERRUPTED
     finally:
-        if tracker.running:  # the script may have stopped it through memviz.stop()
-            with warnings.catch_warnings():  # an incomplete trace: said by _trace_note
-                warnings.simplefilter("ignore", TraceWarning)
-                tracker.stop()
-        sys.argv, sys.path[:1] = saved_argv, saved_path0
+        try:
+            if tracker.running:  # the script may have stopped it through memviz.stop()
+                with warnings.catch_warnings():  # an incomplete trace: said by _trace_note
+                    warnings.simplefilter("ignore", TraceWarning)
+                    tracker.stop()
+        except KeyboardInterrupt:  # a Ctrl-C while it stopped: it stopped, the trace is closed
+            status = EXIT_INTERRUPTED
+        finally:
+            sys.argv, sys.path[:1] = saved_argv, saved_path0
 
     written = True
     try:

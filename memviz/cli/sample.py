@@ -5,17 +5,17 @@
 examples/basic.py, does), where GPU capture is off, by the report of
 sample.memviz: a run of that demo recorded on a GPU, headed by the machine,
 date and script it was recorded on (sample.json) and marked as a recording,
-not this machine's data. :func:`load_sample` and :func:`recorded_source` also
-serve the README's picture (benchmarks/readme_picture.py).
+not this machine's data. :func:`load_sample` and :func:`recorded_source`
+(memviz/report/summary.py's, named here too) also serve the README's picture
+(benchmarks/readme_picture.py). ``memviz report`` on the sample file (or a
+copy) says it is a sample too: memviz.load marks it (LoadedTrace.sample).
 
 Imports memviz.cli.common and the floors below memviz.cli (docs/architecture.md).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import linecache
 import os
 import sys
 import textwrap
@@ -24,6 +24,7 @@ from typing import Any, Dict, Tuple
 
 from memviz._errors import MemvizError
 from memviz.cli.common import say
+from memviz.report.summary import recorded_source
 from memviz.report.text import WIDTH, text_report
 from memviz.trace.format import TraceWarning
 
@@ -79,28 +80,8 @@ def load_sample() -> Tuple[Any, Dict[str, str]]:
             except TraceError as e:
                 raise TraceError(f"memviz's sample trace cannot be read: {e}; "
                                  f"{_REINSTALL}.") from None
+    trace.sample = meta  # its reports say it is a sample (LoadedTrace.sample)
     return trace, meta
-
-
-@contextlib.contextmanager
-def recorded_source(meta: Dict[str, str]):
-    """Within it, the sample's lines read as they were when it was recorded
-    (its "script_source" put in linecache under its "script" name), not as
-    that file reads now, if it exists here at all."""
-    name, text = meta["script"], meta.get("script_source")
-    if not text:
-        yield
-        return
-    saved = linecache.cache.get(name)
-    lines = text.splitlines(keepends=True)
-    linecache.cache[name] = (len(text), None, lines, name)  # no mtime: never re-read
-    try:
-        yield
-    finally:
-        if saved is None:
-            linecache.cache.pop(name, None)
-        else:
-            linecache.cache[name] = saved
 
 
 def sample_report(top: int = 10) -> str:
@@ -111,12 +92,11 @@ def sample_report(top: int = 10) -> str:
     heading = (f"memviz: GPU capture was off, so here is a SAMPLE instead, a recording shipped "
                f"with memviz and not this machine's data: the report of a run recorded on "
                f"{machine} on {date} running {script}.")
-    with recorded_source(meta):
-        report = text_report(trace, top=top, outside=trace.outside, command=script)
-    rest = report.split("\n", 1)[1]  # below its title ("memviz report: ...")
-    title = f"SAMPLE (recorded on {date}, not on this machine): {script}"
-    return ("\n".join(textwrap.wrap(heading, WIDTH, subsequent_indent="  ")) + "\n\n"
-            + title + "\n" + rest)
+    # Headed "SAMPLE (recorded on DATE, not on this machine): SCRIPT", not
+    # "memviz report", and read with the script's recorded source (text_report
+    # does both for a sample: LoadedTrace.sample).
+    report = text_report(trace, top=top, outside=trace.outside)
+    return "\n".join(textwrap.wrap(heading, WIDTH, subsequent_indent="  ")) + "\n\n" + report
 
 
 def show_sample(top: int) -> None:

@@ -2,11 +2,16 @@
 
 One process per device (``cuda:0``, ..., ``pinned host``), each with:
 
-* counter tracks (``"C"`` events): ``live bytes`` (memviz's timeline), one
-  ``category: NAME`` track per category when categories are known (exact with
-  a recorded history; otherwise exact at the peak and at the end and a lower
-  bound between), and the step records' ``torch allocated`` /
-  ``torch reserved`` / ``device total``;
+* counter tracks (``"C"`` events): ``live bytes`` (memviz's timeline: the
+  device memory it recorded, PyTorch's segments and memory outside PyTorch,
+  each byte once), ``PyTorch tensors`` (the allocator route's blocks: bytes
+  inside those segments, never added to them), one ``category: NAME`` track
+  per category when categories are known (they add up to ``live bytes``;
+  exact with a recorded history, otherwise exact at the peak and at the end
+  and a lower bound between: memviz/report/_categories.py), and the step
+  records' ``torch allocated`` / ``torch reserved`` (PyTorch's figures) and
+  ``device memory (memviz) at step ends`` (memviz's own bytes; a record that
+  gives a device total of its own has a ``device total`` track);
 * allocations: with a recorded history (a loaded trace, or a tracker that
   streamed one), an async span (``"b"``/``"e"``) from each allocation to its
   free, on one track per allocating line; from a plain tracker, spans for the
@@ -28,7 +33,7 @@ from typing import Any, Dict, Iterator, List, Optional, TextIO
 from memviz._units import escape_surrogates, format_size
 from memviz.model.traceback import innermost_first
 from memviz.report import _source as src
-from memviz.report._categories import category_series
+from memviz.report._categories import TENSORS, memory_series
 
 __all__ = ["write", "events"]
 
@@ -101,16 +106,19 @@ def events(obj: Any) -> Iterator[Dict[str, Any]]:
     end_keys = {(a.device, a.address, a.timestamp_ns) for a in end.allocations}
     peak_only = [a for a in peak.allocations if (a.device, a.address, a.timestamp_ns) not in end_keys]
     known = {(a.device, a.address, a.timestamp_ns): a for a in list(end.allocations) + peak_only}
-    if any(a.category for a in known.values()):
+    if any(a.category or a.kind == "block" for a in known.values()):
         peak_ts = {d: t.get("peak_timestamp_ns") or t1 for d, t in totals.items()}
-        # at most 65,536 points a category (each the highest of its bucket): exact below that
-        series, _note = category_series(obj, list(end.allocations), peak_only, peak_ts, t1,
-                                        points=1 << 16)
-        for dev, cats in series.items():
-            for cat, (ts_list, values) in cats.items():
-                for ts, v in zip(ts_list, values):
-                    yield {"ph": "C", "name": f"category: {cat}", "pid": _pid(dev),
-                           "ts": _us(ts, t0), "args": {"bytes": v}}
+        # at most 65,536 points a series (each the highest of its bucket): exact below that
+        segments = [g for snap in (peak, end) for g in getattr(snap, "segments", None) or ()]
+        mem = memory_series(obj, list(end.allocations), list(peak.allocations), peak_ts, t1,
+                            points=1 << 16, segments=segments)
+        tracks = [(dev, TENSORS, pts) for dev, pts in mem.tensors.items()]
+        tracks += [(dev, f"category: {cat}", pts) for dev, cats in mem.categories.items()
+                   for cat, pts in cats.items()]
+        for dev, name, (ts_list, values) in tracks:
+            for ts, v in zip(ts_list, values):
+                yield {"ph": "C", "name": name, "pid": _pid(dev), "ts": _us(ts, t0),
+                       "args": {"bytes": v}}
     history = src.events(obj)
     if history is not None:
         yield from _from_history(history, known, t0)

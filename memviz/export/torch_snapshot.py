@@ -75,12 +75,13 @@ def _frame_list(a: Any) -> List[Dict[str, Any]]:
 
 def _segment(a: Any, frames: List[Dict[str, Any]]) -> Dict[str, Any]:
     size = int(a.size)
+    requested = int(getattr(a, "requested", None) or size)  # what was asked for, when known
     return {
         "device": a.device, "address": a.address, "total_size": size, "allocated_size": size,
-        "active_size": size, "requested_size": size, "stream": a.stream or 0,
+        "active_size": size, "requested_size": requested, "stream": a.stream or 0,
         "segment_type": "large" if size > _LARGE else "small", "segment_pool_id": (0, 0),
         "is_expandable": False, "frames": frames,
-        "blocks": [{"address": a.address, "size": size, "requested_size": size,
+        "blocks": [{"address": a.address, "size": size, "requested_size": requested,
                     "state": "active_allocated", "frames": frames}],
     }
 

@@ -1,7 +1,8 @@
 """Training-framework integrations: a step record per training step.
 
 * ``memviz.integrations.lightning.MemvizCallback`` for PyTorch Lightning;
-* ``memviz.integrations.huggingface.MemvizCallback`` for the transformers Trainer.
+* ``memviz.integrations.huggingface.MemvizCallback`` for the transformers
+  Trainer, added with ``memviz.integrations.huggingface.attach(trainer)``.
 
 Both record ``tracker.step()`` after each training step (on the tracker you
 pass, else the running one, else one they start and stop themselves), send
@@ -12,8 +13,9 @@ keep them in ``callback.findings``.
 They also hand the steps to the framework's own logging, as its built-in
 monitors do (``metrics=True``, the default): Lightning's callback calls
 ``log_metrics(metrics, step=...)`` on the trainer's loggers, transformers'
-puts them in the ``logs`` of ``Trainer.log``, so that they reach
-``report_to`` and ``state.log_history``. The metrics (:func:`step_metrics`)
+puts them in the ``logs`` of ``Trainer.log`` in its ``on_log``, so that they
+reach ``state.log_history`` and, placed by ``attach(trainer)`` before them,
+the ``report_to`` integrations (see huggingface.py). The metrics (:func:`step_metrics`)
 cover the steps since the previous logging step, per GPU N::
 
     memviz/cudaN/current_MiB    driver-level memory at the last step's end

@@ -7,7 +7,7 @@ from __future__ import annotations
 import atexit
 import logging
 import weakref
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 MiB = float(1 << 20)
 
@@ -82,7 +82,8 @@ class CoreViews:
     @property
     def error(self):
         """The exception that ended the last training (Lightning's
-        ``on_exception``; for transformers, the one that escaped
+        ``on_exception``; for transformers, the one given to
+        ``callback.finish(exc)``: no callback hears of an exception escaping
         ``Trainer.train()``), or None."""
         return self._core.error
 
@@ -91,13 +92,16 @@ class StepCallbackCore:
     """What the framework callbacks share: start/own a tracker, record steps,
     diagnose at the end, and finish the tracker it started when training fails.
 
-    When training raises (Lightning's ``on_exception``; for transformers, an
-    exception escaping ``Trainer.train()``, see huggingface.py) the tracker
-    this callback started is stopped: it keeps what it saw (``callback.tracker``),
-    and its findings and out-of-memory report are logged on the ``memviz``
-    logger and kept in ``callback.findings`` / ``callback.oom_report``; the
-    exception is in ``callback.error`` and goes on unchanged. A tracker the
-    user started or passed is never stopped by the callback.
+    When training raises (Lightning's ``on_exception``, :meth:`fail`) the
+    tracker this callback started is stopped: it keeps what it saw
+    (``callback.tracker``), and its findings and out-of-memory report are
+    logged on the ``memviz`` logger and kept in ``callback.findings`` /
+    ``callback.oom_report``; the exception is in ``callback.error`` and goes
+    on unchanged. Where no event says training ended (transformers: an
+    exception escaping ``Trainer.train()``, see huggingface.py), the same is
+    done at the next :meth:`begin`, when the callback is garbage-collected,
+    or at exit. A tracker the user started or passed is never stopped by the
+    callback.
     """
 
     def __init__(self, tracker=None, *, diagnose: bool = True, metrics: bool = True,
@@ -117,6 +121,9 @@ class StepCallbackCore:
         self.diagnose = diagnose
         self.metrics, self.prefix = metrics, prefix
         self.pending: List[Any] = []  # step records not yet handed to the framework's logging
+        #: whether this process logs the findings (False on the ranks other than zero, where
+        #: the framework says so: one copy of each finding, as its own messages)
+        self.log_here = True
         _refuse_same_files(tracker, sinks)  # jsonl=/csv=: not the trace, nor each other
         self.sinks = make_sinks(**sinks)
         self.findings: List[Any] = []
@@ -125,6 +132,9 @@ class StepCallbackCore:
         self._passed = tracker
         self._own = False
         self._exit_hook = False
+        #: finishes the tracker this callback started if the callback is
+        #: garbage-collected before training ends (not at exit: _finish_at_exit)
+        self._orphan: Optional[weakref.finalize] = None
 
     def begin(self) -> None:
         from memviz.capture.running import active_tracker
@@ -139,7 +149,12 @@ class StepCallbackCore:
             self.tracker, self._own = self._passed, False
         elif active_tracker() is None:
             self.tracker, self._own = start(), True
+            self._orphan = weakref.finalize(self, _finish_orphan, self.tracker, self.diagnose,
+                                            self.log_here)
+            self._orphan.atexit = False
             if not self._exit_hook:
+                # Registered after memviz.tracker's own exit hook, which stops every tracker:
+                # atexit runs the later first, so this one still finds the tracker running.
                 self._exit_hook = True
                 atexit.register(_finish_at_exit, weakref.ref(self))
         else:  # the running tracker, looked up at each step
@@ -181,13 +196,19 @@ class StepCallbackCore:
             if t is not None and self.diagnose:
                 self.findings = diagnose(t)
                 log = logging.getLogger("memviz")
-                for f in self.findings:
+                for f in self.findings if self.log_here else ():
                     log.warning("%s", f)
         finally:
+            self._forget_orphan()
             if self._own and t is not None and t.running:
                 t.stop()
             for s in self.sinks:
                 s.close()
+
+    def _forget_orphan(self) -> None:
+        if self._orphan is not None:
+            self._orphan.detach()
+            self._orphan = None
 
     def fail(self, exc: Optional[BaseException], why: Optional[str] = None) -> None:
         """Training raised ``exc`` (None: it ended without telling, ``why``
@@ -198,28 +219,46 @@ class StepCallbackCore:
         t = self.tracker
         if not self._own or t is None or not t.running:
             return
-        log = logging.getLogger("memviz")
+        self._forget_orphan()
         if why is None:
             why = (f"training raised {type(exc).__name__}: {exc}" if exc is not None
                    else "training did not end")
-        try:
-            t.stop()
-        except Exception as e:  # noqa: BLE001 - never replace the training's own exception
-            log.warning("memviz: could not stop the tracker cleanly: %r", e)
-        log.warning("memviz: %s; the tracker this callback started is stopped and keeps what it saw "
-                    "(callback.tracker, callback.findings, callback.oom_report).", why)
-        try:
-            if self.diagnose:
-                from memviz.analysis.diagnose import diagnose
+        findings, self.oom_report = _finish(t, why, self.diagnose, self.log_here)
+        if findings is not None:
+            self.findings = findings
 
-                self.findings = diagnose(t)
-                for f in self.findings:
-                    log.warning("%s", f)
-            self.oom_report = t.oom_report
-            if self.oom_report is not None:
-                log.warning("%s", self.oom_report)
-        except Exception as e:  # noqa: BLE001
-            log.warning("memviz: could not diagnose the failed training: %r", e)
+
+def _finish(t: Any, why: str, diagnose: bool, log_here: bool) -> Tuple[Optional[List[Any]], Any]:
+    """Stop the running tracker ``t`` a callback started, log why, its
+    findings (``diagnose``; where ``log_here``) and out-of-memory report;
+    returns (findings or None, oom report). Never raises."""
+    log = logging.getLogger("memviz")
+    try:
+        t.stop()
+    except Exception as e:  # noqa: BLE001 - never replace the training's own exception
+        log.warning("memviz: could not stop the tracker cleanly: %r", e)
+    log.warning("memviz: %s; the tracker this callback started is stopped and keeps what it saw "
+                "(callback.tracker, callback.findings, callback.oom_report).", why)
+    findings, oom = None, None
+    try:
+        if diagnose:
+            from memviz.analysis.diagnose import diagnose as run_diagnose
+
+            findings = run_diagnose(t)
+            for f in findings if log_here else ():
+                log.warning("%s", f)
+        oom = t.oom_report
+        if oom is not None:
+            log.warning("%s", oom)
+    except Exception as e:  # noqa: BLE001
+        log.warning("memviz: could not diagnose the failed training: %r", e)
+    return findings, oom
+
+
+def _finish_orphan(t: Any, diagnose: bool, log_here: bool) -> None:
+    """weakref.finalize of a callback whose tracker still ran when it was collected."""
+    if t.running:
+        _finish(t, "the callback was garbage-collected before training ended", diagnose, log_here)
 
 
 def _finish_at_exit(ref) -> None:

@@ -1,4 +1,11 @@
-"""Hugging Face transformers: ``Trainer(..., callbacks=[MemvizCallback()])``.
+"""Hugging Face transformers: ``attach(trainer)``, a ``TrainerCallback``.
+
+::
+
+    from memviz.integrations.huggingface import attach
+    trainer = transformers.Trainer(model=..., args=..., train_dataset=...)
+    callback = attach(trainer)       # options as MemvizCallback's: attach(trainer, jsonl="steps.jsonl")
+    trainer.train()
 
 Records a memviz step at the end of every optimizer step (with
 ``global_step``), and logs ``memviz.diagnose()`` findings when training ends.
@@ -7,41 +14,66 @@ and stops), ``diagnose=True``, ``metrics=True``, ``prefix="memviz"``, and the
 step sinks of ``memviz.watch`` (``callback=``, ``log=``, ``print_every=``,
 ``jsonl=``, ``csv=``, ``tensorboard=``), which work with or without metrics.
 
-Metrics in the Trainer's logs. Every ``logging_steps`` the Trainer calls
-``Trainer.log(logs)``, which appends a copy of ``logs`` to
-``state.log_history`` and then calls every callback's ``on_log`` with
-``logs``; the ``report_to`` callbacks (TensorBoard, W&B, MLflow...) come first
-in the callback list. A user callback's ``on_log`` is therefore too late to
-add to what they report, or to ``log_history``. So, as ``train`` below, the
-callback wraps ``log`` on its Trainer instance: the wrapper adds memviz's
-metrics of the steps since the previous log (names in memviz.integrations) to
-``logs``, then calls the original, so they reach ``log_history``, every
-``report_to`` integration and every ``on_log``. Where it could not wrap
-``log`` (a Trainer that refuses instance attributes), its ``on_log`` adds
-them to ``logs`` and to the ``log_history`` entry just made, which the
-callbacks after it see. ``metrics=False`` leaves the logs alone.
+It uses transformers' public callback API only: the ``TrainerCallback``
+events, ``Trainer.add_callback`` / ``pop_callback``, and reads of
+``trainer.callback_handler.callbacks`` (the order the events go in, which
+transformers' own integrations read too), ``args``, ``state`` and ``logs``.
+It sets no attribute of the Trainer and wraps none of its methods.
 
-When training fails. transformers has no exception event: an exception
-(a dataset that raises, an out-of-memory error) escapes ``Trainer.train()``
-and no callback hears of it, so the tracker the callback started would keep
-running. The callback therefore wraps ``train`` on the Trainer instance it
-belongs to: at ``on_init_end`` (the callback was passed to ``Trainer(...)``)
-it finds that Trainer among its callers (the frame whose ``self`` has this
-callback in ``callback_handler.callbacks``) and sets an instance attribute
-``train`` that calls the original and, when it raises, stops the tracker the
-callback started (keeping what it saw, logging its findings and
-out-of-memory report, ``callback.error`` = the exception) before the
-exception goes on unchanged. A callback added later with
-``trainer.add_callback`` first sees ``on_train_begin``, too late for that
-call: it wraps ``train`` for the next calls, and a run that raised before is
-finished (and logged) at the next ``on_train_begin``, or when the process
-exits. A tracker the user started or passed is never stopped.
+Metrics in the Trainer's logs (``metrics=True``). Every ``logging_steps``
+``Trainer.log(logs)`` appends a copy of ``logs`` to ``state.log_history``,
+then calls each callback's ``on_log`` with ``logs`` itself, in the order of
+the callback list. The Trainer builds that list as: its flow callback, the
+``report_to`` integrations (TensorBoard, W&B, MLflow, ...), the callbacks
+given to ``Trainer(callbacks=[...])``, then the progress bar or printer.
+The callback's ``on_log`` adds memviz's metrics of the steps since the
+previous log (names in memviz.integrations) to ``logs``, for every callback
+after it, and to the ``log_history`` entry just made. So where it sits
+decides who gets them:
+
+* ``attach(trainer)`` (or ``MemvizCallback(...).attach(trainer)``) adds it
+  just before the first callback that reads the logs (whose class has its own
+  ``on_log``: the ``report_to`` integrations, a logger of yours, the progress
+  bar), by popping that callback and every one after it and adding them back
+  after memviz's, in their order: so the metrics reach every ``report_to``
+  integration, ``log_history`` and the printed logs, and the other callbacks
+  keep their order. Call it before ``train()``; callbacks added later come
+  after memviz's, and get the metrics too.
+* ``Trainer(callbacks=[MemvizCallback()])`` puts it after the ``report_to``
+  integrations, too late for them: their ``on_log`` has run before memviz's.
+  The metrics still reach ``state.log_history`` (so the saved
+  ``trainer_state.json``) and the callbacks after it (the progress bar or
+  printer), and the callback says so once, on the ``memviz`` logger, when
+  ``args.report_to`` names integrations. ``attach`` is the way to reach them.
+* Or name the reporting callbacks yourself, after memviz's:
+  ``Trainer(..., report_to="none", callbacks=[MemvizCallback(),
+  TensorBoardCallback()])``.
+
+``metrics=False`` leaves the logs alone.
+
+When training fails. transformers has no exception event: an exception that
+escapes ``Trainer.train()`` (a dataset that raises, an out-of-memory error)
+reaches no callback, and ``on_train_end`` does not come. The tracker the
+callback started then keeps running, until the first of:
+
+* the next ``on_train_begin`` of this callback (``trainer.train()`` again,
+  or transformers' ``auto_find_batch_size`` retrying after an out-of-memory
+  error): it stops that tracker, which keeps what it saw, logs its findings
+  and out-of-memory report, and starts a new one;
+* ``callback.finish(exc)``, in your ``except`` around ``trainer.train()``,
+  which does the same at once and keeps ``exc`` in ``callback.error``;
+* the callback being garbage-collected (the Trainer dropped), or the
+  process exiting: the same, logged then.
+
+A tracker the user started or passed is never stopped by the callback.
+Findings are logged on the world's process zero only (``state.
+is_world_process_zero``); every process keeps its own in ``callback.findings``.
 """
 
 from __future__ import annotations
 
-import functools
-import sys
+import logging
+from typing import Any, List, Optional
 
 from memviz.integrations.callbacks import CoreViews
 
@@ -53,20 +85,82 @@ except ImportError as e:
         "pip install transformers. Without it, call tracker.step() at the end of each step or "
         "use memviz.watch(optimizer).") from e
 
-__all__ = ["MemvizCallback"]
-
-_CALLERS_SEARCHED = 12  # Trainer.__init__ is 3 frames up (handler.on_init_end, call_event)
+__all__ = ["MemvizCallback", "attach"]
 
 
 class MemvizCallback(CoreViews, TrainerCallback):
-    """A transformers TrainerCallback recording a memviz step per optimizer step."""
+    """A transformers TrainerCallback recording a memviz step per optimizer
+    step; ``attach(trainer)`` adds it where its metrics reach ``report_to``."""
 
-    def on_init_end(self, args, state, control, **kwargs) -> None:
-        self._wrap_trainer()
+    #: set by attach(): the callback sits before the callbacks that read the logs
+    _placed = False
+    #: whether the callback said that report_to runs before it (once)
+    _said_late = False
+
+    def attach(self, trainer: Any) -> "MemvizCallback":
+        """Add this callback to ``trainer`` (or move it, if it is there
+        already) just before the first callback that reads the logs, with
+        the Trainer's public ``pop_callback`` and ``add_callback``; the other
+        callbacks keep their order. Returns the callback. Call it before
+        ``trainer.train()``."""
+        from memviz._errors import InvalidArgumentType
+
+        if not all(callable(getattr(trainer, m, None)) for m in ("add_callback", "pop_callback")):
+            raise InvalidArgumentType(
+                f"MemvizCallback.attach(trainer) takes a transformers Trainer (with add_callback and "
+                f"pop_callback), got {type(trainer).__name__}")
+        before = _callbacks(trainer)
+        if before is None:  # no list to read: added at the end, as add_callback does
+            trainer.add_callback(self)
+            logging.getLogger("memviz").warning(
+                "memviz: could not read the order of this Trainer's callbacks "
+                "(trainer.callback_handler.callbacks); memviz's callback was added at the end, after "
+                "any report_to integration, which will not get its metrics.")
+            return self
+        if any(cb is self for cb in before):
+            trainer.pop_callback(self)
+            before = [cb for cb in before if cb is not self]
+        at = next((i for i, cb in enumerate(before) if _reads_logs(cb)), len(before))
+        tail = before[at:]
+        for cb in tail:
+            trainer.pop_callback(cb)
+        trainer.add_callback(self)
+        for cb in tail:
+            trainer.add_callback(cb)
+        now = _callbacks(trainer) or []
+        want = before[:at] + [self] + tail
+        if len(now) != len(want) or any(a is not b for a, b in zip(now, want)):
+            logging.getLogger("memviz").warning(
+                "memviz: the Trainer's callbacks did not come out in the order asked for (%s); "
+                "callbacks before memviz's may not get its metrics.", _names(now))
+        self._placed = True
+        return self
+
+    def finish(self, error: Optional[BaseException] = None) -> None:
+        """Training raised ``error`` (transformers tells no callback): stop
+        the tracker this callback started, which keeps what it saw, and log
+        its findings and out-of-memory report now, rather than at the next
+        ``train()`` or at exit. ``callback.error`` keeps ``error``. Nothing
+        to do when the training ended, or the tracker was not this callback's.
+        """
+        self._core.fail(error, None if error is not None else "training did not end")
+
+    # -- the events ------------------------------------------------------------
 
     def on_train_begin(self, args, state, control, **kwargs) -> None:
-        self._wrap_trainer()
+        self._core.log_here = bool(getattr(state, "is_world_process_zero", True))
         self._core.begin()
+        if self._core.metrics and not self._placed and not self._said_late and self._core.log_here:
+            names = _reporting(args)
+            if names:
+                self._said_late = True
+                logging.getLogger("memviz").warning(
+                    "memviz: this MemvizCallback was not placed with attach(trainer): given to "
+                    "Trainer(callbacks=...), it comes after report_to %s, which runs before it and "
+                    "so does not get memviz's metrics (trainer.state.log_history and the callbacks "
+                    "after it do). What to do: add it with "
+                    "memviz.integrations.huggingface.attach(trainer), or call "
+                    "callback.attach(trainer), which puts it before them.", names)
 
     def on_step_end(self, args, state, control, **kwargs) -> None:
         self._core.step(global_step=getattr(state, "global_step", None))
@@ -75,79 +169,62 @@ class MemvizCallback(CoreViews, TrainerCallback):
         self._core.end()
 
     def on_log(self, args, state, control, logs=None, **kwargs) -> None:
-        """Where ``Trainer.log`` is not wrapped: the metrics into ``logs``
-        (for the callbacks after this one) and the log_history entry just made."""
-        if not self._core.metrics or not isinstance(logs, dict) or \
-                any(k.startswith(self._core.prefix + "/") for k in logs):
-            return  # off, or the wrapped Trainer.log put them in already
+        """The metrics of the steps since the previous log into ``logs``
+        (for the callbacks after this one) and into the ``log_history``
+        entry ``Trainer.log`` has just made of it."""
+        if not self._core.metrics or not isinstance(logs, dict):
+            return
         metrics = self._core.take_metrics().get("/")
         if not metrics:
             return
-        logs.update(metrics)
+        added = {k: v for k, v in metrics.items() if k not in logs}  # never over a value already logged
+        logs.update(added)
         history = getattr(state, "log_history", None)
-        if history and isinstance(history[-1], dict) and \
-                history[-1].get("step") == getattr(state, "global_step", None):
-            history[-1].update(metrics)
-
-    # -- wrapping train (the exception path) and log (the metrics) -----------
-
-    def _wrap_trainer(self) -> None:
-        trainer = self._find_trainer()
-        if trainer is None:
-            return
-        self._wrap(trainer, "train", _train_wrapper)
-        self._wrap(trainer, "log", _log_wrapper)
-
-    def _wrap(self, trainer, name: str, make) -> None:
-        current = trainer.__dict__.get(name)
-        cores = getattr(current, "_memviz_cores", None)
-        if cores is not None:
-            if self._core not in cores:
-                cores.append(self._core)
-            return
-        original = getattr(trainer, name, None)
-        if not callable(original):
-            return
-        wrapper = make(original)
-        wrapper._memviz_cores = [self._core]
-        try:
-            setattr(trainer, name, wrapper)
-        except (AttributeError, TypeError):  # a Trainer that refuses attributes: begin() / on_log
-            pass
-
-    def _find_trainer(self):
-        """The Trainer whose callback handler holds this callback, among the callers."""
-        f = sys._getframe(2)
-        for _ in range(_CALLERS_SEARCHED):
-            if f is None:
-                return None
-            obj = f.f_locals.get("self") if "self" in f.f_code.co_varnames else None
-            handler = getattr(obj, "callback_handler", None)
-            if any(cb is self for cb in getattr(handler, "callbacks", ())) and callable(
-                    getattr(obj, "train", None)):
-                return obj
-            f = f.f_back
-        return None
+        entry = history[-1] if isinstance(history, list) and history else None
+        if isinstance(entry, dict) and entry.get("step") == getattr(state, "global_step", None) and \
+                all(entry[k] is v for k, v in logs.items() if k in entry and k not in added):
+            for k, v in added.items():
+                entry.setdefault(k, v)
 
 
-def _train_wrapper(original):
-    @functools.wraps(original)
-    def train(*args, **kwargs):
-        try:
-            return original(*args, **kwargs)
-        except BaseException as e:
-            for core in list(train._memviz_cores):
-                core.fail(e)
-            raise
-    return train
+def attach(trainer: Any, tracker: Any = None, **options: Any) -> MemvizCallback:
+    """A new :class:`MemvizCallback` (``tracker`` and ``options`` as its
+    arguments) added to ``trainer`` before the callbacks that read the logs,
+    so that its metrics reach every ``report_to`` integration (see the module
+    docstring). Returns the callback. A Trainer that has a MemvizCallback
+    already is refused: ``callback.attach(trainer)`` moves that one."""
+    from memviz._errors import InvalidArgument
+
+    for cb in _callbacks(trainer) or ():
+        if isinstance(cb, MemvizCallback):
+            raise InvalidArgument(
+                "attach(trainer): this Trainer has a MemvizCallback already (two would record every "
+                "step twice). What to do: call that_callback.attach(trainer), which moves it before "
+                "the report_to integrations, or trainer.pop_callback(that_callback) first.")
+    return MemvizCallback(tracker, **options).attach(trainer)
 
 
-def _log_wrapper(original):
-    @functools.wraps(original)
-    def log(logs, *args, **kwargs):
-        if isinstance(logs, dict):
-            for core in list(log._memviz_cores):
-                if core.metrics:
-                    logs.update(core.take_metrics().get("/", {}))
-        return original(logs, *args, **kwargs)
-    return log
+def _callbacks(trainer: Any) -> Optional[List[Any]]:
+    """The trainer's callbacks, in the order their events are called, or None."""
+    callbacks = getattr(getattr(trainer, "callback_handler", None), "callbacks", None)
+    return list(callbacks) if isinstance(callbacks, (list, tuple)) else None
+
+
+def _reads_logs(callback: Any) -> bool:
+    """Whether the callback's class has an on_log of its own (and is not memviz's)."""
+    return not isinstance(callback, MemvizCallback) and \
+        getattr(type(callback), "on_log", None) is not getattr(TrainerCallback, "on_log", None)
+
+
+def _reporting(args: Any) -> List[str]:
+    """The integrations ``args.report_to`` names ([] for none)."""
+    report_to = getattr(args, "report_to", None)
+    if isinstance(report_to, str):
+        report_to = [report_to]
+    if not isinstance(report_to, (list, tuple)):
+        return []
+    return [str(r) for r in report_to if r not in (None, "none")]
+
+
+def _names(callbacks: List[Any]) -> str:
+    return ", ".join(type(cb).__name__ for cb in callbacks)

@@ -1,4 +1,5 @@
-"""IPython / Jupyter integration: ``%load_ext memviz`` and the ``%%memviz`` cell magic.
+"""IPython / Jupyter integration: ``%load_ext memviz``, the ``%%memviz`` cell
+magic and the ``%memviz`` line magic.
 
 ::
 
@@ -6,6 +7,8 @@
 
     %%memviz --top 5
     x = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+    %memviz --top 5 y = model(x)      # one statement, as %timeit takes one
 
 runs the cell under :func:`memviz.track`, shows the compact report under the
 cell (summary, a small timeline per device, the top lines at the peak) and
@@ -27,9 +30,10 @@ from typing import Any, List, Optional
 import memviz._core as _core
 from memviz._args import whole_option
 
-__all__ = ["load_ipython_extension", "unload_ipython_extension", "memviz_cell", "parse_options"]
+__all__ = ["load_ipython_extension", "unload_ipython_extension", "memviz_cell", "memviz_line", "split_line",
+           "parse_options"]
 
-USAGE = "%%memviz [--no-gpu] [--top N] [--depth N]"
+USAGE = "%%memviz [--no-gpu] [--top N] [--depth N] (a cell), or %memviz [options] STATEMENT (a line)"
 _top = whole_option(1)
 _depth = whole_option(1, _core.MAX_DEPTH)  # as memviz run --depth
 
@@ -88,19 +92,49 @@ def memviz_cell(line: str, cell: str, ipython: Optional[Any] = None) -> Any:
     return tracker
 
 
+def split_line(line: str) -> "tuple[str, str]":
+    """(options, statement) of a ``%memviz`` line: the leading options, then
+    the statement to run, kept as written (as ``%timeit`` reads its line)."""
+    rest = (line or "").lstrip()
+    opts: List[str] = []
+    while rest.startswith("--"):
+        word, _, after = rest.partition(" ")
+        takes = word in ("--top", "--depth")
+        if takes:
+            value, _, after = after.lstrip().partition(" ")
+            word += " " + value
+        opts.append(word)
+        rest = after.lstrip()
+    return " ".join(opts), rest
+
+
+def memviz_line(line: str, ipython: Optional[Any] = None) -> Any:
+    """``%memviz [options] STATEMENT``: run one statement as ``%%memviz`` runs
+    a cell. With no statement, say how it is used."""
+    options, statement = split_line(line)
+    if not statement.strip():
+        from IPython.display import HTML, display
+        display(HTML(f"<pre>{_escape('Usage: ' + USAGE)}</pre>"))
+        return None
+    return memviz_cell(options, statement, ipython)
+
+
 def _escape(text: str) -> str:
     import html
     return html.escape(text)
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register ``%%memviz`` (called by ``%load_ext memviz``)."""
+    """Register ``%%memviz`` and ``%memviz`` (called by ``%load_ext memviz``)."""
 
-    def memviz(line: str, cell: str) -> None:
-        memviz_cell(line, cell, ipython)
+    def memviz(line: str, cell: Optional[str] = None) -> None:
+        if cell is None:
+            memviz_line(line, ipython)
+        else:
+            memviz_cell(line, cell, ipython)
 
     memviz.__doc__ = __doc__
-    ipython.register_magic_function(memviz, magic_kind="cell", magic_name="memviz")
+    ipython.register_magic_function(memviz, magic_kind="line_cell", magic_name="memviz")
 
 
 def unload_ipython_extension(ipython: Any) -> None:

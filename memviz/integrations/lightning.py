@@ -43,6 +43,9 @@ class MemvizCallback(CoreViews, Callback):
     """A Lightning callback recording a memviz step per training batch."""
 
     def on_train_start(self, trainer, pl_module) -> None:
+        # findings logged once, on rank zero, as Lightning's own messages (rank_zero_info); every
+        # rank keeps its own in callback.findings
+        self._core.log_here = bool(getattr(trainer, "is_global_zero", True))
         self._core.begin()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:

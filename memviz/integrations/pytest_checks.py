@@ -18,6 +18,7 @@ from typing import Dict
 
 from memviz._units import format_size
 from memviz.integrations.pytest_plan import Plan
+from memviz.model.lines import line_frame, where
 
 __all__ = ["torch_release", "gpu_checks", "which_leaks", "graph_check"]
 
@@ -130,7 +131,7 @@ def which_leaks(plan: Plan, live: list) -> tuple:
             if problem is not None:
                 return live, [], (
                     f"memviz: the leak check's filter_fn {problem} for the allocation made at "
-                    f"{a.traceback} ({format_size(a.size)}; marker at {plan.where}).\n"
+                    f"{where(a)} ({format_size(a.size)}; marker at {plan.where}).\n"
                     f"  What to do: make filter_fn take a memviz Allocation (a.size, a.user_frame, "
                     f"a.traceback, a.kind) and return True to count it as a leak, False to ignore it.")
             (counted if verdict else ignored).append(a)
@@ -140,8 +141,8 @@ def which_leaks(plan: Plan, live: list) -> tuple:
     counted, ignored = [], []
     real: Dict[str, str] = {}
     for a in live:
-        frame = a.user_frame
-        if frame is None:  # no Python frame (autograd's threads): memviz cannot tell, so it counts
+        frame = line_frame(a)  # the line every report shows it under (memviz/model/lines.py)
+        if not a.traceback and not frame.lineno:  # no Python frame, no forward line: cannot tell, so it counts
             counted.append(a)
             continue
         path = real.get(frame.filename)

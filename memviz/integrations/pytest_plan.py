@@ -23,7 +23,19 @@ from memviz._units import parse_size
 __all__ = ["Plan", "marker_plan", "marker_where", "KEYWORDS", "FAILED_FIRST", "SKIPPED_ITSELF"]
 
 #: the keywords of @pytest.mark.memviz
-KEYWORDS = ("peak", "leaks", "own_code", "filter_fn")
+KEYWORDS = ("peak", "leaks", "own_code", "filter_fn", "warmups")
+
+
+def marker_size(value: Any) -> int:
+    """A size in a marker, read as pytest-memray reads limit_memory("24 MB"):
+    KB, MB, GB, TB and PB are powers of 1024 there (24 MB = 24 * 1024**2
+    bytes), as are KiB ... PiB; a bare number is bytes."""
+    import re
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9.eE+_]+)\s*([KMGTP])B\s*", value)
+        if m:
+            return parse_size(f"{m.group(1)} {m.group(2)}iB")
+    return parse_size(value)
 #: (reason, what to do) of checks not judged because the test itself failed, or skipped itself
 FAILED_FIRST = ("the test failed, so memviz did not judge its memory", "fix the test's own failure first")
 SKIPPED_ITSELF = ("the test skipped itself, so memviz did not judge its memory",
@@ -39,6 +51,7 @@ class Plan:
         self.leaks: Optional[int] = None  # bytes tolerated; None: no leak check
         self.leaks_text = ""
         self.own_code = False
+        self.warmups = 0  # runs of the test before the measured one (caches warmed)
         self.filter_fn: Optional[Callable[[Any], bool]] = None
         self.graph = False
         self.record = False
@@ -91,9 +104,9 @@ class Plan:
             self.skip(self.gpu_checks(), reason, what_to_do)
 
 
-def marker_where(item) -> str:
-    """``file:line`` of the test's memviz marker, else of the test itself
-    (relative to pytest's rootdir, as pytest names tests)."""
+def marker_where(item, marker: str = "memviz") -> str:
+    """``file:line`` of the test's ``marker`` (memviz's, by default), else of
+    the test itself (relative to pytest's rootdir, as pytest names tests)."""
     rel, line0 = item.location[0], item.location[1]
     code = getattr(getattr(item, "function", None), "__code__", None)
     if code is None or line0 is None:
@@ -101,7 +114,7 @@ def marker_where(item) -> str:
     first = code.co_firstlineno  # the first decorator's line (Python 3.8+)
     for n in range(first, first + 50):
         text = linecache.getline(code.co_filename, n).strip()
-        if "mark.memviz" in text:
+        if f"mark.{marker}" in text:
             return f"{rel}:{n}"
         if not text or text.startswith(("def ", "async def ")):
             break
@@ -132,12 +145,12 @@ def marker_plan(item, own_code_default: bool = False) -> Plan:
                  "(with own_code=True or filter_fn=... to choose which leaks count)")
         unknown = sorted(set(m.kwargs) - set(KEYWORDS))
         if m.args or unknown:
-            mistake(f"@pytest.mark.memviz takes the keywords peak=, leaks=, own_code= and filter_fn= "
+            mistake(f"@pytest.mark.memviz takes the keywords peak=, leaks=, own_code=, filter_fn= and warmups= "
                     f"only, got {', '.join([repr(a) for a in m.args] + [k + '=' for k in unknown])}{at}; "
                     f"{usage}.")
         if m.kwargs.get("peak") is not None:
             try:
-                plan.peak = parse_size(m.kwargs["peak"])
+                plan.peak = marker_size(m.kwargs["peak"])
             except (TypeError, ValueError) as e:
                 mistake(f"@pytest.mark.memviz(peak={m.kwargs['peak']!r}): {e}{at}. Write the budget as "
                         f"a size such as peak='2 GiB' or a number of bytes.")
@@ -147,7 +160,7 @@ def marker_plan(item, own_code_default: bool = False) -> Plan:
             plan.leaks, plan.leaks_text = 0, "True"
         elif leaks not in (False, None):
             try:
-                plan.leaks = parse_size(leaks)
+                plan.leaks = marker_size(leaks)
             except (TypeError, ValueError) as e:
                 mistake(f"@pytest.mark.memviz(leaks={leaks!r}) takes True or a size to tolerate "
                         f"(e.g. '1 MiB'): {e}{at}.")
@@ -168,10 +181,18 @@ def marker_plan(item, own_code_default: bool = False) -> Plan:
             mistake(f"@pytest.mark.memviz: filter_fn= decides alone which leaks count, so own_code= has "
                     f"no effect beside it{at}; drop own_code=, and test "
                     f"a.user_frame.filename in filter_fn if you need the file.")
+        warmups = m.kwargs.get("warmups", 0)
+        if isinstance(warmups, bool) or not isinstance(warmups, int) or warmups < 0:
+            mistake(f"@pytest.mark.memviz: warmups= takes a whole number of runs (0 or more), got "
+                    f"{warmups!r}{at}; warmups=N runs the test N times before the measured run, so "
+                    f"caches it fills once are not counted as leaks (pytest-memray's warmups).")
+        plan.warmups = warmups
         plan.own_code = own_code if own_code is not None else own_code_default
         plan.filter_fn = filter_fn
         if plan.peak is None and plan.leaks is None:
             mistake(f"@pytest.mark.memviz without peak= or leaks= checks nothing{at}; {usage}.")
         plan.test_files = _test_files(item)
     plan.graph = item.get_closest_marker("no_graph_leak") is not None
+    if plan.graph and not plan.where:
+        plan.where = marker_where(item, "no_graph_leak")
     return plan

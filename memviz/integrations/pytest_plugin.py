@@ -17,15 +17,18 @@ Installed with memviz (entry point ``pytest11``); nothing to enable::
 no usable CUPTI, another profiler holding CUPTI) the test still runs and passes
 or fails on its own assertions; only those memviz checks are left out, and the
 terminal summary (and ``--memviz-report``) lists them with the reason and what
-to do. ``no_graph_leak`` needs only PyTorch and works on CPU tensors.
+to do. ``no_graph_leak`` needs only PyTorch and works on CPU tensors; without
+PyTorch the test runs and the check is listed as not run.
 
 Which leaks count (``leaks=``): by default every allocation made during the
 test's call that is still alive after it. ``own_code=True`` (or the ini
 setting ``memviz_own_code = true`` for every marked test) counts only those
-whose user frame (``Allocation.user_frame``, the innermost non-library line)
-lies in the test's own file, so caches that other modules fill do not fail the
-test; ``filter_fn=`` (a function of a memviz ``Allocation``, returning True to
-count it) decides instead of either.
+whose line (``Allocation.user_frame``, the innermost non-library line; for
+backward allocations made with no Python frames, the forward line that made
+their autograd node, as the reports show them) lies in the test's own file,
+so caches that other modules fill do not fail the test; ``filter_fn=`` (a
+function of a memviz ``Allocation``, returning True to count it) decides
+instead of either.
 
 How it measures: a tracker runs from the start of the test's setup to the end
 of its call. Before it starts, PyTorch's cached blocks are returned to the
@@ -75,6 +78,9 @@ def pytest_addoption(parser) -> None:
     group.addoption("--memviz", action="store_true", default=False,
                     help="track every test's GPU memory with memviz and print a table of peaks "
                          "and leaks at the end")
+    group.addoption("--most-allocations", metavar="N", type=int, default=20,
+                    help="with --memviz: list the N tests with the highest GPU peaks at the end "
+                         "(default 20; 0: every test), as pytest-memray's option")
     group.addoption("--memviz-report", metavar="PATH", default=None,
                     help="write every test's GPU peak, top lines and leaks to PATH as JSON "
                          "(tracks every test, like --memviz)")
@@ -85,12 +91,13 @@ def pytest_addoption(parser) -> None:
 
 def pytest_configure(config) -> None:
     config.addinivalue_line(
-        "markers", "memviz(peak=None, leaks=False, own_code=False, filter_fn=None): fail the test if "
-                   "its GPU peak exceeds `peak` (e.g. '2 GiB') or if GPU memory it allocated is still "
-                   "alive after it returns (leaks=True, or a size to tolerate). own_code=True counts only "
-                   "leaks made by the test file's own lines; filter_fn(allocation) -> bool decides "
-                   "instead. Without GPU capture the test still runs and these checks are listed as not "
-                   "run, with the reason")
+        "markers", "memviz(peak=None, leaks=False, own_code=False, filter_fn=None, warmups=0): fail the "
+                   "test if its GPU peak exceeds `peak` (e.g. '2 GiB'; '24 MB' is 24 * 1024**2 bytes, as "
+                   "pytest-memray reads it) or if GPU memory it allocated is still alive after it returns "
+                   "(leaks=True, or a size to tolerate). own_code=True counts only leaks made by the test "
+                   "file's own lines; filter_fn(allocation) -> bool decides instead; warmups=N runs the "
+                   "test N times first, unmeasured. Without GPU capture the test still runs and these "
+                   "checks are listed as not run, with the reason")
     config.addinivalue_line(
         "markers", "no_graph_leak: fail the test if an autograd graph created inside it is still "
                    "reachable after it returns (works on CPU; needs PyTorch)")
@@ -182,9 +189,10 @@ class _Runner:
         if plan.graph:
             try:
                 import torch  # noqa: F401
-            except ImportError:
-                pytest.skip("memviz: @pytest.mark.no_graph_leak needs PyTorch, which is not installed "
-                            "(pip install torch).")
+            except ImportError:  # no autograd graph can be made: the test runs, the check is listed
+                plan.graph = False
+                plan.skip(["no_graph_leak"], "PyTorch is not installed, and no_graph_leak looks for "
+                          "its autograd graphs", "pip install torch to check this test for graph leaks")
         if (plan.gpu and not plan.gpu_skipped) or (plan.record and self.capture()[0]):
             self._start(item, plan)
 
@@ -196,7 +204,9 @@ class _Runner:
         try:
             # No PyTorch integration: its categories cost a heap scan per snapshot,
             # and budgets and leaks need only the lines.
-            plan.tracker = track(torch=False).start()
+            # cupti=True: without the PyTorch integration CUPTI is the only way to see
+            # GPU memory, so a CUPTI held by another tool is a conflict, said below.
+            plan.tracker = track(torch=False, cupti=True).start()
             if plan.gpu and not plan.tracker.gpu_enabled:
                 why = plan.tracker.gpu_off_reason
                 plan.tracker.stop()
@@ -214,8 +224,10 @@ class _Runner:
         except CaptureUnavailable as e:
             plan.skip_gpu(f"memviz cannot capture GPU allocations: {e.reason.rstrip('.')}", e.hint)
         except CaptureConflict as e:
-            reason, _, todo = str(e).partition(" What to do: ")
-            plan.skip_gpu(reason.rstrip(), todo or "stop the other profiler before the test")
+            reason, _, _todo = str(e).partition(" What to do: ")
+            plan.skip_gpu(reason.rstrip(), "stop the other profiler before the test, or run the test in a "
+                                           "process of its own: the test's checks need CUPTI, which that "
+                                           "tool holds")
 
     # -- call: measure and check ---------------------------------------------------
 
@@ -225,6 +237,15 @@ class _Runner:
         if plan is None:
             yield
             return
+        if plan.warmups:  # pytest-memray's warmups: caches filled once are not leaks
+            for _ in range(plan.warmups):
+                try:
+                    item.runtest()
+                except (Exception, pytest.skip.Exception, pytest.fail.Exception):
+                    break  # the measured run below says what is wrong
+            gc.collect()
+            if plan.tracker is not None and plan.tracker.running:
+                plan.tracker.reset_peak()  # the peak is the measured run's
         plan.call_start_ns = time.monotonic_ns()
         plan.function = getattr(item, "function", None)
         if plan.graph:
@@ -267,8 +288,8 @@ class _Runner:
         if plan is not None and plan.failures:
             rep = outcome.get_result()
             rep.outcome = "failed"
-            from memviz._units import escape_surrogates  # file names that are not UTF-8
-            rep.longrepr = escape_surrogates("\n\n".join(plan.failures))
+            from memviz._units import escape_controls  # file names that are not UTF-8, controls
+            rep.longrepr = escape_controls("\n\n".join(plan.failures))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_teardown(self, item) -> None:
@@ -290,10 +311,10 @@ class _Runner:
         plan.tracker = plan.recorder = plan.function = plan.filter_fn = None
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        from memviz._units import escape_surrogates, format_size
+        from memviz._units import escape_controls, format_size
 
-        def write_line(text: str) -> None:  # test ids and file names that are not UTF-8
-            terminalreporter.write_line(escape_surrogates(text))
+        def write_line(text: str) -> None:  # test ids and file names: not UTF-8, controls
+            terminalreporter.write_line(escape_controls(text))
 
         self._summary_not_run(terminalreporter, write_line)
         if not self.every_test:
@@ -305,13 +326,16 @@ class _Runner:
             write_line(f"What to do: {self._capture_todo}")
             return
         rows = sorted((r for r in self.results if "peak_bytes" in r), key=lambda r: -r["peak_bytes"])
+        most = self.config.getoption("most_allocations", 20)
+        most = len(rows) if most is None or most <= 0 else most
         write_line(f"{'peak':>10}  {'leaked':>10}  test (top line at the peak)")
-        for r in rows[:20]:
+        for r in rows[:most]:
             top = f"  ({r['top_lines'][0]['line']})" if r.get("top_lines") else ""
             write_line(f"{format_size(r['peak_bytes']):>10}  {format_size(r['leaked_bytes']):>10}  "
                        f"{r['nodeid']}{top}")
-        if len(rows) > 20:
-            write_line(f"... {len(rows) - 20} more tests (see --memviz-report=PATH for all)")
+        if len(rows) > most:
+            write_line(f"... {len(rows) - most} more tests (--most-allocations 0 lists all; "
+                       "--memviz-report=PATH writes them all)")
         path = self.config.getoption("memviz_report", None)
         if path:
             write_line(f"memviz: per-test report written to {path}")

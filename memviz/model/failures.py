@@ -6,7 +6,7 @@ events) alike.
 A failure row is the C core's ``_core.FailureRow`` (size, device, kind,
 stream, thread, label, timestamp_ns, stack_id, result), read by name.
 
-Imports memviz/model/snapshot.py only (docs/architecture.md: the model floor).
+Imports the model floor only (docs/architecture.md: the model floor).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from memviz._units import format_size
 from memviz.model.frame_filter import FrameFilter
+from memviz.model.lines import where as _where
 from memviz.model.rows import resolve_rows
 from memviz.model.snapshot import KIND_NAMES
 from memviz.model.traceback import Traceback
@@ -33,7 +34,7 @@ def failed_allocations(rows: Sequence[Sequence], resolve_stacks: Callable[[set],
         {r.label for r in rows}, {r.stack_id for r in rows}, resolve_stacks, threads, frame_filter)
     return [FailedAllocation(r.size, r.device, _kind_name(r.kind), r.stream, thread_map[r.thread],
                              labels[r.label][0], r.timestamp_ns, tracebacks[r.stack_id], r.result,
-                             calls.get(r.stack_id))
+                             calls.get(r.stack_id), labels[r.label][1], labels[r.label][2])
             for r in rows]
 
 
@@ -56,9 +57,13 @@ class FailedAllocation:
     result: int
     #: what the innermost Python frame was calling (see ``Allocation.op``)
     op: Optional[str] = None
+    #: the backward node running when it was asked for, and the forward line
+    #: that made the node (see ``Allocation.autograd_node``, ``Allocation.forward``)
+    autograd_node: Optional[str] = None
+    forward: Optional[str] = None
 
     def __str__(self) -> str:
-        where = str(self.traceback) if self.traceback else f"<thread {self.thread.name}>"
+        where = _where(self)
         if self.op:
             where += f" ({self.op})"
         return (f"{where}: failed to allocate {format_size(self.size)} on "

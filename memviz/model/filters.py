@@ -14,7 +14,11 @@ matches the *user's* frame (:attr:`Traceback.user_frame`, the frame
 keeps exactly what ``statistics("lineno")`` lists as ``train.py:42``. With
 ``all_frames=True`` every frame of the traceback is tried, as in tracemalloc.
 An allocation made by a thread with no Python frames matches through the
-pseudo-frame ``<thread NAME>`` (line 0) that the statistics show it under.
+frame the statistics show it under (memviz/model/lines.py): inside an
+autograd node, its forward line (so ``Filter(True, "*/train.py", 42)`` keeps
+``train.py:42`` and its backward lines ``train.py:42 (backward: ...)``), else
+the pseudo-frame ``<thread NAME>`` (line 0); with ``all_frames=True`` the
+thread's pseudo-frame is tried too.
 """
 
 from __future__ import annotations
@@ -159,20 +163,20 @@ def filter_allocations(allocations: Iterable[Any], filters: Any, pick: Callable[
         return allocations
     include = [f for f in flts if f.inclusive]
     exclude = [f for f in flts if not f.inclusive]
-    from memviz.model.traceback import Frame
+    from memviz.model.lines import pseudo_frame, thread_frame
 
-    frames_of: Dict[Any, Tuple[tuple, tuple]] = {}  # traceback (or thread) -> (user frame, all frames)
+    frames_of: Dict[Any, Tuple[tuple, tuple]] = {}  # traceback (or pseudo-frame) -> (user frame, all frames)
 
     def frames(a: Any) -> Tuple[tuple, tuple]:
         tb = a.traceback
-        key = id(tb) if tb else a.thread.name
+        key = id(tb) if tb else (pseudo_frame(a), a.thread.name)
         got = frames_of.get(key)
         if got is None:
             if tb:
                 got = ((pick(tb),), tuple(tb))
             else:
-                pseudo = (Frame(f"<thread {a.thread.name}>", 0, ""),)
-                got = (pseudo, pseudo)
+                pseudo, thread = key[0], thread_frame(key[1])
+                got = ((pseudo,), tuple(dict.fromkeys((pseudo, thread))))
             frames_of[key] = got
         return got
 

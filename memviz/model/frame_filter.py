@@ -16,7 +16,14 @@ per file name, whether a frame is library code:
 * files of the memviz package itself;
 * frozen and built-in pseudo-files (``<frozen importlib._bootstrap>``,
   ``<built-in>``). Other pseudo-files such as ``<string>``, ``<stdin>`` or
-  ``<ipython-input-3-...>`` are user code.
+  ``<ipython-input-3-...>`` are user code;
+* code that ``torch.compile`` generated or runs to compile (see
+  :func:`is_generated`): the modules Inductor writes into its cache, wherever
+  that is, FX's ``<eval_with_key>.N`` and ``fx_generated_*.py`` code, and
+  the compiler's own files (``torch/_dynamo``, ``torch/_inductor``,
+  ``torch/_functorch``, ``torch/fx``), even where torch is not installed
+  under site-packages (a source checkout). No user can act on a line there;
+  memviz.model.compiled maps Inductor's lines back to the model's own.
 
 Users can adjust it with :meth:`FrameFilter.add_library_path` (hide your own
 wrapper module) and :meth:`FrameFilter.add_user_path` (treat an installed
@@ -30,6 +37,7 @@ filter is given.
 from __future__ import annotations
 
 import os
+import re
 import site
 import sys
 import sysconfig
@@ -37,17 +45,58 @@ import threading
 from types import ModuleType
 from typing import Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
 
+import memviz._core as _core
 from memviz._errors import InvalidArgument, InvalidArgumentType
 from memviz._package import PACKAGE_DIR
 
-__all__ = ["FrameFilter", "frames"]
+__all__ = ["FrameFilter", "frames", "is_generated"]
 
 PathLike = Union[str, "os.PathLike[str]", ModuleType]
 _F = TypeVar("_F")
 
-_PSEUDO_LIBRARY_PREFIXES = ("<frozen ", "<frozen>", "<built-in")
+_PSEUDO_LIBRARY_PREFIXES = ("<frozen ", "<frozen>", "<built-in", "<eval_with_key>")
 _PACKAGE_DIR_NAMES = ("site-packages", "dist-packages")
 _MEMVIZ_DIR = PACKAGE_DIR
+#: a module Inductor generates: ``<cache>/<xy>/c<xy...>.py``, its name a
+#: 52-character base32 hash whose 2nd and 3rd characters name its folder
+#: (torch._inductor.codecache.write); the same shape for wrappers and kernels
+_INDUCTOR_MODULE = re.compile(r"c([a-z0-9]{2})[a-z0-9]{49}\.py")
+#: folders of the compiler's own code, wherever torch lies (a source checkout too)
+_COMPILER_DIRS = tuple(f"/torch/{d}/" for d in ("_dynamo", "_inductor", "_functorch", "fx", "_higher_order_ops"))
+
+
+def is_generated(filename: str) -> bool:
+    """True for a file of code that ``torch.compile`` generated: Inductor's
+    modules (by their name's shape, in whatever cache folder:
+    ``TORCHINDUCTOR_CACHE_DIR``, ``/tmp/torchinductor_<user>``, a test's
+    temporary folder; or anything under a ``torchinductor_*`` folder or the
+    cache folder named now), FX's ``<eval_with_key>.N`` and
+    ``fx_generated_*.py``. Read by name only: the file need not exist."""
+    if not filename:
+        return False
+    if filename.startswith("<"):
+        return filename.startswith("<eval_with_key>")
+    fn = filename.replace("\\", "/")
+    head, _, base = fn.rpartition("/")
+    if base.startswith("fx_generated_") and base.endswith(".py"):
+        return True
+    m = _INDUCTOR_MODULE.fullmatch(base)
+    if m is not None and head.rpartition("/")[2] == m.group(1):
+        return True
+    if "/torchinductor_" in fn:
+        return True
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if cache:
+        c = cache.replace("\\", "/").rstrip("/")
+        if c and fn.startswith(c + "/"):
+            return True
+    return False
+
+
+def _is_compiler(filename: str) -> bool:
+    """A file of the compiler's own code (``torch/_dynamo`` ...) or one it generated."""
+    fn = filename.replace("\\", "/")
+    return any(d in fn for d in _COMPILER_DIRS) or is_generated(filename)
 
 
 def _variants(path: str) -> Tuple[str, ...]:
@@ -217,6 +266,8 @@ class FrameFilter:
     def _invalidate(self) -> None:
         self._cache = {}
         self._generation += 1
+        if self is frames:
+            _push_rules(self)
 
     def _get_defaults(self) -> List[str]:
         if not self._use_defaults:
@@ -224,6 +275,8 @@ class FrameFilter:
         defaults = self._defaults
         if defaults is None:
             defaults = self._defaults = _default_library_dirs()
+            if self is frames:
+                _push_rules(self)
         return defaults
 
     # -- classification ----------------------------------------------------
@@ -273,6 +326,8 @@ class FrameFilter:
                 for name in _PACKAGE_DIR_NAMES:
                     if f"{os.sep}{name}{os.sep}" in cand:
                         return True
+            if _is_compiler(filename):
+                return True
         return False
 
     # -- choosing the user's frame -----------------------------------------
@@ -323,8 +378,42 @@ class FrameFilter:
         )
 
 
+# Rule kinds of the C walk (src/frames.h: MVZ_RULE_*).
+_RULE_USER, _RULE_LIBRARY, _RULE_DEFAULT, _RULE_PART, _RULE_PSEUDO = range(5)
+
+
+def _push_rules(flt: "FrameFilter") -> None:
+    """Hand the process-wide filter's rules down to the C core's frame walk,
+    which, for a stack deeper than the capture depth, looks past the
+    innermost frames for the user's (src/frames.c). Its defaults, until
+    first asked for (sysconfig costs milliseconds), are the cheap part of
+    them: the standard library's folder, memviz's, and the markers. The C
+    walk reads ASCII names as they are (no symlinks resolved); Python's
+    choice of the user's frame among the frames kept stays the filter's."""
+    rules: List[Tuple[int, str]] = []
+    for key, lib in flt._rules:
+        rules.append((_RULE_LIBRARY if lib else _RULE_USER, key.replace(os.sep, "/")))
+    if flt._use_defaults:
+        dirs = flt._defaults if flt._defaults is not None else [
+            os.path.dirname(os.__file__), _MEMVIZ_DIR]
+        rules.extend((_RULE_DEFAULT, d.replace(os.sep, "/")) for d in dirs)
+        rules.extend((_RULE_PART, f"/{name}/") for name in _PACKAGE_DIR_NAMES)
+        rules.extend((_RULE_PART, d) for d in _COMPILER_DIRS)
+        rules.append((_RULE_PART, "/torchinductor_"))
+        cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        if cache:
+            rules.append((_RULE_DEFAULT, cache.replace(os.sep, "/").rstrip("/")))
+    rules.extend((_RULE_PSEUDO, p) for p in _PSEUDO_LIBRARY_PREFIXES)
+    rules = [(k, t) for k, t in rules if t and t.isascii()]
+    try:
+        _core._frame_rules(rules)
+    except (AttributeError, MemoryError):  # pragma: no cover - an older core
+        pass
+
+
 #: The process-wide default filter, e.g. ``memviz.frames.add_user_path(mypkg)``.
 frames = FrameFilter()
+_push_rules(frames)
 
 
 def _in_memviz(filename: str) -> bool:

@@ -14,13 +14,39 @@ import inspect
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import memviz._args as _args
+from memviz._errors import InvalidArgument
 from memviz.model.failures import FailedAllocation
 from memviz.model.snapshot import Snapshot
 from memviz.model.threads import _python_thread_names, _thread_info
 
-__all__ = ["Recording", "TotalsReads", "thread_table"]
+__all__ = ["Recording", "TotalsReads", "thread_table", "check_peak", "PEAKS", "size_note"]
 
 _MISSING = object()
+
+
+
+PEAKS = ("device", "tensor")
+
+
+def size_note(stream_frees: int) -> Optional[str]:
+    """What a snapshot says when PyTorch's block sizes could not all be
+    followed: blocks freed while another stream's use was recorded on them
+    (recordStream) go back to PyTorch only once that stream is done, which
+    memviz does not see; it takes them back at once."""
+    if not stream_frees:
+        return None
+    return (f"{stream_frees:,} block(s) were freed while another stream's use was recorded on them "
+            "(recordStream); PyTorch takes such a block back only when that stream is done, memviz "
+            "at once, so a block made soon after next to one may be shown smaller than PyTorch's")
+
+
+def check_peak(peak: str) -> str:
+    """``peak=`` of peak_snapshot(): "device" or "tensor"."""
+    if peak not in PEAKS:
+        raise InvalidArgument(f"peak_snapshot(peak={peak!r}): say peak=\"device\" (the moment the "
+                              "device held the most) or peak=\"tensor\" (PyTorch's blocks' peak, as "
+                              "max_memory_allocated())")
+    return peak
 
 
 class _StaticCheck(type(Protocol)):  # type: ignore[misc]
@@ -61,7 +87,10 @@ class Recording(Protocol, metaclass=_StaticCheck):
         """Per device (-1: pinned host memory): current, peak, allocs, frees, failed, ..."""
 
     def timeline(self) -> List[tuple]:
-        """(timestamp_ns, device, live bytes) points; bounded, peaks kept."""
+        """(timestamp_ns, device, live bytes) points; bounded, peaks kept.
+        Live bytes are the totals': each byte once, so PyTorch's blocks
+        (kind "block"), which lie inside the segments the totals hold, are
+        no change (a Tracker's store and a trace's replay alike)."""
 
     def events(self) -> Optional[Iterator[Any]]:
         """Every allocation event in order, or None where none were kept."""

@@ -10,9 +10,13 @@ A live snapshot is reconciled with PyTorch's own ``memory_snapshot()``
 (through the route's answers object): blocks take PyTorch's block sizes
 (the wrappers see requested sizes; PyTorch rounds and may not split), a block
 PyTorch no longer holds is dropped, and blocks and segments PyTorch made
-before tracking started are added, marked ``before_tracking``. A peak
-snapshot has no such view: segments are the CUPTI allocations that hold
-blocks, and block sizes are the requests rounded to 512 bytes.
+before tracking started are added, marked ``before_tracking`` (the store
+already holds those it read from PyTorch when tracking started:
+memviz/torch/before.py). A past snapshot (the peak, ``snapshot(at_ns)``, a
+trace) has no such view: segments are the driver allocations that hold
+blocks, and block sizes are PyTorch's own, worked out by its rules when each
+block was made (src/blocks.h); a block flagged ``size_estimated`` could not
+be sized exactly (expandable segments).
 """
 
 from __future__ import annotations
@@ -23,9 +27,14 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 from memviz.model.snapshot import Allocation, Segment, ThreadInfo
 from memviz.model.traceback import EMPTY_TRACEBACK
 
-__all__ = ["PoolView", "reconcile", "segment_figures"]
+__all__ = ["PoolView", "reconcile", "segment_figures", "UNUSED_POOL", "TENSORS"]
 
 BEFORE = ThreadInfo(None, None, "before tracking")
+#: the category of what PyTorch's segments hold that no block does
+UNUSED_POOL = "unused_pool"
+#: the name of the series of PyTorch's blocks over time (the reports' and the
+#: Perfetto export's): bytes inside the segments, never added to them
+TENSORS = "PyTorch tensors"
 
 
 class PoolView(NamedTuple):
@@ -49,6 +58,7 @@ def torch_view(torch) -> List[PoolView]:
     return out
 
 
+
 def segment_figures(address: int, size: int, blocks: Iterable[Allocation]) -> Tuple[int, int, int]:
     """(allocated, largest free gap, free gaps) of a segment from its live
     blocks (each clipped to the segment)."""
@@ -67,11 +77,11 @@ def segment_figures(address: int, size: int, blocks: Iterable[Allocation]) -> Tu
     return allocated, largest, gaps
 
 
-def _segment(device, address, size, blocks, traceback, before, expandable) -> Segment:
+def _segment(device, address, size, blocks, traceback, before, expandable, made=None) -> Segment:
     blocks = tuple(sorted(blocks, key=lambda a: a.address))
     allocated, largest, gaps = segment_figures(address, size, blocks)
     return Segment(device, address, size, allocated, size - allocated, largest, gaps, blocks,
-                   traceback, before, expandable)
+                   traceback, before, expandable, made)
 
 
 def reconcile(allocations: List[Allocation], view: Optional[List[PoolView]],
@@ -115,10 +125,11 @@ def reconcile(allocations: List[Allocation], view: Optional[List[PoolView]],
             continue
         seen.add((seg.device, seg.address))
         inside = members.get((seg.device, seg.address), [])
-        s = _segment(seg.device, seg.address, seg.size, inside, a.traceback, False, False)
+        s = _segment(seg.device, seg.address, seg.size, inside, a.traceback, a.before_tracking, False,
+                     a.timestamp_ns)
         segments.append(s)
         if s.unused:
-            out.append(a._replace(size=s.unused, category="unused_pool"))
+            out.append(a._replace(size=s.unused, category=UNUSED_POOL))
     for key, seg in by_base.items():
         if key in seen:
             continue
@@ -130,7 +141,7 @@ def reconcile(allocations: List[Allocation], view: Optional[List[PoolView]],
         segments.append(s)
         if s.unused and not seg.expandable:  # an expandable segment's memory is CUPTI's handles
             out.append(Allocation(seg.address, s.unused, seg.device, "device", 0, BEFORE, None, 0,
-                                  EMPTY_TRACEBACK, category="unused_pool", before_tracking=True))
+                                  EMPTY_TRACEBACK, category=UNUSED_POOL, before_tracking=True))
     segments.sort(key=lambda s: (s.device, s.address))
     return out, segments
 
@@ -158,7 +169,8 @@ def _from_own(blocks: List[Allocation], others: List[Allocation], known: set
         if i not in inside and (a.device, a.address) not in known:
             continue
         blks = members.get((a.device, a.address), [])
-        s = _segment(a.device, a.address, a.size, blks, a.traceback, False, False)
+        s = _segment(a.device, a.address, a.size, blks, a.traceback, a.before_tracking,
+                     a.size_estimated, a.timestamp_ns)
         segments.append(s)
     held = {(s.device, s.address): s for s in segments}
     for a in others:
@@ -166,5 +178,5 @@ def _from_own(blocks: List[Allocation], others: List[Allocation], known: set
         if s is None:
             out.append(a)
         elif s.unused:
-            out.append(a._replace(size=s.unused, category="unused_pool"))
+            out.append(a._replace(size=s.unused, category=UNUSED_POOL))
     return out, segments

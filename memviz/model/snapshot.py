@@ -13,8 +13,13 @@ Differences from tracemalloc, on purpose:
   frame (the innermost non-library frame, see :mod:`memviz.model.frame_filter`), not
   the innermost frame.
 * Allocations made by threads with no Python frames (e.g. PyTorch's autograd
-  threads) have an empty traceback. Frame-based statistics group them under a
-  pseudo-frame ``<thread NAME>``.
+  threads) have an empty traceback. ``"lineno"`` and ``"filename"`` group
+  them by the rule of :mod:`memviz.model.lines`: inside an autograd node,
+  under the forward line that made the node, one row per node (a
+  :class:`~memviz.model.lines.BackwardFrame`, shown
+  ``train.py:15 (backward: AddmmBackward0)``; ``"filename"``: the forward
+  line's file); else under a pseudo-frame ``<thread NAME>``. ``"traceback"``
+  keeps the raw frames: ``<thread NAME>`` for every frameless allocation.
 * Every :class:`Statistic` carries ``.key``, the value it groups by: a
   :class:`Frame` (``"lineno"``), a file name str (``"filename"``), a
   :class:`Traceback` (``"traceback"``), a label str (``"label"``), a device
@@ -26,13 +31,16 @@ Differences from tracemalloc, on purpose:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple
+import contextlib
+import gc
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from memviz._args import bad_type, flag, whole
 from memviz._errors import InvalidArgument
 from memviz._units import format_size
 from memviz.model import display
 from memviz.model.frame_filter import FrameFilter, frames as _default_filter
+from memviz.model.lines import pseudo_frame, thread_frame, where as _where
 from memviz.model.statistics import (_CUMULATIVE_KEYS, _SIMPLE_KEYS, KEY_TYPES, Statistic, StatisticDiff,
                                      _key_str)
 from memviz.model.traceback import _FRAME_KEYS, EMPTY_TRACEBACK, Frame, Traceback
@@ -61,6 +69,23 @@ __all__ = [
 
 #: kind_code of a raw row -> Allocation.kind
 KIND_NAMES: Tuple[str, ...] = ("device", "host", "managed", "static", "physical", "block")
+
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic collector off while a snapshot's objects are built
+    (then on again, if it was): they hold no cycles, yet every few thousand
+    new tuples trigger a collection that walks all of them. A million rows
+    took three times as long with it on (benchmarks/RESULTS.md, "Snapshots
+    at scale"). Process-wide for that while: other threads' cycles wait."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class ThreadInfo(NamedTuple):
@@ -111,7 +136,12 @@ class Allocation(NamedTuple):
         segment: for a ``"block"``, the address of the segment it lies in,
             when known.
         before_tracking: made before tracking started (read from PyTorch's
-            own ``memory_snapshot()``: no line, no thread).
+            own ``memory_snapshot()`` when tracking started: no line unless
+            PyTorch's memory history was on then).
+        requested: the bytes asked for (``size`` less, for a block, PyTorch's
+            rounding and the remainder it did not split off), when known.
+        size_estimated: a block whose size PyTorch's rules could not fix
+            exactly (expandable segments): ``size`` is then the rounded request.
     """
 
     address: int
@@ -130,6 +160,8 @@ class Allocation(NamedTuple):
     op: Optional[str] = None
     segment: Optional[int] = None
     before_tracking: bool = False
+    requested: Optional[int] = None
+    size_estimated: bool = False
 
     @property
     def user_frame(self) -> Optional[Frame]:
@@ -137,7 +169,7 @@ class Allocation(NamedTuple):
         return self.traceback.user_frame
 
     def __repr__(self) -> str:
-        where = str(self.traceback) if self.traceback else f"<thread {self.thread.name}>"
+        where = _where(self)
         return (
             f"<Allocation {format_size(self.size)} {self.kind} on cuda:{self.device} "
             f"at {self.address:#x} from {where}>"
@@ -159,6 +191,7 @@ class Segment(NamedTuple):
         traceback: where the segment was made (empty before tracking).
         before_tracking: made before tracking started.
         expandable: an expandable segment (``expandable_segments:True``).
+        timestamp_ns: when memviz saw it made (None: not seen made).
     """
 
     device: int
@@ -172,6 +205,7 @@ class Segment(NamedTuple):
     traceback: "Traceback"
     before_tracking: bool = False
     expandable: bool = False
+    timestamp_ns: Optional[int] = None
 
 
 class Snapshot:
@@ -196,6 +230,10 @@ class Snapshot:
     ) -> None:
         self.allocations: Tuple[Allocation, ...] = tuple(allocations)
         self.timestamp_ns = timestamp_ns
+        #: which peak this snapshot holds: "device" or "tensor" (peak_snapshot()), else None
+        self.peak: Optional[str] = None
+        #: why some block sizes may differ from PyTorch's, when they may (else None)
+        self.size_note: Optional[str] = None
         if devices is None:
             self.devices: Dict[int, Any] = {d: None for d in sorted({a.device for a in self.allocations})}
         elif isinstance(devices, Mapping):
@@ -203,6 +241,10 @@ class Snapshot:
         else:
             self.devices = {d: None for d in devices}
         self.frame_filter = frame_filter
+
+    #: a snapshot of groups (memviz.model.rows.snapshot_from_groups, for
+    #: Tracker.top): how many allocations each of ``allocations`` stands for
+    _weights: Optional[Sequence[int]] = None
 
     #: tensors autograd graphs held when the snapshot was taken (PyTorch
     #: integration with graph residency on); None: not recorded
@@ -325,6 +367,8 @@ class Snapshot:
                 f"use it with 'lineno' or 'filename'"
             )
         groups: Dict[Any, list] = {}
+        if self._weights is not None:
+            return self._group_weighted(key_type, cumulative)
         if key_type not in _FRAME_KEYS:
             key_of = _SIMPLE_KEYS[key_type]
             for a in self.allocations:
@@ -338,18 +382,54 @@ class Snapshot:
             return groups
 
         # Stage 1: bucket by traceback object (interned, so cheap) or, for
-        # frameless allocations, by thread name.
+        # frameless allocations, by the frame they stand under
+        # (memviz/model/lines.py: the thread, or the autograd node's forward
+        # line; "traceback" keeps the raw <thread NAME>).
+        raw = key_type == "traceback"
         buckets: Dict[Any, list] = {}
         for a in self.allocations:
             tb = a.traceback
-            bkey = id(tb) if tb else a.thread.name
+            bkey = id(tb) if tb else (thread_frame(a.thread.name) if raw else pseudo_frame(a))
             b = buckets.get(bkey)
             if b is None:
-                buckets[bkey] = [a.size, 1, tb, a.thread.name]
+                buckets[bkey] = [a.size, 1, tb, bkey]
             else:
                 b[0] += a.size
                 b[1] += 1
 
+        return self._merge_buckets(buckets, key_type, cumulative)
+
+    def _group_weighted(self, key_type: str, cumulative: bool) -> Dict[Any, list]:
+        """_group for a snapshot of groups (``_weights[i]``: the allocations
+        that allocations[i] stands for, its size their sum)."""
+        groups: Dict[Any, list] = {}
+        pairs = zip(self.allocations, self._weights)
+        if key_type not in _FRAME_KEYS:
+            key_of = _SIMPLE_KEYS[key_type]
+            for a, w in pairs:
+                key = key_of(a)
+                g = groups.get(key)
+                if g is None:
+                    groups[key] = [a.size, w, EMPTY_TRACEBACK]
+                else:
+                    g[0] += a.size
+                    g[1] += w
+            return groups
+        raw = key_type == "traceback"
+        buckets: Dict[Any, list] = {}
+        for a, w in pairs:
+            tb = a.traceback
+            bkey = id(tb) if tb else (thread_frame(a.thread.name) if raw else pseudo_frame(a))
+            b = buckets.get(bkey)
+            if b is None:
+                buckets[bkey] = [a.size, w, tb, bkey]
+            else:
+                b[0] += a.size
+                b[1] += w
+        return self._merge_buckets(buckets, key_type, cumulative)
+
+    def _merge_buckets(self, buckets: Dict[Any, list], key_type: str, cumulative: bool) -> Dict[Any, list]:
+        groups: Dict[Any, list] = {}
         # Stage 2: map each bucket to its key(s) and merge.
         flt = self._filter()
         one_frame: Dict[Frame, Traceback] = {}
@@ -360,10 +440,9 @@ class Snapshot:
                 t = one_frame[frame] = Traceback((frame,), flt)
             return t
 
-        for size, count, tb, thread_name in buckets.values():
+        for size, count, tb, bkey in buckets.values():
             if not tb:
-                pseudo = Frame(f"<thread {thread_name}>", 0, "")
-                tb = Traceback((pseudo,), flt)
+                tb = tb_of(bkey)
             if key_type == "traceback":
                 items = [(tb, tb)]
             elif key_type == "lineno":
@@ -390,8 +469,11 @@ class Snapshot:
     def statistics(self, key_type: str = "lineno", cumulative: bool = False) -> List[Statistic]:
         """Group allocations by ``key_type`` into :class:`Statistic` objects.
 
-        Key types: ``"lineno"`` (the user's frame), ``"filename"`` (the user
-        frame's file), ``"traceback"`` (the full stack), ``"label"`` (the label,
+        Key types: ``"lineno"`` (the user's frame; for allocations made with
+        no Python frames inside an autograd node, the node's forward line and
+        the node, ``train.py:15 (backward: AddmmBackward0)``, one row per node:
+        see :mod:`memviz.model.lines`), ``"filename"`` (that frame's file),
+        ``"traceback"`` (the full stack, raw), ``"label"`` (the label,
         ``"<no label>"``, or ``"<thread NAME>"`` for unlabelled allocations from
         threads without Python frames), ``"device"``, ``"kind"``, ``"thread"``.
 
@@ -399,9 +481,10 @@ class Snapshot:
         allocation counts under every distinct frame / file of its stack, as in
         tracemalloc. Sorted by size, then count, largest first.
         """
-        groups = self._group(key_type, cumulative)
-        stats = [Statistic(size, count, tb, key) for key, (size, count, tb) in groups.items()]
-        stats.sort(key=lambda s: (-s.size, -s.count, _key_str(s.key)))
+        with gc_paused():
+            groups = self._group(key_type, cumulative)
+            stats = [Statistic(size, count, tb, key) for key, (size, count, tb) in groups.items()]
+            stats.sort(key=lambda s: (-s.size, -s.count, _key_str(s.key)))
         return stats
 
     def compare_to(
@@ -410,8 +493,10 @@ class Snapshot:
         """Differences from ``old_snapshot`` to this one, per key.
 
         Keys present in only one snapshot appear with size/count 0 on the other
-        side. Sorted by the absolute size difference, then size, absolute count
-        difference and count, largest first.
+        side. Keys are those of :meth:`statistics`: a backward line
+        (forward line + node) is its own key on both sides. Sorted by the
+        absolute size difference, then size, absolute count difference and
+        count, largest first.
         """
         if not isinstance(old_snapshot, Snapshot):
             raise bad_type("Snapshot.compare_to(old_snapshot)", old_snapshot, "a memviz Snapshot")

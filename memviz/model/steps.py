@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
-from memviz._units import escape_surrogates, format_size
+from memviz._units import escape_controls, format_size
 
 
 @dataclass
@@ -134,6 +134,6 @@ class StepRecord:
         grew = [g for g in self.lines if g.bytes > 0]
         if grew:
             text += f"; grew: {grew[0].location} ({format_size(grew[0].bytes, sign=True)})"
-        return escape_surrogates(text)  # a file name that is not UTF-8, shown escaped
+        return escape_controls(text)  # a file name that is not UTF-8 or with controls, shown escaped
 
     __str__ = summary

@@ -8,7 +8,8 @@ The model floor (docs/architecture.md): imports nothing above it."""
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
+import weakref
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple, Union
 
 from memviz.model.snapshot import ThreadInfo
 
@@ -27,15 +28,48 @@ class PyThread(NamedTuple):
                    isinstance(t, getattr(threading, "_DummyThread", ())), t.ident)
 
 
+class SeenThread:
+    """A thread seen while tracking: its :class:`PyThread` as last read, and
+    the thread itself (weakly), so that a name given after it started is the
+    one shown (:meth:`now` reads it again while the thread object lives)."""
+
+    __slots__ = ("last", "_ref")
+
+    def __init__(self, t: threading.Thread) -> None:
+        self.last = PyThread.of(t)
+        try:
+            self._ref: Optional[weakref.ref] = weakref.ref(t)
+        except TypeError:  # pragma: no cover - a thread type without weak references
+            self._ref = None
+
+    @property
+    def ident(self) -> Optional[int]:
+        return self.last.ident
+
+    @property
+    def native_id(self) -> Optional[int]:
+        return self.last.native_id
+
+    def now(self) -> PyThread:
+        """The thread's names as they are now (as last seen, once it is gone)."""
+        t = self._ref() if self._ref is not None else None
+        if t is not None:
+            name = t.name
+            if name != self.last.name:
+                self.last = self.last._replace(name=name)
+        return self.last
+
+
 #: Threads seen while tracking, kept after they end (filled by the tracker),
-#: so that their allocations keep a name (a :class:`PyThread` each).
+#: so that their allocations keep a name (a :class:`SeenThread` each, which
+#: reads the name again when a snapshot or a trace names the thread).
 #: A thread that starts while tracking notes itself under its serial (the C
 #: core's thread_serial(), which no other thread of the process ever gets;
 #: threading.get_ident() is not unique: glibc hands an ended thread's ident
 #: to the next thread); threads already running are noted from outside under
 #: (ident, native_id).
-SEEN_THREADS: Dict[int, PyThread] = {}
-SEEN_RUNNING: Dict[Tuple[int, Optional[int]], PyThread] = {}
+SEEN_THREADS: Dict[int, SeenThread] = {}
+SEEN_RUNNING: Dict[Tuple[int, Optional[int]], SeenThread] = {}
 
 
 class _PythonThreads:
@@ -57,8 +91,9 @@ class _PythonThreads:
             ident = getattr(t, "ident", None)
             if ident is not None and ident not in self.live:
                 self.live[ident] = PyThread(t.name, getattr(t, "native_id", None), isinstance(t, dummy_cls), ident)
-        self.by_serial = dict(SEEN_THREADS)
-        self.running = dict(SEEN_RUNNING)
+        # names read now: a thread renamed after it started shows its new name
+        self.by_serial = {k: _now(v) for k, v in list(SEEN_THREADS.items())}
+        self.running = {k: _now(v) for k, v in list(SEEN_RUNNING.items())}
 
     def find(self, ident: Optional[int], native_id: Optional[int], serial: Optional[int]):
         """Python's :class:`PyThread` of that thread, or None."""
@@ -71,6 +106,10 @@ class _PythonThreads:
         if py is not None and (py.native_id is None or native_id is None or py.native_id == native_id):
             return py
         return self.running.get((ident, native_id))
+
+
+def _now(entry: Union[SeenThread, PyThread]) -> PyThread:
+    return entry.now() if isinstance(entry, SeenThread) else entry
 
 
 def _python_thread_names() -> _PythonThreads:

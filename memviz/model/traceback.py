@@ -22,6 +22,11 @@ class Frame(NamedTuple):
     lineno: int
     name: str = ""
 
+    #: the autograd node of a backward line (:class:`memviz.model.lines.BackwardFrame`); None here
+    autograd_node = None
+    #: what compiled code did on a model's line (:class:`memviz.model.lines.CompiledFrame`); None here
+    compiled = None
+
     def __str__(self) -> str:
         lineno = self.lineno
         if lineno is None or lineno <= 0:
@@ -67,11 +72,13 @@ class Traceback(tuple):
         """The number of frames the stack had before memviz truncated it to
         its capture depth (``track(depth=...)``).
 
-        memviz's capture stops walking a stack at the depth and does not count
-        the frames beyond it, so this is ``len(self)`` unless the traceback
-        was built with a known total: exact for every stack shorter than the
-        depth, and a lower bound for one exactly as deep (its outer frames
-        may be missing)."""
+        memviz's capture keeps at most ``depth`` frames and does not count
+        the others, so this is ``len(self)`` unless the traceback was built
+        with a known total: exact for every stack shorter than the depth,
+        and a lower bound for one exactly as deep. A deeper stack keeps its
+        innermost frames and, when none of them is the user's, gives the
+        last quarter to the first user frame beyond them and its callers
+        (src/frames.c): the frames in between are missing."""
         return len(self) if self._total is None else self._total
 
     @property

@@ -1,7 +1,30 @@
-"""Live bytes per category over time (weights, gradients, optimizer state,
-activations, unused pool ...) for the HTML report's timeline and the Perfetto
-export: exact from a recording's events, else bounded from the allocations
-live at the peak and at the end.
+"""Live bytes over time per category (weights, gradients, optimizer state,
+activations, unused pool ...), and of PyTorch's tensors, for the HTML
+report's timeline and the Perfetto export: exact from a recording's events,
+else bounded from the allocations live at the peak and at the end.
+
+This file owns the rules; src/replay_categories.c runs the same rules in C
+over a loaded trace's events (tests/test_reader_stream.py holds the two
+equal). Every byte counts once at every moment, as snapshots count them
+(memviz/model/segments.py) and as the device totals do:
+
+* a segment (a "device" allocation) that ever holds one of PyTorch's blocks
+  (kind "block") counts, from when it was made, as ``unused_pool`` less the
+  blocks it holds; each block counts under its own category;
+* the block a segment was made for (the first block of the segment's
+  thread inside it, among the ``_core.REPLAY_LOOKAHEAD`` allocations after
+  it) counts from the segment's time: the store dates a block when it was
+  asked for, before the segment made for it, and a peak's set holds it
+  (src/replay.c); any other block counts from its own time;
+* the PyTorch-tensors series is the blocks' bytes: inside the segments,
+  never added to them.
+
+An allocation's category is the one the snapshots gave it (``known``: those
+live at the end or at a peak), else ``<unknown>``. So the category lines
+equal ``Snapshot.statistics("category")`` at the peak and at the end. A
+recording without events (a tracker without a trace) gets the two
+snapshots' allocations instead: exact at the peak and at the end, a lower
+bound elsewhere.
 
 Imports the model floor and below and memviz.report._source
 (docs/architecture.md).
@@ -10,96 +33,219 @@ Imports the model floor and below and memviz.report._source
 from __future__ import annotations
 
 import bisect
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
+import memviz._core as _core
+from memviz.model.segments import TENSORS, UNUSED_POOL
 from memviz.report import _source as src
 
-__all__ = ["category_series"]
+__all__ = ["category_series", "memory_series", "known_categories", "known_in_trace", "MemorySeries",
+           "TENSORS", "UNKNOWN", "POOL"]
+
+UNKNOWN, POOL = "<unknown>", UNUSED_POOL
+
+Series = Tuple[List[int], List[int]]
+Changes = Dict[Any, Dict[Any, List[Tuple[int, int]]]]
+#: (device, address, made at, kind) -> category
+Known = Dict[Tuple[int, int, int, str], str]
 
 
-def category_series(obj: Any, allocs: List[Any], peak_only: List[Any], peak_ts: Dict[int, int],
-                    end_ns: int, *, points: Optional[int] = None
-                    ) -> Tuple[Dict[int, Dict[str, Tuple[List[int], List[int]]]], str]:
-    """{device: {category: (timestamps, live bytes)}} and a note on how exact
-    it is. A loaded trace sums its events itself, in C (``_category_series``,
-    the same rules), keeping at most ``points`` points per series (the
-    highest of each bucket; None: all)."""
-    changes: Dict[int, Dict[str, List[Tuple[int, int]]]] = {}
+class MemorySeries(NamedTuple):
+    """``categories``: {device: {category: (timestamps, live bytes)}};
+    ``tensors``: {device: (timestamps, live bytes of PyTorch's blocks)};
+    ``note``: how exact they are."""
+
+    categories: Dict[int, Dict[str, Series]]
+    tensors: Dict[int, Series]
+    note: str
+
+
+EXACT = "from the recorded events"
+AFTER_PEAK_NS = 1000
+BOUNDED = ("from the allocations live at the peak or at the end: exact at the peak and "
+           "at the end, a lower bound elsewhere (record a trace for exact lines)")
+
+
+def known_categories(allocs: Iterable[Any]) -> Known:
+    """{(device, address, made at, kind): category} of the allocations a
+    snapshot gave one (the later of two with the same key, as a dict keeps)."""
+    return {(a.device, a.address, a.timestamp_ns, a.kind): a.category for a in allocs if a.category}
+
+
+def memory_series(obj: Any, end_allocs: List[Any], peak_allocs: List[Any], peak_ts: Dict[int, int],
+                  end_ns: int, *, points: Optional[int] = None, segments: Iterable[Any] = ()
+                  ) -> MemorySeries:
+    """The category and tensor series of a recording. ``end_allocs``: the
+    allocations live at the end (its snapshot()); ``peak_allocs``: those live
+    at the peaks (its peak_snapshot()); ``peak_ts``: {device: its peak's
+    time}. A loaded trace sums its events itself, in C
+    (``_category_series``, the same rules), keeping at most ``points``
+    points per series (the highest of each bucket; None: all). Without
+    events, the series are the two snapshots': exact at the peak and at the
+    end, a lower bound elsewhere (a block counts from when its segment was
+    made at the earliest: ``segments``, the snapshots' Segments)."""
+    known = known_categories(list(peak_allocs))
+    known.update(known_categories(end_allocs))
+    rekey = getattr(obj, "_known_in_trace", None)  # a Tracker's snapshots, its trace's events
+    if callable(rekey):
+        known = rekey(known)
     fast = getattr(obj, "_category_series", None)
     if callable(fast):
-        known = {(a.device, a.address, a.timestamp_ns): a.category for a in allocs + peak_only}
         out = fast(known, end_ns, points)
         if out is not None:
-            return out, "from the recorded events"
+            tensors = {dev: cats.pop(TENSORS) for dev, cats in out.items() if TENSORS in cats}
+            return MemorySeries({d: c for d, c in out.items() if c}, tensors, EXACT)
     evs = src.events(obj)
     if evs is not None:
-        known = {(a.device, a.address, a.timestamp_ns): a.category for a in allocs + peak_only}
-        # Every byte once, as snapshots count them: a PyTorch block (kind "block")
-        # lies inside a segment (a "device" allocation); from the first block seen
-        # in it, the segment counts as unused_pool, less the blocks it holds.
-        live: Dict[Tuple[int, int, str], Tuple[str, int]] = {}
-        segs: Dict[int, List[List[Any]]] = {}  # device -> sorted [address, end, category, pool?, ts]
-        starts: Dict[int, List[int]] = {}
+        cats, tensors = _from_events(evs, known)
+        return MemorySeries(_levels(cats, end_ns), _levels(tensors, end_ns).get(TENSORS, {}), EXACT)
+    cats, tensors = {}, {}  # tensors: {TENSORS: {device: changes}}, the categories' shape
+    made = {(g.device, g.address): g.timestamp_ns for g in segments if g.timestamp_ns is not None}
 
-        def add(dev, cat, ts, size):
-            changes.setdefault(dev, {}).setdefault(cat, []).append((ts, size))
+    def live(a: Any, start: int, stop: Optional[int]) -> None:
+        if a.kind == "block":  # dated when asked for, maybe before the segment made for it
+            start = max(start, made.get((a.device, a.segment), start))
+        series = [(cats, a.device, a.category or UNKNOWN)]
+        if a.kind == "block":
+            series.append((tensors, TENSORS, a.device))
+        for ch, first, second in series:
+            _add(ch, first, second, start, a.size)
+            if stop is not None:
+                _add(ch, first, second, stop, -a.size)
 
-        def segment_of(dev, addr):
-            i = bisect.bisect_right(starts.get(dev, []), addr) - 1
-            return segs[dev][i] if i >= 0 and addr < segs[dev][i][1] else None
+    # When what was live at the peak was freed is not recorded: it leaves the
+    # lines a microsecond (the charts' resolution) after the peak.
+    after = {d: max(min(t + AFTER_PEAK_NS, end_ns), t) for d, t in peak_ts.items()}
+    at_peak = set()
+    for a in peak_allocs:  # live from when made to just after the peak ...
+        at_peak.add((a.device, a.address, a.timestamp_ns, a.kind))
+        live(a, a.timestamp_ns, after.get(a.device, end_ns))
+    for a in end_allocs:  # ... then as the end has it
+        was = (a.device, a.address, a.timestamp_ns, a.kind) in at_peak
+        live(a, after.get(a.device, end_ns) if was else a.timestamp_ns, None)
+    return MemorySeries(_levels(cats, end_ns), _levels(tensors, end_ns).get(TENSORS, {}), BOUNDED)
 
-        for e in evs:
-            ts = e.timestamp_ns
-            if e.op == "alloc":
-                cat = e.category or known.get((e.device, e.address, ts)) or "<unknown>"
-                if e.kind == "block":
-                    seg = segment_of(e.device, e.address)
-                    if seg is not None:
-                        # A block is dated when it was asked for, maybe before the
-                        # segment made for it: move the bytes once both exist.
+
+def known_in_trace(trace: Any, known: Known) -> Known:
+    """``known`` from a live tracker's snapshots, keyed as the events of the
+    trace it streamed (``trace``, loaded) date them. The store dates a block
+    when it was asked for, before the segment made for it; the trace dates
+    it when it was made. So a block's key takes the time of the trace's
+    block at its address, live at the end or at a peak, made the soonest
+    not before it; other keys are the same in both."""
+    made: Dict[Tuple[int, int], List[int]] = {}
+    for snap in (trace.snapshot(), trace.peak_snapshot()):
+        for a in snap.allocations:
+            if a.kind == "block":
+                made.setdefault((a.device, a.address), []).append(a.timestamp_ns)
+    for times in made.values():
+        times.sort()
+    out: Known = {}
+    for (dev, addr, ts, kind), cat in known.items():
+        times = made.get((dev, addr)) if kind == "block" else None
+        if times:
+            i = bisect.bisect_left(times, ts)
+            if i < len(times):
+                ts = times[i]
+        out[(dev, addr, ts, kind)] = cat
+    return out
+
+
+def category_series(obj: Any, allocs: List[Any], peak_allocs: List[Any], peak_ts: Dict[int, int],
+                    end_ns: int, *, points: Optional[int] = None
+                    ) -> Tuple[Dict[int, Dict[str, Series]], str]:
+    """{device: {category: (timestamps, live bytes)}} and a note on how exact
+    it is: memory_series() without the tensors."""
+    m = memory_series(obj, allocs, peak_allocs, peak_ts, end_ns, points=points)
+    return m.categories, m.note
+
+
+def _add(changes: Changes, first: Any, second: Any, ts: int, delta: int) -> None:
+    changes.setdefault(first, {}).setdefault(second, []).append((ts, delta))
+
+
+def _from_events(evs: Iterable[Any], known: Known) -> Tuple[Changes, Changes]:
+    """The changes of the module docstring's rules, in the events' order."""
+    cats: Changes = {}
+    tensors: Changes = {}  # {TENSORS: {device: changes}}
+    # what is live, as the replay's live table keys it (src/livetab.c: by address
+    # and key space, whatever the device): (address, space) -> (device, kind,
+    # category, size)
+    live: Dict[Tuple[int, int], Tuple[int, str, str, int]] = {}
+    # device -> segments sorted by address: [address, end, category, pool?, made at,
+    # thread, allocation count then, waiting for its block?]
+    segs: Dict[int, List[List[Any]]] = {}
+    starts: Dict[int, List[int]] = {}
+    allocs = 0
+    lookahead = _core.REPLAY_LOOKAHEAD
+
+    def segment_of(dev: int, addr: int) -> Optional[List[Any]]:
+        i = bisect.bisect_right(starts.get(dev, []), addr) - 1
+        return segs[dev][i] if i >= 0 and addr < segs[dev][i][1] else None
+
+    def end(addr: int, kind: str, ts: int) -> None:
+        got = live.pop((addr, _SPACES.get(kind, 0)), None)
+        if got is None:
+            return
+        dev, kind, cat, size = got
+        if kind == "device":
+            st = starts.get(dev, [])
+            i = bisect.bisect_left(st, addr)
+            if i < len(st) and st[i] == addr:
+                seg = segs[dev].pop(i)
+                st.pop(i)
+                if seg[3]:  # what is left of a pool segment is unused pool
+                    cat = POOL
+        elif kind == "block":
+            seg = segment_of(dev, addr)
+            if seg is not None and seg[3]:
+                _add(cats, dev, POOL, ts, size)
+            _add(tensors, TENSORS, dev, ts, -size)
+        _add(cats, dev, cat, ts, -size)
+
+    for e in evs:
+        ts, dev = e.timestamp_ns, e.device
+        if e.op == "alloc":
+            allocs += 1
+            end(e.address, e.kind, ts)  # an earlier one at its address, its free not seen
+            cat = e.category or known.get((dev, e.address, ts, e.kind)) or UNKNOWN
+            at = ts
+            if e.kind == "block":
+                seg = segment_of(dev, e.address)
+                if seg is not None:
+                    if seg[7] and e.thread == seg[5] and allocs - seg[6] <= lookahead:
+                        at, seg[7] = seg[4], False  # the block the segment was made for
+                    else:
                         at = max(ts, seg[4])
-                        if not seg[3]:  # the segment's first block: its bytes are the pool's
-                            add(e.device, seg[2], at, -(seg[1] - seg[0]))
-                            add(e.device, "unused_pool", at, seg[1] - seg[0])
-                            seg[2], seg[3] = "unused_pool", True
-                        add(e.device, "unused_pool", at, -e.size)
-                elif e.kind == "device":
-                    lst, st = segs.setdefault(e.device, []), starts.setdefault(e.device, [])
-                    i = bisect.bisect_left(st, e.address)
-                    st.insert(i, e.address)
-                    lst.insert(i, [e.address, e.address + e.size, cat, False, ts])
-                live[(e.device, e.address, e.kind)] = (cat, e.size)
-                add(e.device, cat, ts, e.size)
-            elif e.op == "free":
-                cat_size = live.pop((e.device, e.address, e.kind), None)
-                if cat_size is None:
-                    continue
-                if e.kind == "device":
-                    st = starts.get(e.device, [])
-                    i = bisect.bisect_left(st, e.address)
-                    if i < len(st) and st[i] == e.address:
-                        seg = segs[e.device].pop(i)
-                        st.pop(i)
-                        if seg[3]:  # what is left of a pool segment is unused pool
-                            cat_size = ("unused_pool", cat_size[1])
-                elif e.kind == "block":
-                    seg = segment_of(e.device, e.address)
-                    if seg is not None and seg[3]:
-                        add(e.device, "unused_pool", ts, cat_size[1])
-                add(e.device, cat_size[0], ts, -cat_size[1])
-        note = "from the recorded events"
-    else:
-        for a in allocs + peak_only:  # live at the end, or at the peak only (freed after it)
-            per = changes.setdefault(a.device, {}).setdefault(a.category or "<unknown>", [])
-            per.append((a.timestamp_ns, a.size))
-        for a in peak_only:
-            changes[a.device][a.category or "<unknown>"].append(
-                (peak_ts.get(a.device, end_ns) + 1, -a.size))
-        note = ("from the allocations live at the peak or at the end: exact at the peak and "
-                "at the end, a lower bound elsewhere (record a trace for exact lines)")
-    out: Dict[int, Dict[str, Tuple[List[int], List[int]]]] = {}
-    for dev, cats in changes.items():
-        for cat, ch in cats.items():
+                    if not seg[3]:  # its first block: the segment is the pool's since it was made
+                        size = seg[1] - seg[0]
+                        _add(cats, dev, seg[2], seg[4], -size)
+                        _add(cats, dev, POOL, seg[4], size)
+                        seg[2], seg[3] = POOL, True
+                    _add(cats, dev, POOL, at, -e.size)
+                _add(tensors, TENSORS, dev, at, e.size)
+            elif e.kind == "device":
+                lst, st = segs.setdefault(dev, []), starts.setdefault(dev, [])
+                i = bisect.bisect_left(st, e.address)
+                st.insert(i, e.address)
+                lst.insert(i, [e.address, e.address + e.size, cat, False, ts, e.thread, allocs, True])
+            live[(e.address, _SPACES.get(e.kind, 0))] = (dev, e.kind, cat, e.size)
+            _add(cats, dev, cat, at, e.size)
+        elif e.op == "free":  # the allocation it ended, as the replay found it
+            end(e.address, e.kind, ts)
+    return cats, tensors
+
+
+#: the live table's key spaces (src/livetab.c): one address may be live once in each
+_SPACES = {"physical": 1, "block": 2}
+
+
+def _levels(changes: Changes, end_ns: int) -> Dict[Any, Dict[Any, Series]]:
+    """Changes summed in time order (a stable sort: at one time, the last
+    level counts), each series ending at ``end_ns``."""
+    out: Dict[Any, Dict[Any, Series]] = {}
+    for first, per in changes.items():
+        for second, ch in per.items():
             ch.sort(key=lambda c: c[0])
             ts, vs, cur = [], [], 0
             for t, d in ch:
@@ -111,5 +257,5 @@ def category_series(obj: Any, allocs: List[Any], peak_only: List[Any], peak_ts: 
                     vs.append(cur)
             ts.append(end_ns)
             vs.append(cur)
-            out.setdefault(dev, {})[cat] = (ts, vs)
-    return out, note
+            out.setdefault(first, {})[second] = (ts, vs)
+    return out

@@ -20,6 +20,7 @@ import re
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from memviz._units import format_size
+from memviz.model.lines import where as _where
 from memviz.model.traceback import innermost_first
 from memviz.report.summary import device_items, device_name, finding_steps
 
@@ -78,13 +79,10 @@ def time_range(obj: Any, timeline: List[tuple], totals: Mapping[int, Mapping[str
 
 
 def where(a: Any) -> str:
-    """The user's line of an allocation (or failure), or its thread and node."""
-    tb = getattr(a, "traceback", None)
-    if tb:
-        return str(tb)
-    thread = getattr(getattr(a, "thread", None), "name", None) or "?"
-    node = getattr(a, "autograd_node", None)
-    return f"<thread {thread}>" + (f" {node}" if node else "")
+    """The line of an allocation (or failure) as every report writes it: its
+    user frame, its autograd node's forward line ``file:line (backward:
+    NODE)``, or ``<thread NAME>`` (the rule of memviz/model/lines.py)."""
+    return _where(a)
 
 
 def frame_dicts(a: Any) -> List[Dict[str, Any]]:
@@ -126,12 +124,19 @@ def _as_dict(rec: Any) -> Dict[str, Any]:
 
 _STEP_INDEX = ("step", "index", "step_index", "i")
 _STEP_TIME = ("timestamp_ns", "timestamp", "time_ns", "ts")
+#: the step series of memviz's own bytes at each step's end (a memviz
+#: StepRecord's per-device "current"): the timeline's device memory line,
+#: read at the steps; not the device's total, which memviz does not see
+STEP_CURRENT = "device memory (memviz) at step ends"
 #: step series drawn on the timeline: (name shown, keys tried at the top of a
-#: record, key tried in each entry of its per-device "devices" mapping)
+#: record, key tried in each entry of its per-device "devices" mapping). Each
+#: name says what the line is: PyTorch's figures, a device total that another
+#: recorder's records give as such, and memviz's own bytes.
 STEP_SERIES = (
     ("torch allocated", ("allocated", "torch_allocated", "allocated_bytes"), "allocated"),
     ("torch reserved", ("reserved", "torch_reserved", "reserved_bytes"), "reserved"),
-    ("device total", ("device_total", "device_totals", "device_used", "process_total"), "current"),
+    ("device total", ("device_total", "device_totals", "device_used", "process_total"), None),
+    (STEP_CURRENT, (), "current"),
 )
 #: keys whose numbers are bytes (steps and findings), unless _NOT_BYTES matches
 _BYTES = re.compile(r"byte|size|alloc|reserv|peak|grow|memory|live|rise|current|total|^start$|^end$|"
@@ -228,8 +233,8 @@ def steps(obj: Any) -> List[Dict[str, Any]]:
         devices = d.get("devices") if isinstance(d.get("devices"), Mapping) else None
         series = {}
         for name, keys, per_device_key in STEP_SERIES:
-            per = _per_device(_field(d, keys))
-            if not per and devices:
+            per = _per_device(_field(d, keys)) if keys else None
+            if not per and devices and per_device_key:
                 per = _per_device({k: v.get(per_device_key) for k, v in devices.items()
                                    if isinstance(v, Mapping)})
             if per:

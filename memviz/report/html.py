@@ -25,7 +25,7 @@ from typing import Any, List, Optional
 
 from memviz._args import given
 from memviz._errors import InvalidArgumentType
-from memviz._units import escape_surrogates
+from memviz._units import escape_controls
 from memviz.report import _data
 
 __all__ = ["render", "write", "json_for_script"]
@@ -47,6 +47,14 @@ def _asset(name: str) -> str:
 #: containers nested deeper than this are written piece by piece (json.dumps
 #: recurses once per level, and a flame graph is as deep as its stacks)
 _DUMPS_DEPTH = 48
+#: containers nested deeper than this are not written: a string saying so
+#: stands in their place, so that a plain json.loads reads the page's data
+#: back at its default limits (3.12's C recursion limit stops near 1,450
+#: levels, 3.10's and 3.11's Python limit near 1,000 less the caller's
+#: frames). A flame graph keeps at most _data.FLAME_MAX_FRAMES frames a stack:
+#: about 2 levels a frame, well within.
+JSON_MAX_DEPTH = 800
+JSON_CUT = f"[left out: nested deeper than {JSON_MAX_DEPTH} levels]"
 _CONTAINERS = (dict, list, tuple)
 _JSON_LEAVES = (str, int, float, bool, type(None))
 
@@ -58,7 +66,9 @@ def json_for_script(data: Any) -> str:
     valid JSON, parsed back to the same strings), so no string in the data -
     a file name like ``</script><script>alert(1)</script>`` - can close the
     element or open a comment; U+2028/U+2029 are escaped for old parsers.
-    NaN and infinities become null. Any nesting depth works."""
+    NaN and infinities become null. Any nesting depth can be passed; a
+    container nested deeper than JSON_MAX_DEPTH levels is written as the
+    string JSON_CUT, so the text reads back with a plain json.loads."""
     return _script_json(*_clean(data))
 
 
@@ -70,11 +80,13 @@ def _script_json(clean: Any, heights: dict) -> str:
 
 def _leaf(v: Any) -> Any:
     if isinstance(v, str):
-        return escape_surrogates(v)  # a file name that is not UTF-8: shown escaped
+        # a file name that is not UTF-8, a control character or a
+        # bidirectional override (U+202E) from a trace: shown escaped
+        return escape_controls(v, keep="\n\t")
     if isinstance(v, float):
         return v if math.isfinite(v) else None
     if not isinstance(v, _JSON_LEAVES):
-        return escape_surrogates(str(v))
+        return escape_controls(str(v), keep="\n\t")
     return v
 
 
@@ -82,7 +94,8 @@ def _clean(data: Any) -> "tuple[Any, dict]":
     """A copy of ``data`` as JSON-ready lists, dicts and leaves (see
     :func:`_leaf`), and ``{id(container): nesting height}`` of the copy.
 
-    A loop over an explicit stack, not recursion, so any depth works."""
+    A loop over an explicit stack, not recursion, so any depth works;
+    containers deeper than JSON_MAX_DEPTH become the string JSON_CUT."""
     heights: dict = {}
     if not isinstance(data, _CONTAINERS):
         return _leaf(data), heights
@@ -99,6 +112,8 @@ def _clean(data: Any) -> "tuple[Any, dict]":
         out, items, is_dict = top[0], top[1], top[3]
         for item in items:
             key, v = item if is_dict else (None, item)
+            if isinstance(v, _CONTAINERS) and len(stack) >= JSON_MAX_DEPTH:
+                v = JSON_CUT
             if isinstance(v, _CONTAINERS):
                 child = opened(v)
                 if is_dict:
@@ -189,7 +204,8 @@ The data is in the <code>memviz-data</code> script element of this file as JSON.
 """
 
 
-def render(tracker_or_trace: Any, title: Optional[str] = None) -> str:
+def render(tracker_or_trace: Any, title: Optional[str] = None, *, before_tracking: Any = None,
+           whatif: Any = None) -> str:
     """One self-contained HTML page about a Tracker or a loaded trace.
 
     The page has the memory timeline per device (peak marked; per category
@@ -197,14 +213,22 @@ def render(tracker_or_trace: Any, title: Optional[str] = None) -> str:
     double-click to reset), an icicle graph of what was live at the peak by
     stack, sortable tables by line, autograd node, category, label, thread and
     kind, the steps (memory per step with the steps each finding concerns
-    shaded, a summary, the records), diagnoses and failed allocations. It
-    loads nothing from the network.
+    shaded, a summary, the records), diagnoses, failed allocations and the
+    memory the process held beyond memviz's record (``before_tracking``:
+    {device: {category: bytes}} made before tracking, when known;
+    memviz/report/outside.py), and, given ``whatif`` (rows of
+    memviz.analysis.whatif.whatif), the what-if table. It loads nothing from
+    the network.
 
     Raises :class:`~memviz.NotTracking` for a tracker that never started.
     """
     if title is not None and not isinstance(title, str):
         raise InvalidArgumentType(f"title must be a str or None, got {given(title)}")
-    data, heights = _clean(_data.collect(tracker_or_trace, title))
+    collected = _data.collect(tracker_or_trace, title, before_tracking=before_tracking)
+    if whatif:
+        from memviz.analysis.whatif import rows_json
+        collected["whatif"] = rows_json(whatif)
+    data, heights = _clean(collected)
     js = _asset("report.js")
     digest = base64.b64encode(hashlib.sha256(js.encode("utf-8")).digest()).decode("ascii")
     from memviz._package import __version__

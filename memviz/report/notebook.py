@@ -15,10 +15,11 @@ from typing import Any, Iterable, List, Optional
 
 from memviz._args import given
 from memviz._errors import InvalidArgument
-from memviz._units import escape_surrogates, format_size
+from memviz._units import escape_controls, format_size
+from memviz.model.lines import location
 from memviz.report import _data, _source as src
-from memviz.report.summary import (STEP_SERIES, short_path as _short_path, source_line, step_series_label,
-                                   step_summary)
+from memviz.report.summary import (STEP_SERIES, before_tracking, short_path as _short_path, source_line,
+                                   step_series_label, step_summary, tensor_peaks)
 
 __all__ = ["tracker_repr_html", "snapshot_repr_html", "findings_repr_html"]
 
@@ -33,7 +34,9 @@ _NB_STYLE = (
 
 
 def _e(x: Any) -> str:
-    return html.escape(escape_surrogates(str(x)), quote=True)
+    """Text for the page: HTML-escaped, with control characters and
+    bidirectional overrides (from a trace's names) shown as escapes."""
+    return html.escape(escape_controls(str(x), keep="\n\t"), quote=True)
 
 
 def _sparkline(points: List[tuple], peak: int, peak_ts: Optional[int], t0: int, t1: int,
@@ -74,7 +77,7 @@ def _lines_table(stats: List[Any], top: int, total: int) -> str:
         f = s.key
         lineno = getattr(f, "lineno", 0) or 0
         filename = getattr(f, "filename", str(f))
-        shown = filename if filename.startswith("<") else f"{_short_path(filename)}:{lineno or '?'}"
+        shown = location(f, _short_path)
         if getattr(f, "name", ""):
             shown += f" in {f.name}"
         source = source_line(filename, lineno, 120)
@@ -111,6 +114,8 @@ def tracker_repr_html(tracker: Any, top: int = 10, name: str = "t") -> str:
     state = "running" if getattr(tracker, "running", False) else "stopped"
     if getattr(tracker, "gpu_enabled", True):
         gpu = "GPU capture on"
+        if getattr(tracker, "cupti_enabled", True) is False:  # a live tracker that went on without CUPTI
+            gpu += f" without CUPTI ({getattr(tracker, 'cupti_off_reason', None) or 'not used'})"
     else:
         gpu = f"GPU capture off: {getattr(tracker, 'gpu_off_reason', None) or 'unknown reason'}"
     parts = [f'{_NB_STYLE}<div class="mvz-nb"><div><b>memviz</b> <span class="m">{_e(state)} · '
@@ -134,6 +139,20 @@ def tracker_repr_html(tracker: Any, top: int = 10, name: str = "t") -> str:
         parts.append(f"<div><b>Top lines at the peak</b> <span class=\"m\">"
                      f"({_e(format_size(peak.total_bytes()))} live)</span></div>")
         parts.append(_lines_table(peak.statistics("lineno"), top, peak.total_bytes()))
+        if tensor_peaks(tracker):  # what to shrink: PyTorch's blocks' own peak
+            tensor = tracker.peak_snapshot(peak="tensor")
+            held = sum(a.size for a in tensor.allocations if a.kind == "block")
+            parts.append(f"<div><b>Top lines at the tensor peak</b> <span class=\"m\">"
+                         f"({_e(format_size(held))} of PyTorch tensors, as max_memory_allocated())"
+                         f"</span></div>")
+            parts.append(_lines_table(tensor.statistics("lineno"), top, tensor.total_bytes()))
+        before = before_tracking(tracker)
+        if before:
+            said = "; ".join(f"{src.device_name(d)}: {format_size(v['bytes'])}" for d, v in sorted(before.items())
+                             if v["bytes"])
+            if said:
+                parts.append(f'<p class="m">Held by PyTorch when tracking started: {_e(said)} '
+                             f'(included above)</p>')
     parts.append(_steps_view(tracker))
     failures = list(getattr(tracker, "failures", None) or ())
     if failures:

@@ -34,17 +34,18 @@ memviz/report/summary.py (docs/architecture.md).
 from __future__ import annotations
 
 import re
-import statistics
 import textwrap
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from memviz._errors import InvalidArgument
-from memviz._units import format_size
-from memviz.model.pytorch import END_KEY
-from memviz.report.summary import (device_items, device_name, finding_records, short_path,
-                                   step_records)
+from memviz._units import escape_controls, format_size
+from memviz.model.lines import BackwardFrame, location
+from memviz.model.traceback import Frame
+from memviz.report import ranks_questions as Q
+from memviz.report.ranks_summary import summarise
+from memviz.report.summary import device_name, short_path
 
-__all__ = ["check_ranks", "rank_report", "rank_text", "REPORT_VERSION"]
+__all__ = ["check_ranks", "merge", "rank_report", "rank_text", "REPORT_VERSION"]
 
 REPORT_VERSION = 1
 WIDTH = 99  # as memviz/report/text.py: a 100-column terminal
@@ -118,113 +119,7 @@ def check_ranks(traces: Sequence[Any]) -> Tuple[List[Any], List[str]]:
     return ordered, notes
 
 
-def _ranges(ns: Sequence[int]) -> str:
-    out: List[List[int]] = []
-    for n in sorted(ns):
-        if out and n == out[-1][1] + 1:
-            out[-1][1] = n
-        else:
-            out.append([n, n])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
-
-
-def _recorded(trace: Any, dev: int, key: str) -> Optional[Dict[str, int]]:
-    """The END chunk's figures of ``dev`` (memviz.model.pytorch.pytorch_figures)."""
-    end = getattr(trace, "end", None)
-    raw = end.get(END_KEY) if isinstance(end, dict) else None
-    if not isinstance(raw, dict):
-        return None
-    for d, entry in device_items(raw):
-        if d == dev and isinstance(entry, dict) and isinstance(entry.get(key), dict):
-            vals = {str(k): v for k, v in entry[key].items() if type(v) is int and v >= 0}
-            return dict(sorted(vals.items(), key=lambda kv: -kv[1])) or None
-    return None
-
-
-def _seconds_after_start(trace: Any, ts: int) -> Optional[float]:
-    start = getattr(trace, "started_ns", None)
-    return (ts - start) / 1e9 if start is not None and ts and ts >= start else None
-
-
-def _rank_row(trace: Any) -> Dict[str, Any]:
-    totals = trace.totals()
-    gpus = {d: t for d, t in totals.items() if d >= 0}
-    main = max(gpus, key=lambda d: (gpus[d].get("peak", 0), -d)) if gpus else None
-    per_device = []
-    for d in sorted(totals, key=lambda d: (d < 0, d)):
-        t = totals[d]
-        per_device.append({"device": d, "name": device_name(d), "peak": t.get("peak", 0),
-                           "peak_at_s": _seconds_after_start(trace, t.get("peak_timestamp_ns", 0)),
-                           "current": t.get("current", 0), "allocs": t.get("allocs", 0),
-                           "frees": t.get("frees", 0), "failed": t.get("failed", 0)})
-    found, why = finding_records(trace)
-    started, stopped = trace.started_ns, trace.stopped_ns
-    meta = getattr(trace, "meta", {}) or {}
-    peak = gpus[main] if main is not None else {}
-    return {
-        "rank": trace.rank, "local_rank": trace.local_rank, "world_size": trace.world_size,
-        "host": trace.host, "pid": meta.get("pid"), "trace": _name(trace), "command": trace.command,
-        "truncated": bool(trace.truncated), "truncated_reason": trace.error,
-        "duration_s": (stopped - started) / 1e9 if started is not None and stopped else None,
-        "device": main, "devices": trace.devices,
-        "peak": trace.peak_bytes(), "peak_at_s": _seconds_after_start(trace, peak.get("peak_timestamp_ns", 0)),
-        "current": trace.current_bytes(), "failed": sum(t.get("failed", 0) for t in gpus.values()),
-        "per_device": per_device,
-        "categories_at_peak": _recorded(trace, main, "categories") if main is not None else None,
-        "categories_at_end": _recorded(trace, main, "categories_at_end") if main is not None else None,
-        "steps": len(step_records(trace)), "findings": found, "findings_error": why,
-    }
-
-
-def _imbalance(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
-    peaks = [r["peak"] for r in rows]
-    high = max(rows, key=lambda r: r["peak"])
-    low = min(rows, key=lambda r: r["peak"])
-    median = statistics.median(peaks)
-    return {"max_rank": high["rank"], "max_peak": high["peak"], "min_rank": low["rank"],
-            "min_peak": low["peak"], "median_peak": median,
-            "ratio": high["peak"] / median if median else None}
-
-
-def _line_spread(traces: List[Any], rows: List[Dict[str, Any]], top: int) -> List[Dict[str, Any]]:
-    """The lines whose bytes at each rank's peak differ most between ranks."""
-    per_rank: List[Dict[Tuple[str, int], int]] = []
-    names: Dict[Tuple[str, int], str] = {}
-    for t, row in zip(traces, rows):
-        sizes: Dict[Tuple[str, int], int] = {}
-        if row["device"] is not None and row["peak"] > 0:
-            for s in t.peak_snapshot(row["device"]).statistics("lineno"):
-                key = (getattr(s.key, "filename", str(s.key)), getattr(s.key, "lineno", 0) or 0)
-                sizes[key] = sizes.get(key, 0) + s.size
-                names.setdefault(key, getattr(s.key, "name", "") or "")
-        per_rank.append(sizes)
-    out = []
-    for key in set().union(*per_rank):
-        values = [sizes.get(key, 0) for sizes in per_rank]
-        spread = max(values) - min(values)
-        if spread > 0:
-            out.append({"file": key[0], "line": key[1], "function": names.get(key, ""),
-                        "spread": spread,
-                        "bytes": {str(r["rank"]): v for r, v in zip(rows, values)}})
-    out.sort(key=lambda x: (-x["spread"], -max(x["bytes"].values()), x["file"], x["line"]))
-    return out[:top]
-
-
-def _steps_side_by_side(traces: List[Any], rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    table: Dict[int, Dict[str, Dict[str, Optional[int]]]] = {}
-    for t, row in zip(traces, rows):
-        for rec in step_records(t):
-            dev = rec.devices.get(row["device"]) if row["device"] is not None else None
-            table.setdefault(rec.index, {})[str(row["rank"])] = {
-                "peak": getattr(dev, "peak", None), "current": getattr(dev, "current", None)}
-    out = []
-    for index in sorted(table):
-        ranks = table[index]
-        peaks = [v["peak"] for v in ranks.values() if isinstance(v["peak"], int)]
-        median = statistics.median(peaks) if peaks else 0
-        out.append({"step": index, "ranks": ranks,
-                    "imbalance": max(peaks) / median if peaks and median else None})
-    return out
+_ranges = Q._ranges  # "0-3, 7": one owner, ranks_questions.py
 
 
 def _common_findings(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -245,21 +140,46 @@ def _common_findings(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 def rank_report(traces: Sequence[Any], top: int = 10) -> Dict[str, Any]:
     """The merged report of the traces of one run's ranks (LoadedTraces with
     ``rank``; see :func:`check_ranks`) as a JSON-ready dict."""
-    ordered, notes = check_ranks(traces)
-    rows = [_rank_row(t) for t in ordered]
+    return merge([summarise(t) for t in traces], top)
+
+
+def merge(summaries: Sequence[Any], top: int = 10, skipped: Sequence[Dict[str, str]] = (),
+          computed: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The merged report of the ranks' :class:`~memviz.report.ranks_summary.RankSummary`
+    (memviz/cli/report_ranks.py makes them in parallel). ``skipped``: the
+    files left out, ``{"trace", "reason"}`` each. ``computed``: sections
+    already worked out elsewhere (the SQL over the ranks' Parquet,
+    memviz/export/ranks_sql.py), used instead of working them out here."""
+    ordered, notes = check_ranks(summaries)
+    if skipped:
+        notes = [f"{len(skipped):,} file{'s' if len(skipped) > 1 else ''} could not be read and "
+                 f"{'were' if len(skipped) > 1 else 'was'} left out: "
+                 + "; ".join(f"{x['trace']} ({x['reason']})" for x in skipped[:20])
+                 + (f"; and {len(skipped) - 20:,} more (the JSON lists all)" if len(skipped) > 20 else "")
+                 + "."] + notes
+    rows = [s.row for s in ordered]
+    ranks = [r["rank"] for r in rows]
     commands = [r["command"] for r in rows if r["command"]]
-    return {
+    done = computed or {}
+    doc = {
         "memviz_rank_report": REPORT_VERSION,
         "traces": [r["trace"] for r in rows],
         "command": commands[0] if commands else None,
         "world_size": next((r["world_size"] for r in rows if r["world_size"] is not None), None),
         "notes": notes,
+        "skipped": list(skipped),
         "ranks": rows,
-        "imbalance": _imbalance(rows),
-        "lines": _line_spread(ordered, rows, top),
-        "steps": _steps_side_by_side(ordered, rows),
+        "top_peaks": done.get("top_peaks") or Q.top_peaks(rows, top),
+        "imbalance": done.get("imbalance") or Q.imbalance(rows),
+        "lines": done["lines"] if "lines" in done else Q.line_spread([s.lines for s in ordered], ranks, top),
+        "steps": done["steps"] if "steps" in done else Q.steps_side_by_side([s.steps for s in ordered], ranks),
+        "growing_ranks": done.get("growing_ranks") or Q.growing_ranks(rows),
+        "findings_by_kind": done["findings_by_kind"] if "findings_by_kind" in done else Q.findings_by_kind(rows),
         "common_findings": _common_findings(rows),
+        "clocks": Q.clocks(ordered),
+        "engine": done.get("engine", "python"),
     }
+    return doc
 
 
 # ---- text ---------------------------------------------------------------------------
@@ -285,9 +205,11 @@ def _per_rank_table(title: str, label: str, rows: List[Tuple[str, Dict[str, Any]
     for chunk in _rank_chunks(ranks):
         lines.append(f"  {label:<{_LABEL - 2}}" + "".join(f"{'rank ' + str(r):>{_CELL}}" for r in chunk))
         for name, values in rows:
-            shown = name if len(name) <= _LABEL - 3 else "..." + name[-(_LABEL - 6):]
-            lines.append(f"  {shown:<{_LABEL - 2}}" + "".join(f"{fmt(values.get(str(r))):>{_CELL}}"
-                                                                for r in chunk))
+            cells = "".join(f"{fmt(values.get(str(r))):>{_CELL}}" for r in chunk)
+            if len(name) <= _LABEL - 3:
+                lines.append(f"  {name:<{_LABEL - 2}}" + cells)
+            else:  # on a line of its own (a backward line's node is at its end): the whole name
+                lines += _wrap(name, indent="      ", first="  ") + [f"  {'':<{_LABEL - 2}}" + cells]
     return lines
 
 
@@ -301,8 +223,9 @@ def by_category(rows: List[Dict[str, Any]], key: str) -> List[Tuple[str, Dict[st
     return [(c, cats[c]) for c in sorted(cats, key=lambda c: -max(cats[c].values()))]
 
 
-def _location(file: str, line: int) -> str:
-    return f"{short_path(file)}:{line}" if line > 0 else short_path(file)
+def _location(file: str, line: int, backward: Optional[str] = None) -> str:
+    """A line of the document as the reports write it (memviz/model/lines.py)."""
+    return location(BackwardFrame(file, line, "", backward) if backward else Frame(file, line), short_path)
 
 
 def _short_location(location: str) -> str:
@@ -313,7 +236,8 @@ def _short_location(location: str) -> str:
 
 def rank_text(doc: Dict[str, Any], steps_shown: int = 10) -> str:
     """The text of :func:`rank_report`'s document (lines of at most 99 columns)."""
-    rows, ranks = doc["ranks"], [r["rank"] for r in doc["ranks"]]
+    rows = doc["ranks"]
+    ranks = Q.shown_ranks(rows)
     head = f"memviz report: {len(rows)} ranks" + (f" of {doc['world_size']}" if doc["world_size"] else "")
     lines = _wrap(head + (f": {doc['command']}" if doc["command"] else ""), first="", indent="    ")
     lines.append("=" * 60)
@@ -321,13 +245,21 @@ def rank_text(doc: Dict[str, Any], steps_shown: int = 10) -> str:
         lines += _wrap(f"note: {note}", indent="    ", first="  ")
     lines += ["", "Ranks" + " " * 9 + f"{'host':<16}{'device':<9}{'peak':>10}{'peak at':>10}{'at end':>10}"
               f"{'failed':>8}{'steps':>7}"]
-    for r in rows:
+    listed = rows if len(rows) <= 3 * Q.COLUMNS_SHOWN else [r for r in rows if r["rank"] in set(
+        t["rank"] for t in doc.get("top_peaks") or ()) | set(ranks)]
+    for r in listed:
         host = (r["host"] or "-")[:15]
         dev = device_name(r["device"]) if r["device"] is not None else "-"
         lines.append(f"  rank {r['rank']:<7}{host:<16}{dev:<9}{_size(r['peak']):>10}{_at(r['peak_at_s']):>10}"
                      f"{_size(r['current']):>10}{r['failed']:>8,}{r['steps']:>7,}")
+    if len(listed) < len(rows):
+        lines.append(f"  ... {len(rows) - len(listed):,} more ranks (the highest peaks and a few others shown; "
+                     "--format json has all)")
     lines += _wrap("peak: the rank's largest device peak; peak at: seconds after the rank started "
                    "tracking; at end: live when it stopped.", indent="  ")
+    if len(ranks) < len(rows):
+        lines += _wrap(f"The tables below have a column for {len(ranks)} of the {len(rows):,} ranks: the 3 highest "
+                       "peaks, the median rank and the 2 lowest (--format json has every rank).", indent="  ")
     imb = doc["imbalance"]
     if imb["ratio"] is not None:
         lines += [""] + _wrap(
@@ -336,6 +268,7 @@ def rank_text(doc: Dict[str, Any], steps_shown: int = 10) -> str:
             f"{_size(imb['min_peak'])}).", first="", indent="  ")
     else:
         lines += ["", "Imbalance: no rank allocated GPU memory."]
+    lines += Q.questions_text(doc, _wrap, steps_shown)
     for key, title in (("categories_at_peak", "By category at each rank's peak:"),
                        ("categories_at_end", "By category at the end:")):
         cats = by_category(rows, key)
@@ -343,10 +276,11 @@ def rank_text(doc: Dict[str, Any], steps_shown: int = 10) -> str:
             lines += _per_rank_table(title, "category", cats, ranks)
     if doc["lines"]:
         lines += _per_rank_table("Lines whose bytes at the peak differ most between ranks:", "line",
-                                 [(_location(x["file"], x["line"]), x["bytes"]) for x in doc["lines"]], ranks)
+                                 [(_location(x["file"], x["line"], x.get("backward")), x["bytes"])
+                                  for x in doc["lines"]], ranks)
     lines += _steps_text(doc["steps"], ranks, steps_shown)
     lines += _findings_text(doc)
-    return "\n".join(lines) + "\n"
+    return escape_controls("\n".join(lines) + "\n")  # names from the traces: shown escaped
 
 
 def _steps_text(steps: List[Dict[str, Any]], ranks: List[int], shown: int) -> List[str]:
@@ -377,7 +311,12 @@ def _findings_text(doc: Dict[str, Any]) -> List[str]:
     kinds = {f["kind"] for f in common}
     lines += ["", "Findings on some ranks only:"]
     any_left = False
+    limit, told = (len(rows) if len(rows) <= 3 * Q.COLUMNS_SHOWN else 20), 0
     for r in rows:
+        if told >= limit:
+            lines.append(f"  ... and the findings of more ranks (see 'Findings by kind'; --format json has all)")
+            break
+        told += bool(r["findings_error"] or any(f["kind"] not in kinds for f in r["findings"]))
         if r["findings_error"]:
             lines += _wrap(f"rank {r['rank']}: none shown, {r['findings_error']}.", indent="    ", first="  ")
             any_left = True

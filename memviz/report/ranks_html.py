@@ -16,14 +16,17 @@ from __future__ import annotations
 import html
 from typing import Any, Dict, Iterable, List, Optional
 
-from memviz._units import escape_surrogates, format_size
+from memviz._units import escape_controls, format_size
 from memviz.report.html import _asset, json_for_script
+from memviz.report import ranks_questions as Q
 from memviz.report.ranks import _location, _short_location, by_category
+from memviz.report.ranks_charts import peaks_chart, steps_chart
 from memviz.report.summary import device_name
 
 __all__ = ["render"]
 
 _STEPS_SHOWN = 500  # first and last steps in the page (all are in its JSON)
+_CARDS_SHOWN = 200  # findings of some ranks only shown in the page (all are in its JSON)
 
 _PAGE = """<!DOCTYPE html>
 <html lang="en">
@@ -49,7 +52,7 @@ _PAGE = """<!DOCTYPE html>
 
 
 def _e(v: Any) -> str:
-    return html.escape(escape_surrogates(str(v)))
+    return html.escape(escape_controls(str(v), keep="\n\t"))
 
 
 def _size(v: Any) -> str:
@@ -103,7 +106,57 @@ def _findings(doc: Dict[str, Any]) -> str:
             fix = f'<div class="fix">{_e(f["fix"])}</div>' if f["fix"] else ""
             cards.append(f'<div class="card"><div class="kind">{_e(f["kind"])}, rank {_e(r["rank"])}</div>'
                          f'<div>{_e(f["message"])}</div>{lines}{fix}</div>')
-    parts.append(f'<div class="cards">{"".join(cards)}</div>' if cards else '<p class="note">none</p>')
+    shown = cards[:_CARDS_SHOWN]
+    parts.append(f'<div class="cards">{"".join(shown)}</div>' if cards else '<p class="note">none</p>')
+    if len(shown) < len(cards):
+        parts.append(f'<p class="note">{len(cards) - len(shown):,} more left out (see Findings by kind; the JSON '
+                     "data below has all).</p>")
+    return "".join(parts)
+
+
+def _questions(doc: Dict[str, Any]) -> str:
+    """The highest peaks, the ranks growing alone, the kinds of findings,
+    the clocks between hosts and the files left out."""
+    parts = []
+    tops = doc.get("top_peaks") or []
+    if tops:
+        parts.append(f"<h2>Highest peaks (of {len(doc['ranks']):,} ranks)</h2>" + _table(
+            ["rank", "host", "peak", "peak at", "in step"],
+            [f"<td>rank {_e(t['rank'])}</td><td>{_e(t['host'] or '-')}</td>" + _size(t["peak"]) + _at(t["peak_at_s"])
+             + _num(t.get("peak_step")) for t in tops]))
+    imb = doc["imbalance"]
+    if imb.get("cv") is not None:
+        parts.append(f'<p class="note">mean peak {_e(format_size(imb["mean_peak"]))}, standard deviation '
+                     f'{_e(format_size(imb["stdev_peak"]))} ({imb["cv"]:.0%} of the mean), highest less lowest '
+                     f'{_e(format_size(imb["spread"]))}.</p>')
+    g = doc.get("growing_ranks") or {}
+    if g.get("ranks"):
+        parts.append("<h2>Ranks whose memory grows while the others' does not</h2>" + _table(
+            ["rank", "host", "per step", "grown", "steps"],
+            [f"<td>rank {_e(x['rank'])}</td><td>{_e(x['host'] or '-')}</td>" + _size(x["trend_per_step"])
+             + _size(x["grown"]) + _num(x["steps"]) for x in g["ranks"]])
+            + f'<p class="note">the median rank\'s trend: {_e(format_size(g["median_trend_per_step"] or 0))} per '
+              "step (live bytes at each step's end, after the warm-up)</p>")
+    kinds = doc.get("findings_by_kind") or []
+    if kinds:
+        parts.append("<h2>Findings by kind</h2>" + _table(
+            ["kind", "ranks", "", "which"],
+            [f"<td>{_e(k['kind'])}</td>" + _num(k["count"])
+             + f"<td>{'every rank' if k['common'] else ('outliers' if k['outlier'] else 'some ranks')}</td>"
+             f"<td class=\"wrap\">{'' if k['common'] else _e(Q._ranges(k['ranks']))}</td>" for k in kinds]))
+    c = doc.get("clocks") or {}
+    if c.get("hosts") and len(c["hosts"]) > 1:
+        parts.append("<h2>Clocks between hosts</h2>" + _table(
+            ["host", "ranks", "offset", "late spread"],
+            [f"<td>{_e(h['host'])}</td>" + _num(len(h["ranks"])) + _num(h["offset_s"], "{:+.3f} s")
+             + _num(h["late_spread_s"], "{:.3f} s") for h in c["hosts"]])
+            + f'<p class="note">from {c["steps_used"]:,} step marks: a host\'s offset is how far its ranks\' '
+              "step ends lie from the median rank's (synchronous steps end together on every rank).</p>")
+    skipped = doc.get("skipped") or []
+    if skipped:
+        parts.append(f"<h2>Files left out ({len(skipped):,})</h2>" + _table(
+            ["file", "why"], [f'<td class="wrap"><code>{_e(x["trace"])}</code></td><td>{_e(x["reason"])}</td>'
+                              for x in skipped], narrow=False))
     return "".join(parts)
 
 
@@ -115,7 +168,7 @@ def render(doc: Dict[str, Any], title: Optional[str] = None) -> str:
     """The page of :func:`memviz.report.ranks.rank_report`'s document."""
     from memviz._package import __version__
 
-    rows, ranks = doc["ranks"], [r["rank"] for r in doc["ranks"]]
+    rows, ranks = doc["ranks"], Q.shown_ranks(doc["ranks"])
     title = title or f"memviz: {len(rows)} ranks" + (f" of {doc['world_size']}" if doc["world_size"] else "")
     sub = _e(doc["command"] or "")
     body: List[str] = []
@@ -126,10 +179,20 @@ def render(doc: Dict[str, Any], title: Optional[str] = None) -> str:
         table.append(f"<td>rank {_e(r['rank'])}</td><td>{_e(r['host'] or '-')}</td><td>{_e(dev)}</td>"
                      + _size(r["peak"]) + _at(r["peak_at_s"]) + _size(r["current"]) + _num(r["failed"])
                      + _num(r["steps"]) + f'<td class="wrap"><code>{_e(r["trace"])}</code></td>')
-    body.append("<h2>Ranks</h2>" + _table(["rank", "host", "device", "peak", "peak at", "at end", "failed",
-                                             "steps", "trace"], table, narrow=False))
+    body.append("<h2>Ranks</h2>" + '<div class="scroll">' + _table(
+        ["rank", "host", "device", "peak", "peak at", "at end", "failed", "steps", "trace"], table,
+        narrow=False) + "</div>")
     body.append('<p class="note">peak: the rank\'s largest device peak; peak at: seconds after the rank '
                 'started tracking; at end: live when it stopped.</p>')
+    body.append("<h2>Peaks of the ranks</h2>" + peaks_chart(doc))
+    chart = steps_chart(doc)
+    if chart:
+        body.append("<h2>Memory over the steps: the highest and lowest ranks against the median</h2>" + chart)
+    body.append(_questions(doc))
+    if len(ranks) < len(rows):
+        body.append(f'<p class="note">The tables below have a column for {len(ranks)} of the {len(rows):,} ranks: '
+                    "the 3 highest peaks, the median rank and the 2 lowest (the JSON data below has every "
+                    "rank).</p>")
     imb = doc["imbalance"]
     if imb["ratio"] is not None:
         body.append(f"<h2>Imbalance: {imb['ratio']:.2f}x</h2><p>rank {_e(imb['max_rank'])}'s peak "
@@ -143,7 +206,8 @@ def render(doc: Dict[str, Any], title: Optional[str] = None) -> str:
             body.append(_per_rank(title_, "category", cats, ranks))
     if doc["lines"]:
         body.append(_per_rank("Lines whose bytes at the peak differ most between ranks", "line",
-                              [(_location(x["file"], x["line"]) + (f"  {x['function']}" if x["function"] else ""),
+                              [(_location(x["file"], x["line"], x.get("backward"))
+                                + (f"  {x['function']}" if x["function"] else ""),
                                 x["bytes"]) for x in doc["lines"]], ranks))
     if doc["steps"]:
         all_steps = doc["steps"]

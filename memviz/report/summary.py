@@ -10,6 +10,7 @@ and below (docs/architecture.md); the rest of memviz/report reads it.
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import statistics
@@ -20,7 +21,9 @@ from memviz._units import format_size
 
 __all__ = ["STEP_SERIES", "step_records", "step_summary", "finding_steps", "finding_dict",
            "finding_records", "step_series_label", "short_path", "source_line", "device_name", "device_items",
-           "flight_window", "flight_sentences", "rank_fields", "rank_name"]
+           "flight_window", "flight_sentences", "rank_fields", "rank_name", "tensor_peaks",
+           "before_tracking", "before_tracking_allocations", "sample_of", "sample_title", "sample_sentence",
+           "shown_library", "recorded_source"]
 
 
 def device_name(dev: int) -> str:
@@ -44,10 +47,63 @@ def short_path(filename: str, limit: int = 40) -> str:
     return filename
 
 
+def sample_of(recording: Any) -> Optional[Mapping]:
+    """The description of memviz's shipped sample ("machine", "date",
+    "script", "script_source") when ``recording`` is that trace
+    (memviz.loaded.LoadedTrace.sample), else None."""
+    sample = getattr(recording, "sample", None)
+    return sample if isinstance(sample, Mapping) else None
+
+
+def sample_title(sample: Mapping) -> str:
+    """A sample report's title, in place of the recording's command line:
+    ``SAMPLE (recorded on 2026-12-01, not on this machine): examples/basic.py``."""
+    return (f"SAMPLE (recorded on {sample.get('date') or 'an unknown date'}, not on this machine): "
+            f"{sample.get('script') or 'memviz/data/sample.memviz'}")
+
+
+def sample_sentence(sample: Mapping) -> str:
+    """What the sample is, in a sentence (without a final stop)."""
+    return (f"a recording shipped with memviz as an example, made on "
+            f"{sample.get('machine') or 'another machine'}: not this machine's data")
+
+
+def shown_library(library: Any, sample: Optional[Mapping]) -> Any:
+    """The capture library as a report names it: its path, or only its file
+    name in the sample's report (the recording machine's paths are not
+    shown)."""
+    if sample is not None and isinstance(library, str):
+        return os.path.basename(library)
+    return library
+
+
+@contextlib.contextmanager
+def recorded_source(sample: Optional[Mapping]) -> Iterator[None]:
+    """Within it, the sample's lines read as they were when it was recorded
+    (its "script_source" put in linecache under its "script" name), not as
+    that file reads now, if it exists here at all. Does nothing for None or
+    a description without the script's text."""
+    name = (sample or {}).get("script")
+    text = (sample or {}).get("script_source")
+    if not (isinstance(name, str) and name and isinstance(text, str) and text):
+        yield
+        return
+    saved = linecache.cache.get(name)
+    lines = text.splitlines(keepends=True)
+    linecache.cache[name] = (len(text), None, lines, name)  # no mtime: never re-read
+    try:
+        yield
+    finally:
+        if saved is None:
+            linecache.cache.pop(name, None)
+        else:
+            linecache.cache[name] = saved
+
+
 def source_line(filename: str, lineno: int, width: int) -> str:
     """The stripped source text of a line, cut to ``width`` characters ("" when unknown)."""
-    if lineno <= 0 or filename.startswith("<"):
-        return ""
+    if lineno <= 0 or (filename.startswith("<") and filename not in linecache.cache):
+        return ""  # a pseudo-file: none, but an IPython cell's (IPython puts its source in linecache)
     try:
         text = linecache.getline(filename, lineno).strip()
     except Exception:  # noqa: BLE001 - an odd loader must not break the report
@@ -283,8 +339,11 @@ def flight_sentences(obj: Any) -> List[str]:
                    "dropped from the ring to stay within the budget; what they left live, "
                    f"{w['allocations_before_window']:,} allocations, is kept with its lines, so the "
                    "live set and the snapshots are whole, but peaks before the window are not in it.")
-    else:
+    elif not w["events_dropped"]:
         out.append("No event was dropped from the ring: it covers the whole recording.")
+    else:  # nothing folded away, but not whole either
+        out.append("No event was folded away to stay within the budget: it starts when tracking "
+                   "started, but it does not hold every event (below).")
     if w["events_dropped"]:
         out.append(f"{w['events_dropped']:,} events were lost because the capture ring was full "
                    "(GAP records).")
@@ -312,3 +371,122 @@ def rank_name(fields: Mapping[str, Any]) -> Optional[str]:
     if host:
         where.append(f"on {host}")
     return text + (f" ({' '.join(where)})" if where else "")
+
+
+# ---- the past: two peaks, and what was there before tracking ------------------------
+
+
+def tensor_peaks(obj: Any) -> Dict[int, Dict[str, int]]:
+    """{device: {"current", "peak", "peak_timestamp_ns"}} of PyTorch's blocks
+    alone (the tensor peak, ``max_memory_allocated()``) of a Tracker or a
+    loaded trace; {} without the allocator route or where the recording
+    cannot tell."""
+    read = getattr(obj, "tensor_totals", None)
+    try:
+        return {int(d): dict(v) for d, v in (read() if read else {}).items() if v.get("peak")}
+    except Exception:  # noqa: BLE001 - a figure for a report: the report comes out without it
+        return {}
+
+
+def before_tracking_allocations(*snaps: Any) -> List[Any]:
+    """The allocations flagged ``before_tracking`` in any of the snapshots
+    (None ones skipped), each once."""
+    seen: Dict[Tuple[int, int, str], Any] = {}
+    for snap in snaps:
+        for a in (snap.allocations if snap is not None else ()):
+            if a.before_tracking:
+                seen.setdefault((a.device, a.address, a.kind), a)
+    return list(seen.values())
+
+
+def before_tracking(obj: Any) -> Dict[int, Dict[str, Any]]:
+    """What PyTorch held when tracking started (memviz/torch/before.py), per
+    device: ``{"bytes", "count", "categories": {category: bytes}}`` of the
+    allocations flagged ``before_tracking`` (those live at the device's peak
+    or at the end: a block freed unseen before both is not counted), and
+    ``outside_at_start``, the device's used bytes beyond PyTorch's reserved
+    ones then (the CUDA context, other libraries), where it was read. {}
+    when nothing was there."""
+    snaps = []
+    for read in (lambda: obj.peak_snapshot(), lambda: obj.snapshot()):
+        try:
+            snaps.append(read())
+        except Exception:  # noqa: BLE001
+            continue
+    out: Dict[int, Dict[str, Any]] = {}
+    for a in before_tracking_allocations(*snaps):
+        d = out.setdefault(a.device, {"bytes": 0, "count": 0, "categories": {}})
+        d["bytes"] += a.size
+        d["count"] += 1
+        cat = a.category or "<unknown>"
+        d["categories"][cat] = d["categories"].get(cat, 0) + a.size
+    integ = getattr(obj, "torch", None)
+    start = getattr(integ, "before_tracking", None) if integ is not None else None
+    outside = (start or {}).get("outside")
+    if outside is None:  # a loaded trace: its END record keeps it
+        end = getattr(obj, "end", None) or {}
+        for dev, entry in ((end.get("pytorch_peak") or {}).items() if isinstance(end, dict) else ()):
+            if isinstance(entry, dict) and entry.get("outside_at_start") is not None:
+                out.setdefault(int(dev), {"bytes": 0, "count": 0, "categories": {}})[
+                    "outside_at_start"] = int(entry["outside_at_start"])
+    else:
+        dev = (start or {}).get("outside_device", 0)
+        out.setdefault(int(dev), {"bytes": 0, "count": 0, "categories": {}})["outside_at_start"] = int(outside)
+    return {d: v for d, v in out.items() if v["bytes"] or v.get("outside_at_start")}
+
+
+def trace_losses(recording: Any) -> Optional[Dict[str, Any]]:
+    """Events a streamed trace lost because its ring was full, and what that
+    affects: {"lost", "capacity" (a live tracker's ring, else None),
+    "live": whether the recording is the live tracker (its own figures come
+    from the store, whole), "reconciled": whether the live set at the end
+    was set right (LIVE chunk), "freed", "added"}; None when it lost none
+    (or is a flight dump: memviz/report/summary.py's flight sentences say it)."""
+    lost = getattr(recording, "dropped_events", None)
+    if isinstance(lost, int):  # a loaded trace
+        end = getattr(recording, "end", None) or {}
+        if not lost or "flight_recorder" in end:
+            return None
+        return {"lost": lost, "capacity": None, "live": False,
+                "reconciled": getattr(recording, "_reconciled", None) is not None or
+                getattr(recording, "_live_end", None) is not None,
+                "freed": getattr(recording, "gap_freed", 0), "added": getattr(recording, "gap_added", 0)}
+    from memviz.trace.writer import TraceWriter
+
+    for plugin in getattr(recording, "_plugins", ()):
+        if isinstance(plugin, TraceWriter) and plugin.dropped:
+            return {"lost": plugin.dropped, "capacity": plugin.capacity, "live": True,
+                    "reconciled": True, "freed": 0, "added": 0}
+    return None
+
+
+def trace_loss_sentences(loss: Dict[str, Any]) -> List[str]:
+    """What trace_losses() found, in words: which figures it affects and
+    which it does not."""
+    from memviz.trace.format import RING_ENV
+
+    n = loss["lost"]
+    out = [f"The trace lost {n:,} events: its ring was full (the program allocated faster than "
+           f"the writer drained it; set {RING_ENV}, e.g. {RING_ENV}=16M, before tracking for a "
+           "bigger one)."]
+    if loss["live"]:
+        out.append("This tracker's own figures come from its store and are whole; the trace file's "
+                   "peak, timeline, steps and events after the first loss miss the lost events.")
+        return out
+    out.append("Affected: the lines at each peak, the timeline, the step figures, "
+               "snapshot(at_ns) and the events between the first loss and the end (allocations "
+               "made while events were lost are missing there; ones freed then stay counted "
+               "until the end)" + ("." if loss["reconciled"] else
+                                   ", and the devices' totals and peaks, replayed from the events."))
+    if loss["reconciled"]:
+        out.append(f"Not affected: the devices' totals and peaks (the tracker's own, when it "
+                   f"stopped) and the live set at the end, set right from the tracker's: "
+                   f"{loss['freed']:,} allocations whose frees were lost are shown freed at the "
+                   f"end (none of them is a leak), {loss['added']:,} made while events were lost "
+                   "are added.")
+    else:
+        out.append("The trace has no live set from when tracking stopped (the process was killed "
+                   "before): allocations live at the end may be ones whose frees were lost, so "
+                   "they are not necessarily leaks.")
+    return out
+

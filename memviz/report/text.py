@@ -22,14 +22,17 @@ from typing import Any, Dict, List, Optional, Tuple
 import memviz._core as _core
 from memviz._args import given
 from memviz._errors import InvalidArgument
-from memviz._units import escape_surrogates, format_size
-from memviz.capture import cupti as _capture
-from memviz.capture.device import SOURCE_CUMEMGETINFO, process_device_memory
-from memviz.report.summary import (STEP_SERIES, device_name as _device_name, finding_records, flight_sentences,
+from memviz._units import escape_controls, format_size
+from memviz.capture.device import process_device_memory
+from memviz.capture.hints import sources_line
+from memviz.model.lines import line_frame, location as _written
+from memviz.report.summary import (STEP_SERIES, before_tracking, device_name as _device_name, finding_records,
+                                   flight_sentences, recorded_source, sample_of, sample_sentence, sample_title,
+                                   shown_library, tensor_peaks, trace_loss_sentences, trace_losses,
                                    rank_fields, rank_name, short_path as _short_path, source_line as _source,
                                    step_series_label, step_summary)
 
-__all__ = ["text_report", "GPU_OFF_SENTENCE", "NO_GPU_SENTENCE"]
+__all__ = ["text_report", "summary", "GPU_OFF_SENTENCE", "NO_GPU_SENTENCE"]
 
 WIDTH = 99  # a 100-column terminal, minus the cursor column
 SOURCE_WIDTH = 60
@@ -56,10 +59,7 @@ def _location(frame: Any) -> Tuple[str, str, int]:
     """(shown location, file name, line number) of a statistic's key frame."""
     filename = getattr(frame, "filename", str(frame))
     lineno = getattr(frame, "lineno", 0) or 0
-    if filename.startswith("<thread "):
-        return filename, filename, 0
-    shown = _short_path(filename)
-    return (f"{shown}:{lineno}" if lineno > 0 else f"{shown}:?"), filename, lineno
+    return _written(frame, _short_path), filename, lineno
 
 
 def _count(n: int, word: str = "alloc") -> str:
@@ -67,8 +67,12 @@ def _count(n: int, word: str = "alloc") -> str:
 
 
 def _header(tracker: Any, info: Dict[str, Any], command: Optional[str]) -> List[str]:
-    # A long command (a trace's, recorded under pytest) wraps like every other line.
-    lines = _wrap("memviz report" + (f": {command}" if command else ""), first="", indent="    ")
+    sample = sample_of(tracker)
+    if sample is not None:  # headed as a sample, not by the recording machine's command line
+        lines = _wrap(sample_title(sample), first="", indent="    ")
+        lines += _wrap(sample_sentence(sample) + ".", indent="    ", first="  ")
+    else:  # a long command (a trace's, recorded under pytest) wraps like every other line
+        lines = _wrap("memviz report" + (f": {command}" if command else ""), first="", indent="    ")
     lines.append("=" * min(WIDTH, 60))
     rank = rank_name(rank_fields(tracker))
     if rank is not None:  # one process of a distributed run (torchrun)
@@ -80,12 +84,17 @@ def _header(tracker: Any, info: Dict[str, Any], command: Optional[str]) -> List[
         lines.append(f"  tracked for {seconds:.2f} s{state}; Python frames ABI "
                      f"{info.get('python_frames_abi', '?')}; up to {tracker.depth} frames kept "
                      "per allocation")
-    if tracker.gpu_enabled:
+    sources = info.get("sources") if isinstance(info.get("sources"), dict) else None
+    how = sources_line(sources)
+    if tracker.gpu_enabled and sources is not None and not (sources.get("cupti") or {}).get("used"):
+        lines += _wrap(f"capture: {how or 'without CUPTI'}", indent="    ", first="  ")
+    elif tracker.gpu_enabled:
         version = info.get("version")
         cuda = f", CUDA {info['cuda_major']}" if info.get("cuda_major") else ""
         found = f"; found by: {info['found_by']}" if info.get("found_by") else ""
-        lines += _wrap(f"capture: CUPTI {info.get('library')} (version {version}{cuda}{found})",
-                       indent="    ", first="  ")
+        library = shown_library(info.get("library"), sample)
+        lines += _wrap(f"capture: CUPTI {library} (version {version}{cuda}{found})"
+                       + (f"; {how}" if how else ""), indent="    ", first="  ")
         if tracker.activity_error:
             lines += _wrap(f"activity records off (static module memory not seen): "
                            f"{tracker.activity_error}", indent="    ", first="  ")
@@ -113,6 +122,25 @@ def _devices(totals: Dict[int, Dict[str, int]]) -> List[str]:
     return lines
 
 
+def _line_rows(stats: List[Any], top: int, none: str) -> List[str]:
+    """The first ``top`` line statistics, each with its source, and what the
+    rest hold; ``none`` when there are none."""
+    if not stats:
+        return [f"  ({none})"]
+    lines: List[str] = []
+    rows = [(format_size(s.size), _count(s.count), *_location(s.key)) for s in stats[:top]]
+    loc_width = min(max(len(r[2]) for r in rows), 44)
+    for size, count, loc, filename, lineno in rows:
+        left = f"  {size:>10}  {count:<11} {loc:<{loc_width}}"
+        src = _source(filename, lineno, min(SOURCE_WIDTH, WIDTH - len(left) - 2))
+        lines.append(f"{left}  {src}".rstrip())
+    rest = stats[top:]
+    if rest:
+        lines.append(f"  ... {len(rest):,} more line(s) holding "
+                     f"{format_size(sum(s.size for s in rest))}")
+    return lines
+
+
 def _top_lines(tracker: Any, totals: Dict[int, Dict[str, int]], top: int) -> List[str]:
     lines: List[str] = []
     for dev in sorted(totals, key=lambda d: (d < 0, d)):
@@ -122,25 +150,53 @@ def _top_lines(tracker: Any, totals: Dict[int, Dict[str, int]], top: int) -> Lis
         stats = snap.statistics("lineno")
         lines += ["", f"Top lines at the peak of {_device_name(dev)} "
                       f"({format_size(totals[dev]['peak'])}):"]
+        lines += _line_rows(stats, top, "no allocation was live at the peak")
         if not stats:
-            lines.append("  (no allocation was live at the peak)")
             continue
-        shown = stats[:top]
-        rows = [(format_size(s.size), _count(s.count), *_location(s.key)) for s in shown]
-        loc_width = min(max(len(r[2]) for r in rows), 44)
-        for size, count, loc, filename, lineno in rows:
-            left = f"  {size:>10}  {count:<11} {loc:<{loc_width}}"
-            src = _source(filename, lineno, min(SOURCE_WIDTH, WIDTH - len(left) - 2))
-            lines.append(f"{left}  {src}".rstrip())
-        rest = stats[len(shown):]
-        if rest:
-            lines.append(f"  ... {len(rest):,} more line(s) holding "
-                         f"{format_size(sum(s.size for s in rest))}")
         calls = [s for s in snap.statistics("op") if s.key != "<no call>"][:top]
         if calls:
             lines += ["", f"By call at the peak of {_device_name(dev)} (what the innermost Python "
                           f"frame was calling):"]
             lines += [f"  {format_size(s.size):>10}  {_count(s.count):<11} {s.key}" for s in calls]
+    return lines
+
+
+def _tensor_peaks(tracker: Any, top: int) -> List[str]:
+    """The tensor peak of each device (PyTorch's blocks alone, its
+    max_memory_allocated()) and the lines live then: what to shrink. The
+    device's peak above is what an out-of-memory error is about."""
+    lines: List[str] = []
+    for dev, t in sorted(tensor_peaks(tracker).items()):
+        try:
+            snap = tracker.peak_snapshot(dev, peak="tensor")
+        except Exception:  # noqa: BLE001 - a report comes out without it
+            continue
+        stats = [s for s in snap.statistics("lineno") if s.size]
+        lines += ["", f"Top lines at the tensor peak of {_device_name(dev)} ({format_size(t['peak'])}: "
+                      f"PyTorch's max_memory_allocated()):"]
+        lines += _line_rows(stats, top, "no allocation was live at the tensor peak")
+        if snap.size_note:
+            lines += _wrap(f"Note: {snap.size_note}.", indent="  ")
+    return lines
+
+
+def _before(tracker: Any) -> List[str]:
+    """What PyTorch held when tracking started, by category."""
+    found = before_tracking(tracker)
+    if not found:
+        return []
+    lines = ["", "Before tracking started (read from PyTorch then; every view above includes it):"]
+    for dev, d in sorted(found.items()):
+        if d["bytes"]:
+            cats = ", ".join(f"{c} {format_size(v)}" for c, v in
+                             sorted(d["categories"].items(), key=lambda kv: -kv[1]))
+            lines += _wrap(f"{format_size(d['bytes'])} held by PyTorch "
+                           f"({_count(d['count'], 'allocation')}): {cats}",
+                           indent=" " * 13, first=f"  {_device_name(dev):<8} ")
+        if d.get("outside_at_start") is not None:
+            lines.append(f"  {_device_name(dev):<8} {format_size(d['outside_at_start']):>10} in use on "
+                         f"the device beyond PyTorch's pool then (the CUDA context,")
+            lines.append(f"{'':22}other libraries; the driver's count)")
     return lines
 
 
@@ -151,11 +207,7 @@ def _failures(tracker: Any, top: int) -> List[str]:
     lines = ["", f"Failed allocations ({len(failures):,}"
                  + (f", the last {top} shown" if len(failures) > top else "") + "):"]
     for f in failures[-top:]:
-        frame = f.traceback.user_frame if f.traceback else None
-        if frame is not None:
-            loc, filename, lineno = _location(frame)
-        else:
-            loc, filename, lineno = f"<thread {f.thread.name}>", "", 0
+        loc, filename, lineno = _location(line_frame(f))
         why = _CUDA_ERRORS.get(f.result)
         err = f"CUDA error {f.result}" + (f": {why}" if why else "")
         lines.append(f"  {format_size(f.size):>10} on {_device_name(f.device):<11} {loc}  ({err})")
@@ -243,32 +295,13 @@ class _Loc:
 
 
 def _outside(tracker: Any, totals: Dict[int, Dict[str, int]],
-             outside: Dict[int, Tuple[int, str]]) -> List[str]:
+             outside: Dict[int, Tuple[int, str]], before_tracking: Any = None) -> List[str]:
+    from memviz.report.outside import outside_section, section_lines
+
+    section = outside_section(tracker, outside, before_tracking=before_tracking)
     lines = ["", "Memory outside the tracked allocations (held by the process, not seen by memviz):"]
-    if not outside:
-        if tracker.gpu_enabled or _capture.gpu_present()[0]:
-            lines += _wrap("no source could tell: NVML does not list this process (it may hold "
-                           "no GPU memory, or run in a container, where NVML shows host PIDs) "
-                           "and no CUDA context is active.")
-        else:
-            lines += _wrap("needs an NVIDIA GPU and its driver (NVML); nothing to compare on "
-                           "this machine.")
-        return lines
-    for dev in sorted(outside):
-        held, source = outside[dev]
-        seen = totals.get(dev, {}).get("current", 0)
-        extra = max(held - seen, 0)
-        what = "device in use" if source == SOURCE_CUMEMGETINFO else "process holds"
-        lines.append(f"  {_device_name(dev):<8} {format_size(extra):>10} outside   ({what} "
-                     f"{format_size(held)}, memviz saw {format_size(seen)})")
-        lines += _wrap(f"source: {source}", indent="             ")
-    if not tracker.gpu_enabled:
-        note = "GPU capture was off, so memviz saw nothing and all of it counts as outside"
-    else:
-        note = "This is usually the CUDA context and loaded kernel code"
-    if any(source == SOURCE_CUMEMGETINFO for _, source in outside.values()):
-        note += ", and with cuMemGetInfo also every other process on the device"
-    lines += _wrap(note + ".")
+    for indent, text in section_lines(section, format_size):
+        lines += _wrap(text, indent=indent)
     return lines
 
 
@@ -302,6 +335,10 @@ def _pytorch(tracker: Any, totals: Dict[int, Dict[str, int]]) -> List[str]:
             lines.append(f"  PyTorch now: {format_size(stats['allocated'])} allocated, "
                          f"{format_size(stats['reserved'])} reserved, {format_size(stats['active'])} active "
                          f"(peak allocated {format_size(stats['peak_allocated'])})")
+            if stats.get("graph_pools_reserved"):
+                lines.append(f"  CUDA graph pools: {format_size(stats['graph_pools_reserved'])} reserved, "
+                             f"{format_size(stats.get('graph_pools_allocated', 0))} held by their blocks "
+                             f"(replays allocate nothing)")
             if getattr(tracker, "precise", False):
                 # Precise mode: memviz's tensors are the allocations; the pool's growth
                 # beyond them is the driver's, reported apart.
@@ -317,18 +354,25 @@ def _pytorch(tracker: Any, totals: Dict[int, Dict[str, int]]) -> List[str]:
     return lines
 
 
-def _own(info: Dict[str, Any]) -> List[str]:
+def _own(info: Dict[str, Any], loss: Optional[Dict[str, Any]] = None) -> List[str]:
     store = info.get("store")
     if store is None:
-        return ["", "memviz itself: GPU capture was off, so memviz recorded nothing."]
+        lines = ["", "memviz itself: GPU capture was off, so memviz recorded nothing."]
+        for sentence in trace_loss_sentences(loss) if loss else ():
+            lines += _wrap(sentence)
+        return lines
     calls = dict(store.get("calls") or {})
     records = calls.pop("activity_records", 0)
     seen = sum(calls.values())
     dropped = store.get("dropped_allocs", 0) + store.get("dropped_stacks", 0)
+    lost = (loss or {}).get("lost", 0)
     text = (f"memviz itself: {format_size(store.get('bytes_used', 0))} of host memory; "
             f"{seen:,} driver calls seen" + (f", {records:,} activity records" if records else "")
-            + f", {store.get('unmatched_frees', 0):,} unmatched frees, {dropped:,} dropped.")
+            + f", {store.get('unmatched_frees', 0):,} unmatched frees, {dropped:,} dropped by "
+            "the store" + (f", {lost:,} events lost by the trace" if lost else "") + ".")
     lines = [""] + _wrap(text, first="", indent="  ")
+    for sentence in trace_loss_sentences(loss) if lost else ():
+        lines += _wrap(sentence)
     if store.get("unmatched_frees"):
         lines += _wrap("Unmatched frees release memory allocated before tracking started.")
     if dropped:
@@ -339,7 +383,7 @@ def _own(info: Dict[str, Any]) -> List[str]:
 
 
 def text_report(tracker: Any, top: int = 10, outside: Optional[Dict[int, Tuple[int, str]]] = None,
-                *, command: Optional[str] = None) -> str:
+                *, command: Optional[str] = None, before_tracking: Any = None) -> str:
     """The plain-text report of a tracker, lines at most 99 characters wide.
 
     Args:
@@ -347,7 +391,13 @@ def text_report(tracker: Any, top: int = 10, outside: Optional[Dict[int, Tuple[i
         top: how many lines to list per device at its peak (and failures).
         outside: ``{device: (bytes, source)}`` of what the process holds per
             device; ``None`` asks :func:`memviz.capture.device.process_device_memory`.
-        command: what ran (shown in the title), e.g. ``"python train.py"``.
+        command: what ran (shown in the title), e.g. ``"python train.py"``;
+            the sample trace shipped with memviz (``tracker.sample``: see
+            memviz.loaded.LoadedTrace) is headed as a sample instead, its
+            lines read as recorded and no path of its machine shown.
+        before_tracking: ``{device: {category: bytes}}`` of allocations
+            recorded as made before tracking, for the outside section
+            (memviz/report/outside.py); None: not known.
 
     Raises :class:`~memviz.NotTracking` for a tracker that never started.
     """
@@ -362,16 +412,43 @@ def text_report(tracker: Any, top: int = 10, outside: Optional[Dict[int, Tuple[i
         info = {"python_frames_abi": _core.FRAMES_ABI, "store": None}
     if outside is None:
         outside = process_device_memory()
-    lines = _header(tracker, info, command)
-    lines += _devices(totals)
-    lines += _top_lines(tracker, totals, top)
-    lines += _failures(tracker, top)
-    lines += _pytorch(tracker, totals)
-    summary = step_summary(tracker)
-    lines += _steps(tracker, summary)
-    lines += _findings(tracker, summary)
-    lines += _outside(tracker, totals, outside)
-    lines += _own(info)
-    # File names that are not UTF-8 (surrogates) are shown escaped, so the
-    # report can be printed or written anywhere.
-    return escape_surrogates("\n".join(lines) + "\n")
+    with recorded_source(sample_of(tracker)):  # the sample's lines as recorded
+        lines = _header(tracker, info, command)
+        lines += _devices(totals)
+        lines += _top_lines(tracker, totals, top)
+        lines += _tensor_peaks(tracker, top)
+        lines += _before(tracker)
+        lines += _failures(tracker, top)
+        lines += _pytorch(tracker, totals)
+        summary = step_summary(tracker)
+        lines += _steps(tracker, summary)
+        lines += _findings(tracker, summary)
+        lines += _outside(tracker, totals, outside, before_tracking)
+        lines += _own(info, trace_losses(tracker))
+    # File names that are not UTF-8 (surrogates), and control characters and
+    # bidirectional overrides of any name (a file name that clears the screen
+    # or writes the clipboard), are shown escaped: the report can be printed
+    # or written anywhere.
+    return escape_controls("\n".join(lines) + "\n")
+
+
+def summary(recording: Any = None, top: int = 10) -> str:
+    """The text report of a recording, as ``memviz run`` prints it (what
+    ``torch.cuda.memory_summary()`` is to PyTorch): of a tracker, running
+    or stopped, or of a loaded trace; of the running tracker when None.
+
+    Raises :class:`~memviz.NotTracking` when None is given and no tracker
+    runs (pass the tracker: ``memviz.summary(t)``)."""
+    from memviz._errors import NotTracking
+    from memviz.capture.running import active_tracker
+
+    if recording is None:
+        recording = active_tracker()
+        if recording is None:
+            raise NotTracking("memviz.summary() reports the running tracker, and none runs. What to do: "
+                              "pass a tracker or a loaded trace, memviz.summary(t) (a stopped tracker "
+                              "keeps its figures), or call it inside `with memviz.track() as t:`")
+    if getattr(recording, "is_live", True) is False:  # a trace read back: its own record of outside
+        return text_report(recording, top=top, outside=getattr(recording, "outside", None),
+                           command=getattr(recording, "command", None))
+    return text_report(recording, top=top)

@@ -87,6 +87,15 @@ class TorchAnswers:
         from memviz.model.segments import torch_view
         return torch_view(self.torch)
 
+    def snapshot(self):
+        """torch.cuda.memory_snapshot(), as PyTorch gives it."""
+        return self.torch.cuda.memory.memory_snapshot()
+
+    def device_used(self) -> int:
+        """Bytes in use on the device, by the driver's count (every process's)."""
+        free, total = self.torch.cuda.mem_get_info(self.device)
+        return int(total) - int(free)
+
     def stream_use_holds(self, make) -> bool:
         """Whether a block whose use on another stream was recorded (by
         ``make``'s tensor) waits for that stream once freed, as PyTorch
@@ -267,7 +276,17 @@ def _verify(answers) -> None:
 
 def attach(answers) -> Route:
     """Attach the allocator route (probing it first in this process).
-    Needs capture running (the check records). Returns the Route."""
+    Needs capture running (the check records). Returns the Route. What the
+    probe and its check allocate is memviz's own (``_core.own``): never on a
+    user's line."""
+    was = _core.own(True)
+    try:
+        return _attach(answers)
+    finally:
+        _core.own(was)
+
+
+def _attach(answers) -> Route:
     global _probed, _failed
     if not _core.allocator_state()["supported"]:
         return _set_last(Route("segments", "the allocator route needs x86-64 Linux with glibc"))

@@ -18,6 +18,16 @@ NCCL_SET_THREAD_NAME=1 names them). Only the innermost frame counts: an
 activation made inside FSDP1's or DDP's forward, or a DTensor op, is not
 collective memory.
 
+``torch.compile``: what is allocated while compiling (dynamo's tracing,
+AOTAutograd's, Inductor's lowering, its autotuning and padding benchmarks)
+is ``compile``, told by a frame of the compiler's compile-time files in the
+stack (the deep-stack walk keeps the user's line that called the compiled
+model, src/frames.c). CUDA graphs: a block inside a segment of a CUDA
+graph's private pool (its ``segment_pool_id`` is not the default pool's)
+is ``cuda_graph_pool``; one in a ``torch.cuda.MemPool`` of the user's is
+``private_pool``; ``torch_stats`` says how much graph pools reserve and
+hold per device.
+
 May import: memviz._core, memviz.model, memviz.torch.precise,
 memviz.torch.hooks (floors: docs/architecture.md); torch only inside
 functions.
@@ -25,6 +35,7 @@ functions.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import weakref
 from typing import Any, Dict, Optional
@@ -40,6 +51,19 @@ __all__ = ["Categories", "torch_stats"]
 
 _CHECKPOINT_FILE = "torch/utils/checkpoint.py"
 
+
+
+def _retire_gone(allocations, view) -> None:
+    """Blocks read from PyTorch when tracking started whose tensors were
+    freed since: their frees go through PyTorch's own deleter, which memviz
+    does not see, so PyTorch's view now says they are gone; the store
+    records their frees (late, each only if that very allocation is still
+    there), so that the totals and every later peak stop counting them."""
+    held = {b[0] for seg in view for b in seg.blocks if b[2] != "inactive"}
+    gone = [(a.address, a.timestamp_ns) for a in allocations
+            if a.kind == "block" and a.before_tracking and a.address not in held]
+    if gone:
+        _core.retire(_core.KIND_BLOCK, gone)
 
 class Categories:
     """The categorising side of the PyTorch integration, mixed into
@@ -60,9 +84,44 @@ class Categories:
         #: the last snapshot left gradients and saved tensors unread: another
         #: thread trains (see memviz.torch.hooks.BACKWARD)
         self.categories_partial = False
+        self._shared_scan: Optional[Dict[str, Any]] = None  # one_scan()'s, while it runs
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._optimizers.add(optimizer)
+
+    @contextlib.contextmanager
+    def one_scan(self):
+        """Within it, every categorize() shares one pass over the heap and
+        one read of PyTorch's segments: a trace's END and a flight dump
+        categorise three snapshots (the peak, the end, the tensor peak) of
+        one moment, and the pass costs about half a second per million
+        Python objects (benchmarks/bench_flight_dump.py)."""
+        if self._shared_scan is not None:  # nested: the outer one's
+            yield
+            return
+        self._shared_scan = {}
+        try:
+            yield
+        finally:
+            self._shared_scan = None
+
+    def _once(self, key: str, make):
+        """make(), or within one_scan() the value it gave the first time."""
+        shared = self._shared_scan
+        if shared is None:
+            return make()
+        if key not in shared:
+            shared[key] = make()
+        return shared[key]
+
+    def _scan_shared(self):
+        return self._once("scan", self._scan)
+
+    def _segments_shared(self):
+        """torch_segments(), with self._private_segments as that call left it."""
+        segments, self._private_segments = self._once(
+            "segments", lambda: (self.torch_segments(), getattr(self, "_private_segments", None)))
+        return segments
 
     def _scan(self):
         """One pass over the objects Python tracks: parameters, optimizers,
@@ -73,30 +132,30 @@ class Categories:
         import torch
 
         tensor, param, optim = torch.Tensor, torch.nn.Parameter, torch.optim.Optimizer
+        # CUDA graphs alive (their pools): none before CUDA is initialised; an
+        # exact type test, one pointer compare per object of the pass
+        graph = getattr(torch.cuda, "CUDAGraph", None) if torch.cuda.is_initialized() else None
         params, optimizers, ptrs, roots = [], set(self._optimizers), set(), []
+        self._graph_pools = pools = set()  # the private pools of the CUDA graphs alive
+        # By type, in C (memviz/_core heap_kinds): an isinstance() loop here cost
+        # about a microsecond an object, seconds in a big process's out-of-memory dump
+        tensors, optims, graphs = _core.heap_kinds(gc.get_objects(), tensor, optim, graph)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # isinstance() on deprecated torch aliases warns
-            for obj in gc.get_objects():
+            for obj in tensors:
+                if isinstance(obj, param):
+                    params.append(obj)
                 try:
-                    is_tensor = isinstance(obj, tensor)
-                except ReferenceError:  # a weakref.proxy whose referent died (torch.compile makes them)
-                    continue
-                if is_tensor:
-                    if isinstance(obj, param):
-                        params.append(obj)
-                    try:
-                        ptrs.add(_storage_ptr(obj))
-                        fn = obj.grad_fn
-                        if fn is not None:
-                            roots.append(fn)
-                    except Exception:  # noqa: BLE001 - sparse, meta, subclasses
-                        pass
-                else:
-                    try:
-                        if isinstance(obj, optim):
-                            optimizers.add(obj)
-                    except ReferenceError:
-                        continue
+                    ptrs.add(_storage_ptr(obj))
+                    fn = obj.grad_fn
+                    if fn is not None:
+                        roots.append(fn)
+                except Exception:  # noqa: BLE001 - sparse, meta, subclasses
+                    pass
+        optimizers.update(optims)
+        for g in graphs:
+            pools.add(_pool_id(g))
+        del tensors, optims, graphs
         with BACKWARD.quiet() as ok:  # saved tensors are released by the engine without the GIL
             self._saved_ptrs = saved_by_graphs(roots) if ok else set()
         self.categories_partial = not ok
@@ -143,14 +202,19 @@ class Categories:
         return cats
 
     def torch_segments(self) -> Dict[int, list]:
-        """{device: [(address, size)]} of PyTorch's caching-allocator segments."""
+        """{device: [(address, size)]} of PyTorch's caching-allocator segments
+        (and, in ``self._private_segments``, those of private pools: see
+        :func:`private_segments`)."""
         import torch
 
         out: Dict[int, list] = {}
+        self._private_segments = {}
         if not torch.cuda.is_initialized() or _precise.active():
             return out
-        for seg in torch.cuda.memory.memory_snapshot():
+        raw = torch.cuda.memory.memory_snapshot()
+        for seg in raw:
             out.setdefault(seg["device"], []).append((seg["address"], seg["total_size"]))
+        self._private_segments = private_segments(raw, getattr(self, "_graph_pools", None))
         return out
 
     def categorize(self, snap: Snapshot, *, live_now: bool = True) -> Snapshot:
@@ -158,7 +222,7 @@ class Categories:
         marked on autograd labels)."""
         if "torch" not in sys.modules:
             return snap
-        params, optimizers, live = self._scan()
+        params, optimizers, live = self._scan_shared()
         cats = self.tensor_categories(params, optimizers)
         allocations, pool = list(snap.allocations), None
         answers = self._answers
@@ -167,13 +231,16 @@ class Categories:
             self.route = self.route_from.route
         if answers is not None or self._pool_segments or any(a.kind == "block" for a in allocations):
             view = answers.view() if (live_now and answers is not None) else None
+            if view is not None:
+                _retire_gone(allocations, view)
             allocations, pool = _segments.reconcile(allocations, view, self._pool_segments)
-        segments = self.torch_segments()
+        segments = self._segments_shared()
+        private = getattr(self, "_private_segments", None) or {}
         precise = _precise.active()
         current = None if live_now else {r.address for r in _core.live()}
         out, memo = [], {}
         for a in allocations:
-            cat = _category(a, cats, live, segments, precise, current, memo)
+            cat = _category(a, cats, live, segments, precise, current, memo, private)
             node, fwd = a.autograd_node, a.forward
             if node and a.traceback and any(_CHECKPOINT_FILE in f.filename for f in a.traceback):
                 # Forward re-run by activation checkpointing: the line being
@@ -298,27 +365,104 @@ def _is_blas_workspace(a) -> bool:
     return op == "operator @" or name in _BLAS_CALLS or (a.autograd_node or "").startswith(_BLAS_NODES)
 
 
+#: files only a compile runs: dynamo's tracing, AOTAutograd's, Inductor's
+#: lowering, code generation, autotuning and padding benchmarks (never the
+#: runtime of compiled code: eval_frame.py, aot_autograd.py's forward,
+#: runtime_wrappers.py, output_code.py and the generated modules are not
+#: here; a backward compiled at its first call is told by compile_fx.py)
+_COMPILE_FILES = ("torch/_dynamo/convert_frame.py", "torch/_dynamo/symbolic_convert.py",
+                  "torch/_dynamo/output_graph.py", "torch/_dynamo/variables/",
+                  "torch/_functorch/_aot_autograd/graph_compile.py", "torch/_functorch/_aot_autograd/graph_capture.py",
+                  "torch/_functorch/_aot_autograd/collect_metadata_analysis.py",
+                  "torch/_functorch/_aot_autograd/jit_compile_runtime_wrappers.py", "torch/_functorch/partitioners.py",
+                  "torch/_inductor/compile_fx.py", "torch/_inductor/graph.py", "torch/_inductor/lowering.py",
+                  "torch/_inductor/scheduler.py", "torch/_inductor/select_algorithm.py",
+                  "torch/_inductor/fx_passes/", "torch/_inductor/autotune_process.py",
+                  "torch/_inductor/runtime/benchmarking.py", "torch/_inductor/codegen/",
+                  "torch/_inductor/kernel/", "torch/_inductor/compile_worker/", "torch/_inductor/async_compile.py",
+                  "torch/_inductor/freezing.py", "torch/_inductor/constant_folding.py")
+
+
+def is_compile(a) -> bool:
+    """Allocated while ``torch.compile`` compiled: a frame of a compile-time
+    file of the compiler (``_COMPILE_FILES``) in its stack."""
+    for f in a.traceback or ():
+        if _compile_file(f.filename):
+            return True
+    return False
+
+
+def _compile_file(filename: str, _memo: Dict[str, bool] = {}) -> bool:  # noqa: B006 - a memo
+    hit = _memo.get(filename)
+    if hit is None:
+        fn = filename.replace("\\", "/")
+        hit = _memo[filename] = any(f"/{needle}" in fn or fn.startswith(needle) for needle in _COMPILE_FILES)
+    return hit
+
+
+def _pool_id(graph) -> Optional[tuple]:
+    """A CUDA graph's pool id (after its capture), or None."""
+    try:
+        return tuple(graph.pool())
+    except Exception:  # noqa: BLE001 - not captured yet, or reset
+        return None
+
+
+def private_segments(raw, graph_pools=None) -> Dict[int, list]:
+    """{device: [(address, size, category)]} of the segments of private pools
+    in ``torch.cuda.memory_snapshot()``'s list: a CUDA graph's pool
+    (``cuda_graph_pool``: the pool of a ``torch.cuda.CUDAGraph`` alive,
+    ``graph_pools``, as CUDA-graph trees and ``torch.cuda.graph`` hold them;
+    else told by its id: (n, 0), as ``graph_pool_handle()`` and a capture
+    make them) or a ``torch.cuda.MemPool`` made by the user
+    (``private_pool``: (0, n))."""
+    out: Dict[int, list] = {}
+    graph_pools = graph_pools or ()
+    for seg in raw:
+        pool = tuple(seg.get("segment_pool_id") or (0, 0))
+        if len(pool) != 2 or pool == (0, 0):
+            continue
+        cat = "cuda_graph_pool" if pool in graph_pools or pool[0] != 0 else "private_pool"
+        out.setdefault(seg["device"], []).append((seg["address"], seg["total_size"], cat))
+    return out
+
+
+def _private_of(a, private) -> Optional[str]:
+    for base, size, cat in private.get(a.device, ()):
+        if base <= a.address < base + size:
+            return cat
+    return None
+
+
 def _stack_facts(a, memo: Optional[dict]) -> tuple:
-    """(library, collective?, FSDP unshard?) of an allocation's stack, call
-    and thread: worked out once per stack in a snapshot (``memo``, keyed by
-    the Traceback object the snapshot's allocations of one stack share)."""
+    """(library, collective?, FSDP unshard?, compile?) of an allocation's
+    stack, call and thread: worked out once per stack in a snapshot
+    (``memo``, keyed by the Traceback object the snapshot's allocations of
+    one stack share)."""
     if memo is None:
-        return _library_of(a), _is_collective(a), _fsdp_unshard(a)
+        return _library_of(a), _is_collective(a), _fsdp_unshard(a), is_compile(a)
     key = (id(a.traceback), a.op, None if a.traceback else getattr(a.thread, "name", None))
     facts = memo.get(key)
     if facts is None:
-        facts = memo[key] = (_library_of(a), _is_collective(a), _fsdp_unshard(a), a.traceback)
-    return facts[:3]
+        facts = memo[key] = (_library_of(a), _is_collective(a), _fsdp_unshard(a), is_compile(a), a.traceback)
+    return facts[:4]
 
 
-def _category(a, cats, live, segments, precise, current, memo: Optional[dict] = None) -> str:
+def _category(a, cats, live, segments, precise, current, memo: Optional[dict] = None,
+              private: Optional[dict] = None) -> str:
     if a.category:  # set when put together with its segment (unused_pool)
         return a.category
     if a.kind == "static":
         return "outside_pytorch/CUDA module globals"
-    lib, collective, unshard = _stack_facts(a, memo)
+    lib, collective, unshard, compiling = _stack_facts(a, memo)
     if lib is not None:
         return f"outside_pytorch/{lib}"
+    if compiling:
+        return "compile"
+    if private and a.kind == "block":
+        pool = _private_of(a, private)
+        if pool is not None:
+            return pool
     key = a.address
     cat = cats.get(key)
     if cat is not None:
@@ -373,5 +517,17 @@ def torch_stats() -> Dict[int, Dict[str, int]]:
                   "reserved": st.get("reserved_bytes.all.current", 0),
                   "active": st.get("active_bytes.all.current", 0),
                   "peak_allocated": st.get("allocated_bytes.all.peak", 0)}
+    try:
+        raw = torch.cuda.memory.memory_snapshot()
+    except Exception:  # noqa: BLE001
+        return out
+    for seg in raw:
+        pool = tuple(seg.get("segment_pool_id") or (0, 0))
+        if len(pool) == 2 and pool[0] != 0:  # a CUDA graph's private pool
+            d = out.get(seg["device"])
+            if d is None:
+                continue
+            d["graph_pools_reserved"] = d.get("graph_pools_reserved", 0) + seg.get("total_size", 0)
+            d["graph_pools_allocated"] = d.get("graph_pools_allocated", 0) + seg.get("allocated_size", 0)
     return out
 

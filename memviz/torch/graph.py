@@ -238,7 +238,11 @@ class GraphRecorder:
             warnings.simplefilter("ignore")  # isinstance() on deprecated torch aliases warns
             objs = gc.get_objects()
             for obj in objs:
-                if isinstance(obj, torch.Tensor) and obj.grad_fn is not None:
+                try:
+                    is_root = isinstance(obj, torch.Tensor) and obj.grad_fn is not None
+                except ReferenceError:  # a weakref.proxy whose referent died (torch.compile makes them)
+                    continue
+                if is_root:
                     try:
                         if obj.grad_fn._sequence_nr() <= seq_nr:
                             continue

@@ -21,9 +21,11 @@ from typing import Optional
 import memviz._core as _core
 from memviz.torch import allocator as _alloc, precise as _precise
 from memviz.torch.categories import Categories
+from memviz.torch.compiled import warn_if_trees_exist
 from memviz.torch.graph import GraphRecorder
 from memviz.torch.hooks import BACKWARD, AutogradLabels
 from memviz.torch.import_hook import PostImport
+from memviz.torch import before as _before, rules as _rules
 from memviz.torch.probe import attach_node_numbers, attach_nodes
 
 __all__ = ["attach", "TorchIntegration"]
@@ -61,10 +63,17 @@ class TorchIntegration(AutogradLabels, Categories):
         self.oom_report = None
         #: how PyTorch's memory is seen (memviz.torch.allocator.Route)
         self.route: Optional[_alloc.Route] = None
+        #: what PyTorch held when this tracker attached the route (memviz.torch.before.seed)
+        self.before_tracking: Optional[dict] = None
         self._answers = None  # the allocator route's answers while attached by this tracker
         #: the running tracker's integration whose allocator route this nested one reads
         self.route_from: Optional["TorchIntegration"] = None
         self._pool_segments: set = set()  # (device, address) of segments PyTorch showed
+        #: how PyTorch's segments are seen without CUPTI: "allocator" (its cudaMalloc and
+        #: cudaFree wrapped), or None with segments_reason (with CUPTI: CUPTI sees them)
+        self.segments_route: Optional[str] = None
+        self.segments_reason: Optional[str] = None
+        self._segments_wrapped = False
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -100,6 +109,8 @@ class TorchIntegration(AutogradLabels, Categories):
             self._patch_backward(torch)
         if self.record_graph:
             self.graph.start()
+        if self.route_from is None:  # the tracker that owns the capture
+            self._patch_profiler()
         try:
             from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -169,17 +180,61 @@ class TorchIntegration(AutogradLabels, Categories):
     def use_answers(self, answers) -> "_alloc.Route":
         """Attach the allocator route through ``answers`` (PyTorch's, or a
         stand-in's in the tests)."""
+        owned_before = _core.allocator_state()["attached"]
+        if not owned_before and _core.active() and not _core.cupti_held():
+            # without CUPTI, PyTorch's segments come from its cudaMalloc: wrapped
+            # before the probe, whose blocks may make one
+            self.wrap_segments(answers)
         self.route = _alloc.attach(answers)
+        if self.route.route != "allocator" and self._segments_wrapped:
+            _core.segments_detach()  # its blocks unseen: segments alone would mislead no less
+            self._segments_wrapped = False
+            self.segments_route, self.segments_reason = None, "PyTorch's allocator route did not attach"
+        # reduce-overhead's graphs recorded before tracking: said (memviz.torch.compiled)
+        warn_if_trees_exist(self.route.route, stacklevel=3)
         if self.route.route == "allocator":
             self._answers = answers
-            self._remember_segments()  # e.g. the probe's: emptied before a report reads the peak
+            snap = _before.read_snapshot(answers)  # read once, for both below
+            # e.g. the probe's: emptied before a report reads the peak
+            self._remember_segments(snap)
+            if not owned_before:  # this tracker attached it: what PyTorch holds joins the record
+                _rules.apply(_rules.from_environment())  # how PyTorch sizes its blocks
+                self.before_tracking = _before.seed(answers, snap)
         return self.route
 
-    def _remember_segments(self) -> None:
-        """Note the segments PyTorch holds now, so that a past snapshot (the
-        peak) counts them as PyTorch's even if they are gone by the time it is
-        read (torch.cuda.empty_cache())."""
+    def wrap_segments(self, answers=None) -> bool:
+        """Wrap the cudaMalloc/cudaFree of PyTorch's allocator library (the
+        segments of its caching allocator), for capture without CUPTI
+        (src/interpose.h, MVZ_WRAP_SEGMENTS). False, with segments_reason,
+        where they cannot be: expandable segments map memory through the
+        driver's entry points, not cudaMalloc."""
+        if self._segments_wrapped:
+            return True
+        answers = answers if answers is not None else self._answers
+        if answers is None:
+            self.segments_reason = "PyTorch's allocator is not attached"
+            return False
+        if _rules.from_environment().expandable:
+            self.segments_reason = ("PyTorch runs with expandable_segments, which maps memory through "
+                                    "the driver's entry points, not cudaMalloc")
+            return False
+        n, why = _core.segments_attach(answers.library)
+        if n <= 0:
+            self.segments_reason = f"PyTorch's cudaMalloc cannot be wrapped: {why}"
+            return False
+        self._segments_wrapped = True
+        self.segments_route, self.segments_reason = "allocator", None
+        return True
+
+    def _remember_segments(self, snap=None) -> None:
+        """Note the segments PyTorch holds now (or held in ``snap``, its
+        memory_snapshot()), so that a past snapshot (the peak) counts them as
+        PyTorch's even if they are gone by the time it is read
+        (torch.cuda.empty_cache())."""
         try:
+            if snap is not None:
+                self._pool_segments.update((int(s["device"]), int(s["address"])) for s in snap)
+                return
             self._pool_segments.update((seg.device, seg.address) for seg in self._answers.view())
         except Exception:  # noqa: BLE001 - a figure for later reports, never the user's error
             pass
@@ -187,6 +242,9 @@ class TorchIntegration(AutogradLabels, Categories):
     def on_stop(self, tracker) -> None:
         self._active = False
         self._hooks_on[0] = False
+        if self._segments_wrapped:
+            _core.segments_detach()
+            self._segments_wrapped = False
         if self._answers is not None:
             self._remember_segments()
             _alloc.detach()
@@ -210,6 +268,47 @@ class TorchIntegration(AutogradLabels, Categories):
         for module, name, original in reversed(self._patched):
             setattr(module, name, original)
         self._patched.clear()
+
+    def _patch_profiler(self) -> None:
+        """memviz first, torch.profiler second: CUPTI takes one subscriber,
+        so when a profiler that traces CUDA is about to start (PyTorch's
+        _prepare_profiler/_enable_profiler, which every torch.profiler,
+        Lightning and Hugging Face profiler goes through), memviz gives
+        CUPTI up and goes on through PyTorch's allocator (the tracker's
+        _release_cupti), and the profiler works. Undone at stop."""
+        try:
+            import torch.autograd.profiler as prof
+        except Exception:  # noqa: BLE001 - a torch without the profiler
+            return
+        ref = weakref.ref(self)
+        for name in ("_prepare_profiler", "_enable_profiler"):
+            original = getattr(prof, name, None)
+            if original is None or getattr(original, "__memviz_wrapped__", False):
+                continue
+
+            def wrapper(*args, _original=original, **kwargs):
+                me = ref()
+                if me is not None and me._active:
+                    me._before_profiler(args[1] if len(args) > 1 else kwargs.get("activities"))
+                return _original(*args, **kwargs)
+
+            wrapper.__memviz_wrapped__ = True  # type: ignore[attr-defined]
+            wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+            setattr(prof, name, wrapper)
+            self._patched.append((prof, name, original))
+
+    def _before_profiler(self, activities) -> None:
+        """A profiler is about to start with ``activities``: if it traces
+        CUDA and memviz holds CUPTI, give CUPTI up (see _patch_profiler)."""
+        try:
+            cuda = activities is None or any(str(a).rsplit(".", 1)[-1] == "CUDA" for a in activities)
+        except Exception:  # noqa: BLE001 - unknown: assume it wants CUPTI
+            cuda = True
+        if not cuda or not _core.cupti_held():
+            return
+        tracker = self._tracker()
+        if tracker is not None:
+            tracker._release_cupti(f"torch.profiler started at {_user_line()} and needs CUPTI, which memviz held")
 
     def _patch_backward(self, torch) -> None:
         """Wrap PyTorch's entry to the autograd engine: count the backward
@@ -261,3 +360,16 @@ class TorchIntegration(AutogradLabels, Categories):
             if recorder is not None:
                 recorder.on_failure(tracker, f"PyTorch out of memory on cuda:{device}")
 
+
+def _user_line() -> str:
+    """The first frame outside torch and memviz: where the profiler was started."""
+    import os
+    f = sys._getframe(1)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    while f is not None:
+        name = f.f_code.co_filename
+        if not (name.startswith(here) or f"{os.sep}torch{os.sep}" in name or
+                f"{os.sep}lightning" in name or f"{os.sep}transformers{os.sep}" in name):
+            return f"{name}:{f.f_lineno}"
+        f = f.f_back
+    return "?"

@@ -9,6 +9,7 @@ from typing import Dict, List, Optional, Tuple
 
 from memviz._units import format_size
 from memviz.capture.callsite import call_name
+from memviz.model.lines import location, where
 from memviz.torch.graph import _MEMVIZ_DIR, user_line
 
 __all__ = ["OomReport", "capture_oom", "from_failure"]
@@ -77,8 +78,7 @@ def _fill(report: OomReport, snap) -> None:
     for stat in snap.statistics("category"):
         report.by_category[str(stat.key)] = stat.size
     for stat in snap.statistics("lineno")[:10]:
-        f = stat.key
-        report.by_line.append((f"{f.filename}:{f.lineno}", stat.size))
+        report.by_line.append((location(stat.key), stat.size))
 
 
 def _segments(report: OomReport, snap, device: int) -> None:
@@ -145,8 +145,7 @@ def from_failure(tracker) -> Optional[OomReport]:
     if not failures:
         return None
     f = failures[-1]
-    uf = f.traceback.user_frame if f.traceback else None
-    report = OomReport(f.size, f.device, f"{uf.filename}:{uf.lineno}" if uf else None,
+    report = OomReport(f.size, f.device, where(f) if f.traceback or f.autograd_node else None,
                        "failed driver call", f.timestamp_ns, call=f.op)
     peak = tracker.peak_snapshot(f.device)
     _fill(report, peak)

@@ -12,8 +12,20 @@ which is a normal .memviz file (``memviz report``, ``memviz.load``):
   observer, before the exception reaches the program), or a failed driver
   call (seen by the recorder's thread within a fraction of a second);
 * when an exception leaves ``track()`` or the script ``memviz run`` runs;
-* on SIGUSR1 (``kill -USR1 <pid>``);
+* on SIGUSR1 (``kill -USR1 <pid>``): the handler only notes the request
+  and wakes the recorder's thread, which writes the dump (a handler runs
+  between two bytecodes of the main thread, maybe inside memviz's own dump
+  or a library holding its lock: it takes no lock and writes no file).
+  Signals coalesce (any number during a dump ask for one more) and are
+  rate-limited: the first at once, then at most one a minute
+  (``_SIGNAL_DUMP_GAP_S``), a request inside the gap written when it ends;
 * on ``tracker.dump(path)``.
+
+A dump that cannot be written says so on stderr at most once a minute
+(``_WARN_GAP_S``, with the count of the failures not said), and never
+raises into the program. Hidden temporary files that dumps of killed
+processes left in the recorder's folder are removed when a recorder starts
+and before each dump, once no process holds them (memviz._outputs.remove_stale_temps).
 
 A dump's file name carries the time, the pid and the rank
 (``memviz-flight-20261201T142800123Z-pid4242-rank0.memviz``); its END
@@ -29,26 +41,28 @@ the writer thread, without the GIL.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import memviz._core as _core
 from memviz._errors import InvalidArgument, TraceError
-from memviz._outputs import output_file
+from memviz._interrupts import deferred_interrupt
+from memviz._outputs import output_file, remove_stale_temps
 from memviz._units import format_size, parse_size
 from memviz.capture.ranks import timestamped_name
 from memviz.trace.format import END, EVENT_LEVEL, META, chunk, header, json_bytes
-from memviz.trace.writer import _meta, _NewTables, _outside, _pytorch_peak
+from memviz.trace.writer import _meta, _NewTables, _outside, _pytorch_peak, frame_settings
 
 __all__ = ["FlightRecorder", "parse_budget", "MIN_BUDGET"]
 
 #: the smallest budget: the ring and one chunk must fit, with room for history
 MIN_BUDGET = 16 << 20
 #: bytes a raw ring entry takes (src/trace_ring.h, mvz_raw_event)
-_RAW_EVENT = 40
+_RAW_EVENT = _core.RAW_EVENT_SIZE
 #: what the writer thread takes at a time (src/trace_writer.c, CHUNK_EVENTS)
 _TAKE_BUFFER = 65536 * _RAW_EVENT
 #: how often the recorder names new stacks and looks for failed allocations
@@ -56,8 +70,14 @@ _INTERVAL = 0.25
 #: dumps a failed driver call may cause: the first, then at most one a minute
 _FAILURE_DUMP_GAP_S = 60.0
 _MAX_FAILURE_DUMPS = 3
+#: SIGUSR1 dumps: the first at once, then at most one in this many seconds
+_SIGNAL_DUMP_GAP_S = 60.0
+#: "could not write its dump" on stderr: at most once in this many seconds
+_WARN_GAP_S = 60.0
 #: tests: the bytes the chunks may take, whatever the budget (None: from the budget)
 _TEST_CHUNK_BUDGET: Optional[int] = None
+#: tests: the capture ring's size in events (None: from the budget; the C core takes >= 1024)
+_TEST_RING_EVENTS: Optional[int] = None
 
 
 def parse_budget(value: Any, where: str = "memviz.track(flight_recorder=...)") -> int:
@@ -71,6 +91,48 @@ def parse_budget(value: Any, where: str = "memviz.track(flight_recorder=...)") -
                               f"(given {format_size(budget)}); give '256 MiB' or more to keep "
                               "minutes of a training run")
     return budget
+
+
+#: the pipe SIGUSR1's handler wakes the recorder's thread through, (read, write),
+#: both non-blocking; made once and never closed, so that a handler left
+#: installed (a recorder stopped off the main thread) never writes into a
+#: descriptor closed and reused since
+_wake_fds: Optional[Tuple[int, int]] = None
+_wake_lock = threading.Lock()
+
+
+def _wake_pipe() -> Tuple[int, int]:
+    global _wake_fds
+    with _wake_lock:
+        if _wake_fds is None:
+            r, w = os.pipe()
+            os.set_blocking(r, False)
+            os.set_blocking(w, False)
+            _wake_fds = (r, w)
+        return _wake_fds
+
+
+def _after_fork_in_child() -> None:
+    """A child makes its own pipe (the parent's thread reads the inherited
+    one; the inherited descriptors stay open, never written by the child:
+    its handler checks the pid first)."""
+    global _wake_fds, _wake_lock
+    _wake_fds = None
+    _wake_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _say(text: str) -> None:
+    """A line on stderr; nothing when stderr is gone, closed or full."""
+    stream = sys.stderr
+    if stream is None:
+        return
+    try:
+        print(text, file=stream, flush=True)
+    except Exception:  # noqa: BLE001 - a message must never change what the program does
+        pass
 
 
 class FlightRecorder:
@@ -95,8 +157,17 @@ class FlightRecorder:
         self._old_handler: Any = None
         self._handler_installed = False
         self._pid = os.getpid()
-        capacity = max(16384, min(1 << 20, self.budget // 8 // _RAW_EVENT))
-        self.capacity = capacity
+        #: a SIGUSR1 asked for a dump that the thread has not begun (set by the
+        #: handler, cleared by the thread as it begins one: a plain attribute, no lock)
+        self._signal_pending = False
+        self._next_signal_dump = 0.0  # monotonic: no SIGUSR1 dump before this
+        self._deferral_said = False
+        self._warned_at: Optional[float] = None  # monotonic: the last "could not write" said
+        self._unsaid_failures = 0
+        # the capture ring: 1/5 of the budget (an event in it is _RAW_EVENT
+        # bytes: the C core's allocation record)
+        capacity = max(16384, min(1 << 20, self.budget // 5 // _RAW_EVENT))
+        self.capacity = capacity = capacity if _TEST_RING_EVENTS is None else _TEST_RING_EVENTS
         self._chunk_budget = (self.budget - capacity * _RAW_EVENT - _TAKE_BUFFER
                               if _TEST_CHUNK_BUDGET is None else _TEST_CHUNK_BUDGET)
 
@@ -107,11 +178,26 @@ class FlightRecorder:
             raise InvalidArgument("another tracker's trace or flight recorder is running: one per "
                                   "process; give trace= or flight_recorder= to the outermost tracker only")
         folder = self.folder if self.folder is not None else os.getcwd()
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
-            why = "is not a folder" if not os.path.isdir(folder) else "is not writable"
-            raise TraceError(f"the flight recorder's folder {why}, so no dump could be written",
-                             folder, hint="give flight_dir= (or --flight-dir) a folder that exists "
-                                          "and that you may write to")
+        if os.path.lexists(folder) and not os.path.isdir(folder):
+            raise TraceError("the flight recorder's folder exists and is not a folder (a file or a "
+                             "broken link is there), so no dump could be written", folder,
+                             hint="give flight_dir= (or --flight-dir) a folder, or a path where "
+                                  "memviz may make one; or move what is there out of the way")
+        if not os.path.isdir(folder):  # missing: made, with its parents, as mkdir -p does
+            try:
+                os.makedirs(folder, exist_ok=True)
+            except OSError as e:
+                raise TraceError(f"the flight recorder's folder could not be made: {e.strerror or e}",
+                                 folder, hint="give flight_dir= (or --flight-dir) a folder you may "
+                                              "write to, or make it first") from e
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise TraceError("the flight recorder's folder is not writable, so no dump could be "
+                             "written", folder, hint="give flight_dir= (or --flight-dir) a folder "
+                                                     "you may write to")
+        remove_stale_temps(folder)
+        # What a dump's END reads, imported now: not on the failing thread at an out-of-memory error
+        import memviz.capture.device  # noqa: F401
+        import memviz.model.pytorch  # noqa: F401
         self._meta = _meta(tracker, "flight")
         self._failures_seen = self._failed_now()  # an outer tracker's earlier failures are not this one's
         _core.trace_enable(self.capacity)
@@ -123,21 +209,34 @@ class FlightRecorder:
                              None, hint="the process may be out of threads or memory; try a smaller "
                                         "budget, or run without the flight recorder") from e
         self._running = True
+        try:
+            self._thread = threading.Thread(target=self._run, name="memviz-flight-recorder", daemon=True)
+            self._thread.start()
+        except BaseException:
+            self._shut()
+            raise
         self._install_signal()
-        self._thread = threading.Thread(target=self._run, name="memviz-flight-recorder", daemon=True)
-        self._thread.start()
 
     def on_stop(self, tracker: Any) -> None:
+        """Stop the thread (it writes a SIGUSR1 dump still asked for), the
+        native writer, and give SIGUSR1 back. A Ctrl-C while it waits for the
+        thread cuts the wait short; one while it stops the writer is held
+        until it has (memviz/_interrupts.py)."""
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
-        self._restore_signal()
-        with self._lock:
-            if self._running:
-                self._running = False
-                _core.trace_writer_stop()
-                _core.trace_disable()
-                _core.trace_writer_release()
+        self._wake()
+        try:
+            if self._thread is not None and self._thread is not threading.current_thread():
+                self._thread.join(timeout=10)
+        finally:
+            try:
+                with deferred_interrupt():
+                    self._restore_signal()
+                    with self._lock:
+                        self._shut()
+            finally:
+                self._restore_signal()
+                if self._running:  # interrupted before the lock was taken
+                    self._shut()
 
     def on_freeze(self, tracker: Any) -> None:
         """Nothing to keep: a stopped recorder's memory is given back."""
@@ -166,6 +265,8 @@ class FlightRecorder:
             if not self._running:
                 raise TraceError("the flight recorder is not running, so there is nothing to dump",
                                  path, hint="call dump() while the tracker runs, before it stops")
+            if path is None:
+                remove_stale_temps(self._folder())
             target = path if path is not None else self._new_path()
             self._name_new()  # the failing allocation's stack among them
             started = time.monotonic_ns()
@@ -189,18 +290,18 @@ class FlightRecorder:
 
     def dump_quietly(self, reason: str) -> Optional[str]:
         """dump() for the automatic triggers: never raises; says on stderr
-        where the file went (or why none could be written)."""
+        where the file went, or why none could be written (that at most once
+        a minute)."""
         if os.getpid() != self._pid:
             return None
         try:
             path = self.dump(reason=reason)
         except Exception as e:  # noqa: BLE001 - a dump must never change what the program does
             self.error = f"{type(e).__name__}: {e}"
-            print(f"memviz: the flight recorder could not write its dump ({reason}): {self.error}",
-                  file=sys.stderr)
+            self._warn_failed(reason)
             return None
-        print(f"memviz: flight recorder dump ({reason}) written to {path}; read it with "
-              f"`python -m memviz report {path}`", file=sys.stderr)
+        _say(f"memviz: flight recorder dump ({reason}) written to {path}; read it with "
+             f"`python -m memviz report {path}`")
         return path
 
     def on_failure(self, tracker: Any, reason: str) -> None:
@@ -210,8 +311,11 @@ class FlightRecorder:
 
     # -- internals
 
+    def _folder(self) -> str:
+        return self.folder if self.folder is not None else os.getcwd()
+
     def _new_path(self) -> str:
-        folder = self.folder if self.folder is not None else os.getcwd()
+        folder = self._folder()
         name = timestamped_name("memviz-flight")
         path = os.path.join(folder, name)
         n = 1
@@ -219,6 +323,17 @@ class FlightRecorder:
             path = os.path.join(folder, name[:-len(".memviz")] + f"-{n}.memviz")
             n += 1
         return path
+
+    def _warn_failed(self, reason: str) -> None:
+        now = time.monotonic()
+        if self._warned_at is not None and now - self._warned_at < _WARN_GAP_S:
+            self._unsaid_failures += 1
+            return
+        more = (f" ({self._unsaid_failures} more dumps failed since the last such message)"
+                if self._unsaid_failures else "")
+        self._warned_at, self._unsaid_failures = now, 0
+        _say(f"memviz: the flight recorder could not write its dump ({reason}): {self.error}{more}; "
+             f"memviz says this at most once a minute")
 
     def _name_new(self) -> List[bytes]:
         """Name what is new (stacks, labels, threads, steps), keep it, and
@@ -235,7 +350,8 @@ class FlightRecorder:
         return {
             "stopped_monotonic_ns": time.monotonic_ns(), "stopped_wall_time": time.time(),
             "failures": sum(v.get("failed", 0) for v in totals.values()),
-            "stats": _core.stats(), "outside": _outside(),
+            "stats": _core.stats(), "outside": _outside(), "sources": _sources(self.tracker),
+            "frames": frame_settings(self.tracker),
             "events": s["kept_events"], "dropped_events": s["dropped"],
             "flight_recorder": {
                 "reason": reason, "budget": self.budget, "dumped_at_ns": started,
@@ -248,20 +364,60 @@ class FlightRecorder:
             **_pytorch_peak(self.tracker),
         }
 
+    def _shut(self) -> None:
+        """The native writer stopped and its memory given back (once)."""
+        if not self._running:
+            return
+        self._running = False
+        try:
+            _core.trace_writer_stop()
+        finally:
+            _core.trace_disable()
+            _core.trace_writer_release()
+
+    def _wake(self) -> None:
+        try:
+            os.write(_wake_pipe()[1], b"\0")
+        except OSError:  # full: the thread has bytes to wake it already
+            pass
+
     def _run(self) -> None:
-        ticks = 0
-        while not self._stop.wait(_INTERVAL):
-            ticks += 1
+        """The recorder's thread: SIGUSR1's dumps when woken; names new
+        stacks once a second; a failed driver call's dump."""
+        try:
+            poller: Any = select.poll()
+            rfd = _wake_pipe()[0]
+            poller.register(rfd, select.POLLIN)
+        except (AttributeError, OSError):
+            poller = None
+        last_named = time.monotonic()
+        while True:
+            if poller is None:
+                self._stop.wait(_INTERVAL)
+            else:
+                try:
+                    if poller.poll(int(_INTERVAL * 1000)):
+                        while os.read(rfd, 4096):
+                            pass
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError:
+                    poller = None
             try:
-                with self._lock:
-                    if not self._running:
-                        return
-                    if ticks % 4 == 0:  # names once a second; a dump names the rest itself
+                if self._signal_pending:
+                    self._signal_dump()
+                if self._stop.is_set():
+                    return
+                now = time.monotonic()
+                if now - last_named >= 1.0:  # names once a second; a dump names the rest itself
+                    last_named = now
+                    with self._lock:
+                        if not self._running:
+                            return
                         self._name_new()
                 failed = self._failed_now()
                 if failed > self._failures_seen:
                     self._failures_seen = failed
-                    now = time.monotonic()
                     if (self._failure_dumps < _MAX_FAILURE_DUMPS
                             and (not self._failure_dumps or now - self._last_failure_dump >= _FAILURE_DUMP_GAP_S)):
                         self._failure_dumps += 1
@@ -271,18 +427,43 @@ class FlightRecorder:
                 self.error = f"{type(e).__name__}: {e}"
                 return
 
+    def _signal_dump(self) -> None:
+        """The dump SIGUSR1 asked for, unless one was written less than
+        _SIGNAL_DUMP_GAP_S ago (then it waits, and is written when the gap ends)."""
+        now = time.monotonic()
+        if now < self._next_signal_dump:
+            if not self._deferral_said:
+                self._deferral_said = True
+                _say(f"memviz: SIGUSR1: the flight recorder writes at most one dump a minute on "
+                     f"signals; the next in {self._next_signal_dump - now:.0f} s")
+            return
+        self._signal_pending = False  # a signal from now on asks for one more
+        self._deferral_said = False
+        try:
+            if self._running:
+                self.dump_quietly("SIGUSR1")
+        finally:
+            self._next_signal_dump = time.monotonic() + _SIGNAL_DUMP_GAP_S
+
     def _install_signal(self) -> None:
         """SIGUSR1 asks for a dump (only from the main thread, and only where
         nobody else handles it: a program's own handler is kept, and called)."""
         if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGUSR1"):
             return
         try:
+            wfd = _wake_pipe()[1]
             old = signal.getsignal(signal.SIGUSR1)
             recorder = self
 
             def on_usr1(signum, frame):
-                if recorder._running:  # stopped on another thread: the handler could not be given back
-                    recorder.dump_quietly("SIGUSR1")
+                # Between two bytecodes of the main thread, maybe inside a dump or a
+                # library holding its lock: no lock, no file, no print; the thread dumps.
+                if recorder._running and not recorder._signal_pending and os.getpid() == recorder._pid:
+                    recorder._signal_pending = True
+                    try:
+                        os.write(wfd, b"\0")
+                    except OSError:
+                        pass
                 if callable(old) and old not in (signal.SIG_DFL, signal.SIG_IGN):
                     old(signum, frame)
 
@@ -299,3 +480,11 @@ class FlightRecorder:
             except (ValueError, OSError, TypeError):
                 pass
             self._handler_installed = False
+
+
+def _sources(tracker: Any) -> Optional[Dict[str, Any]]:
+    """How each source was captured (the tracker's capture_info()["sources"])."""
+    try:
+        return tracker.capture_info().get("sources")
+    except Exception:  # noqa: BLE001 - optional information
+        return None

@@ -5,7 +5,8 @@ A trace is written while tracking (``memviz.track(trace="run.memviz")``,
 tracker's data (``t.save("run.memviz")``), and read back with
 :func:`memviz.load` (see :mod:`memviz.trace.reader`).
 
-File format, version 1 (all integers little-endian)::
+File format, version 2 (all integers little-endian; version 1 differs only
+in its shorter event records, below)::
 
     file    = header chunk*
     header  = MAGIC (8 bytes, b"MEMVIZ\\0\\1")  version:u32
@@ -33,7 +34,7 @@ STACKS      4  JSON list of [stack id, [frame id, ...]], innermost first;
 THREADS     5  JSON object {thread index: [native id, ident, name]};
                later entries replace earlier ones
 LABELS      6  JSON object {label id: label}
-EVENTS      7  count:u32, layout:u8, then count 32-byte event records,
+EVENTS      7  count:u32, layout:u8, then count event records,
                ``EVENT`` below; layout 0 = records one after another,
                layout 1 = byte planes (byte k of every record, then byte
                k+1, ...), which compresses 3-5x better
@@ -41,32 +42,50 @@ STEPS       8  JSON list of step records (Tracker.steps), appended
 END         9  JSON object written when tracking stops: totals, failure
                count, memviz's own counters, memory outside the tracked
                allocations, PyTorch's figures ("pytorch_peak": categories
-               and segments at the peak, memory_stats: memviz/model/pytorch.py;
-               read by memviz diff);
+               and segments at the peak, each allocation's category at the
+               peak and at the end, memory_stats: memviz/model/pytorch.py;
+               read by memviz diff and a loaded trace's snapshots);
                a trace without it was cut short
 TIMELINE   10  JSON list of [timestamp_ns, device, live bytes] (saved
                traces only: streamed traces derive it from the events)
 CALLS      11  JSON object {stack id: call name}: what the stack's innermost
                frame was calling (``Allocation.op``); written with the
                skippable bit, so readers that predate it load the rest
+LIVE       12  an EVENTS payload of ALLOC records: the live set when tracking
+               stopped, written (skippable, before END) only when the trace
+               lost events (GAP): a reader frees, at the end, what its
+               replay holds live beyond it (allocations whose frees were
+               lost) and adds what it lacks (made while events were lost),
+               so a lost free never shows as a leak
 =========  ==  ===========================================================
 
-An event record is the C core's ``struct.Struct("<IBBbBIHHQQ")``: ts_delta
-(ns since the previous event), op, kind, device (-1 host), flags, stack id,
-thread index, label id, address, size. Ops: 1 ALLOC, 2 FREE (size is the
-freed allocation's), 3 FAILED (address = CUresult, size = requested),
-4 TIME (address = absolute monotonic ns; every drain starts with one),
-5 GAP (address = events dropped because the ring was full). Flags bit 7
-marks events the Python writer made up (the live set when tracing began,
-and everything in a saved trace).
+An event record is the C core's allocation record (src/record.h, the one
+place its fields are written; ``EVENT_FIELDS`` and ``EVENT`` below come
+from it): ts_delta (ns since the previous event), op, kind, device (-1
+host), flags, stack id, thread index, label id, address, size, slack (size
+less the bytes asked for: a block's rounding and the remainder PyTorch did
+not split off) and stream; 48 bytes. Format 1's records are the first 32
+bytes (through size); fields past a file's record width read as 0. Ops:
+1 ALLOC, 2 FREE (size is the freed allocation's), 3 FAILED (address =
+CUresult, size = requested), 4 TIME (address = absolute monotonic ns; every
+drain starts with one), 5 GAP (address = events dropped because the ring was
+full). Flags: bit 0 an allocation live when tracking started (read from
+PyTorch then), bit 1 a block whose size PyTorch's rules could not fix, bit 2
+memviz's own memory, bit 7 events made up rather than seen (the live set when
+tracing began, a flight recorder's base, everything in a saved trace).
 
 The streaming writer's C thread (src/trace_writer.c) drains the core's event
 ring every 0.5 s (sooner while it fills fast) and appends each EVENTS chunk
 with ``write(2)``; Python appends the chunks that name new stacks, labels,
-threads and steps once a second, through the same lock. Nothing is buffered
-in user space, so a process killed with SIGKILL leaves a file that loads up to
-the last flush. A file's chunks may name a stack after the events that use it
-(a reader resolves names once every chunk is read). The flight recorder
+threads and steps every 0.5 s, through the same lock. An event is written
+only once the file names its stack and its label (the C thread holds it
+until Python's names are written, or 3 s where Python cannot run), so a
+process killed with SIGKILL leaves a file that loads up to the last flush,
+every event in it named. A reader still resolves names once every chunk is
+read (a file of an older memviz may name a stack after the events that use
+it). Events the ring had no room for are counted (GAP records), the writer
+warns once while tracking, and the text report says which figures they
+affect; the LIVE chunk keeps the live set at the end exact. The flight recorder
 (memviz/trace/flight.py) writes the same chunks, kept in memory, only when it
 dumps; its END record has a "flight_recorder" object saying what it covers.
 """
@@ -79,31 +98,98 @@ import struct
 import zlib
 from typing import Any, Optional
 
+import memviz._core as _core
+
 __all__ = ["TraceWarning", "MAGIC", "FORMAT_VERSION", "EVENT"]
 
 MAGIC = b"MEMVIZ\x00\x01"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 HEADER = struct.Struct("<8sI")
 CHUNK_HEAD = struct.Struct("<BI")
 CRC = struct.Struct("<I")
-EVENT = struct.Struct("<IBBbBIHHQQ")
+#: the event record's field names and struct, from the C core's schema
+EVENT_FIELDS = tuple(_core.EVENT_FIELDS)
+EVENT = struct.Struct(_core.EVENT_FORMAT)
 EVENTS_HEAD = struct.Struct("<IB")
+#: a field's position in an unpacked record
+EV = {name: i for i, name in enumerate(EVENT_FIELDS)}
 
-META, STRINGS, FRAMES, STACKS, THREADS, LABELS, EVENTS, STEPS, END, TIMELINE, CALLS = range(1, 12)
+
+def event_width(version: int) -> int:
+    """Bytes of an event record in a file of format ``version``."""
+    return _core.EVENT_V1_SIZE if version == 1 else EVENT.size
+
+
+def event_struct(width: int) -> struct.Struct:
+    """The struct of records ``width`` bytes wide: the fields that fit."""
+    if width == EVENT.size:
+        return EVENT
+    fmt, size = "<", 0
+    for code in _core.EVENT_FORMAT[1:]:
+        step = struct.calcsize("<" + code)
+        if size + step > width:
+            break
+        fmt, size = fmt + code, size + step
+    return struct.Struct(fmt)
+
+
+def pack_event(**fields: int) -> bytes:
+    """One record from its fields by name; the rest are 0."""
+    values = [0] * len(EVENT_FIELDS)
+    for name, value in fields.items():
+        values[EV[name]] = value
+    return EVENT.pack(*values)
+
+META, STRINGS, FRAMES, STACKS, THREADS, LABELS, EVENTS, STEPS, END, TIMELINE, CALLS, LIVE = \
+    range(1, 13)
 CHUNK_NAMES = {META: "META", STRINGS: "STRINGS", FRAMES: "FRAMES", STACKS: "STACKS",
                THREADS: "THREADS", LABELS: "LABELS", EVENTS: "EVENTS", STEPS: "STEPS",
-               END: "END", TIMELINE: "TIMELINE", CALLS: "CALLS"}
+               END: "END", TIMELINE: "TIMELINE", CALLS: "CALLS", LIVE: "LIVE"}
 KIND_MASK, OPTIONAL, COMPRESSED = 0x3F, 0x40, 0x80
 
 OP_ALLOC, OP_FREE, OP_FAILED, OP_TIME, OP_GAP = 1, 2, 3, 4, 5
-FLAG_SYNTHETIC = 0x80
+FLAG_SYNTHETIC = _core.FLAG_SYNTHETIC
+FLAG_BEFORE, FLAG_ESTIMATED, FLAG_MEMVIZ = _core.FLAG_BEFORE, _core.FLAG_ESTIMATED, _core.FLAG_MEMVIZ
 LAYOUT_ROWS, LAYOUT_PLANES = 0, 1
 
-#: events the C ring holds between drains (drained every 0.5 s)
+#: events the C ring holds between drains (drained every 0.5 s); the
+#: environment variable RING_ENV sets another number (a trace that lost
+#: events because the ring was full says so, and to set it)
 DEFAULT_CAPACITY = 1 << 20
+RING_ENV = "MEMVIZ_TRACE_RING"
 DEFAULT_INTERVAL = 0.5
 #: zlib level of event chunks (1 is ~2x faster than 6 and ~10% larger)
 EVENT_LEVEL = 6
+
+#: How far a compressed chunk may inflate, by kind: its payload may be at most
+#: its compressed size times the kind's ratio plus INFLATE_SLACK bytes. The
+#: reader refuses more (deflate itself allows about 1032x, which a crafted
+#: file uses to make a small file take gigabytes); every writer keeps under
+#: it (chunk() here; the native writer's src/trace_writer.c for EVENTS,
+#: MVZ_MAX_RATIO): a payload that would compress further is written as event
+#: rows instead of byte planes (which compress less), or uncompressed. So
+#: nothing memviz writes is refused, and a file inflates at most 64 times its
+#: size. The tables (strings, frames, stacks, call names, labels, threads)
+#: cost the reader the most per byte, as Python objects, and memviz's own
+#: inflate 3x at most: they get 16x; the JSON records 32x (20,000 empty
+#: steps inflate 27x). What this bounds the reader's memory to:
+#: memviz/trace/parse.py (READER_MEMORY_FACTOR).
+MAX_RATIO = _core.MAX_RATIO
+_RATIOS = {STRINGS: 16, FRAMES: 16, STACKS: 16, CALLS: 16, LABELS: 16, THREADS: 16,
+           EVENTS: MAX_RATIO, LIVE: MAX_RATIO}
+_RATIO_OTHER = 32
+INFLATE_SLACK = 4096
+
+
+def max_ratio(kind: int) -> int:
+    """How many times its compressed size a chunk of ``kind`` may inflate."""
+    return _RATIOS.get(kind & KIND_MASK, _RATIO_OTHER)
+
+
+def max_inflated(kind: int, compressed: int) -> int:
+    """The most bytes a ``kind`` chunk's payload of ``compressed`` bytes may
+    inflate to."""
+    return compressed * max_ratio(kind) + INFLATE_SLACK
 
 
 class TraceWarning(UserWarning):
@@ -115,11 +201,18 @@ class TraceWarning(UserWarning):
 
 def chunk(kind: int, payload: bytes, *, compress: Optional[int] = 6) -> bytes:
     """One framed chunk; the payload is zlib-compressed at level ``compress``
-    when that makes it smaller (``None``: never)."""
+    when that makes it smaller (``None``: never) and it inflates no more
+    than the reader allows (max_ratio()). An EVENTS payload in byte planes that
+    would compress further is tried as rows (which compress less), then
+    written uncompressed."""
     ctype = kind
     if compress is not None and len(payload) > 64:
         packed = zlib.compress(payload, compress)
-        if len(packed) < len(payload):
+        if len(payload) > max_inflated(kind, len(packed)) and kind & KIND_MASK in (EVENTS, LIVE) \
+                and payload[4:5] == bytes([LAYOUT_PLANES]):
+            payload = _rows_of_planes(payload)
+            packed = zlib.compress(payload, compress)
+        if len(packed) < len(payload) and len(payload) <= max_inflated(kind, len(packed)):
             payload, ctype = packed, kind | COMPRESSED
     head = CHUNK_HEAD.pack(ctype, len(payload))
     return head + payload + CRC.pack(zlib.crc32(payload, zlib.crc32(head)))
@@ -139,13 +232,23 @@ def _jsonable(obj: Any) -> Any:
 
 
 def events_payload(rows: bytes, layout: int = LAYOUT_PLANES) -> bytes:
-    """The EVENTS payload of packed 32-byte records."""
+    """The EVENTS payload of packed records (``EVENT``)."""
     n = len(rows) // EVENT.size
     if layout == LAYOUT_PLANES:
         data = b"".join(rows[k::EVENT.size] for k in range(EVENT.size))
     else:
         data = bytes(rows)
     return EVENTS_HEAD.pack(n, layout) + data
+
+
+def _rows_of_planes(payload: bytes) -> bytes:
+    """An EVENTS payload in byte planes, as rows (the same records)."""
+    n = EVENTS_HEAD.unpack_from(payload)[0]
+    planes = memoryview(payload)[EVENTS_HEAD.size:]
+    rows = bytearray(n * EVENT.size)
+    for k in range(EVENT.size):
+        rows[k::EVENT.size] = planes[k * n:(k + 1) * n]
+    return EVENTS_HEAD.pack(n, LAYOUT_ROWS) + bytes(rows)
 
 
 def header() -> bytes:

@@ -27,14 +27,20 @@ from memviz.trace.fields import _Bad, _int, _key, _opt_int, _r, check_end, check
 
 __all__ = ["TraceFile"]
 
-#: How far a chunk may expand when inflated, by kind. Deflate itself allows
-#: about 1032x, which a crafted file uses to make a small file take gigabytes.
-#: memviz's own chunks stay far below: the most regular event streams measured
-#: (one alloc/free pair repeated 500,000 times) inflate 147x, 20,000 empty
-#: steps 27x, string tables and metadata about 2x (benchmarks/RESULTS.md). The
-#: caps leave several times that.
-_MAX_RATIO = {"EVENTS": 512}
-_MAX_RATIO_OTHER = 128
+#: How many bytes of memory reading a file takes (``memviz.load``: the
+#: tables, the replay's live allocations, peaks and failures) at most, per
+#: byte of the file, whatever the file declares. Each chunk inflates at most
+#: its kind's cap (memviz/trace/format.py, max_ratio: 64x for events, 16x for
+#: the tables), so a file of S bytes holds at most 1.4 S events, each at most
+#: one live allocation of the replay (about 100 bytes), and tables of at most
+#: 16 S bytes of JSON (Python objects: up to 12 bytes each). Measured on the
+#: worst crafted files of 1.2 MB (every event a new live allocation at 58x;
+#: two-letter strings and frames at 13-15x): 145-175 bytes per byte
+#: (tests/test_hardening_files.py). A report builds the snapshots of those
+#: live allocations as Python objects besides: about 1,300 bytes per byte
+#: for the file of events (benchmarks/RESULTS.md).
+READER_MEMORY_FACTOR = 256
+
 
 def _inflate(payload: bytes, limit: int, over: str) -> bytes:
     """The inflated payload, refused past ``limit`` bytes (``over`` says why
@@ -52,13 +58,12 @@ def _inflate(payload: bytes, limit: int, over: str) -> bytes:
     return out
 
 
-def _inflate_chunk(payload: Any, name: str) -> bytes:
+def _inflate_chunk(payload: Any, kind: int) -> bytes:
     """A compressed chunk's payload inflated, within its kind's cap. Capped
     per chunk, so the whole file inflates at most that many times its size
     too."""
-    ratio = _MAX_RATIO.get(name, _MAX_RATIO_OTHER)
-    return _inflate(payload, len(payload) * ratio + 4096,
-                    f"over {ratio} times its {len(payload):,} compressed bytes")
+    return _inflate(payload, F.max_inflated(kind, len(payload)),
+                    f"over {F.max_ratio(kind)} times its {len(payload):,} compressed bytes")
 
 
 def _json(payload: bytes, kind: type) -> Any:
@@ -156,6 +161,8 @@ class TraceFile:
         self._source: Any = None
         #: (offset, length with header and CRC, events) of each EVENTS chunk read
         self._event_chunks: List[Tuple[int, int, int]] = []
+        #: the LIVE chunk's (payload, count, layout): the live set at the end of a trace that lost events
+        self._live_end: Optional[Tuple[bytes, int, int]] = None
         self._chunk_at: Tuple[int, int] = (0, 0)
 
     def _fail(self, reason: str, offset: Optional[int], hint: Optional[str] = None) -> TraceError:
@@ -187,10 +194,12 @@ class TraceFile:
             raise self._fail(f"it uses trace format {version}, written by a newer memviz; this "
                              f"memviz reads format {F.FORMAT_VERSION}", 8,
                              "upgrade memviz (pip install -U memviz-gpu) to read it")
-        if version != F.FORMAT_VERSION:
+        if version not in (1, F.FORMAT_VERSION):
             raise self._fail(f"its header names trace format {version}, which no memviz "
                              "writes: the file is corrupted", 8,
                              "record the trace again")
+        self.format_version = version
+        self.event_width = F.event_width(version)
         pos = F.HEADER.size
         events = 0
         label = f"reading {os.path.basename(self.path or 'the trace')}"
@@ -225,7 +234,7 @@ class TraceFile:
                     raise _Bad("it comes after the end-of-trace chunk")
                 payload: Any = raw[F.CHUNK_HEAD.size:end - start]
                 if ctype & F.COMPRESSED:
-                    payload = _inflate_chunk(payload, name)
+                    payload = _inflate_chunk(payload, kind)
                 elif kind != F.EVENTS:
                     payload = bytes(payload)
                 handler = self._HANDLERS.get(kind)
@@ -266,7 +275,7 @@ class TraceFile:
         payload: Any = memoryview(raw)[F.CHUNK_HEAD.size:length - F.CRC.size]
         if raw[0] & F.COMPRESSED:
             try:
-                payload = _inflate_chunk(payload, "EVENTS")
+                payload = _inflate_chunk(payload, F.EVENTS)
             except _Bad as e:  # it inflated the first time: the file changed
                 raise self._fail(f"the file changed after it was loaded ({e})", offset,
                                  "load the trace again (memviz.load)") from None
@@ -346,7 +355,7 @@ class TraceFile:
             raise _Bad("it is shorter than its own header")
         count, layout = F.EVENTS_HEAD.unpack_from(payload)
         data = memoryview(payload)[F.EVENTS_HEAD.size:]
-        size = F.EVENT.size
+        size = self.event_width
         if len(data) != count * size:
             raise _Bad(f"it says {count:,} events but holds {len(data):,} bytes "
                        f"(not {count * size:,})")
@@ -362,6 +371,19 @@ class TraceFile:
         if count:
             self._event_chunks.append(self._chunk_at + (count,))
             self._events(payload, F.EVENTS_HEAD.size, count, layout)
+
+    def _h_live(self, payload: Any) -> None:
+        if len(payload) < F.EVENTS_HEAD.size:
+            raise _Bad("it is shorter than its own header")
+        count, layout = F.EVENTS_HEAD.unpack_from(payload)
+        size = self.event_width
+        data = memoryview(payload)[F.EVENTS_HEAD.size:]
+        if len(data) != count * size or layout not in (F.LAYOUT_ROWS, F.LAYOUT_PLANES):
+            raise _Bad(f"it says {count:,} events in layout {layout} but holds {len(data):,} bytes")
+        ops = bytes(data[4 * count:5 * count]) if layout == F.LAYOUT_PLANES else bytes(data[4::size])
+        if ops.translate(None, bytes((F.OP_ALLOC, F.OP_TIME))):
+            raise _Bad("it holds an event that is not an allocation")
+        self._live_end = (bytes(payload), count, layout)
 
     def _events(self, payload: Any, offset: int, count: int, layout: int) -> None:
         """The ``count`` checked event records of one EVENTS chunk, at
@@ -386,4 +408,4 @@ class TraceFile:
     _HANDLERS = {F.META: _h_meta, F.STRINGS: _h_strings, F.FRAMES: _h_frames,
                  F.STACKS: _h_stacks, F.THREADS: _h_threads, F.LABELS: _h_labels,
                  F.EVENTS: _h_events, F.STEPS: _h_steps, F.END: _h_end,
-                 F.TIMELINE: _h_timeline, F.CALLS: _h_calls}
+                 F.TIMELINE: _h_timeline, F.CALLS: _h_calls, F.LIVE: _h_live}

@@ -30,7 +30,7 @@ import memviz._progress as _progress
 from memviz._package import PACKAGE_DIR
 from memviz.capture.callsite import Resolved
 from memviz.model.failures import failed_allocations
-from memviz.model.recording import TotalsReads
+from memviz.model.recording import TotalsReads, check_peak, size_note
 from memviz.model.rows import snapshot_from_raw
 from memviz.model.snapshot import Allocation, Snapshot
 from memviz.trace import format as F
@@ -38,7 +38,7 @@ from memviz.trace.parse import TraceFile, _Bytes, _File
 
 __all__ = ["TraceReader", "TraceEvent"]
 
-_TIMELINE_POINTS = 16384
+_TIMELINE_POINTS = _core.TIMELINE_POINTS
 
 class TraceEvent(NamedTuple):
     """One allocation event of a trace (:meth:`LoadedTrace.events`).
@@ -201,11 +201,16 @@ class TraceReader(TraceFile, TotalsReads):
             head, _, rel = filename.rpartition("/memviz/")
             if rel in own:
                 roots.add(head + "/memviz")
-        if roots:
+        # and the recording's own frame settings (memviz.frames.add_library_path ...), so the
+        # user lines are those the recording tracker picked: END's (at stop), else META's
+        rec = (self.end or {}).get("frames") or (self.meta.get("tracker") or {}).get("frames") or {}
+        lib = [p for p in rec.get("library_paths", ()) if isinstance(p, str)] if isinstance(rec, dict) else []
+        usr = [p for p in rec.get("user_paths", ()) if isinstance(p, str)] if isinstance(rec, dict) else []
+        if roots or lib or usr:
             from memviz.model.frame_filter import FrameFilter, frames
 
-            self.frame_filter = FrameFilter(library_paths=(*frames.library_paths, *sorted(roots)),
-                                            user_paths=frames.user_paths)
+            self.frame_filter = FrameFilter(library_paths=(*frames.library_paths, *lib, *sorted(roots)),
+                                            user_paths=(*frames.user_paths, *usr))
 
     def _start_ns(self) -> int:
         v = self.meta.get("start_monotonic_ns")
@@ -213,7 +218,7 @@ class TraceReader(TraceFile, TotalsReads):
 
     def _events(self, payload: Any, offset: int, count: int, layout: int) -> None:
         if self._rp is None:
-            self._rp = _core.Replayer(self._start_ns(), True)
+            self._rp = _core.Replayer(self._start_ns(), True, self.event_width)
         if count >= _BACKGROUND_EVENTS:
             self._bg.run(self._rp.feed, payload, offset, count, layout)
         else:
@@ -224,7 +229,7 @@ class TraceReader(TraceFile, TotalsReads):
         """The figures of the whole run, from the replay."""
         self._recording_memviz()
         if self._rp is None:
-            self._rp = _core.Replayer(self._start_ns(), True)
+            self._rp = _core.Replayer(self._start_ns(), True, self.event_width)
         rp = self._rp
         self.event_count = rp.events
         m, t, e = self.meta, self.meta.get("tracker", {}), self.end or {}
@@ -247,6 +252,47 @@ class TraceReader(TraceFile, TotalsReads):
             self.stopped_ns = max(rp.ts, self.started_ns) if rp.events else self.started_ns
         self.steps = _step_records(self.steps)
         self.dropped_events = rp.dropped
+        self._reconcile()
+
+    def _reconcile(self) -> None:
+        """A trace that lost events (GAP) and ends with its live set (LIVE):
+        what the replay holds live beyond that set lost its free in a gap,
+        and is freed at the end; what it lacks was made in a gap, and is
+        added as it was made. So a lost free never shows as a leak; the
+        peak and the history between the first gap and the end are what
+        the events say (reports say so). Sets ``gap_freed`` and ``gap_added``."""
+        self.gap_freed = self.gap_added = 0
+        self._reconciled: Optional[Tuple[bytes, int, int]] = None
+        if self._live_end is None or not self._rp.dropped or self.event_width != F.EVENT.size:
+            return
+        payload, count, layout = self._live_end
+        end = _core.Replayer(self._start_ns(), False, self.event_width)
+        end.feed(payload, F.EVENTS_HEAD.size, count, layout)
+        truth = {(r[0], r[2], r[3], r[7]): r for r in end.live()}
+        live = self._rp.live()
+        have = {(r[0], r[2], r[3], r[7]) for r in live}
+        ghosts = [r for r in live if (r[0], r[2], r[3], r[7]) not in truth]
+        added = sorted((r for k, r in truth.items() if k not in have), key=lambda r: r[7])
+        if not ghosts and not added:
+            return
+        syn = F.FLAG_SYNTHETIC
+        out = bytearray()
+        for r in added:  # (address, size, device, kind, stream, thread, label, ts, stack, seq, requested, flags)
+            out += F.pack_event(op=F.OP_TIME, flags=syn, address=r[7])
+            out += F.pack_event(op=F.OP_ALLOC, kind=r[3], device=r[2], flags=(r[11] | syn) & 0xFF,
+                                stack_id=r[8], thread_idx=r[5], label_id=r[6], address=r[0],
+                                size=r[1], slack=max(0, r[1] - r[10]), stream=r[4])
+        stopped = self.stopped_ns if type(self.stopped_ns) is int else self._rp.ts
+        out += F.pack_event(op=F.OP_TIME, flags=syn, address=max(stopped, self._rp.ts))
+        for r in ghosts:
+            out += F.pack_event(op=F.OP_FREE, kind=r[3], device=r[2], flags=syn, stack_id=r[8],
+                                thread_idx=r[5], label_id=r[6], address=r[0], size=r[1],
+                                stream=r[4])
+        rows = F.events_payload(bytes(out), F.LAYOUT_ROWS)
+        n = len(out) // F.EVENT.size
+        self._reconciled = (rows, n, F.LAYOUT_ROWS)
+        self._rp.feed(rows, F.EVENTS_HEAD.size, n, F.LAYOUT_ROWS)
+        self.gap_freed, self.gap_added = len(ghosts), len(added)
 
     # -- replay ------------------------------------------------------------
 
@@ -262,7 +308,7 @@ class TraceReader(TraceFile, TotalsReads):
         each EVENTS chunk in turn, through a fresh replayer without the
         summary (only the live table: what events() and snapshot(at_ns)
         need), the chunk's checksum checked again."""
-        rp = _core.Replayer(self._start_ns(), False)
+        rp = _core.Replayer(self._start_ns(), False, self.event_width)
         chunks = list(self._event_chunks)
         total = sum(c[1] for c in chunks)
         done = 0
@@ -280,6 +326,8 @@ class TraceReader(TraceFile, TotalsReads):
                     nxt = pool.submit(self._reread_events, *chunks[k + 1][:2])
                 yield (rp, *got)
                 done += length
+            if getattr(self, "_reconciled", None) is not None:  # the gaps' frees and allocations
+                yield (rp, *self._reconciled)
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -320,12 +368,21 @@ class TraceReader(TraceFile, TotalsReads):
         # so the stored name is used as is.
         return {i: _core.ThreadRow((n, None, name, None)) for i, (n, _ident, name) in self._threads.items()}
 
-    def _snapshot(self, rows: List[tuple], ts: Optional[int]) -> Snapshot:
+    def _snapshot(self, rows: List[tuple], ts: Optional[int], moment: Optional[str] = None) -> Snapshot:
         snap = snapshot_from_raw(self._named(rows), self._resolve, self._thread_map(),
                                  self.frame_filter, timestamp_ns=ts)
-        if not any(a.kind == "block" for a in snap.allocations):
+        cats = self._recorded_categories(moment) if moment else None
+        if cats:  # the categories the recording tracker gave them then
+            snap = Snapshot([a._replace(category=cats[(a.device, a.address, a.kind)])
+                             if a.category is None and (a.device, a.address, a.kind) in cats else a
+                             for a in snap.allocations],
+                            timestamp_ns=snap.timestamp_ns, devices=snap.devices,
+                            frame_filter=snap.frame_filter)
+        if not any(self._block_addresses().values()):
             return snap
-        # Recorded on the allocator route: PyTorch's blocks lie inside its segments.
+        note = size_note(self._rp.stream_frees)
+        # Recorded on the allocator route: PyTorch's blocks lie inside its segments
+        # (those that held a block at some time, even with none live now).
         # As a live tracker's snapshot does, count each byte once: the blocks, and
         # of each segment only what no block holds (unused_pool).
         from memviz.model.segments import reconcile  # imports no torch
@@ -334,6 +391,37 @@ class TraceReader(TraceFile, TotalsReads):
         out = Snapshot(allocations, timestamp_ns=snap.timestamp_ns, devices=snap.devices,
                        frame_filter=snap.frame_filter)
         out.segments = segments
+        out.size_note = note
+        return out
+
+    def _recorded_categories(self, moment: str) -> Dict[Tuple[int, int, str], str]:
+        """{(device, address, kind): category} of the allocations live at the
+        peaks (``moment`` "peak") or at the end ("end"), as the recording
+        tracker's snapshots gave them (END's "pytorch_peak", flat:
+        memviz.model.pytorch._allocation_categories); {} where it kept none."""
+        from memviz.model.pytorch import END_KEY
+        from memviz.model.snapshot import KIND_NAMES
+
+        out: Dict[Tuple[int, int, str], str] = {}
+        figures = (self.end or {}).get(END_KEY)
+        if not isinstance(figures, dict):
+            return out
+        for dev, entry in figures.items():
+            flat = entry.get(f"allocation_categories_{moment}") if isinstance(entry, dict) else None
+            if not isinstance(flat, list) or not (isinstance(dev, str) and dev.lstrip("-").isdigit()):
+                continue
+            cat, i = None, 0
+            while i < len(flat):
+                x = flat[i]
+                if isinstance(x, str):
+                    cat, i = x, i + 1
+                    continue
+                kind = flat[i + 1] if i + 1 < len(flat) else None
+                if cat is None or type(x) is not int or type(kind) is not int or \
+                        not 0 <= kind < len(KIND_NAMES):
+                    return {}  # not what memviz writes: none rather than wrong ones
+                out[(int(dev), x, KIND_NAMES[kind])] = cat
+                i += 2
         return out
 
     def _pools(self, snap: Snapshot) -> set:
@@ -366,14 +454,14 @@ class TraceReader(TraceFile, TotalsReads):
 
         op, addr, size, kind, dev = bytearray(), array("Q"), array("Q"), bytearray(), array("b")
         for _rp, payload, count, layout in self._again("reading again"):
-            data, width = memoryview(payload)[F.EVENTS_HEAD.size:], F.EVENT.size
+            data, width = memoryview(payload)[F.EVENTS_HEAD.size:], self.event_width
             if layout == F.LAYOUT_ROWS:
                 rows: Any = bytes(data)
             else:  # byte planes: byte k of every record, then byte k + 1, ...
                 rows = bytearray(count * width)
                 for k in range(width):
                     rows[k::width] = data[k * count:(k + 1) * count]
-            for r in F.EVENT.iter_unpack(rows):
+            for r in F.event_struct(width).iter_unpack(rows):
                 op.append(r[1]), kind.append(r[2]), dev.append(r[3]), addr.append(r[8])
                 size.append(r[9])
         return bytes(op), addr, size, bytes(kind), dev
@@ -386,7 +474,7 @@ class TraceReader(TraceFile, TotalsReads):
         ``Allocation.timestamp_ns`` and timeline() use)."""
         _args.whole(at_ns, "snapshot(at_ns=...)", none=True)
         if at_ns is None:
-            return self._snapshot(self._rp.live(), self.stopped_ns)
+            return self._snapshot(self._rp.live(), self.stopped_ns, "end")
         if at_ns < 0:  # before anything: nothing was live
             return self._snapshot([], at_ns)
         at = min(at_ns, (1 << 64) - 1)
@@ -395,16 +483,30 @@ class TraceReader(TraceFile, TotalsReads):
             rp.feed_at(payload, F.EVENTS_HEAD.size, count, layout, at)
         return self._snapshot(rp.at() if rp is not None else [], at_ns)
 
-    def peak_snapshot(self, device: Optional[int] = None) -> Snapshot:
+    def peak_snapshot(self, device: Optional[int] = None, *, peak: str = "device") -> Snapshot:
         """The allocations live at a device's peak; every device at its own
-        peak when ``device`` is None."""
+        peak when ``device`` is None. ``peak="tensor"``: at the peak of
+        PyTorch's blocks instead (``max_memory_allocated()``); ``snap.peak``
+        says which (as the live tracker's)."""
         _args.whole(device, "peak_snapshot(device=...)", none=True)
+        which = check_peak(peak)
         devices = self._devices()
+        pre = "" if which == "device" else "tensor_"
         chosen = [device] if device is not None else sorted(devices)
-        when = max((devices[d]["peak_ts"] for d in chosen
-                    if d in devices and devices[d]["peak_index"] >= 0), default=None)
-        rows = [] if device is not None and device not in devices else self._rp.peak(device)
-        return self._snapshot(rows, when)
+        when = max((devices[d][pre + "peak_ts"] for d in chosen
+                    if d in devices and devices[d][pre + "peak_index"] >= 0), default=None)
+        rows = [] if device is not None and device not in devices else \
+            self._rp.peak(device, which == "tensor")
+        snap = self._snapshot(rows, when, "peak" if which == "device" else "tensor_peak")
+        snap.peak = which
+        return snap
+
+    def tensor_totals(self) -> Dict[int, Dict[str, int]]:
+        """Per device, PyTorch's blocks alone: current, peak (the tensor
+        peak) and peak_timestamp_ns, replayed from the events."""
+        return {d: {"current": v["tensor_current"], "peak": v["tensor_peak"],
+                    "peak_timestamp_ns": v["tensor_peak_ts"]}
+                for d, v in self._devices().items() if v["tensor_peak"]}
 
     def totals(self) -> Dict[int, Dict[str, int]]:
         """Per device (-1: pinned host): current, peak, allocs, frees, failed, ...
@@ -422,7 +524,7 @@ class TraceReader(TraceFile, TotalsReads):
         # The C core's failure records (a FAILED event's address holds the result).
         rows = [_core.FailureRow((size, dev, kind, 0, thread, label, ts, sid,
                                   addr - (1 << 64) if addr >= 1 << 63 else addr))
-                for addr, size, dev, kind, _stream, thread, label, ts, sid, _seq
+                for addr, size, dev, kind, _stream, thread, label, ts, sid, _seq, _req, _flags
                 in self._named(self._rp.failures())]
         return failed_allocations(rows, self._resolve, self._thread_map(), self.frame_filter)
 
@@ -447,7 +549,7 @@ class TraceReader(TraceFile, TotalsReads):
                                        lo + _EVENT_BATCH)
                 if not batch:
                     continue
-                rows = self._named([(b[3], b[4], b[5], b[6], 0, b[7], b[8], b[9], b[10], b[9])
+                rows = self._named([(b[3], b[4], b[5], b[6], b[13], b[7], b[8], b[9], b[10], b[9], b[11], b[12])
                                     for b in batch])
                 snap = snapshot_from_raw(rows, self._resolve, self._thread_map(),
                                          self.frame_filter)
@@ -483,29 +585,37 @@ class TraceReader(TraceFile, TotalsReads):
         points.sort()
         return [(ts, d, level) for _i, d, level, ts in points]
 
-    def _category_series(self, known: Dict[Tuple[int, int, int], Any], end_ns: int,
+    def _category_series(self, known: Dict[Tuple[int, int, int, str], Any], end_ns: int,
                          points: Optional[int] = None
                          ) -> Optional[Dict[int, Dict[str, Tuple[List[int], List[int]]]]]:
-        """memviz/report/_categories.py's category series from this trace's
-        events, summed in C in a second pass over the file (no Python object
-        per event): ``{device: {category: (timestamps, live bytes)}}``, the
-        last point at ``end_ns``. ``known``: {(device, address, made at):
+        """memviz/report/_categories.py's series from this trace's events,
+        summed in C in a second pass over the file (no Python object per
+        event): ``{device: {category: (timestamps, live bytes)}}``, PyTorch's
+        tensors (its blocks' bytes) under ``_categories.TENSORS``, the last
+        point at ``end_ns``. ``known``: {(device, address, made at, kind):
         category} of the allocations the snapshots gave one. ``points``: at
         most that many points per series (each the highest of its bucket),
         None for all. None when the categories do not fit the C pass."""
-        names: List[str] = ["<unknown>", "unused_pool"]
+        from memviz.model.segments import TENSORS, UNUSED_POOL
+        from memviz.model.snapshot import KIND_NAMES
+
+        names: List[Any] = ["<unknown>", UNUSED_POOL, None]  # 2: the tensors, not a category
         ids = {n: i for i, n in enumerate(names)}
+        codes = {k: i for i, k in enumerate(KIND_NAMES)}
         entries = []
-        for (dev, addr, ts), cat in known.items():
-            if not cat or not (-128 <= dev <= 127 and 0 <= addr < 1 << 64 and 0 <= ts < 1 << 64):
+        for (dev, addr, ts, kind), cat in known.items():
+            code = codes.get(kind)
+            if not cat or code is None or not (-128 <= dev <= 127 and 0 <= addr < 1 << 64
+                                               and 0 <= ts < 1 << 64):
                 continue  # no category, or no event of the file can be it
             i = ids.get(cat)
             if i is None:
                 i = ids[cat] = len(names)
                 names.append(cat)
-            entries.append((dev, addr, ts, i))
+            entries.append((dev, addr, ts, code, i))
         if len(names) > 256:
             return None
+        names[2] = TENSORS
         rp = None
         for rp, payload, count, layout in self._again("reading again"):
             if not rp.events:
@@ -525,6 +635,9 @@ class TraceReader(TraceFile, TotalsReads):
         info.update(gpu_enabled=self.gpu_enabled, gpu_off_reason=self.gpu_off_reason,
                     activity_enabled=self.activity_enabled, activity_error=self.activity_error,
                     depth=self.depth, store=stats if isinstance(stats, dict) else None)
+        sources = (self.end or {}).get("sources")
+        if isinstance(sources, dict):  # how each source was captured (memviz.capture.hints.capture_sources)
+            info["sources"] = sources
         return info
 
     def threads(self) -> Dict[int, tuple]:

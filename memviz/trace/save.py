@@ -20,7 +20,7 @@ from memviz.capture import callsite as _callsite
 from memviz.capture.ranks import rank_path
 from memviz.trace.format import (END, EVENT, EVENT_LEVEL, EVENTS, FLAG_SYNTHETIC, META, OP_FAILED, OP_FREE,
                                  OP_TIME, STEPS, THREADS, TIMELINE, chunk, events_payload, header, json_bytes,
-                                 step_dict)
+                                 pack_event, step_dict)
 from memviz.trace.writer import _alloc_events, _event, _meta, _pytorch_peak, _Tables, _thread_names
 
 __all__ = ["save"]
@@ -116,14 +116,15 @@ def _saved_events(live: List[tuple], peaks: Dict[int, List[tuple]], failures: Li
         free_ts = max(prev + 1, later[0].timestamp_ns if later else prev + 1)
         for r in peak_rows:
             if key(r) not in now_keys:
-                out += _event(OP_FREE, free_ts, prev, r.kind, r.device, flags, r.stack_id, r.thread,
-                              labels[r.label], r.address, r.size)
+                out += _event(OP_FREE, free_ts, prev, r.kind, r.device, flags | r.flags, r.stack_id,
+                              r.thread, labels[r.label], r.address, r.size, r.size - r.requested,
+                              r.stream)
                 prev = max(prev, free_ts)
         if later:
             out += _alloc_events(later, labels, True, start_ts=prev)
     if failures:
         prev = failures[0].timestamp_ns
-        out += EVENT.pack(0, OP_TIME, 0, 0, flags, 0, 0, 0, prev, 0)
+        out += pack_event(op=OP_TIME, flags=flags, address=prev)
         for f in failures:
             out += _event(OP_FAILED, f.timestamp_ns, prev, f.kind, f.device, flags, f.stack_id,
                           f.thread, labels[f.label], f.result, f.size)

@@ -15,13 +15,14 @@ from typing import Any, Dict, Iterable, List, Optional
 
 import memviz._core as _core
 from memviz._errors import TraceError
+from memviz._interrupts import deferred_interrupt
 from memviz.capture import callsite as _callsite
 from memviz.capture.ranks import rank_meta
 from memviz.model.frame_filter import warning_site
-from memviz.trace.format import (CALLS, DEFAULT_CAPACITY, DEFAULT_INTERVAL, END, EVENT, EVENT_LEVEL, EVENTS,
-                                 FLAG_SYNTHETIC, FORMAT_VERSION, FRAMES, LABELS, META, OP_ALLOC, OP_GAP,
-                                 OP_TIME, OPTIONAL, STACKS, STEPS, STRINGS, THREADS, TraceWarning, chunk,
-                                 events_payload, header, json_bytes, step_dict)
+from memviz.trace.format import (CALLS, DEFAULT_CAPACITY, DEFAULT_INTERVAL, END, EV, EVENT, EVENT_LEVEL, EVENTS,
+                                 FLAG_SYNTHETIC, FORMAT_VERSION, FRAMES, LABELS, LIVE, META, OP_ALLOC, OP_GAP,
+                                 OP_TIME, OPTIONAL, RING_ENV, STACKS, STEPS, STRINGS, THREADS, TraceWarning,
+                                 chunk, events_payload, header, json_bytes, pack_event, step_dict)
 
 
 def _meta(tracker: Any, mode: str) -> Dict[str, Any]:
@@ -44,6 +45,7 @@ def _meta(tracker: Any, mode: str) -> Dict[str, Any]:
             "gpu_off_reason": tracker.gpu_off_reason, "activity_enabled": tracker.activity_enabled,
             "activity_error": tracker.activity_error, "depth": tracker.depth,
             "precise": getattr(tracker, "precise", False),
+            "frames": frame_settings(tracker),
         },
         "capture": capture,
         "ranks": rank_meta(),  # rank, world size, host, CUDA device (memviz/capture/ranks.py)
@@ -132,6 +134,11 @@ class _NewTables:
     def chunks(self) -> List[bytes]:
         return self.stacks() + self.labels() + self.threads() + self.steps()
 
+    @property
+    def named(self) -> tuple:
+        """(stack ids below this, label ids up to this) the chunks so far name."""
+        return self._next_stack, self._next_label - 1
+
     def stacks(self) -> List[bytes]:
         count = _core.stack_count()
         if count <= self._next_stack:
@@ -187,6 +194,42 @@ def _write_all(fd: int, data: bytes) -> None:
 
 _writers: "weakref.WeakSet[TraceWriter]" = weakref.WeakSet()
 
+#: the most events a ring may hold (src/module_trace.c)
+_RING_MAX = 1 << 28
+
+
+def ring_capacity() -> int:
+    """Events the trace ring holds: MEMVIZ_TRACE_RING (a number of events,
+    "4M", "16m" or "2**22"), else DEFAULT_CAPACITY; a value that cannot be
+    read is said once and the default used."""
+    text = os.environ.get(RING_ENV, "").strip()
+    if not text:
+        return DEFAULT_CAPACITY
+    try:
+        scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(text[-1].lower(), 1)
+        body = text[:-1] if scale > 1 else text
+        n = 2 ** int(body[3:]) if body.startswith("2**") else int(body.replace("_", ""))
+        n *= scale
+    except ValueError:
+        n = -1
+    if not 1024 <= n <= _RING_MAX:
+        warnings.warn(f"memviz: {RING_ENV}={text!r} is not a number of events between 1024 and "
+                      f"{_RING_MAX:,} (e.g. 4M); the trace ring holds {DEFAULT_CAPACITY:,}.",
+                      TraceWarning, stacklevel=warning_site()[0])
+        return DEFAULT_CAPACITY
+    return n
+
+
+def lost_events_advice(dropped: int, capacity: int) -> str:
+    """What a trace that lost ``dropped`` events lost, and what to do."""
+    bigger = min(_RING_MAX, max(4 * capacity, 1 << 22))
+    return (f"{dropped:,} events were lost because the trace ring ({capacity:,} events) was full: "
+            "the program allocated faster than the writer drained it. The peak, the timeline and "
+            "the events after the first loss may miss allocations made then and keep ones freed "
+            "then (the live set at the end is set right when tracking stops). For a bigger ring, "
+            f"set the environment variable {RING_ENV} (e.g. {RING_ENV}={bigger // (1 << 20)}M, "
+            f"{_core.RAW_EVENT_SIZE} bytes an event) before tracking starts.")
+
 
 class TraceWriter:
     """Streams a tracker's events into a trace file (a Tracker plugin).
@@ -201,11 +244,12 @@ class TraceWriter:
     """
 
     def __init__(self, tracker: Any, path: str, *, interval: float = DEFAULT_INTERVAL,
-                 capacity: int = DEFAULT_CAPACITY) -> None:
+                 capacity: Optional[int] = None) -> None:
         self.tracker = tracker
         self.path = os.fspath(path)
         self.interval = interval
-        self.capacity = capacity
+        self.capacity = capacity if capacity is not None else ring_capacity()
+        self._warned_lost = False
         self._events_written = 0
         self._dropped = 0
         self.error: Optional[str] = None
@@ -263,6 +307,7 @@ class TraceWriter:
             self._write_rows(_core.live(), synthetic=True)
             if self.native:
                 _core.trace_writer_start(self._fd, self.capacity, EVENT_LEVEL, self.interval, 0)
+                self._tick()  # how far the file names stacks and labels: its events may follow
         except BaseException as e:
             self._close()
             if isinstance(e, OSError):  # the first write: a full disk, /dev/full, ...
@@ -276,36 +321,65 @@ class TraceWriter:
         self._thread.start()
 
     def on_stop(self, tracker: Any) -> None:
-        """Drain the rest, write the END chunk and close; never raises."""
+        """Drain the rest, write the END chunk and close; raises nothing but a
+        KeyboardInterrupt, and that only once the writer has stopped and the
+        file is closed: a Ctrl-C while it closes is held until then (memviz/_interrupts.py),
+        one while it waits for its thread cuts the wait short."""
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
-        with self._lock:
-            if self._fd is not None and self.error is None and os.getpid() == self._pid:
-                try:
-                    if tracker.gpu_enabled and _core.active():
-                        _core.flush()  # pending activity records (static memory)
-                    if self.native:
-                        _core.trace_writer_stop()  # the rest of the ring, then the thread ends
-                        self._native_error()
-                        if self.error is None:
-                            self._write(b"".join(self._new.chunks())
-                                        + chunk(END, json_bytes(self._end(tracker))))
-                    else:
-                        _core.trace_disable()
-                        self._tick()
-                        self._write(chunk(END, json_bytes(self._end(tracker))))
-                except Exception:  # noqa: BLE001 - stopping must not fail
-                    self._failed()
-            else:
-                if self.native:
-                    _core.trace_writer_stop()
-                _core.trace_disable()
-            self._close()
+        try:
+            if self._thread is not None and self._thread is not threading.current_thread():
+                self._thread.join(timeout=10)
+        finally:
+            try:
+                with deferred_interrupt():
+                    with self._lock:
+                        try:
+                            self._finish(tracker)
+                        finally:
+                            self._shut()  # whatever failed: the thread stopped, the file closed
+            finally:
+                if self._fd is not None:  # interrupted before the lock was taken
+                    self._shut()
         if self.error is not None:
             warnings.warn(f"memviz: the trace file {self.path!r} is incomplete: {self.error} "
                           "It loads up to the last complete flush (memviz.load reports it as "
                           "truncated).", TraceWarning, stacklevel=warning_site()[0])
+
+    def _finish(self, tracker: Any) -> None:
+        """The rest of the events, the names they need and the END chunk."""
+        if self._fd is None or self.error is not None or os.getpid() != self._pid:
+            return
+        try:
+            if tracker.gpu_enabled and _core.active():
+                _core.flush()  # pending activity records (static memory)
+            if self.native:
+                self._tick()  # names first: the last events need few after them
+                _core.trace_writer_stop()  # the rest of the ring, then the thread ends
+                self._native_error()
+                if self.error is None:
+                    live = self._live_chunk()
+                    self._write(b"".join(self._new.chunks()) + live
+                                + chunk(END, json_bytes(self._end(tracker))))
+            else:
+                _core.trace_disable()
+                self._tick()
+                live = self._live_chunk()
+                self._write(b"".join(self._new.chunks()) + live + chunk(END, json_bytes(self._end(tracker))))
+        except Exception:  # noqa: BLE001 - stopping must not fail
+            self._failed()
+
+    def _shut(self) -> None:
+        """The native thread stopped, the ring off, the file closed (each
+        harmless when already done). A stop that did not get to write the
+        END leaves a file that loads as truncated."""
+        try:
+            if self.native:
+                _core.trace_writer_stop()  # not running (a fork()ed child, done): nothing
+        finally:
+            try:
+                _core.trace_disable()
+            finally:
+                self._close()
 
     def on_freeze(self, tracker: Any) -> None:
         """Nothing to do: the file already holds everything."""
@@ -315,8 +389,11 @@ class TraceWriter:
         with self._lock:
             if self._fd is not None and self.error is None:
                 try:
-                    if self.native:
+                    if self.native:  # events follow their names: the names, then the events
+                        self._tick()
                         _core.trace_writer_flush()
+                        self._tick()
+                        _core.trace_writer_flush(True)
                     self._tick()
                 except Exception:  # noqa: BLE001
                     self._failed()
@@ -324,9 +401,9 @@ class TraceWriter:
     # -- internals
 
     def _run(self) -> None:
-        # Native: events need no Python; names of new stacks and threads, once a second.
-        wait = max(self.interval, 1.0) if self.native else self.interval
-        while not self._stop.wait(wait):
+        # Native: events need no Python, but wait in C for their stacks' and
+        # labels' names, which this thread writes every interval.
+        while not self._stop.wait(self.interval):
             with self._lock:
                 if self._fd is None or self.error is not None:
                     return
@@ -373,16 +450,18 @@ class TraceWriter:
 
     def _tick(self) -> None:
         """One flush. Native: the names of what is new (stacks, labels,
-        threads, steps), between the C thread's event chunks; else drain the
-        ring and append everything new, in one write."""
+        threads, steps), between the C thread's event chunks, which then
+        write the events that waited for these names (an event is never
+        written before its stack's and label's names, so a SIGKILL loses
+        the events not written yet, never the names of those that were);
+        else drain the ring and append everything new, in one write."""
         if self.native:
             self._native_error()
             if self.error is None:
-                out = self._new.chunks()
-                if out:
-                    data = b"".join(out)
-                    _core.trace_writer_write(data)
-                    self._python_bytes += len(data)
+                data = b"".join(self._new.chunks())
+                _core.trace_writer_write(data, *self._new.named)
+                self._python_bytes += len(data)
+                self._warn_lost()
             return
         rows = _core.trace_drain()
         out = self._new.stacks() + self._new.labels()  # after the drain: every drained event's names
@@ -393,13 +472,36 @@ class TraceWriter:
             if gaps:
                 for k in range(n):
                     if rows[k * EVENT.size + 4] == OP_GAP:
-                        self._dropped += EVENT.unpack_from(rows, k * EVENT.size)[8]
+                        self._dropped += EVENT.unpack_from(rows, k * EVENT.size)[EV["address"]]
             out.append(chunk(EVENTS, events_payload(rows), compress=EVENT_LEVEL))
             counted = n
         out += self._new.threads() + self._new.steps()
         if out:
             self._write(b"".join(out))
         self._events_written += counted  # once written: an error message says what the file holds
+        self._warn_lost()
+
+    def _warn_lost(self) -> None:
+        """Once per trace, while tracking: events were lost, and what to do."""
+        if self._warned_lost or not self.dropped:
+            return
+        self._warned_lost = True
+        warnings.warn(f"memviz: the trace {self.path!r} is missing events: "
+                      + lost_events_advice(self.dropped, self.capacity), TraceWarning,
+                      stacklevel=warning_site()[0])
+
+    def _live_chunk(self) -> bytes:
+        """The LIVE chunk (memviz/trace/format.py) when the trace lost events,
+        with the names it needs written first; b"" when it lost none."""
+        if not self.dropped:
+            return b""
+        self._warn_lost()
+        rows = sorted(_core.live(), key=lambda r: r.timestamp_ns)
+        label_ids = {r.label: (_core.label_intern(r.label) if r.label is not None else 0) for r in rows}
+        head = self._new.stacks() + self._tables.label_chunk(
+            {i: s for s, i in label_ids.items() if s is not None})
+        packed = _alloc_events(rows, label_ids, synthetic=True) if rows else b""
+        return b"".join(head) + chunk(LIVE | OPTIONAL, events_payload(packed), compress=EVENT_LEVEL)
 
     def _write_rows(self, rows: List[tuple], *, synthetic: bool) -> None:
         """Live-allocation rows as ALLOC events, with their stacks and labels."""
@@ -423,7 +525,8 @@ class TraceWriter:
             "stopped_monotonic_ns": time.monotonic_ns(), "stopped_wall_time": time.time(),
             "totals": {str(d): v for d, v in totals.items()},
             "failures": sum(v.get("failed", 0) for v in totals.values()),
-            "stats": _core.stats(), "outside": _outside(),
+            "stats": _core.stats(), "outside": _outside(), "sources": _sources(tracker),
+            "frames": frame_settings(tracker),
             "events": self.events_written, "dropped_events": self.dropped,
             **_pytorch_peak(tracker),
         }
@@ -444,24 +547,27 @@ def _alloc_events(rows: List[tuple], label_ids: Dict[Optional[str], int], synthe
     flags = FLAG_SYNTHETIC if synthetic else 0
     out = bytearray()
     prev = start_ts if start_ts is not None else (rows[0].timestamp_ns if rows else 0)
-    out += EVENT.pack(0, OP_TIME, 0, 0, flags, 0, 0, 0, prev, 0)
+    out += pack_event(op=OP_TIME, flags=flags, address=prev)
     for r in rows:
-        out += _event(OP_ALLOC, r.timestamp_ns, prev, r.kind, r.device, flags, r.stack_id, r.thread,
-                      label_ids[r.label], r.address, r.size)
+        out += _event(OP_ALLOC, r.timestamp_ns, prev, r.kind, r.device, flags | r.flags, r.stack_id,
+                      r.thread, label_ids[r.label], r.address, r.size, r.size - r.requested,
+                      r.stream)
         prev = max(prev, r.timestamp_ns)
     return bytes(out)
 
 
 def _event(op: int, ts: int, prev: int, kind: int, dev: int, flags: int, sid: int, tidx: int,
-           label: int, addr: int, size: int) -> bytes:
+           label: int, addr: int, size: int, slack: int = 0, stream: int = 0) -> bytes:
     """One record; a TIME record first when ts is earlier than prev or too far after it."""
     delta = ts - prev
     pre = b""
     if delta < 0 or delta > 0xFFFFFFFF:
-        pre, delta = EVENT.pack(0, OP_TIME, 0, 0, flags, 0, 0, 0, max(ts, 0), 0), 0
-    return pre + EVENT.pack(delta, op, kind & 0xFF, max(-128, min(127, dev)), flags,
-                            sid & 0xFFFFFFFF, min(tidx, 0xFFFF), min(label, 0xFFFF),
-                            addr & 0xFFFFFFFFFFFFFFFF, size & 0xFFFFFFFFFFFFFFFF)
+        pre, delta = pack_event(op=OP_TIME, flags=flags & FLAG_SYNTHETIC, address=max(ts, 0)), 0
+    m64 = 0xFFFFFFFFFFFFFFFF
+    return pre + pack_event(ts_delta=delta, op=op, kind=kind & 0xFF, device=max(-128, min(127, dev)),
+                            flags=flags & 0xFF, stack_id=sid & 0xFFFFFFFF, thread_idx=min(tidx, 0xFFFF),
+                            label_id=min(label, 0xFFFF), address=addr & m64, size=size & m64,
+                            slack=slack & m64, stream=stream & m64)
 
 
 def _after_fork_in_child() -> None:
@@ -471,3 +577,20 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _sources(tracker: Any) -> Optional[Dict[str, Any]]:
+    """How each source was captured (the tracker's capture_info()["sources"])."""
+    try:
+        return tracker.capture_info().get("sources")
+    except Exception:  # noqa: BLE001 - optional information
+        return None
+
+
+def frame_settings(tracker: Any) -> Dict[str, List[str]]:
+    """The frame settings a reader needs to pick the same user lines: the
+    library and user paths configured (memviz.frames.add_library_path, or the
+    tracker's own frame_filter), written at start and again at stop."""
+    from memviz.model.frame_filter import frames
+    flt = getattr(tracker, "frame_filter", None) or frames
+    return {"library_paths": list(flt.library_paths), "user_paths": list(flt.user_paths)}

@@ -57,6 +57,8 @@ CUDA_ERROR_OUT_OF_MEMORY = 2
 DEFAULT_VERSION = 130001
 CUPTI_VERSION_13 = 130000
 OLD_SUBSCRIBER_NAME_MIN_LEN = 64
+#: cuptiGetVersion's number from which CUPTI honours allowMultipleSubscribers (13.5)
+CUPTI_MULTI_SUBSCRIBER_VERSION = 130500
 
 # ---- callback API -----------------------------------------------------------
 API_ENTER = 0
@@ -254,6 +256,8 @@ _SIGNATURES = {
     "fake_reset": (None, []),
     "fake_set_version": (None, [c_uint32]),
     "fake_set_conflict": (None, [c_char_p]),
+    "fake_set_conflict_sharing": (None, [c_char_p, c_int]),
+    "fake_other_tool_subscribes": (c_int, [c_char_p, c_int]),
     "fake_set_subscribe_error": (None, [c_int]),
     "fake_set_device": (None, [c_int]),
     "fake_is_subscribed": (c_int, []),
@@ -268,6 +272,8 @@ _SIGNATURES = {
     "fake_alloc_in_native_thread": (c_uint64, [c_int, c_uint64, c_int, c_char_p]),
     "fake_alloc_in_native_thread_after": (c_uint64, [c_void_p, c_int, c_uint64, c_int, c_char_p]),
     "fake_alloc_free_loop": (c_uint64, [c_int, c_int, c_uint64, c_uint64]),
+    "fake_alloc_free_loop_cpu": (c_uint64, [c_int, c_int, c_uint64, c_uint64]),
+    "fake_alloc_loop": (c_uint64, [c_int, c_uint64, c_uint64]),
     "fake_alloc_at": (c_uint64, [c_int, c_uint64, c_uint64]),
     "fake_alloc_many_in_native_threads": (c_int, [c_int, c_int, c_uint64]),
     "fake_emit_memory2": (
@@ -316,8 +322,14 @@ class FakeCupti:
     def set_version(self, version: int) -> None:
         self._c.fake_set_version(version)
 
-    def set_conflict(self, holder: str | bytes | None) -> None:
-        self._c.fake_set_conflict(_b(holder))
+    def set_conflict(self, holder: str | bytes | None, shares: bool = False) -> None:
+        """Another tool holds CUPTI (None: nobody); ``shares``: it subscribed in
+        CUPTI 13.5's multi-subscriber mode, so a subscriber asking for it may join."""
+        self._c.fake_set_conflict_sharing(_b(holder), int(shares))
+
+    def other_tool_subscribes(self, name: str, shares: bool = False) -> bool:
+        """A tool (torch.profiler) subscribes now: True if CUPTI let it."""
+        return bool(self._c.fake_other_tool_subscribes(_b(name), int(shares)))
 
     def set_subscribe_error(self, code: int) -> None:
         self._c.fake_set_subscribe_error(code)
@@ -388,6 +400,15 @@ class FakeCupti:
                         cbid_free: int = CBID_cuMemFree_v2) -> int:
         """n alloc+free pairs timed in C; returns nanoseconds."""
         return self._c.fake_alloc_free_loop(cbid_alloc, cbid_free, n, size)
+
+    def alloc_free_loop_cpu(self, n: int, size: int = 4096, cbid_alloc: int = CBID_cuMemAlloc_v2,
+                            cbid_free: int = CBID_cuMemFree_v2) -> int:
+        """As alloc_free_loop, in the calling thread's CPU nanoseconds (benchmarks on a shared machine)."""
+        return self._c.fake_alloc_free_loop_cpu(cbid_alloc, cbid_free, n, size)
+
+    def alloc_loop(self, n: int, size: int = 4096, cbid: int = CBID_cuMemAlloc_v2) -> int:
+        """``n`` allocations kept live, from this one Python line, in C; the ns taken."""
+        return self._c.fake_alloc_loop(cbid, n, size)
 
     def alloc_many_in_native_threads(self, nthreads: int, per_thread: int, size: int = 4096) -> int:
         # Always through CDLL, as above.

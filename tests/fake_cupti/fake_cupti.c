@@ -45,6 +45,14 @@ enum {
  * beyond a short snapshot of the subscriber. */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* A fork while another thread holds g_mu (fire()'s snapshot, for instance)
+ * left the child's copy locked for ever: the child's next driver call hung
+ * (tests/test_stress.py's fork test, once in a few hundred forks). The
+ * child has only the forking thread: g_mu starts unlocked there. No callback
+ * runs under g_mu, so nothing it guards is left half-made by a client. */
+static void g_mu_child(void) { pthread_mutex_init(&g_mu, NULL); }
+__attribute__((constructor)) static void g_mu_atfork(void) { pthread_atfork(NULL, NULL, g_mu_child); }
+
 static atomic_int g_subscribed;      /* written under g_mu */
 static mvz_CUpti_CallbackFunc g_cb;
 static void *g_userdata;
@@ -52,6 +60,7 @@ static char g_sub_name[MVZ_CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN];
 static unsigned g_sub_gen;            /* picks the handle, so stale ones fail */
 static char g_handles[16];            /* handle = &g_handles[gen % 16] */
 static char *g_conflict;              /* holder reported by subscribe_v2 */
+static int g_conflict_shares;         /* the holder subscribed allowing others (CUPTI >= 13.5) */
 static atomic_int g_subscribe_error;
 
 static atomic_uchar g_enabled[MAX_DOMAIN][MAX_CBID];
@@ -82,6 +91,12 @@ typedef struct {
 } pending_t;
 static pending_t *g_queue;
 static size_t g_queue_len, g_queue_cap;
+/* Whether records are queued and whether buffer callbacks are registered,
+ * readable without g_mu: a flush with nothing to hand over returns at once,
+ * as CUPTI's does, instead of queueing on g_mu behind every driver call
+ * (its waiters are not served in turn: a snapshot of a tracker whose threads
+ * allocate in a tight loop could wait seconds). */
+static atomic_int g_queued_any, g_req_set;
 static char **g_strings;              /* strdup'd names, freed by fake_reset */
 static size_t g_strings_len, g_strings_cap;
 
@@ -179,6 +194,15 @@ static void write_holder(mvz_CUpti_SubscriberParams *p, const char *holder) {
     snprintf(p->oldSubscriberName, p->oldSubscriberSize, "%s", holder);
 }
 
+/* Multi-subscriber mode, as CUPTI 13.5 has it: asked for with
+ * allowMultipleSubscribers, which only a CUPTI of that version reads (an
+ * older one takes the struct's first four fields). */
+static int wants_to_share(const mvz_CUpti_SubscriberParams *p) {
+    size_t end = offsetof(mvz_CUpti_SubscriberParams, allowMultipleSubscribers) + 1;
+    return p && p->structSize >= end && p->allowMultipleSubscribers &&
+           atomic_load(&g_version) >= MVZ_CUPTI_MULTI_SUBSCRIBER_VERSION;
+}
+
 API int cuptiSubscribe_v2(mvz_CUpti_SubscriberHandle *subscriber, mvz_CUpti_CallbackFunc callback,
                           void *userdata, mvz_CUpti_SubscriberParams *params) {
     if (!subscriber) return MVZ_CUPTI_ERROR_INVALID_PARAMETER;
@@ -187,7 +211,8 @@ API int cuptiSubscribe_v2(mvz_CUpti_SubscriberHandle *subscriber, mvz_CUpti_Call
     pthread_mutex_lock(&g_mu);
     if (g_subscribe_error) {
         rc = g_subscribe_error;
-    } else if (g_conflict) { /* e.g. launched under Nsight Systems */
+    } else if (g_conflict && !(g_conflict_shares && wants_to_share(params))) {
+        /* e.g. launched under Nsight Systems */
         rc = MVZ_CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
         write_holder(params, g_conflict);
     } else if (g_subscribed) { /* CUPTI allows one subscriber per process */
@@ -203,6 +228,8 @@ API int cuptiSubscribe_v2(mvz_CUpti_SubscriberHandle *subscriber, mvz_CUpti_Call
         if (n) snprintf(g_sub_name, sizeof g_sub_name, "CUPTI for %.53s", n);
         else snprintf(g_sub_name, sizeof g_sub_name, "CUPTI");
         *subscriber = &g_handles[g_sub_gen % sizeof g_handles];
+        if (g_conflict) /* multi-subscriber mode: the first subscriber's name */
+            write_holder(params, g_conflict);
     }
     pthread_mutex_unlock(&g_mu);
     return rc;
@@ -501,11 +528,33 @@ API uint64_t fake_alloc_in_native_thread_after(void (*before)(void), int cbid, u
 
 /* n alloc+free pairs from the calling thread, timed inside C: the capture
  * cost per event without ctypes in the loop (benchmarks). Returns ns. */
+static uint64_t alloc_free_loop_on(clockid_t clock, int cbid_alloc, int cbid_free, uint64_t n,
+                                   uint64_t size) {
+    struct timespec a, b;
+    clock_gettime(clock, &a);
+    for (uint64_t i = 0; i < n; i++)
+        fake_free(cbid_free, fake_alloc(cbid_alloc, size, 0, 0), 0, 0);
+    clock_gettime(clock, &b);
+    return (uint64_t)(b.tv_sec - a.tv_sec) * 1000000000ull + (uint64_t)(b.tv_nsec - a.tv_nsec);
+}
+
 API uint64_t fake_alloc_free_loop(int cbid_alloc, int cbid_free, uint64_t n, uint64_t size) {
+    return alloc_free_loop_on(CLOCK_MONOTONIC, cbid_alloc, cbid_free, n, size);
+}
+
+/* As fake_alloc_free_loop, timed in the calling thread's CPU time: on a
+ * shared machine, time spent descheduled does not count (benchmarks). */
+API uint64_t fake_alloc_free_loop_cpu(int cbid_alloc, int cbid_free, uint64_t n, uint64_t size) {
+    return alloc_free_loop_on(CLOCK_THREAD_CPUTIME_ID, cbid_alloc, cbid_free, n, size);
+}
+
+/* n allocations kept live, from the caller's one Python line: a store of
+ * millions of live allocations in seconds (benchmarks/bench_scale.py). */
+API uint64_t fake_alloc_loop(int cbid, uint64_t n, uint64_t size) {
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
     for (uint64_t i = 0; i < n; i++)
-        fake_free(cbid_free, fake_alloc(cbid_alloc, size, 0, 0), 0, 0);
+        fake_alloc(cbid, size, 0, 0);
     clock_gettime(CLOCK_MONOTONIC, &b);
     return (uint64_t)(b.tv_sec - a.tv_sec) * 1000000000ull + (uint64_t)(b.tv_nsec - a.tv_nsec);
 }
@@ -555,6 +604,7 @@ API int cuptiActivityRegisterCallbacks(mvz_BuffersCallbackRequestFunc request,
     if (!request || !complete) return MVZ_CUPTI_ERROR_INVALID_PARAMETER;
     pthread_mutex_lock(&g_mu);
     g_req = request;
+    atomic_store(&g_req_set, request != NULL);
     g_done = complete;
     pthread_mutex_unlock(&g_mu);
     return MVZ_CUPTI_SUCCESS;
@@ -599,6 +649,8 @@ static void layout(const pending_t *r, uint8_t *dst, size_t size) {
  * fit; the buffer callbacks run with no lock held. */
 API int cuptiActivityFlushAll(uint32_t flag) {
     (void)flag; /* every fake record is complete, so forced == default */
+    if (atomic_load(&g_req_set) && !atomic_load(&g_queued_any))
+        return MVZ_CUPTI_SUCCESS; /* nothing queued */
     pthread_mutex_lock(&g_mu);
     mvz_BuffersCallbackRequestFunc req = g_req;
     mvz_BuffersCallbackCompleteFunc done = g_done;
@@ -607,6 +659,7 @@ API int cuptiActivityFlushAll(uint32_t flag) {
     if (req) {
         g_queue = NULL;
         g_queue_len = g_queue_cap = 0;
+        atomic_store(&g_queued_any, 0);
     }
     pthread_mutex_unlock(&g_mu);
     if (!req) return ERR_INVALID_OPERATION; /* documented: needs RegisterCallbacks */
@@ -670,6 +723,7 @@ API void fake_emit_memory2(int op, int memkind, uint64_t address, uint64_t bytes
         /* correlate with the last fake driver call on this thread, if any */
         g_queue[g_queue_len++] = (pending_t){op, memkind, tl_last_corr, device, address, bytes,
                                              timestamp, keep_string(name), keep_string(source)};
+        atomic_store(&g_queued_any, 1);
     }
     pthread_mutex_unlock(&g_mu);
 }
@@ -682,8 +736,10 @@ API void fake_reset(void) {
     g_sub_name[0] = '\0';
     free(g_conflict);
     g_conflict = NULL;
+    g_conflict_shares = 0;
     g_subscribe_error = 0;
     g_req = NULL;
+    atomic_store(&g_req_set, 0);
     g_done = NULL;
     g_dropped = 0;
     free(g_queue);
@@ -704,12 +760,26 @@ API void fake_reset(void) {
 
 API void fake_set_version(uint32_t v) { atomic_store(&g_version, v); }
 
-API void fake_set_conflict(const char *holder) {
+API void fake_set_conflict_sharing(const char *holder, int shares) {
     char *copy = holder ? strdup(holder) : NULL;
     pthread_mutex_lock(&g_mu);
     free(g_conflict);
     g_conflict = copy;
+    g_conflict_shares = shares;
     pthread_mutex_unlock(&g_mu);
+}
+
+API void fake_set_conflict(const char *holder) { fake_set_conflict_sharing(holder, 0); }
+
+/* Another tool subscribes now (torch.profiler after memviz): as CUPTI, it
+ * is refused while a subscriber holds CUPTI, unless both share. Returns 1
+ * when it got CUPTI (it then holds it, as fake_set_conflict's holder). */
+API int fake_other_tool_subscribes(const char *name, int shares) {
+    pthread_mutex_lock(&g_mu);
+    int ok = !g_conflict && (!g_subscribed || (shares && atomic_load(&g_version) >= MVZ_CUPTI_MULTI_SUBSCRIBER_VERSION));
+    pthread_mutex_unlock(&g_mu);
+    if (ok) fake_set_conflict_sharing(name, shares);
+    return ok;
 }
 
 API void fake_set_subscribe_error(int code) { atomic_store(&g_subscribe_error, code); }

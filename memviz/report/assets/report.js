@@ -10,7 +10,8 @@
   var D = JSON.parse(dataEl.textContent);
   var NS = 'http://www.w3.org/2000/svg';
   var main = root.querySelector('.mvz-main');
-  var STEP_COLORS = {'torch allocated': '#e15759', 'torch reserved': '#f28e2c', 'device total': '#59a14f'};
+  var STEP_COLORS = {'torch allocated': '#e15759', 'torch reserved': '#f28e2c', 'device total': '#59a14f',
+    'device memory (memviz) at step ends': '#1f3f6b'};
   var CATEGORY_COLORS = ['#76b7b2', '#af7aa1', '#b6992d', '#9c755f', '#ff9da7', '#6a9f58', '#d37295',
     '#8cd17d', '#a0cbe8', '#79706e'];
 
@@ -42,6 +43,12 @@
     if (Math.abs(s) >= 1) { return s.toFixed(3) + ' s'; }
     return (us / 1000).toFixed(2) + ' ms';
   }
+  // A time axis label: as fmtTime, with as many decimals as the range shown needs to tell ticks apart.
+  function fmtTick(us, span) {
+    if (Math.abs(us) < 1e6 || span >= 6e6) { return fmtTime(us); }
+    var digits = Math.min(6, Math.max(3, Math.ceil(-Math.log10(span / 6 / 1e6)) + 1));
+    return (us / 1e6).toFixed(Math.abs(us) >= 1e8 ? Math.max(digits, 1) : digits) + ' s';
+  }
   function fmtInt(n) { return n === null || n === undefined ? '' : Number(n).toLocaleString('en-US'); }
   function bisect(a, x) { var lo = 0, hi = a.length; while (lo < hi) { var m = (lo + hi) >> 1; if (a[m] <= x) { lo = m + 1; } else { hi = m; } } return lo; }
   function hash(s) { var h = 0; for (var i = 0; i < s.length; i++) { h = ((h << 5) - h + s.charCodeAt(i)) | 0; } return Math.abs(h); }
@@ -72,7 +79,12 @@
       parts.push('PyTorch memory seen through: ' + m.pytorch.route +
         (m.pytorch.reason ? ' (' + m.pytorch.reason + ')' : ''));
     }
+    if (m.capture) { parts.push('capture: ' + m.capture); }
     parts.push('generated ' + m.generated);
+    if (m.sample) {
+      s.appendChild(el('p', {'class': 'warn sample'}, 'This is a SAMPLE: ' + m.sample.sentence + ' (recorded on ' +
+        m.sample.date + ', running ' + m.sample.script + ').'));
+    }
     s.appendChild(el('p', {'class': 'sub'}, parts.join(' \u00b7 ')));
     if (m.dropped) {
       s.appendChild(el('p', {'class': 'warn'}, 'memviz\u2019s store was full: ' + fmtInt(m.dropped) +
@@ -86,13 +98,30 @@
       {key: 'frees', type: 'int'}, {key: 'failed', type: 'int'}],
     rows: D.devices.map(function (d) { return [d.name, d.current, d.peak, d.peak_t, d.allocs, d.frees, d.failed]; }),
     more: 0}, {sortable: false, narrow: true});
+    // What the driver says the process held, beside memviz's record (the section below has the split).
+    ((D.outside && D.outside.devices) || []).forEach(function (d) {
+      var p = el('p', {'class': 'note outside-summary', 'data-device': d.device, 'data-held': d.held,
+        'data-recorded': d.recorded, 'data-beyond': d.beyond});
+      p.appendChild(document.createTextNode(d.name + ': the process held ' + fmtBytes(d.held) + ' (' + d.source +
+        ') when tracking stopped; memviz recorded ' + fmtBytes(d.recorded) + ' of it: '));
+      p.appendChild(el('b', {}, fmtBytes(d.beyond) + ' beyond its record'));
+      p.appendChild(document.createTextNode(' (see \u201cMemory beyond memviz\u2019s record\u201d).'));
+      s.appendChild(p);
+    });
   }
 
   /* ---- timeline ----------------------------------------------------------- */
-  var view = null, hidden = {}, chartBoxes = [], dragging = null;
+  // The time range the charts open on (where memory moves, or the steps), null: the whole run.
+  var opening = D.timeline.window ? [D.timeline.window.start, D.timeline.window.end] : null;
+  var view = opening, hidden = {}, chartBoxes = [], dragging = null;
+  // A chart's plot is as tall as what it holds against the device that holds the most (never under PH_MIN).
+  var PH_FULL = 176, PH_MIN = 40;
+  var heldMost = Math.max.apply(null, [1].concat(D.timeline.charts.map(function (c) { return c.held || 0; })));
+  function plotHeight(held) { return Math.round(PH_MIN + (PH_FULL - PH_MIN) * Math.max(held || 0, 0) / heldMost); }
   window.addEventListener('mouseup', function (ev) { if (dragging) { dragging(ev); } });
   function seriesColor(s, i) {
     if (s.kind === 'total') { return '#4e79a7'; }
+    if (s.kind === 'tensors') { return '#e15759'; }
     if (s.kind === 'step') { return STEP_COLORS[s.name.replace(/ \(all devices\)$/, '')] || '#555'; }
     return CATEGORY_COLORS[categoryIndex(s.name) % CATEGORY_COLORS.length];
   }
@@ -112,8 +141,8 @@
   function valueAt(s, t) { var i = bisect(s.t, t) - 1; return i >= 0 ? s.v[i] : null; }
   function drawChart(ch, box) {
     box.textContent = '';
-    var W = Math.max(box.clientWidth || 0, 420), H = 210, ml = 70, mr = 14, mt = 10, mb = 24;
-    var pw = W - ml - mr, ph = H - mt - mb;
+    var W = Math.max(box.clientWidth || 0, 420), ml = 70, mr = 14, mt = 10, mb = 24;
+    var ph = plotHeight(ch.held), H = ph + mt + mb, pw = W - ml - mr, yticks = ph < 60 ? 1 : ph < 90 ? 2 : 4;
     var x0 = view ? view[0] : 0, x1 = view ? view[1] : Math.max(D.timeline.end || 0, 1);
     if (x1 <= x0) { x1 = x0 + 1; }
     var ymax = 0;
@@ -126,16 +155,18 @@
     ymax = niceMax(ymax * 1.04);
     function X(t) { return ml + (t - x0) / (x1 - x0) * pw; }
     function Y(v) { return mt + ph - v / ymax * ph; }
-    var svg = sv('svg', {width: W, height: H, 'class': 'timeline', 'data-device': ch.device});
+    var svg = sv('svg', {width: W, height: H, 'class': 'timeline', 'data-device': ch.device, 'data-held': ch.held,
+      'data-start': x0, 'data-end': x1});
     var axis = sv('g', {'class': 'axis'});
-    for (var k = 0; k <= 4; k++) {
-      var yv = ymax * k / 4, yy = Y(yv);
+    for (var k = 0; k <= yticks; k++) {
+      var yv = ymax * k / yticks, yy = Y(yv);
       axis.appendChild(sv('line', {x1: ml, x2: ml + pw, y1: yy, y2: yy, 'class': 'grid'}));
-      axis.appendChild(sv('text', {x: ml - 6, y: yy + 4, 'text-anchor': 'end'}, fmtBytes(yv)));
+      axis.appendChild(sv('text', {x: ml - 6, y: yy + 4, 'text-anchor': 'end', 'class': 'ytick'}, fmtBytes(yv)));
     }
     for (k = 0; k <= 6; k++) {
       var tv = x0 + (x1 - x0) * k / 6;
-      axis.appendChild(sv('text', {x: X(tv), y: H - 6, 'text-anchor': k === 0 ? 'start' : k === 6 ? 'end' : 'middle'}, fmtTime(tv)));
+      axis.appendChild(sv('text', {x: X(tv), y: H - 6, 'class': 'xtick', 'data-t': Math.round(tv),
+        'text-anchor': k === 0 ? 'start' : k === 6 ? 'end' : 'middle'}, fmtTick(tv, x1 - x0)));
     }
     svg.appendChild(axis);
     var clipId = 'clip' + ch.device + '_' + Math.random().toString(36).slice(2);
@@ -156,7 +187,8 @@
         var area = d.join('') + 'L' + X(s.t[hi]).toFixed(1) + ' ' + Y(0) + 'L' + X(s.t[lo]).toFixed(1) + ' ' + Y(0) + 'Z';
         plot.appendChild(sv('path', {d: area, fill: color, 'fill-opacity': 0.25, stroke: 'none', 'class': 'area'}));
       }
-      plot.appendChild(sv('path', {d: d.join(''), fill: 'none', stroke: color, 'stroke-width': s.kind === 'total' ? 1.6 : 1.3, 'class': 'series', 'data-name': s.name}));
+      plot.appendChild(sv('path', {d: d.join(''), fill: 'none', stroke: color, 'stroke-width': s.kind === 'total' ? 1.6 : 1.3,
+        'stroke-dasharray': s.kind === 'tensors' ? '5 3' : 'none', 'class': 'series', 'data-name': s.name}));
       if (s.kind === 'step' && hi - lo < 400) {
         for (j = lo; j <= hi; j++) { plot.appendChild(sv('circle', {cx: X(s.t[j]), cy: Y(s.v[j]), r: 2.2, fill: color})); }
       }
@@ -190,17 +222,37 @@
       showTip(lines.join('\n'), ev);
     });
     overlay.addEventListener('mouseleave', function () { cursor.setAttribute('visibility', 'hidden'); hideTip(); });
-    overlay.addEventListener('dblclick', function () { view = null; drawTimeline(); });
+    overlay.addEventListener('dblclick', function () { view = opening; drawTimeline(); });
     box.appendChild(svg);
   }
-  var zoomNote;
+  var zoomNote, wholeButton;
+  function sameView(a, b) { return a === b || (a && b && a[0] === b[0] && a[1] === b[1]); }
   function drawTimeline() {
     chartBoxes.forEach(function (cb) { drawChart(cb.chart, cb.box); });
-    if (zoomNote) { zoomNote.textContent = view ? 'showing ' + fmtTime(view[0]) + ' \u2013 ' + fmtTime(view[1]) + '; double-click a chart to show everything' : 'drag across a chart to zoom into a time range; double-click to reset'; }
+    if (!zoomNote) { return; }
+    var W = D.timeline.window, run = 'the run lasted ' + fmtTime(D.timeline.end);
+    var what = W ? (W.why === 'steps' ? 'the steps' : 'where memory moves') : '';
+    if (opening && sameView(view, opening)) {
+      zoomNote.textContent = 'showing ' + fmtTime(view[0]) + ' \u2013 ' + fmtTime(view[1]) + ', ' + what + ' (' + run +
+        '); drag across a chart to zoom into a time range, double-click to come back here. ';
+    } else if (view) {
+      zoomNote.textContent = 'showing ' + fmtTime(view[0]) + ' \u2013 ' + fmtTime(view[1]) + '; double-click a chart to show ' +
+        (opening ? what : 'everything') + '. ';
+    } else {
+      zoomNote.textContent = 'showing the whole run (' + fmtTime(D.timeline.end) + '); drag across a chart to zoom into a time range' +
+        (opening ? ', double-click to show ' + what + '. ' : ', double-click to reset.');
+    }
+    zoomNote.setAttribute('data-view', view ? 'range' : 'whole');
+    if (opening) {
+      wholeButton.textContent = view ? 'show the whole run' : 'show ' + what;
+      zoomNote.appendChild(wholeButton);
+    }
   }
   function timeline() {
     var s = section('Memory over time', 'mvz-timeline');
     zoomNote = el('p', {'class': 'hint'});
+    wholeButton = el('button', {type: 'button', 'class': 'btn whole-run'});
+    wholeButton.addEventListener('click', function () { view = view ? null : opening; drawTimeline(); });
     s.appendChild(zoomNote);
     if (D.timeline.category_note) { s.appendChild(el('p', {'class': 'note'}, 'By category: ' + D.timeline.category_note + '.')); }
     D.timeline.charts.forEach(function (ch) {
@@ -215,15 +267,40 @@
         legend.appendChild(item);
       });
       title.appendChild(legend); wrap.appendChild(title);
-      var box = el('div'); wrap.appendChild(box); s.appendChild(wrap);
+      var box = el('div'); wrap.appendChild(box);
+      // The lines' values at the peak and at the end, from the drawn series.
+      [['at the peak', ch.peak && ch.peak.t], ['at the end', D.timeline.end]].forEach(function (w) {
+        if (w[1] === null || w[1] === undefined) { return; }
+        var row = el('p', {'class': 'note values', 'data-when': w[0]});
+        row.appendChild(document.createTextNode(w[0] + ': '));
+        ch.series.forEach(function (se) {
+          if (se.kind === 'step') { return; }
+          var v = valueAt(se, w[1]);
+          if (v === null) { return; }
+          if (row.children.length) { row.appendChild(document.createTextNode(' \u00b7 ')); }
+          row.appendChild(el('span', {'data-name': se.name, 'data-bytes': v}, se.name + ' ' + fmtBytes(v)));
+        });
+        wrap.appendChild(row);
+      });
+      if (ch.recorded_categories) {
+        wrap.appendChild(el('p', {'class': 'note'}, 'This trace keeps no category per allocation (an older memviz wrote it), so ' +
+          'its lines say <unknown>; its tracker recorded at the peak: ' + Object.keys(ch.recorded_categories).map(function (k) {
+            return k + ' ' + fmtBytes(ch.recorded_categories[k]); }).join(' \u00b7 ') + '.'));
+      }
+      s.appendChild(wrap);
       chartBoxes.push({chart: ch, box: box});
     });
+    if (D.timeline.charts.some(function (ch) { return ch.series.some(function (se) { return se.kind === 'tensors'; }); })) {
+      s.appendChild(el('p', {'class': 'note'}, 'Device memory is memviz\u2019s record: PyTorch\u2019s segments and the memory ' +
+        'outside PyTorch, each byte once. PyTorch tensors (dashed) lie inside those segments, never added to them; ' +
+        'the categories add up to the device memory.'));
+    }
     if (!D.timeline.charts.length) { s.appendChild(el('p', {'class': 'note'}, 'No memory was recorded over time.')); }
     drawTimeline();
   }
 
   /* ---- flame graph (icicle) ----------------------------------------------- */
-  var flameIdx = 0, flamePath = [], flameBox;
+  var flameIdx = 0, flamePath = [], flameBox, flameNote;
   function nodeName(n) { var e = D.names[n[0]]; return e[1] ? e[0] + ' (' + basename(e[1]) + ':' + e[2] + ')' : e[0]; }
   function nodeColor(n) {
     var e = D.names[n[0]];
@@ -234,6 +311,11 @@
   function drawFlame() {
     flameBox.textContent = '';
     var f = D.flames[flameIdx]; if (!f) { return; }
+    if (flameNote) {
+      var ls = f.launchers || [];
+      flameNote.textContent = ls.length ? 'Each stack starts at the script: the frames of what ran it (' + ls.join(', ') +
+        ') are left out.' : '';
+    }
     var root = f.tree, focus = flamePath.length ? flamePath[flamePath.length - 1] : root;
     var W = Math.max(flameBox.clientWidth || 0, 420), RH = 18;
     function depth(n) { var d = 0; (n[3] || []).forEach(function (c) { d = Math.max(d, depth(c)); }); return d + 1; }
@@ -279,6 +361,7 @@
     var s = section('Live memory at the peak, by stack', 'mvz-flame');
     if (!D.flames.length) { s.appendChild(el('p', {'class': 'note'}, 'Nothing was live at the peak.')); return; }
     s.appendChild(el('p', {'class': 'hint'}, 'Outermost frame on top, the allocating frame at the bottom; width is bytes live at the device\u2019s peak. Click a frame to zoom in, click it again or double-click to zoom out.'));
+    flameNote = el('p', {'class': 'note launchers'}); s.appendChild(flameNote);
     var tabs = el('div', {'class': 'tabs'});
     D.flames.forEach(function (f, i) {
       var b = el('button', {type: 'button', 'class': i === 0 ? 'on' : ''}, f.name + ' (' + fmtBytes(f.tree[1]) + ')');
@@ -346,7 +429,8 @@
     if (spec.more) { parent.appendChild(el('p', {'class': 'note'}, '\u2026 and ' + fmtInt(spec.more) + ' more rows, not included in this report.')); }
     return state;
   }
-  var TABLE_TITLES = {'lines': 'By line (at the peak)', 'autograd nodes': 'By autograd node', 'calls': 'By call', 'categories': 'By category',
+  var TABLE_TITLES = {'lines': 'By line (at the peak)', 'lines at the tensor peak': 'By line (at the tensor peak)',
+    'before tracking': 'Before tracking (by category)', 'autograd nodes': 'By autograd node', 'calls': 'By call', 'categories': 'By category',
     'labels': 'By label', 'threads': 'By thread', 'kinds': 'By kind', 'live at end': 'Live at the end (by line)'};
   function tables() {
     var s = section('Where the memory is', 'mvz-tables');
@@ -368,9 +452,15 @@
     s.appendChild(tabs); s.appendChild(box);
   }
   /* ---- steps: memory per step, the findings marked on their steps --------- */
-  var STEP_PLOT_COLORS = {current: '#4e79a7', peak: '#9c755f', allocated: '#e15759', reserved: '#f28e2c'};
-  var STEP_PLOT_NAMES = {current: 'current (at the step\u2019s end)', peak: 'peak (inside the step)',
-    allocated: 'torch allocated', reserved: 'torch reserved'};
+  var STEP_PLOT_COLORS = {current: '#4e79a7', peak: '#9c755f', allocated: '#e15759', reserved: '#f28e2c',
+    'device total': '#59a14f'};
+  var STEP_PLOT_NAMES = {current: 'device memory (memviz) at the step\u2019s end', peak: 'device memory (memviz): the step\u2019s peak',
+    allocated: 'torch allocated', reserved: 'torch reserved', 'device total': 'device total (as the step records give it)'};
+  function stepHeld(dv) {
+    var m = 0;
+    Object.keys(dv.series).forEach(function (k) { dv.series[k].forEach(function (v) { if (v !== null && v > m) { m = v; } }); });
+    return m;
+  }
   var FINDING_COLORS = {growth: '#c0392b', fragmentation: '#8e44ad', spike: '#d35400', cache_churn: '#16a085',
     outside_pytorch: '#7f8c8d'};
   var stepBoxes = [];
@@ -381,8 +471,10 @@
   function drawStepPlot(dv, box) {
     box.textContent = '';
     var P = D.step_plot, xs = P.steps, n = xs.length;
-    var W = Math.max(box.clientWidth || 0, 420), H = 170, ml = 70, mr = 14, mt = 18, mb = 24;
-    var pw = W - ml - mr, ph = H - mt - mb;
+    var most = Math.max.apply(null, [1].concat(P.devices.map(stepHeld)));
+    var W = Math.max(box.clientWidth || 0, 420), ml = 70, mr = 14, mt = 18, mb = 24;
+    var ph = Math.round(PH_MIN + (128 - PH_MIN) * stepHeld(dv) / most), H = ph + mt + mb, pw = W - ml - mr;
+    var yticks = ph < 60 ? 1 : ph < 90 ? 2 : 4;
     var lo = Math.min.apply(null, xs), hi = Math.max.apply(null, xs), span = Math.max(hi - lo, 1);
     var half = n > 1 ? Math.max(pw / span / 2 * (P.bucket || 1), 1.5) : 8;
     function X(i) { return n > 1 ? ml + (i - lo) / span * pw : ml + pw / 2; }
@@ -390,10 +482,11 @@
     names.forEach(function (k) { dv.series[k].forEach(function (v) { if (v !== null && v > ymax) { ymax = v; } }); });
     ymax = niceMax(ymax * 1.04);
     function Y(v) { return mt + ph - v / ymax * ph; }
-    var svg = sv('svg', {width: W, height: H, 'class': 'step-plot', 'data-device': dv.device === null ? 'all' : dv.device});
+    var svg = sv('svg', {width: W, height: H, 'class': 'step-plot', 'data-device': dv.device === null ? 'all' : dv.device,
+      'data-held': stepHeld(dv)});
     var axis = sv('g', {'class': 'axis'});
-    for (var k = 0; k <= 4; k++) {
-      var yv = ymax * k / 4, yy = Y(yv);
+    for (var k = 0; k <= yticks; k++) {
+      var yv = ymax * k / yticks, yy = Y(yv);
       axis.appendChild(sv('line', {x1: ml, x2: ml + pw, y1: yy, y2: yy, 'class': 'grid'}));
       axis.appendChild(sv('text', {x: ml - 6, y: yy + 4, 'text-anchor': 'end'}, fmtBytes(yv)));
     }
@@ -552,7 +645,59 @@
     if (S.more) { s.appendChild(el('p', {'class': 'note'}, '\u2026 and ' + fmtInt(S.more) + ' smaller segments, not included.')); }
   }
 
-  summary(); timeline(); flame(); tables(); segments(); steps(); findings(); failures();
+  /* ---- memory beyond memviz's record ----------------------------------- */
+  function outside() {
+    var O = D.outside;
+    if (!O) { return; }
+    var s = section('Memory beyond memviz\u2019s record', 'mvz-outside');
+    s.appendChild(el('p', {'class': 'sub'}, 'What the driver says the process held when tracking stopped, less what memviz ' +
+      'recorded then: split into what memviz can name and an unexplained rest.'));
+    if (O.why_none) { s.appendChild(el('p', {'class': 'note'}, O.why_none + '.')); return; }
+    O.devices.forEach(function (d) {
+      var rows = [['held by the process (' + d.source + ')', d.held], ['recorded by memviz', d.recorded],
+        ['beyond its record', d.beyond]];
+      d.named.forEach(function (n) { rows.push(['\u2003' + n.what, n.bytes]); });
+      Object.keys(d.before_tracking || {}).forEach(function (k) { rows.push(['\u2003made before tracking: ' + k, d.before_tracking[k]]); });
+      rows.push(['\u2003unexplained', d.unexplained]);
+      s.appendChild(el('div', {'class': 'chart-title'}, d.name));
+      table(s, {columns: [{key: 'what', type: 'text'}, {key: 'bytes', type: 'bytes'}], rows: rows, more: 0},
+        {sortable: false, narrow: true});
+    });
+    s.appendChild(el('p', {'class': 'note'}, 'Unexplained: memory no allocation call that memviz saw made; memviz cannot say ' +
+      'what it is (the CUDA context and loaded kernels are usually part of it).'));
+    O.notes.forEach(function (n) { s.appendChild(el('p', {'class': 'note'}, n.charAt(0).toUpperCase() + n.slice(1) + '.')); });
+  }
+
+  /* ---- what if: the recorded requests under other allocator settings ------- */
+  function whatif() {
+    var W = D.whatif;
+    if (!W || !W.rows.length) { return; }
+    var s = section('What if: other allocator settings', 'mvz-whatif');
+    s.appendChild(el('p', {'class': 'sub'}, 'The recorded PyTorch requests replayed, in order and on their streams, ' +
+      'through a model of PyTorch\u2019s caching allocator; the first row replays the recorded settings.'));
+    var rows = W.rows.map(function (r) {
+      var name = (r.setting || 'defaults') + (r.device_memory ? ' on ' + r.device_memory : '') +
+        (r.recorded ? ' (recorded)' : '') + (r.approximate ? ' ~' : '');
+      return [name, 'cuda:' + r.device, r.reserved_peak, r.allocated_at_peak, r.unused_at_peak,
+        r.largest_free_at_peak, r.cuda_mallocs, r.retries, r.oom ? 'OOM' : (r.limit === null ? '' : 'yes'),
+        r.headroom];
+    });
+    table(s, {columns: [{key: 'setting', type: 'text'}, {key: 'device', type: 'text'},
+      {key: 'reserved peak', type: 'bytes'}, {key: 'allocated then', type: 'bytes'}, {key: 'unused', type: 'bytes'},
+      {key: 'largest free', type: 'bytes'}, {key: 'cudaMalloc', type: 'int'}, {key: 'retries', type: 'int'},
+      {key: 'fits', type: 'text'}, {key: 'headroom', type: 'bytes'}], rows: rows, more: 0});
+    W.rows.forEach(function (r) {
+      if (r.oom) {
+        s.appendChild(el('p', {'class': 'warn'}, (r.setting || 'defaults') + ', cuda:' + r.device + ': out of memory at ' +
+          r.oom.line + ', ' + fmtBytes(r.oom.requested) + ' asked with ' + fmtBytes(r.oom.reserved) + ' reserved. Live then: ' +
+          r.oom.top.map(function (x) { return x.line + ' ' + fmtBytes(x.bytes); }).join('; ') + '.'));
+      }
+      r.notes.forEach(function (n) { s.appendChild(el('p', {'class': 'note'}, n.charAt(0).toUpperCase() + n.slice(1) + '.')); });
+    });
+    s.appendChild(el('p', {'class': 'note'}, 'Not modelled: ' + W.not_modelled.join('; ') + '.'));
+  }
+
+  summary(); timeline(); flame(); tables(); segments(); steps(); findings(); failures(); outside(); whatif();
   if (D.findings_note && !D.findings) { main.appendChild(el('p', {'class': 'note'}, 'Findings: ' + D.findings_note + '.')); }
   var resizeTimer = null;
   window.addEventListener('resize', function () { clearTimeout(resizeTimer); resizeTimer = setTimeout(function () { drawTimeline(); drawFlame(); drawStepPlots(); }, 150); });

@@ -1,0 +1,101 @@
+/* The core's plain types and limits: the bottom floor of src/ (no
+ * functions, no state). Every file that needs a type but none of the store's
+ * functions includes this, not store.h; the allocation record itself is
+ * record.h's. */
+#ifndef MEMVIZ_TYPES_H
+#define MEMVIZ_TYPES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MVZ_MAX_DEPTH 256
+#define MVZ_MAX_DEVICES 64
+#define MVZ_HOST_SLOT MVZ_MAX_DEVICES     /* pinned host memory */
+#define MVZ_NSLOTS (MVZ_MAX_DEVICES + 1)
+#define MVZ_MAX_THREADS 4096
+#define MVZ_FAILURES 256
+#define MVZ_TIMELINE_POINTS 16384
+#define MVZ_MAX_WINDOWS 32     /* trackers nested in a running one (store.h) */
+#define MVZ_WINDOW_POINTS 4096
+
+enum mvz_kind {
+    MVZ_KIND_DEVICE = 0,   /* cuMemAlloc and friends, stream-ordered pools */
+    MVZ_KIND_HOST = 1,     /* pinned host memory */
+    MVZ_KIND_MANAGED = 2,  /* cuMemAllocManaged */
+    MVZ_KIND_STATIC = 3,   /* module globals (activity records) */
+    MVZ_KIND_PHYSICAL = 4, /* cuMemCreate handles (virtual memory management) */
+    MVZ_KIND_BLOCK = 5,    /* a block of PyTorch's caching allocator (allocator.h): it
+                            * lies inside a segment the driver handed out, so it
+                            * counts in the block totals, not the device's */
+};
+
+/* One Python frame as captured: the code object and the byte offset of the
+ * instruction. With MVZ_FRAME_RESOLVED, `code` is instead a tuple
+ * (filename, lineno, name, call) that memviz owns (made when the code object
+ * died before it could be kept alive; `call` is a str or None). */
+#define MVZ_FRAME_RESOLVED 1u
+#define MVZ_FRAME_DYING 2u
+typedef struct {
+    void *code;
+    int32_t offset;
+    uint32_t flags;
+} mvz_frame;
+
+
+typedef struct {
+    uint64_t current, peak, peak_timestamp;
+    uint64_t allocs, frees, failed;
+    uint64_t alloc_bytes; /* total bytes ever allocated */
+    uint32_t live_count, peak_count;
+    uint64_t window_peak; /* highest `current` since the last step mark */
+} mvz_totals;
+
+/* A stack whose live bytes or count changed since the last step mark. */
+typedef struct {
+    uint32_t stack_id;
+    uint32_t live_count;
+    uint64_t live_bytes;
+    int64_t delta_bytes;
+    int64_t delta_count;
+} mvz_site_change;
+
+
+typedef struct {
+    uint32_t stack_id;
+    uint32_t live_count;
+    uint64_t live_bytes, peak_bytes, alloc_count, alloc_bytes;
+} mvz_site;
+
+typedef struct {
+    uint64_t size, stream, timestamp;
+    uint32_t stack_id, thread_idx, label_id;
+    int32_t result;
+    int16_t slot;
+    uint8_t kind;
+} mvz_failure;
+
+typedef struct {
+    uint64_t timestamp, total;
+    int32_t slot;
+} mvz_point;
+
+typedef struct {
+    int64_t native_id;
+    uint64_t ident;  /* pthread_self(), which is threading.get_ident() */
+    uint64_t serial; /* mvz_store_thread_serial() of that thread */
+    char name[16];
+} mvz_thread;
+
+/* The thread index of every thread registered after the table filled up:
+ * one row past it, which threads() names as such (counted in
+ * dropped_threads), so that they are never taken for the table's last. */
+#define MVZ_THREAD_OVERFLOW MVZ_MAX_THREADS
+
+typedef struct {
+    uint64_t live, stacks, frames, threads, unmatched_frees, dropped_allocs,
+        dropped_stacks, dropped_threads, timeline_points, bytes_used, bytes_reserved, generation;
+    uint64_t stream_frees; /* blocks freed while another stream's use was recorded on them */
+    uint32_t max_live;
+} mvz_store_stats;
+
+#endif

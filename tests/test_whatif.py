@@ -1,0 +1,315 @@
+"""What if (issue 30) on the CPU: a trace's PyTorch requests replayed
+through the model of PyTorch's caching allocator (src/whatif.h) under
+other settings. Each rule is checked on request streams whose layout is
+worked out by hand, and random streams are run on the stand-in allocator
+(tests/stand_in_allocator, which follows the same rules) under each
+setting: the model, fed the trace of one run under the defaults, must
+predict the stand-in's own reserved memory under the others."""
+
+import gc
+import json
+import platform
+import random
+import subprocess
+import sys
+
+import pytest
+
+import memviz
+from conftest import ROOT
+
+torch = pytest.importorskip("torch", reason="the PyTorch integration needs torch (pip install torch)")
+
+import stand_in_allocator as sa  # noqa: E402
+from memviz import _core  # noqa: E402
+from memviz.analysis.whatif import parse_setting, rows_text  # noqa: E402
+from memviz.torch import allocator as route_mod  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not (platform.machine() == "x86_64" and platform.libc_ver()[0] == "glibc"),
+    reason="the allocator route patches a C++ vtable on x86-64 glibc only")
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+@pytest.fixture(scope="module")
+def builds(stand_in_root):
+    return lambda name, **defines: sa.build(stand_in_root / name, **defines)
+
+
+@pytest.fixture
+def standin(builds, fake, request):
+    memviz.frames.add_library_path(str(ROOT / "tests" / "stand_in_allocator"))
+    made = []
+
+    def make(name="default", **defines):
+        a = sa.StandInAnswers(builds(f"{request.node.name}-{name}".replace("/", "_"), **defines),
+                              fake.lib.fake_alloc, fake.lib.fake_free)
+        made.append(a)
+        return a
+
+    yield make
+    t = memviz.active_tracker()
+    if t is not None:
+        t.stop()
+    gc.collect()
+    assert _core.allocator_state()["outstanding"] == 0
+    route_mod._reset_for_tests()
+
+
+def _play(ans, ops):
+    """Run ops ("a", key, bytes[, stream]) / ("f", key) / ("e",) (empty_cache)
+    on the stand-in; returns its reserved memory at its highest. On another
+    stream than the default, a raw block (caching_allocator_alloc): a
+    tensor's allocate() does not say its stream, a raw allocation does."""
+    live, top = {}, ans.reserved()
+    for op in ops:
+        if op[0] == "a":
+            stream = op[3] if len(op) > 3 else 0
+            ans.set_stream(stream)
+            live[op[1]] = ans.raw_alloc(op[2]) if stream else ans.alloc(op[2])[0]
+            top = max(top, ans.reserved())
+        elif op[0] == "f":
+            x = live.pop(op[1])
+            if isinstance(x, int):
+                ans.raw_free(x)
+            del x  # a tensor goes now, as `del t` in a program
+        else:
+            ans.empty_cache()
+    ans.set_stream(0)
+    for x in live.values():
+        if isinstance(x, int):
+            ans.raw_free(x)
+    live.clear()
+    return top
+
+
+def _record(standin, tmp_path, ops, name="rec"):
+    """A trace of ops run on a fresh stand-in under the defaults, and its
+    reserved peak as the stand-in had it."""
+    ans = standin(name)
+    path = tmp_path / f"{name}.memviz"
+    with memviz.track(trace=str(path)) as t:
+        r = t.torch.use_answers(ans)
+        assert r.route == "allocator", r.reason
+        probe = ans.reserved()  # what the route's probe left cached, part of the record
+        ans.empty_cache()  # the stream starts on an empty pool (replayed: a recorded empty_cache)
+        top = max(probe, _play(ans, ops))
+    return memviz.load(str(path)), top
+
+
+def _alloc_line():
+    """The line of _play that asks the stand-in for a block (the user's line)."""
+    import inspect
+    src, first = inspect.getsourcelines(_play)
+    return first + next(i for i, ln in enumerate(src) if "ans.alloc(op[2])" in ln)
+
+
+def _rows(trace, *settings, device_memory=None):
+    return trace.whatif(*settings, device_memory=device_memory)
+
+
+# ---- each rule, worked out by hand ------------------------------------------------------
+
+
+def test_rounding_pools_and_segment_sizes(standin, tmp_path):
+    """1000 B rounds to 1 KiB in a 2 MiB small segment; 1 MiB is still small
+    (the same segment); 1 MiB + 1 is large: a 20 MiB segment, whose rest
+    (over 1 MiB) is split off and then holds 12 MiB."""
+    trace, real = _record(standin, tmp_path, [("a", 1, 1000), ("a", 2, MiB), ("a", 3, MiB + 1),
+                                              ("a", 4, 12 * MiB)])
+    row, = _rows(trace)
+    assert row.recorded and row.reserved_peak == real == 2 * MiB + 20 * MiB
+    assert row.allocated_peak == 1024 + MiB + (MiB + 512) + 12 * MiB
+    assert row.retries == 0 and row.oom is None
+
+
+def test_large_blocks_split_only_past_1_mib(standin, tmp_path):
+    """5 MiB in a fresh 20 MiB segment: the 15 MiB rest is split off; 14.5 MiB
+    then takes all 15 MiB (a rest of 0.5 MiB is not split): no new segment."""
+    trace, real = _record(standin, tmp_path, [("a", 1, 5 * MiB), ("a", 2, 14 * MiB + 512 * KiB)])
+    row, = _rows(trace)
+    assert row.reserved_peak == real == 20 * MiB
+    assert row.allocated_peak == 20 * MiB and row.unused_at_peak == 0
+
+
+def test_max_split_size_keeps_oversize_blocks_whole(standin, tmp_path):
+    """100 MiB freed; 50 MiB: under the defaults it splits the cached 100 MiB
+    block (130 MiB reserved); with max_split_size_mb:64 an oversize block is
+    not given to a smaller request: a new 50 MiB segment (180 MiB)."""
+    ops = [("a", 1, 30 * MiB), ("a", 2, 100 * MiB), ("f", 2), ("a", 3, 50 * MiB)]
+    trace, real = _record(standin, tmp_path, ops)
+    base, split = _rows(trace, "max_split_size_mb:64")
+    assert base.reserved_peak == real == 130 * MiB
+    assert split.reserved_peak == 180 * MiB and split.cuda_mallocs == base.cuda_mallocs + 1
+    assert split.largest_free_at_peak == 100 * MiB  # the oversize block, cached, unused
+
+
+def test_roundup_power2_divisions(standin, tmp_path):
+    """With 4 divisions, 1.1 MiB rounds to 1.25 MiB (steps of 256 KiB between
+    1 and 2 MiB): ten of them fill 12.5 MiB of one 20 MiB segment."""
+    ops = [("a", k, 1100 * KiB) for k in range(10)]
+    trace, _ = _record(standin, tmp_path, ops)
+    base, div = _rows(trace, "roundup_power2_divisions:4")
+    assert base.allocated_peak == 10 * 1100 * KiB
+    assert div.allocated_peak == 10 * 1280 * KiB and div.reserved_peak == 20 * MiB
+
+
+def test_a_smaller_card_runs_out_of_memory_at_the_line_and_retries_first(standin, tmp_path):
+    """A 60 MiB card (no context recorded here): 20 MiB, then 30 MiB freed and
+    cached (50 reserved), then 31 MiB (a 32 MiB segment): no room, the cached
+    segment is flushed (a retry) and it fits (52); then 20 MiB more: refused
+    even after a flush, named with its line and what was live."""
+    ops = [("a", 1, 20 * MiB), ("a", 2, 30 * MiB), ("f", 2), ("a", 3, 31 * MiB), ("a", 4, 20 * MiB)]
+    trace, _ = _record(standin, tmp_path, ops)
+    row, = _rows(trace, device_memory="60MiB")
+    assert row.retries == 2 and row.flushes == 2  # the 31 MiB request, then the refused one
+    assert row.oom is not None and row.oom.requested == 20 * MiB
+    assert row.oom.line.endswith(f"test_whatif.py:{_alloc_line()}"), row.oom.line
+    # the 31 MiB request's 32 MiB segment is not split (1 MiB left over): a 32 MiB block
+    assert row.oom.reserved == 52 * MiB and sum(b for _, b in row.oom.top) == 52 * MiB
+    assert row.headroom < 0
+    text = rows_text([row])
+    assert "out of memory at" in text and "OOM" in text
+
+
+def test_a_fraction_of_the_card_needs_the_recorded_card(standin, tmp_path):
+    trace, _ = _record(standin, tmp_path, [("a", 1, 20 * MiB)])
+    with pytest.raises(memviz.InvalidArgument, match="does not record the card's memory"):
+        _rows(trace, device_memory=0.9)
+
+
+def test_empty_cache_in_the_program_is_replayed(standin, tmp_path):
+    """The program freed its cache between two phases: the second phase's
+    segments are new ones, not the first's (the peak is one phase's)."""
+    ops = [("a", 1, 40 * MiB), ("f", 1), ("e",), ("a", 2, 60 * MiB)]
+    trace, real = _record(standin, tmp_path, ops)
+    row, = _rows(trace)
+    assert real == row.reserved_peak == 60 * MiB
+
+
+def test_expandable_segments_grow_in_granules_and_are_flagged(standin, tmp_path):
+    """Three 12 MiB requests: a 12 MiB segment each (36 MiB); in one
+    expandable segment, 20 MiB granules mapped as needed: two (40 MiB)."""
+    ops = [("a", k, 12 * MiB) for k in range(3)]
+    trace, _ = _record(standin, tmp_path, ops)
+    base, exp = _rows(trace, "expandable_segments:True")
+    assert base.reserved_peak == 36 * MiB and not base.approximate
+    assert exp.reserved_peak == 40 * MiB and exp.approximate
+    assert "~" in rows_text([base, exp])
+
+
+def test_garbage_collection_frees_the_oldest_cached_segments_under_a_fraction(standin, tmp_path):
+    """A card fraction of 100 MiB, threshold 0.5: past 50 MiB reserved, the
+    oldest whole free segments go before a new one is made (PyTorch does this
+    only with a memory fraction set)."""
+    ops = [("a", 1, 30 * MiB), ("f", 1), ("a", 2, 40 * MiB), ("f", 2), ("a", 3, 44 * MiB)]
+    trace, _ = _record(standin, tmp_path, ops)
+    trace.end.setdefault("pytorch_peak", {}).setdefault("0", {})["total_memory"] = 100 * MiB
+    plain, collected = _rows(trace, "garbage_collection_threshold:0.5", device_memory=1.0)
+    # without collection: 44 MiB finds no room (70 + 44 > 100), a flush frees both cached segments
+    assert (plain.reserved_peak, plain.retries) == (70 * MiB, 1)
+    # with it: past 50 MiB, the older cached segment (30 MiB) goes first; 40 + 44 fits
+    assert (collected.reserved_peak, collected.retries) == (84 * MiB, 0)
+
+
+# ---- the stand-in runs the same streams ---------------------------------------------------
+
+
+def _stream(seed, n=600):
+    rng = random.Random(seed)
+    ops, live, key = [], [], 0
+    sizes = [rng.choice([256, 4000, 700 * KiB, int(1.5 * MiB), 6 * MiB, 24 * MiB, 90 * MiB])
+             for _ in range(40)]
+    for _ in range(n):
+        if live and rng.random() < 0.45:
+            ops.append(("f", live.pop(rng.randrange(len(live)))))
+        else:
+            key += 1
+            base = rng.choice(sizes)
+            ops.append(("a", key, max(1, int(base * rng.uniform(0.5, 1.5))), rng.choice([0, 0, 0, 7])))
+            live.append(key)
+    return ops
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_predictions_equal_the_stand_in_run_under_each_setting(standin, tmp_path, seed):
+    ops = _stream(seed)
+    trace, real = _record(standin, tmp_path, ops, name=f"rec{seed}")
+    settings = {"max_split_size_mb:64": dict(max_split_size=64 * MiB),
+                "roundup_power2_divisions:4": dict(roundup_power2_divisions=4),
+                "max_split_size_mb:40,roundup_power2_divisions:2": dict(max_split_size=40 * MiB,
+                                                                         roundup_power2_divisions=2)}
+    rows = _rows(trace, *settings)
+    assert rows[0].reserved_peak == real, rows[0]
+    for row, (conf, kw) in zip(rows[1:], settings.items()):
+        ans = standin(f"run{seed}-{len(conf)}")
+        ans.reset()
+        ans.configure(**kw)
+        assert row.reserved_peak == _play(ans, ops), conf
+
+
+# ---- settings, the API, the command ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("conf, words", [
+    ("backend:cudaMallocAsync", "driver's own pool"),
+    ("max_split_size_mb:10", "more than 20"),
+    ("garbage_collection_threshold:1.5", "between 0 and 1"),
+    ("expandable_segments:maybe", "True or False"),
+    ("bogus:1", "not a PyTorch allocator setting"),
+    ("roundup_power2_divisions:3", "power of two"),
+])
+def test_settings_the_model_cannot_follow_are_refused_with_the_reason(conf, words):
+    with pytest.raises(memviz.InvalidArgument, match=words):
+        parse_setting(conf)
+
+
+def test_settings_without_effect_are_said_so():
+    _, _, notes = parse_setting("release_lock_on_cudamalloc:True,max_split_size_mb:128")
+    assert any("does not change device memory" in n for n in notes)
+
+
+def test_a_tracker_without_a_trace_says_what_to_do(standin):
+    with memviz.track() as t:
+        pass
+    with pytest.raises(memviz.InvalidArgument, match="trace="):
+        t.whatif("expandable_segments:True")
+
+
+def test_the_command_writes_text_and_json(standin, tmp_path):
+    trace, _ = _record(standin, tmp_path, [("a", 1, 5 * MiB), ("a", 2, 3 * MiB)])
+    env = dict(__import__("os").environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-m", "memviz", "whatif", trace.path, "--alloc-conf",
+                        "max_split_size_mb:64", "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["format"] == "memviz-whatif" and len(doc["rows"]) == 2
+    assert doc["rows"][0]["recorded"] and doc["rows"][1]["setting"] == "max_split_size_mb:64"
+    p = subprocess.run([sys.executable, "-m", "memviz", "whatif", trace.path, "--alloc-conf", "bogus:1"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2 and "not a PyTorch allocator setting" in p.stderr
+
+
+def test_the_report_carries_a_what_if_section(standin, tmp_path):
+    """memviz report --whatif: a section of the text, JSON and HTML reports
+    (the page draws it from its data: the table and the out-of-memory points)."""
+    trace, _ = _record(standin, tmp_path, [("a", 1, 20 * MiB), ("a", 2, 30 * MiB)])
+    from memviz.report import html
+    rows = _rows(trace, "max_split_size_mb:64", device_memory="40MiB")
+    page = html.render(trace, whatif=rows)
+    assert '"format":"memviz-whatif"' in page.replace(" ", "") and "What if: other allocator settings" in page
+    env = dict(__import__("os").environ, PYTHONPATH=str(ROOT))
+    for fmt, words in (("text", ("memviz whatif:", "out of memory at")), ("json", ('"whatif"', '"oom": {'))):
+        p = subprocess.run([sys.executable, "-m", "memviz", "report", trace.path, "--whatif", "max_split_size_mb:64",
+                            "--device-memory", "40MiB", "--format", fmt], capture_output=True, text=True, env=env,
+                           timeout=120)
+        assert p.returncode == 0 and all(w in p.stdout for w in words), p.stderr
+
+
+def test_several_ranks_with_whatif_are_refused_with_what_to_do(tmp_path):
+    sample = ROOT / "memviz" / "data" / "sample.memviz"
+    env = dict(__import__("os").environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-m", "memviz", "report", str(sample), str(sample), "--whatif",
+                        "expandable_segments:True"], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2 and "memviz whatif FILE" in p.stderr, p.stderr
