@@ -281,6 +281,57 @@ def test_runtime_buffers_are_not_compile_memory(compiled, fake):
     assert not bad, [f for f in bad[0].traceback if categories._compile_file(f.filename)]
 
 
+def test_reduce_overhead_calls_are_not_compile_memory():
+    """mode="reduce-overhead" runs every call of the compiled model through
+    compile_fx.cudagraphify's ``run`` (a compile-time file): those frames
+    run compiled code, so what they allocate (the CUDA-graph trees' warm-up,
+    recording, their pools' blocks) is not ``compile``; a compiler frame of
+    that file still is. The names are the installed torch's own functions."""
+    import inspect
+    import types
+
+    from memviz.model.traceback import Frame
+    import torch._inductor.compile_fx as cfx
+
+    src = inspect.getsource(cfx)
+    for name in ("cudagraphify", "cudagraphify_impl", "static_input", "run"):
+        assert f"def {name}(" in src, name
+    fx = cfx.__file__
+    gen = "/tmp/torchinductor_me/ab/cabcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrst.py"
+    runtime = [Frame(gen, 40, "call"), Frame("/x/torch/_inductor/cudagraph_trees.py", 900, "run_eager"),
+               Frame(fx, 1925, "cudagraphify.<locals>.run"), Frame("/x/torch/_inductor/output_code.py", 600, "__call__"),
+               Frame("/home/me/model.py", 24, "forward")]
+    assert not categories.is_compile(types.SimpleNamespace(traceback=runtime))
+    compiling = runtime[:2] + [Frame(fx, 800, "fx_codegen_and_compile")] + runtime[2:]
+    assert categories.is_compile(types.SimpleNamespace(traceback=compiling))
+
+
+def test_the_rest_of_a_graph_pools_segment_is_the_graph_pools():
+    """CUDA-graph trees keep a recorded graph's outputs in its private pool
+    without a block of the allocator's (torch.cuda.memory_snapshot() shows
+    the pool's segments with nothing allocated): the rest of such a segment
+    is the graph pool's memory (cuda_graph_pool, or private_pool for a
+    user's MemPool), not cache that empty_cache() gives back."""
+    import types
+
+    raw = [{"device": 0, "address": 1 << 30, "total_size": 64 << 20, "segment_pool_id": (0, 1)},
+           {"device": 0, "address": 2 << 30, "total_size": 2 << 20, "segment_pool_id": (0, 2)},
+           {"device": 0, "address": 3 << 30, "total_size": 2 << 20, "segment_pool_id": (0, 0)}]
+    private = categories.private_segments(raw, graph_pools={(0, 1)})
+
+    def rest(address):
+        a = types.SimpleNamespace(kind="device", category="unused_pool", address=address, device=0, size=1 << 20)
+        return categories._category(a, {}, set(), {}, False, None, None, private)
+
+    assert rest((1 << 30) + (8 << 20)) == "cuda_graph_pool"
+    assert rest(2 << 30) == "private_pool"
+    assert rest(3 << 30) == "unused_pool"
+    assert categories._category(types.SimpleNamespace(kind="device", category="unused_pool", address=1 << 30,
+                                                      device=0, size=1), {}, set(), {}, False, None) == "unused_pool"
+    stats = categories.private_segments(raw)  # without the graphs alive: told by the id only
+    assert [c for _, _, c in stats[0]] == ["private_pool", "private_pool"]
+
+
 # -- 3 and 4. compile-time memory: named, on the user's line, however deep ----
 
 

@@ -251,7 +251,7 @@ class Categories:
             out.append(a._replace(category=cat, autograd_node=node, forward=fwd))
         new = Snapshot(out, timestamp_ns=snap.timestamp_ns, devices=snap.devices,
                        frame_filter=snap.frame_filter)
-        new.torch_stats = torch_stats()
+        new.torch_stats = torch_stats(getattr(self, "_graph_pools", None))
         new.segments = pool
         new.pytorch = self.route.as_dict() if self.route is not None else None
         return new
@@ -383,11 +383,29 @@ _COMPILE_FILES = ("torch/_dynamo/convert_frame.py", "torch/_dynamo/symbolic_conv
                   "torch/_inductor/freezing.py", "torch/_inductor/constant_folding.py")
 
 
+#: functions of compile-time files that run compiled code, not the compiler:
+#: Inductor's CUDA-graph wrapper (``mode="reduce-overhead"``: every call of
+#: the compiled model goes through compile_fx.cudagraphify's ``run``)
+_RUNTIME_FUNCTIONS = {"torch/_inductor/compile_fx.py": frozenset((
+    "run", "cudagraphify", "cudagraphify_impl", "static_input", "index_expanded_dims_and_copy_"))}
+
+
 def is_compile(a) -> bool:
     """Allocated while ``torch.compile`` compiled: a frame of a compile-time
-    file of the compiler (``_COMPILE_FILES``) in its stack."""
+    file of the compiler (``_COMPILE_FILES``) in its stack, other than one of
+    the functions of those files that run the compiled code
+    (``_RUNTIME_FUNCTIONS``)."""
     for f in a.traceback or ():
-        if _compile_file(f.filename):
+        if _compile_file(f.filename) and not _runtime_function(f):
+            return True
+    return False
+
+
+def _runtime_function(f) -> bool:
+    fn = f.filename.replace("\\", "/")
+    for needle, names in _RUNTIME_FUNCTIONS.items():
+        # the name is a qualified one where Python records it so ("cudagraphify.<locals>.run")
+        if (f"/{needle}" in fn or fn.startswith(needle)) and f.name.rsplit(".", 1)[-1] in names:
             return True
     return False
 
@@ -451,6 +469,11 @@ def _stack_facts(a, memo: Optional[dict]) -> tuple:
 def _category(a, cats, live, segments, precise, current, memo: Optional[dict] = None,
               private: Optional[dict] = None) -> str:
     if a.category:  # set when put together with its segment (unused_pool)
+        if private and a.kind == "device" and a.category == "unused_pool":
+            # The rest of a private pool's segment is that pool's: a CUDA graph's
+            # (the trees keep their outputs there without a block of the
+            # allocator's), or a MemPool's; empty_cache() does not give it back.
+            return _private_of(a, private) or a.category
         return a.category
     if a.kind == "static":
         return "outside_pytorch/CUDA module globals"
@@ -502,8 +525,11 @@ def _category(a, cats, live, segments, precise, current, memo: Optional[dict] = 
     return "outside_pytorch"
 
 
-def torch_stats() -> Dict[int, Dict[str, int]]:
-    """PyTorch's own figures per device (allocated, reserved, active)."""
+def torch_stats(graph_pools=None) -> Dict[int, Dict[str, int]]:
+    """PyTorch's own figures per device (allocated, reserved, active), and
+    what CUDA graphs' private pools hold: a pool made by a capture ((n, 0))
+    or one of ``graph_pools`` (the pools of the CUDA graphs alive, as
+    CUDA-graph trees make them with ``graph_pool_handle()``: (0, n))."""
     torch = sys.modules.get("torch")
     out: Dict[int, Dict[str, int]] = {}
     if torch is None or not torch.cuda.is_initialized():
@@ -523,7 +549,7 @@ def torch_stats() -> Dict[int, Dict[str, int]]:
         return out
     for seg in raw:
         pool = tuple(seg.get("segment_pool_id") or (0, 0))
-        if len(pool) == 2 and pool[0] != 0:  # a CUDA graph's private pool
+        if len(pool) == 2 and (pool[0] != 0 or pool in (graph_pools or ())):  # a CUDA graph's private pool
             d = out.get(seg["device"])
             if d is None:
                 continue

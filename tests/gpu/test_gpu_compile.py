@@ -140,6 +140,7 @@ with memviz.track() as t:
 res["reduce_overhead"] = dict(live=figures(snap), peak=figures(t.peak_snapshot(peak="tensor")),
                               replay_allocs=replay_allocs, live_blocks=live, memory_allocated=alloc_now,
                               graph_pools=snap.torch_stats.get(0, {{}}).get("graph_pools_reserved", 0),
+                              graph_pool_bytes=sum(a.size for a in snap.allocations if a.category == "cuda_graph_pool"),
                               seconds=round(time.time() - start, 1))
 del y, model, cmodel
 torch._dynamo.reset(); torch.cuda.synchronize(); torch.cuda.empty_cache()
@@ -229,12 +230,16 @@ def test_a_compiled_training_step_is_on_the_models_lines(figures):
 def test_reduce_overhead_is_on_the_models_lines_and_its_replays_allocate_nothing(figures):
     r = figures["reduce_overhead"]
     print("reduce-overhead:", json.dumps(r))
-    _share_and_top(r["live"], "live")
-    assert not r["peak"]["bad_top"], r["peak"]["top"]
+    # What the compiled code allocated (the trees' warm-up and recording) is on
+    # the model's lines at the tensor peak. Once recorded, the trees keep their
+    # outputs in the graph's pool without a block of the allocator's (PyTorch's
+    # own snapshot shows those segments with nothing allocated): live, that
+    # memory is the pool's, cuda_graph_pool, all of what the pools reserve.
+    _share_and_top(r["peak"], "at the tensor peak")
+    assert not r["live"]["bad_top"], r["live"]["top"]
     assert r["replay_allocs"] == 0, r
     assert r["live_blocks"] == r["memory_allocated"], r
-    assert r["live"]["categories"].get("cuda_graph_pool", 0) > 0, r["live"]["categories"]
-    assert r["graph_pools"] > 0, r
+    assert r["graph_pools"] > 0 and r["graph_pool_bytes"] == r["graph_pools"], r
 
 
 def test_a_manual_cuda_graph_pool_is_named_and_on_the_users_lines(figures):
