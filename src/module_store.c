@@ -480,7 +480,8 @@ error:
 }
 
 /* step_mark() -> StepMark({device: StepTotals(current, window_peak, live_count)},
- *      [StepChange(stack_id, live_bytes, live_count, delta_bytes, delta_count)])
+ *      [StepChange(stack_id, live_bytes, live_count, delta_bytes, delta_count, block_bytes,
+ *                  block_delta)])
  * Costs O(stacks), not O(live allocations): the per-step hook's budget. */
 static PyObject *core_step_mark(PyObject *self, PyObject *args)
 {

@@ -88,6 +88,8 @@ static PyStructSequence_Field step_change_fields[] = {
     {"live_count", "allocations it holds now"},
     {"delta_bytes", "change of live_bytes since the previous step mark"},
     {"delta_count", "change of live_count since the previous step mark"},
+    {"block_bytes", "of live_bytes, PyTorch's blocks (the allocator route)"},
+    {"block_delta", "change of block_bytes since the previous step mark"},
     {NULL, NULL},
 };
 static PyStructSequence_Field frame_fields[] = {
@@ -144,7 +146,7 @@ static PyStructSequence_Desc descs[R_COUNT] = {
                        step_totals_fields, 3},
     [R_STEP_CHANGE] = {"memviz._core.StepChange",
                        "A stack whose live memory changed since the last step mark.",
-                       step_change_fields, 5},
+                       step_change_fields, 7},
     [R_FRAME] = {"memviz._core.Frame", "A frame of a stack: resolve()'s values, innermost first.",
                  frame_fields, 3},
     [R_COPY] = {"memviz._core.StoreCopy", "What a tracker reads, copied at one instant: copy().",
@@ -250,9 +252,10 @@ static PyObject *point_row(const void *p)
 static PyObject *step_change_row(const void *p)
 {
     const mvz_site_change *c = p;
-    PyObject *v[5] = {U64(c->stack_id), U64(c->live_bytes), U64(c->live_count),
-                      I64(c->delta_bytes), I64(c->delta_count)};
-    return make(R_STEP_CHANGE, v, 5);
+    PyObject *v[7] = {U64(c->stack_id),    U64(c->live_bytes),  U64(c->live_count),
+                      I64(c->delta_bytes), I64(c->delta_count), U64(c->block_bytes),
+                      I64(c->block_delta)};
+    return make(R_STEP_CHANGE, v, 7);
 }
 
 /* A list of n records built by `row` from rows[] (elements of `size`

@@ -257,15 +257,19 @@ size_t mvz_stacks_step_changes(mvz_stacks *s, mvz_site_change *out)
     size_t m = 0;
     for (size_t id = 0; id < s->n; id++) {
         mvz_stack *st = &s->stacks[id];
-        if (st->live_bytes == st->mark_bytes && st->live_count == st->mark_count)
+        if (st->live_bytes == st->mark_bytes && st->live_count == st->mark_count &&
+            st->block_bytes == st->block_mark)
             continue;
         out[m].stack_id = (uint32_t)id;
         out[m].live_count = st->live_count;
         out[m].live_bytes = st->live_bytes;
         out[m].delta_bytes = (int64_t)st->live_bytes - (int64_t)st->mark_bytes;
         out[m].delta_count = (int64_t)st->live_count - (int64_t)st->mark_count;
+        out[m].block_bytes = st->block_bytes;
+        out[m].block_delta = (int64_t)st->block_bytes - (int64_t)st->block_mark;
         st->mark_bytes = st->live_bytes;
         st->mark_count = st->live_count;
+        st->block_mark = st->block_bytes;
         m++;
     }
     return m;

@@ -23,6 +23,10 @@ typedef struct {
     uint64_t live_bytes, peak_bytes, alloc_count, alloc_bytes;
     uint32_t live_count, mark_count;
     uint64_t mark_bytes; /* live bytes at the last step mark */
+    /* Of those, PyTorch's blocks (MVZ_KIND_BLOCK): on the allocator route a
+     * stack's segments hold blocks counted at their own lines, so a finding
+     * about PyTorch's allocated memory reads these. */
+    uint64_t block_bytes, block_mark;
 } mvz_stack;
 
 typedef struct {

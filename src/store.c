@@ -345,6 +345,8 @@ uint32_t mvz_store_record_alloc(uint64_t stamp, uint64_t address, uint64_t size,
 
     mvz_stack *s = &stacks.stacks[stack_id];
     s->live_bytes += size;
+    if (kind == MVZ_KIND_BLOCK)
+        s->block_bytes += size;
     s->live_count++;
     s->alloc_count++;
     s->alloc_bytes += size;
@@ -390,6 +392,8 @@ static int free_locked(uint64_t address, int kind, uint64_t ts)
 
     mvz_stack *s = &stacks.stacks[a.stack_id];
     s->live_bytes -= a.size;
+    if (a.kind == MVZ_KIND_BLOCK)
+        s->block_bytes -= a.size;
     s->live_count--;
     mvz_totals *t = totals_of(a.kind, a.slot);
     mvz_totals_free(t, a.size);

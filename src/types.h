@@ -57,6 +57,8 @@ typedef struct {
     uint64_t live_bytes;
     int64_t delta_bytes;
     int64_t delta_count;
+    uint64_t block_bytes; /* of live_bytes, PyTorch's blocks */
+    int64_t block_delta;  /* change of block_bytes since the last step mark */
 } mvz_site_change;
 
 

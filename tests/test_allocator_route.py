@@ -399,3 +399,32 @@ def test_a_segment_emptied_before_the_report_is_still_pytorchs_at_the_peak(stand
     cats = {str(s.key) for s in peak.statistics("category")}
     assert not any(c.startswith("outside_pytorch") for c in cats), cats
     assert "unused_pool" in cats or "temporary" in cats, cats
+
+
+def test_growth_lines_read_blocks_not_the_segments_that_hold_them(standin):
+    """A line's segments hold blocks counted at the blocks' own lines: the
+    step records carry each line's block growth beside its whole growth, and
+    a finding about PyTorch's allocated memory reads the blocks, so neither a
+    segment made on a thread without Python frames (the backward's) nor the
+    segment under a kept block counts a second time."""
+    from memviz.analysis import diagnose as _diagnose
+
+    ans = standin()
+    kept = []
+    with memviz.track() as t:
+        _attach(t, ans)
+        for _ in range(8):
+            kept.append(ans.alloc(3 << 20)[0]); line = here()  # noqa: E702
+            ans.lib.sa_native_thread(1, 1, 1 << 20)  # a frameless thread keeps a block (and its segment)
+            t.step()
+        size = next(x.size for x in t.snapshot().allocations if x.kind == "block" and x.user_frame
+                    and x.user_frame.lineno == line)
+        ans.lib.sa_native_free_kept()
+    post = t.steps[3:]
+    mine = [g for s in post for g in s.lines if g.location.endswith(f":{line}")]
+    assert len(mine) == len(post) and all(g.block_bytes == size for g in mine), mine
+    by_blocks = {fl.location: fl.bytes for fl in _diagnose._grown_lines(post, blocks=True)}
+    assert by_blocks[mine[0].location] == len(post) * size, by_blocks
+    # with the segments counted too, the same line grows by more than its blocks
+    assert {fl.location: fl.bytes for fl in _diagnose._grown_lines(post)}[mine[0].location] >= len(post) * size
+    kept.clear()

@@ -428,3 +428,28 @@ def test_the_no_gpu_example_names_its_own_lines_and_the_leak(tmp_path):
     assert p.returncode == 0, p.stderr
     assert f"try_without_gpu.py:{leak}" in p.stdout  # the loss line, kept in `history`
     assert "[growth]" in p.stdout and "Steps: 8 recorded" in p.stdout
+
+
+def test_a_growth_finding_on_blocks_leaves_out_lines_that_only_made_segments():
+    """On the allocator route a step line carries its blocks' growth: the
+    finding about PyTorch's allocated memory sums those, and a line that only
+    made segments (the backward's, without Python frames) is not listed; a
+    trace of an older memviz, without block figures, is read as before."""
+    from memviz.analysis.diagnose import _grown_lines
+    from memviz.model.steps import GrowthLine, StepRecord
+
+    def steps(with_blocks):
+        out = []
+        for i in range(6):
+            seg = GrowthLine("<no Python frames>:?", "", 8 << 20, 1, (i + 1) * (8 << 20), i + 1,
+                             *((0, 0) if with_blocks else (None, None)))
+            mine = GrowthLine("train.py:12", "step", 5 << 20, 2, (i + 1) * (5 << 20), 2 * (i + 1),
+                              *((4 << 20, (i + 1) * (4 << 20)) if with_blocks else (None, None)))
+            out.append(StepRecord(i, i * 1000, 1000, {}, [seg, mine]))
+        return out
+
+    assert [(f.location, f.bytes) for f in _grown_lines(steps(True), blocks=True)] == [("train.py:12", 24 << 20)]
+    older = [(f.location, f.bytes) for f in _grown_lines(steps(False), blocks=True)]
+    assert older == [("<no Python frames>:?", 48 << 20), ("train.py:12", 30 << 20)]
+    again = StepRecord.from_dict(steps(True)[0].to_dict())
+    assert again.lines[1].block_bytes == 4 << 20 and again.lines[1].block_live_bytes == 4 << 20

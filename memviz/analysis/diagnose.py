@@ -111,7 +111,7 @@ def _growth(obj, steps, warm, graph) -> List[Finding]:
         numbers = {"device": dev, "series": name, "bytes_per_step": tr["slope"], "rise": tr["rise"],
                    "steps": tr["steps"], "first_step": post[0].index, "last_step": post[-1].index,
                    "start": tr["start"], "end": tr["end"], "steps_increasing": tr["ups"]}
-        lines = _grown_lines(post)
+        lines = _grown_lines(post, blocks=name == "allocated")
         what = ("memory PyTorch does not hold" if outside else
                 "PyTorch's allocated memory" if name == "allocated" else "live GPU memory")
         msg = (f"{what[0].upper() + what[1:]} on {_dev(dev)} rises {format_size(tr['slope'])} per step "
@@ -131,18 +131,26 @@ def _growth(obj, steps, warm, graph) -> List[Finding]:
     return out
 
 
-def _grown_lines(post) -> List[FindingLine]:
+def _grown_lines(post, blocks: bool = False) -> List[FindingLine]:
     """Net growth per line over the steps: live at its last appearance minus
-    live before its first."""
+    live before its first. With ``blocks`` (a finding about PyTorch's
+    allocated memory), PyTorch's blocks only, where the steps recorded them:
+    the segments a line made hold blocks counted at their own lines."""
     first: Dict[str, int] = {}
     last: Dict[str, int] = {}
     seen: Dict[str, int] = {}
+    # blocks were recorded (the allocator route): a line without one of its own
+    # grew by segments, which hold blocks counted at those blocks' lines
+    blocks = blocks and any(g.block_live_bytes for s in post for g in s.lines)
     for s in post:
         step: Dict[str, List[int]] = {}  # a location listed twice in one step is one line
         for g in s.lines:
+            grew, live = (g.block_bytes or 0, g.block_live_bytes or 0) if blocks else (g.bytes, g.live_bytes)
+            if blocks and not (grew or live):
+                continue
             agg = step.setdefault(g.location, [0, 0])
-            agg[0] += g.bytes
-            agg[1] += g.live_bytes
+            agg[0] += grew
+            agg[1] += live
         for loc, (grew, live) in step.items():
             if loc not in first:
                 first[loc] = live - grew

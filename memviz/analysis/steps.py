@@ -205,11 +205,16 @@ def _record(tracker, info: Dict[str, Any]) -> Tuple[StepRecord, List[_Sink]]:
 
 
 def _growth_lines(st: _StepState, tracker, changed) -> List[GrowthLine]:
-    grew = [c for c in changed if c.delta_bytes > 0]
+    """The lines whose live memory grew in the step: the most by all their
+    bytes, and the most by PyTorch's blocks alone (on the allocator route a
+    line's segments hold blocks counted at their own lines: a finding about
+    PyTorch's allocated memory reads the blocks)."""
+    grew = [c for c in changed if c.delta_bytes > 0 or c.block_delta > 0]
     if not grew:
         return []
     if len(grew) > 4 * TOP_LINES:
-        grew = heapq.nlargest(4 * TOP_LINES, grew, key=lambda c: c.delta_bytes)
+        grew = list({id(c): c for c in heapq.nlargest(4 * TOP_LINES, grew, key=lambda c: c.delta_bytes)
+                     + heapq.nlargest(4 * TOP_LINES, grew, key=lambda c: c.block_delta)}.values())
     flt = tracker.frame_filter or _default_filter
     frames = st.user_frames(flt, [c.stack_id for c in grew])
     # One entry per location ("file:line"): two functions on one line (a
@@ -221,16 +226,22 @@ def _growth_lines(st: _StepState, tracker, changed) -> List[GrowthLine]:
         loc = str(f)
         agg = by_line.get(loc)
         if agg is None:
-            by_line[loc] = [d_b, d_n, live_b, live_n, {f.name: d_b}]
+            by_line[loc] = [d_b, d_n, live_b, live_n, {f.name: d_b}, c.block_delta, c.block_bytes]
         else:
             agg[0] += d_b
             agg[1] += d_n
             agg[2] += live_b
             agg[3] += live_n
             agg[4][f.name] = agg[4].get(f.name, 0) + d_b
-    top = sorted(by_line.items(), key=lambda kv: -kv[1][0])[:TOP_LINES]
-    return [GrowthLine(loc, max(a[4], key=a[4].__getitem__), a[0], a[1], a[2], a[3])
-            for loc, a in top]
+            agg[5] += c.block_delta
+            agg[6] += c.block_bytes
+    items = list(by_line.items())
+    top = {loc: a for loc, a in sorted(items, key=lambda kv: -kv[1][0])[:TOP_LINES]}
+    for loc, a in sorted(items, key=lambda kv: -kv[1][5])[:TOP_LINES]:
+        if a[5] > 0:
+            top.setdefault(loc, a)
+    return [GrowthLine(loc, max(a[4], key=a[4].__getitem__), a[0], a[1], a[2], a[3], a[5], a[6])
+            for loc, a in top.items()]
 
 
 # ---- on_step ----------------------------------------------------------------------

@@ -83,7 +83,8 @@ def _absorb(kept: Dict[int, Any], changed: List[Any]) -> None:
         old = kept.get(c.stack_id)
         if old is not None:
             c = _core.StepChange((c.stack_id, c.live_bytes, c.live_count,
-                                  c.delta_bytes + old.delta_bytes, c.delta_count + old.delta_count))
+                                  c.delta_bytes + old.delta_bytes, c.delta_count + old.delta_count,
+                                  c.block_bytes, c.block_delta + old.block_delta))
         kept[c.stack_id] = c
 
 

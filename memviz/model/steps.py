@@ -42,6 +42,11 @@ class GrowthLine:
     count: int  # net growth of its live allocation count
     live_bytes: int  # its live bytes at the end of the step
     live_count: int
+    #: of those, PyTorch's blocks (growth and live at the end): what a finding
+    #: about PyTorch's allocated memory reads, since the segments a line made
+    #: hold blocks counted at their own lines (None in a trace of an older memviz)
+    block_bytes: Optional[int] = None
+    block_live_bytes: Optional[int] = None
 
     def __str__(self) -> str:
         return f"{self.location}: {format_size(self.bytes, sign=True)} (live {format_size(self.live_bytes)})"

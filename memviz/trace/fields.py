@@ -157,7 +157,10 @@ _DEVICE_STEP = {"current": _OPT_U64, "peak": _OPT_U64, "live_count": _OPT_U64,
                 "segment_frees": (0, _U64), "segment_alloc_bytes": (0, _U64),
                 "allocated": _OPT_U64, "reserved": _OPT_U64, "allocated_peak": _OPT_U64}
 _GROWTH_LINE = {"location": str, "name": str, "bytes": (-_U64, _U64), "count": (-_U64, _U64),
-                "live_bytes": (0, _U64), "live_count": (0, _U64)}
+                "live_bytes": (0, _U64), "live_count": (0, _U64), "block_bytes": ((-_U64, _U64), None),
+                "block_live_bytes": _OPT_U64}
+#: a trace of an older memviz has no block figures
+_GROWTH_LINE_REQUIRED = ("location", "name", "bytes", "count", "live_bytes", "live_count")
 
 
 def _stats(stats: Dict[str, Any], what: str) -> Dict[str, Any]:
@@ -239,7 +242,7 @@ def check_step(entry: Any, n: int) -> Any:
         dev = _key(k, -128, 127, f"{what}: a device")
         devices[str(dev)] = _record(v, _DEVICE_STEP, f"{what}: {_field('devices')}[{k!r}]")
     lines = [_record(g, _GROWTH_LINE, f"{what}: {_field('lines')}[{i}]",
-                     required=tuple(_GROWTH_LINE))
+                     required=_GROWTH_LINE_REQUIRED)
              for i, g in enumerate(d.get("lines", []))]
     info = {k: _info_value(v, f"{what}: {_field('info')}[{k!r}]")
             for k, v in d.get("info", {}).items()}
