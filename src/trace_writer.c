@@ -107,7 +107,8 @@ static pthread_t tw_thread;
 static int tw_running, tw_stopping, tw_fd = -1, tw_level;
 static unsigned tw_interval_ms;
 static size_t tw_budget;
-static mvz_raw_event *tw_raw; /* CHUNK_EVENTS taken at a time */
+static mvz_raw_event *tw_raw; /* CHUNK_EVENTS taken at a time; more while held (below) */
+static size_t tw_cap;         /* events tw_raw has room for */
 static mvz_tw_stats st;
 static tw_chunk *q_head, *q_tail; /* flight: oldest first */
 static mvz_livetab base;
@@ -298,8 +299,12 @@ static void keep(tw_chunk *c)
  * names: an event that needs a name not yet written waits in tw_raw, with
  * every event after it, until Python's next chunks of names (every
  * interval), or at most HOLD_MS (Python cannot run: its names come after
- * its events then), or until tw_raw is full of them. */
+ * its events then), or until tw_raw is full of them. tw_raw grows a chunk's
+ * worth at a time to HOLD_MAX while events wait (a program making new
+ * stacks faster than Python names them: 8 chunks, 20 MB of records), so
+ * that a slow naming pass is waited for, not written around. */
 #define HOLD_MS 3000
+#define HOLD_MAX (8 * CHUNK_EVENTS)
 static uint32_t named_stacks = 1; /* stack ids below this are named in the file */
 static uint32_t named_labels;     /* label ids 1..this are named in the file */
 static size_t held;               /* events kept at the start of tw_raw */
@@ -315,17 +320,17 @@ static int named(const mvz_raw_event *e)
            (label == 0 || label <= named_labels || (label >= 0xFFFF && named_labels >= 0xFFFE));
 }
 
-/* Encode, frame and hand to the sink events [0, n) of tw_raw (ALLOC, FREE,
- * FAILED; the TIME and GAP markers are made here). Writer thread or a
- * binding without the GIL, tw_lock held: malloc, zlib and write(2) only,
- * never the capture path's locks or Python. */
-static void emit(size_t n, uint64_t dropped)
+/* Encode, frame and hand to the sink events ev[0, n) (ALLOC, FREE, FAILED;
+ * the TIME and GAP markers are made here), n at most CHUNK_EVENTS. Writer
+ * thread or a binding without the GIL, tw_lock held: malloc, zlib and
+ * write(2) only, never the capture path's locks or Python. */
+static void emit(const mvz_raw_event *ev, size_t n, uint64_t dropped)
 {
     uint8_t *buf = NULL;
-    long len = mvz_ring_encode(tw_raw, n, dropped, &buf);
+    long len = mvz_ring_encode(ev, n, dropped, &buf);
     if (len >= 0) {
-        uint64_t first = n ? tw_raw[0].timestamp : mvz_now_ns();
-        uint64_t last = n ? tw_raw[n - 1].timestamp : first;
+        uint64_t first = n ? ev[0].timestamp : mvz_now_ns();
+        uint64_t last = n ? ev[n - 1].timestamp : first;
         tw_chunk *c = frame_events((const mvz_event *)buf, (size_t)len / sizeof(mvz_event),
                                    (uint32_t)n, first, last);
         if (c) {
@@ -359,7 +364,15 @@ static void drain(int only, int force)
 {
     for (int takes = 0; !only || takes < only; takes++) {
         uint64_t dropped = 0;
-        size_t room = CHUNK_EVENTS - held;
+        if (held + CHUNK_EVENTS > tw_cap && tw_cap < HOLD_MAX && tw_fd >= 0 && !force) {
+            /* events wait for their names: room for a chunk more (else they go out as they are) */
+            mvz_raw_event *more = realloc(tw_raw, (tw_cap + CHUNK_EVENTS) * sizeof *tw_raw);
+            if (more) {
+                tw_raw = more;
+                tw_cap += CHUNK_EVENTS;
+            }
+        }
+        size_t room = held + CHUNK_EVENTS <= tw_cap ? CHUNK_EVENTS : tw_cap - held;
         size_t m = room ? mvz_store_trace_take(tw_raw + held, room, &dropped) : 0;
         st.dropped += dropped;
         dropped += held_dropped; /* a GAP says where it was seen: at most a chunk early */
@@ -367,14 +380,16 @@ static void drain(int only, int force)
         if (n == 0 && dropped == 0)
             return;
         size_t ok = n;
-        if (tw_fd >= 0 && !force && n < CHUNK_EVENTS &&
+        if (tw_fd >= 0 && !force && (n < tw_cap || tw_cap < HOLD_MAX) &&
             !(held_since && mvz_now_ns() - held_since >= HOLD_MS * 1000000ull)) {
             ok = 0;
             while (ok < n && named(&tw_raw[ok]))
                 ok++;
         }
-        if (ok || dropped)
-            emit(ok, dropped);
+        for (size_t lo = 0; lo < ok || (lo == 0 && dropped); lo += CHUNK_EVENTS) {
+            size_t k = ok - lo < CHUNK_EVENTS ? ok - lo : CHUNK_EVENTS;
+            emit(tw_raw + lo, k, lo == 0 ? dropped : 0);
+        }
         held = n - ok;
         held_dropped = 0;
         if (held) {
@@ -443,8 +458,11 @@ int mvz_tw_start(int fd, size_t capacity, int level, unsigned interval_ms, size_
     if (!crc_table[1])
         crc_init();
     mvz_tw_zlib();
-    if (!tw_raw && !(tw_raw = malloc(CHUNK_EVENTS * sizeof *tw_raw)))
-        goto out;
+    if (!tw_raw) {
+        if (!(tw_raw = malloc(CHUNK_EVENTS * sizeof *tw_raw)))
+            goto out;
+        tw_cap = CHUNK_EVENTS;
+    }
     if (fd < 0 && !base_ready) {
         if (mvz_live_init(&base, 1 << 22))
             goto out;
