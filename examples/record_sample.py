@@ -14,6 +14,9 @@ It runs the example under ``memviz.track(trace=...)`` and writes both files
     --machine TEXT     what to call the machine (default: the GPU's name, CUDA
                        and PyTorch versions, as PyTorch reports them)
     --out-dir DIR      where to write (default: memviz/data)
+    --warmup           run the example once first, as it runs on its own (kernels loaded, cuBLAS
+                       up), then record its second run: the sample shows the run,
+                       not the seconds CUDA takes to load kernels the first time
     --fake-cupti       no GPU: drive the CPU test double (tests/fake_cupti) with
                        a stand-in for PyTorch that makes the example's CUDA
                        allocations through the double's cuMemAlloc; the result
@@ -107,7 +110,12 @@ def _run_example(rel_example, fake):
     """Run the example (its lines named by rel_example) as __main__, or, with
     the test double, call its main() with the stand-in PyTorch."""
     if fake is None:
-        runpy.run_path(rel_example, run_name="__main__")
+        try:
+            runpy.run_path(rel_example, run_name="__main__")
+        except SystemExit as e:  # an example that ends with sys.exit(main()): 0 is its normal end
+            if e.code not in (None, 0):
+                raise SystemExit(f"record_sample.py: {rel_example} exited with {e.code!r}; "
+                                 "nothing was written") from None
         return
     ns = runpy.run_path(rel_example, run_name="memviz_sample")
     if "cuda_torch" not in ns or "main" not in ns:
@@ -133,8 +141,10 @@ def _write_atomic(path, data):
         raise
 
 
-def record(example, out_dir, machine=None, fake_cupti=False):
+def record(example, out_dir, machine=None, fake_cupti=False, warmup=False):
     """Record ``example`` and write sample.memviz and sample.json to ``out_dir``.
+    With ``warmup``, run it once first, as it runs on its own (its kernels loaded, cuBLAS
+    up, as in a session that ran it before) and record its second run.
 
     Returns the two paths."""
     example, out_dir = os.path.abspath(example), os.path.abspath(out_dir)
@@ -162,6 +172,22 @@ def record(example, out_dir, machine=None, fake_cupti=False):
             fake = FakeCupti(lib)
             fake.reset()
             machine = machine or FAKE_MACHINE
+        else:
+            # Where a notebook user's tracking starts: PyTorch imported and CUDA
+            # up (the seconds those take are not the sample's to show).
+            try:
+                import torch
+            except ImportError:
+                torch = None
+            if torch is not None and torch.cuda.is_available():
+                torch.cuda.init()
+                if warmup:
+                    _run_example(rel_example, None)
+                    import gc
+
+                    gc.collect()
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
         with tempfile.TemporaryDirectory() as tmp:
             trace = os.path.join(tmp, "sample.memviz")
             with memviz.track(trace=trace, **({"torch": False} if fake else {})) as t:
@@ -197,8 +223,12 @@ def main(argv=None):
     parser.add_argument("--machine", default=None)
     parser.add_argument("--out-dir", default=os.path.join(ROOT, "memviz", "data"))
     parser.add_argument("--fake-cupti", action="store_true")
+    parser.add_argument("--warmup", action="store_true",
+                        help="run the example once first, as it runs on its own, then record its second run")
     opts = parser.parse_args(argv)
-    trace, meta = record(opts.example, opts.out_dir, opts.machine, opts.fake_cupti)
+    if opts.warmup and opts.fake_cupti:
+        parser.error("--warmup runs the example on the GPU; it does not go with --fake-cupti")
+    trace, meta = record(opts.example, opts.out_dir, opts.machine, opts.fake_cupti, opts.warmup)
     with open(meta, encoding="utf-8") as f:
         said = {k: v for k, v in json.load(f).items() if k != "script_source"}
     print(f"record_sample.py: wrote {trace} ({os.path.getsize(trace):,} bytes) and {meta}: {said}")

@@ -88,13 +88,18 @@ def check_sample(trace_file, meta):
     assert re.fullmatch(r"\d{4}-\d\d-\d\d", meta["date"])
     trace = memviz.load(trace_file)
     assert trace.gpu_enabled and not trace.truncated
-    # The recorded lines are the script's torch.empty/ones/zeros lines, as
-    # the script read when it was recorded (sample.json keeps its text).
+    # The recorded lines are the script's, as the script read when it was
+    # recorded (sample.json keeps its text).
     source = meta["script_source"].splitlines()
     lines = top_lines(trace, meta["script"])
     assert len(lines) >= 3, lines
-    calls = sorted(re.search(r"torch\.(\w+)\(", source[n - 1]).group(1) for n, _ in lines[:3])
-    assert calls == ["empty", "ones", "zeros"]
+    if meta["script"] == "examples/basic.py":  # the demo (record_sample.py's default)
+        calls = sorted(re.search(r"torch\.(\w+)\(", source[n - 1]).group(1) for n, _ in lines[:3])
+        assert calls == ["empty", "ones", "zeros"]
+    else:  # the shipped sample: a training run, its forward's lines on top, steps, a leak found
+        assert all(source[n - 1].strip() and not source[n - 1].strip().startswith("#") for n, _ in lines)
+        assert len(trace.steps) >= 10
+        assert [f.kind for f in memviz.diagnose(trace)] == ["growth"]
     # Every byte once at the peak: the lines add up to the peak (on the allocator
     # route PyTorch's blocks lie inside its segments; neither is counted twice).
     peak = trace.peak_snapshot(0)
@@ -149,7 +154,7 @@ def test_the_demo_without_a_gpu_shows_the_sample_after_its_own_report(tmp_path):
     # Its lines, with their source as recorded (tmp_path has no examples/basic.py).
     source = meta["script_source"].splitlines()
     for n, _ in top_lines(memviz.load(DATA / "sample.memviz"), meta["script"])[:3]:
-        assert f"{meta['script']}:{n}  {source[n - 1].strip()[:20]}" in tail
+        assert re.search(rf"{re.escape(meta['script'])}:{n} +{re.escape(source[n - 1].strip()[:12])}", tail), n
     assert all(len(line) <= 99 for line in err[own:].splitlines())
 
 
@@ -279,3 +284,13 @@ def test_the_sdist_and_wheel_hold_what_memviz_reads_at_run_time(built):
     assert not [n for n in in_sdist | in_wheel if "/_build/" in n or n.endswith((".so", ".pyc"))
                 and not n.startswith("memviz/_core.")]
     assert not [n for n in in_wheel if n.startswith(("tests/", "examples/", "benchmarks/"))]
+
+
+def test_the_training_sample_says_what_it_needs_without_a_gpu():
+    """examples/train_sample.py (the run the shipped sample is of) says in
+    one sentence that it needs a CUDA GPU, and why there is none, and exits 0."""
+    p = subprocess.run([sys.executable, str(ROOT / "examples" / "train_sample.py")], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert p.returncode == 0, p.stderr
+    out = p.stdout.strip()
+    assert out.startswith("train_sample.py: this example needs a CUDA GPU, and ") and out.endswith("."), out

@@ -26,7 +26,7 @@ import textwrap
 import pytest
 
 import memviz
-from conftest import ROOT
+from conftest import ROOT, line_of
 from memviz._units import format_size
 from memviz.capture import cupti as _capture
 from memviz.__main__ import main as cli_main
@@ -37,6 +37,10 @@ from test_html_report import _browser, embedded_data, need_browser, open_page, s
 
 MiB = 1 << 20
 SAMPLE = ROOT / "memviz" / "data" / "sample.memviz"
+#: the shipped sample is a small training run (examples/train_sample.py), and
+#: the line of its module that runs it
+SCRIPT = "examples/train_sample.py"
+MAIN_LINE = line_of(str(ROOT / SCRIPT), "sys.exit(main())")
 HELD = 600 * MiB  # what the driver says the recorded process held (the run's script says so)
 QUIET_S = 0.5  # the run's quiet start (an import), before any memory moves
 STEPS = 8
@@ -111,7 +115,9 @@ def _check_heights(charts, trace):
     totals = trace.totals()
     heights = {dev: int(c.get_attribute("height")) for dev, c in charts.items()}
     most = max(totals, key=lambda d: totals[d]["peak"])
-    assert heights[-1] < 0.5 * heights[most], heights
+    small = [d for d in totals if totals[d]["peak"] < totals[most]["peak"] / 1000]
+    for d in small:  # a few bytes (pinned host memory): a strip
+        assert heights[d] < 0.5 * heights[most], heights
     order = sorted(heights, key=lambda d: totals[d]["peak"])
     assert [heights[d] for d in order] == sorted(heights.values()), heights
 
@@ -137,7 +143,7 @@ def test_the_sample_page_reads_at_a_glance(browser, tmp_path):
     from selenium.webdriver.common.by import By
 
     trace = memviz.load(str(SAMPLE))
-    assert trace.sample is not None and trace.sample["script"] == "examples/basic.py"
+    assert trace.sample is not None and trace.sample["script"] == SCRIPT
     d, charts = _page(browser, tmp_path, trace, "sample.html")
 
     # Headed as a sample; no path of the machine it was recorded on, on the page or in its data.
@@ -148,27 +154,33 @@ def test_the_sample_page_reads_at_a_glance(browser, tmp_path):
     assert d["meta"]["library"] == "libcupti.so.13"
     assert not [n for n in d["names"] if MACHINE_PATH.search(n[1])]
 
-    # The axis opens where memory moves (the run's last 30 ms of 3 s), not on the whole run.
+    # The axis opens where memory moves, not on the whole run.
     first, last = _moves_us(trace)
     run = (trace.stopped_ns - trace.started_ns) // 1000
     for chart in charts.values():
         start, end = int(chart.get_attribute("data-start")), int(chart.get_attribute("data-end"))
         assert first - 0.1 * (last - first) <= start <= first, (start, first)
-        assert last <= end <= run and end - start < 0.05 * run, (end, last, run)
-        assert chart.find_elements(By.CSS_SELECTOR, "text.xtick")[0].text != "0.00 ms"
+        assert last <= end <= run and end - start <= 1.2 * (last - first), (start, end, first, last, run)
+        if start > 0:
+            assert chart.find_elements(By.CSS_SELECTOR, "text.xtick")[0].text != "0.00 ms"
     hint = browser.find_element(By.CSS_SELECTOR, "#mvz-timeline p.hint")
-    assert "where memory moves" in hint.text
+    opened = int(charts[0].get_attribute("data-start"))
+    # memory moves from the run's first milliseconds to its end: the whole run is where it moves
+    assert ("the steps" if trace.steps else "where memory moves") in hint.text if opened else \
+        hint.text.startswith("showing the whole run")
     _check_numbers(browser, charts, trace)
     _check_heights(charts, trace)
 
     # The icicle starts at the script; the launcher's frames are left out, and named.
     rows = _icicle_rows(browser)
-    assert rows[0] == ["all"] and rows[1] == ["<module> (basic.py:76)"], rows[:3]
+    # (beside it, what threads without Python frames hold: the backward's engine thread)
+    assert rows[0] == ["all"] and rows[1][0] == f"<module> (train_sample.py:{MAIN_LINE})", rows[:3]
+    assert all(r.startswith("<thre") for r in rows[1][1:]), rows[1]
     assert not [t for row in rows for t in row if "record_sample" in t or "runpy" in t]
     note = browser.find_element(By.CSS_SELECTOR, "#mvz-flame p.launchers").text
     assert "record_sample.py" in note and "runpy" in note
     root = d["flames"][0]["tree"]
-    assert d["names"][root[3][0][0]] == ["<module>", "examples/basic.py", 76]
+    assert d["names"][root[3][0][0]] == ["<module>", SCRIPT, MAIN_LINE]
 
     # The driver's figure beyond memviz's record, at the top of the page as in the JSON and text.
     outside = json_report(trace)["outside"]["devices"][0]
@@ -181,14 +193,14 @@ def test_the_sample_page_reads_at_a_glance(browser, tmp_path):
     assert f"{beyond} outside" in text_report(trace, outside=trace.outside)
 
     # The whole run is a click away, and double-click comes back to where memory moves.
-    opened = int(charts[0].get_attribute("data-start"))
-    browser.find_element(By.CSS_SELECTOR, "#mvz-timeline button.whole-run").click()
-    chart = browser.find_elements(By.CSS_SELECTOR, "svg.timeline")[0]
-    assert chart.find_elements(By.CSS_SELECTOR, "text.xtick")[0].text == "0.00 ms"
-    assert hint.get_attribute("data-view") == "whole"
-    ActionChains(browser).double_click(chart.find_element(By.CSS_SELECTOR, "rect.overlay")).perform()
-    chart = browser.find_elements(By.CSS_SELECTOR, "svg.timeline")[0]
-    assert int(chart.get_attribute("data-start")) == opened > 0
+    if opened:
+        browser.find_element(By.CSS_SELECTOR, "#mvz-timeline button.whole-run").click()
+        chart = browser.find_elements(By.CSS_SELECTOR, "svg.timeline")[0]
+        assert chart.find_elements(By.CSS_SELECTOR, "text.xtick")[0].text == "0.00 ms"
+        assert hint.get_attribute("data-view") == "whole"
+        ActionChains(browser).double_click(chart.find_element(By.CSS_SELECTOR, "rect.overlay")).perform()
+        chart = browser.find_elements(By.CSS_SELECTOR, "svg.timeline")[0]
+        assert int(chart.get_attribute("data-start")) == opened > 0
     save_artifact(browser, tmp_path, "glance_sample.png")
 
 
@@ -203,12 +215,17 @@ def test_memviz_report_on_the_sample_says_so_and_shows_no_machine_path(tmp_path,
         assert "not this machine's data" in " ".join(text.split()) and meta["machine"] in " ".join(text.split())
         assert not MACHINE_PATH.search(text), MACHINE_PATH.search(text)
         assert "capture: CUPTI libcupti.so.13 " in text
-        # its lines as recorded, wherever it is read from (tmp_path has no examples/basic.py)
-        assert "examples/basic.py:42  scratch = torch.zeros(" in text
+        # its lines as recorded, wherever it is read from (tmp_path has no examples/)
+        gelu = line_of(str(ROOT / SCRIPT), "h = F.gelu(self.up(self.ln2(x)))")
+        assert f"{SCRIPT}:{gelu}" in text and "h = F.gelu(self.up(self.ln2(x)))" in text
+        # a training run: steps, the backward by its forward line, and a finding naming the lines
+        assert "Steps: 12 recorded" in text and re.search(r"train_sample\.py:\d+ \(backward: \w+Backward0\)", text)
+        assert "[growth] PyTorch's allocated memory" in text and f"{SCRIPT}:{gelu}: +" in text
+        assert "<no Python frames>" not in text.split("Findings")[1].split("Memory outside")[0]
         assert cli_main(["report", str(path), "--format", "json"]) == 0
         doc = json.loads(capsys.readouterr().out)
         assert doc["sample"] == {k: meta[k] for k in ("machine", "date", "script")}
-        assert doc["command"] == "examples/basic.py"
+        assert doc["command"] == SCRIPT
         assert doc["outside"]["devices"][0]["held"] > doc["outside"]["devices"][0]["recorded"]
         assert not MACHINE_PATH.search(json.dumps({k: v for k, v in doc.items() if k != "trace"}))
 

@@ -38,6 +38,7 @@ from memviz._args import given
 from memviz._errors import InvalidArgument
 from memviz._units import escape_controls, format_size
 from memviz.model.lines import location
+from memviz.model.traceback import innermost_first
 from memviz.report.summary import device_name, short_path
 from memviz.report.text import WIDTH
 
@@ -216,17 +217,37 @@ def _frame_filter(snap: Any) -> Any:
     return flt
 
 
+def _launcher_lines(snap: Any) -> set:
+    """(file, line) of the frames above the script in the snapshot's stacks:
+    runpy's, ``memviz run``'s, a script's that ran it with runpy.run_path
+    (as the HTML report's icicle leaves them out)."""
+    from memviz.report._data import _script_starts
+
+    out, seen = set(), set()
+    for a in snap.allocations:
+        tb = a.traceback
+        if not tb or id(tb) in seen:
+            continue
+        seen.add(id(tb))
+        frames = list(reversed(innermost_first(tb)))  # root first
+        out.update((f.filename, f.lineno) for f in frames[:_script_starts(frames)])
+    return out
+
+
 def _summary_rows(snap: Any) -> List[Tuple[Any, int, int, int]]:
     """(line, total bytes, own bytes, allocations under it) of a snapshot."""
     own = {s.key: s for s in snap.statistics("lineno")}
     total = {s.key: s for s in snap.statistics("lineno", cumulative=True)}
     flt = _frame_filter(snap)
+    launchers = _launcher_lines(snap)
     rows = []
     for key, s in total.items():
         mine = own.get(key)
         filename = getattr(key, "filename", "")
         if mine is None and not (isinstance(filename, str) and flt.is_user(filename)):
             continue  # a library's frame that owns nothing: not the user's line
+        if mine is None and (filename, getattr(key, "lineno", None)) in launchers:
+            continue  # what ran the script (runpy, memviz run): every byte is under it
         rows.append((key, s.size, mine.size if mine else 0, s.count))
     for key, s in own.items():
         if key not in total:  # every own line is in its own stack; kept whole if not
