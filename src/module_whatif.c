@@ -229,11 +229,11 @@ static PyObject *whatif_results(WhatIf *self, PyObject *unused)
             Py_INCREF(oom);
             if (r.oom) {
                 Py_DECREF(oom);
-                oom = Py_BuildValue("{sKsKsKsKsKsIsKsKsKsO}", "ts", (unsigned long long)r.oom_ts, "index",
+                oom = Py_BuildValue("{sKsKsKsKsKsIsIsKsKsKsO}", "ts", (unsigned long long)r.oom_ts, "index",
                                     (unsigned long long)r.oom_index, "requested",
                                     (unsigned long long)r.oom_requested, "rounded",
                                     (unsigned long long)r.oom_rounded, "stream", (unsigned long long)r.oom_stream,
-                                    "stack", r.oom_stack, "reserved", (unsigned long long)r.oom_reserved,
+                                    "stack", r.oom_stack, "label", r.oom_label, "reserved", (unsigned long long)r.oom_reserved,
                                     "allocated", (unsigned long long)r.oom_allocated, "outside",
                                     (unsigned long long)r.oom_outside, "top", top);
             }

@@ -284,7 +284,8 @@ static inline int event(mvz_whatif_pass *p, const chunk *c, int layout, size_t i
     uint64_t slack = FIELD(c, layout, i, slack);
     uint64_t requested = size - (slack <= size ? slack : 0);
     return queue(p, (mvz_whatif_pass_op){requested, FIELD(c, layout, i, stream), p->ts, index, p->outside[slot],
-                                         (uint32_t)FIELD(c, layout, i, stack_id), handle, MVZ_WHATIF_ALLOC,
+                                         (uint32_t)FIELD(c, layout, i, stack_id), handle,
+                                         (uint32_t)FIELD(c, layout, i, label_id), MVZ_WHATIF_ALLOC,
                                          (uint8_t)slot});
 }
 
@@ -315,8 +316,8 @@ static int run_model(mvz_whatif *w, const mvz_whatif_pass_op *ops, size_t first,
     for (size_t i = first; i < stop; i++) {
         const mvz_whatif_pass_op *o = &ops[i];
         if (o->op == MVZ_WHATIF_ALLOC) {
-            if (mvz_whatif_alloc(w, o->slot, o->handle, o->requested, o->stream, o->stack, o->ts, o->index,
-                                 o->outside))
+            if (mvz_whatif_alloc(w, o->slot, o->handle, o->requested, o->stream, o->stack, o->label, o->ts,
+                                 o->index, o->outside))
                 return -1;
         } else if (o->op == MVZ_WHATIF_FREE) {
             mvz_whatif_release(w, o->handle);

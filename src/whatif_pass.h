@@ -41,7 +41,7 @@ typedef struct {
 /* A request, free or empty_cache of the recording, queued for the models. */
 typedef struct {
     uint64_t requested, stream, ts, index, outside;
-    uint32_t stack, handle;
+    uint32_t stack, handle, label; /* label: the recording's label id (a backward's node) */
     uint8_t op, slot; /* op: MVZ_WHATIF_ALLOC, _FREE, _EMPTY */
 } mvz_whatif_pass_op;
 enum { MVZ_WHATIF_ALLOC, MVZ_WHATIF_FREE, MVZ_WHATIF_EMPTY };

@@ -313,3 +313,52 @@ def test_several_ranks_with_whatif_are_refused_with_what_to_do(tmp_path):
     p = subprocess.run([sys.executable, "-m", "memviz", "report", str(sample), str(sample), "--whatif",
                         "expandable_segments:True"], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 2 and "memviz whatif FILE" in p.stderr, p.stderr
+
+
+def test_the_refused_request_carries_its_label_to_name_a_backward_line(standin, tmp_path, monkeypatch):
+    """The out-of-memory point keeps the refused request's label: a request
+    the backward made with no Python frames is named by its node's forward
+    line, as every other view names it (on the H200 the transformer's was
+    '<no Python frames>' while PyTorch raised at loss.backward())."""
+    import memviz.analysis.whatif as W
+
+    ans = standin("labelled")
+    path = tmp_path / "labelled.memviz"
+    with memviz.track(trace=str(path)) as t:
+        assert t.torch.use_answers(ans).route == "allocator"
+        ans.empty_cache()
+        a = ans.alloc(20 * MiB)[0]
+        b = ans.alloc(30 * MiB)[0]
+        del b
+        c = ans.alloc(31 * MiB)[0]
+        with memviz.label("the refused one"):
+            d = ans.alloc(20 * MiB)[0]
+        del a, c, d
+    trace = memviz.load(str(path))
+    seen = []
+    real = W._line
+    monkeypatch.setattr(W, "_line", lambda tr, stack, label=0: seen.append(label) or real(tr, stack, label))
+    row, = _rows(trace, device_memory="60MiB")
+    assert row.oom is not None and row.oom.requested == 20 * MiB
+    assert trace._labels[seen[-1]] == "the refused one"  # the last call names the refused request
+
+
+def test_a_backward_request_is_named_by_its_forward_line():
+    from memviz.analysis.whatif import _line
+    from memviz.model.snapshot import encode_node_label
+
+    class Recording:
+        frame_filter = None
+        _labels = {3: encode_node_label("MmBackward0", "train.py:15"),
+                   4: encode_node_label("AddBackward0", "#9"), 5: "a user label",
+                   6: encode_node_label("ViewBackward0", None)}
+
+        def _resolve(self, ids):
+            return {9: [("/home/me/train.py", 21, "forward")]} if 9 in ids else {}
+
+    r = Recording()
+    assert _line(r, 0, 3) == "train.py:15 (backward: MmBackward0)"
+    assert _line(r, 0, 4) == "/home/me/train.py:21 (backward: AddBackward0)"
+    assert _line(r, 0, 5) == "<no Python frames>"
+    assert _line(r, 0, 6) == "<forward line unknown> (backward: ViewBackward0)"
+    assert _line(r, 0) == "<no Python frames>" and _line(r, 7) == "<stack 7>"

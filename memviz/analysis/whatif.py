@@ -25,7 +25,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import memviz._core as _core
 from memviz._errors import InvalidArgument
 from memviz._units import format_size, parse_size
-from memviz.model.lines import location
+from memviz.model.lines import BackwardFrame, location
+from memviz.model.snapshot import decode_label
 from memviz.model.traceback import Frame, Traceback
 from memviz.torch import rules as _rules
 
@@ -299,17 +300,49 @@ def whatif(trace: Any, settings: Sequence[str] = (), device_memory: Union[None, 
     return rows
 
 
-def _line(trace: Any, stack: int) -> str:
+def _user_frame(trace: Any, stack: int) -> Tuple[bool, Optional[Frame]]:
+    """(resolved?, the user's frame or None) of a stack id of the recording."""
     try:
         frames = trace._resolve({stack}).get(stack)
     except Exception:  # noqa: BLE001 - a line for the report
         frames = None
     if not frames:
-        return "<no Python frames>" if stack == 0 else f"<stack {stack}>"
+        return False, None
     # raw (file, line, name) from the innermost out, as the C core walks (model/rows.py)
     out = [Frame(f or "<unknown>", max(ln or 0, 0), n or "") for f, ln, n in (tuple(x) for x in frames)]
-    frame = Traceback(out[::-1], getattr(trace, "frame_filter", None)).user_frame
-    return location(frame) if frame is not None else "<no Python frames>"
+    return True, Traceback(out[::-1], getattr(trace, "frame_filter", None)).user_frame
+
+
+def _backward_line(trace: Any, label: int) -> Optional[str]:
+    """A request made with no Python frames in the backward: its node's
+    forward line, as every other view names it (``train.py:15 (backward:
+    AddmmBackward0)``); None when the label names no node."""
+    names = getattr(trace, "_labels", None)
+    if not label or not isinstance(names, dict):
+        return None
+    _user, node, forward = decode_label(names.get(label))
+    if not node:
+        return None
+    if forward and forward[0] == "#":  # labelled in the callback: the forward line's stack id
+        try:
+            _ok, uf = _user_frame(trace, int(forward[1:]))
+        except ValueError:
+            uf = None
+        forward = f"{uf.filename}:{uf.lineno}" if uf is not None else None
+    filename, _, line = (forward or "").rpartition(":")
+    if not filename or not line.isdigit():
+        return location(BackwardFrame("<forward line unknown>", 0, "", node))
+    return location(BackwardFrame(filename, int(line), "", node))
+
+
+def _line(trace: Any, stack: int, label: int = 0) -> str:
+    resolved, frame = _user_frame(trace, stack)
+    if frame is not None:
+        return location(frame)
+    back = _backward_line(trace, label)
+    if back is not None:
+        return back
+    return "<no Python frames>" if stack == 0 or resolved else f"<stack {stack}>"
 
 
 def _oom(trace: Any, o: Optional[Dict[str, Any]]) -> Optional[WhatIfOOM]:
@@ -317,7 +350,8 @@ def _oom(trace: Any, o: Optional[Dict[str, Any]]) -> Optional[WhatIfOOM]:
         return None
     top = tuple(sorted(((_line(trace, s), b) for s, b in o["top"]), key=lambda x: -x[1]))
     return WhatIfOOM(at_ns=o["ts"], requested=o["requested"], rounded=o["rounded"], stream=o["stream"],
-                     line=_line(trace, o["stack"]), reserved=o["reserved"], allocated=o["allocated"],
+                     line=_line(trace, o["stack"], o.get("label", 0)), reserved=o["reserved"],
+                     allocated=o["allocated"],
                      outside=o["outside"], top=top)
 
 
