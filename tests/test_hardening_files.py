@@ -287,6 +287,18 @@ with memviz.track(trace=sys.argv[1], torch=False):
 """
 
 
+def _events_in(path) -> int:
+    """How many events a trace being written holds so far (0 while it holds none)."""
+    if not path.exists():
+        return 0
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return memviz.load(str(path), recover=True).event_count
+    except Exception:  # noqa: BLE001 - not even a header yet
+        return 0
+
+
 @pytest.mark.parametrize("writer_kind", ["native", "python"])
 def test_after_a_sigkill_every_allocation_in_the_trace_has_its_stack_and_label(fake_path, tmp_path,
                                                                              writer_kind):
@@ -307,7 +319,12 @@ def test_after_a_sigkill_every_allocation_in_the_trace_has_its_stack_and_label(f
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             assert p.stdout.readline() == b"ready\n", p.stderr.read()
-            time.sleep(1.0 + rnd.random() * 1.5)
+            # killed at a random moment once the writer has written events (on a
+            # loaded machine naming thousands of new stacks a second takes a while)
+            deadline = time.monotonic() + HANG
+            while time.monotonic() < deadline and _events_in(path) <= 200:
+                time.sleep(0.1)
+            time.sleep(rnd.random() * 1.5)
         finally:
             p.send_signal(signal.SIGKILL)
             p.wait(timeout=HANG)
