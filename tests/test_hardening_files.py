@@ -333,7 +333,10 @@ def test_after_a_sigkill_every_allocation_in_the_trace_has_its_stack_and_label(f
         allocs = [e for e in loaded.events() if e.op == "alloc"]
         assert len(allocs) > 200
         unnamed = [e for e in allocs if not any(f.filename.startswith("gen_") for f in e.traceback or ())]
-        unlabelled = [e for e in allocs if not (e.label or "").startswith("label ")]
+        # past 65,534 labels (a fast machine makes them in about 2 s) every new one is
+        # the table's overflow label, named in the file as such (src/labels.h)
+        unlabelled = [e for e in allocs if not ((e.label or "").startswith("label ")
+                                                or e.label == _core.label_name(0xFFFF))]
         assert not unnamed and not unlabelled, (k, len(allocs), len(unnamed), len(unlabelled))
 
 
