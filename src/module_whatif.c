@@ -233,8 +233,9 @@ static PyObject *whatif_results(WhatIf *self, PyObject *unused)
                                     (unsigned long long)r.oom_index, "requested",
                                     (unsigned long long)r.oom_requested, "rounded",
                                     (unsigned long long)r.oom_rounded, "stream", (unsigned long long)r.oom_stream,
-                                    "stack", r.oom_stack, "label", r.oom_label, "reserved", (unsigned long long)r.oom_reserved,
-                                    "allocated", (unsigned long long)r.oom_allocated, "outside",
+                                    "stack", r.oom_stack, "label", r.oom_label, "reserved",
+                                    (unsigned long long)r.oom_reserved, "allocated",
+                                    (unsigned long long)r.oom_allocated, "outside",
                                     (unsigned long long)r.oom_outside, "top", top);
             }
             Py_DECREF(top);
