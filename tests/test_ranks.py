@@ -315,7 +315,10 @@ lib = FakeCupti(os.environ["MEMVIZ_CUPTI_LIBRARY"]).lib
 rank = int(os.environ["RANK"])
 with memviz.track(trace="own.memviz") as t:
     lib.fake_alloc(CBID_cuMemAlloc_v2, (rank + 1) << 20, 0, 0)
-print("saved", t.save("saved.{rank}.memviz"), t.trace_path, flush=True)
+# one write of one line: the two ranks share the launcher's stdout, and print()
+# with several arguments writes them piece by piece, interleaved with the other rank's
+saved = t.save("saved.{rank}.memviz")
+os.write(1, f"saved {saved} {t.trace_path}\\n".encode())
 """
 
 
