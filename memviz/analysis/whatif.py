@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import memviz._core as _core
 from memviz._errors import InvalidArgument
 from memviz._units import format_size, parse_size
-from memviz.model.lines import BackwardFrame, location
+from memviz.model.lines import backward_frame, location
 from memviz.model.snapshot import decode_label
 from memviz.model.traceback import Frame, Traceback
 from memviz.torch import rules as _rules
@@ -329,10 +329,7 @@ def _backward_line(trace: Any, label: int) -> Optional[str]:
         except ValueError:
             uf = None
         forward = f"{uf.filename}:{uf.lineno}" if uf is not None else None
-    filename, _, line = (forward or "").rpartition(":")
-    if not filename or not line.isdigit():
-        return location(BackwardFrame("<forward line unknown>", 0, "", node))
-    return location(BackwardFrame(filename, int(line), "", node))
+    return location(backward_frame(node, forward))
 
 
 def _line(trace: Any, stack: int, label: int = 0) -> str:

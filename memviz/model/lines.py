@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional, Tuple
 from memviz.model.traceback import Frame
 
 __all__ = ["BackwardFrame", "CompiledFrame", "UNKNOWN_FORWARD", "line_frame", "pseudo_frame", "thread_frame",
-           "location", "where"]
+           "backward_frame", "location", "where"]
 
 #: the file name of a backward line whose forward line memviz could not tell
 UNKNOWN_FORWARD = "<forward line unknown>"
@@ -117,7 +117,9 @@ def _forward_parts(forward: str) -> Tuple[str, int]:
 
 
 @lru_cache(maxsize=4096)
-def _backward(node: str, forward: Optional[str]) -> BackwardFrame:
+def backward_frame(node: str, forward: Optional[str]) -> BackwardFrame:
+    """The line of backward memory: autograd ``node``'s ``forward`` line
+    (``"file:line"`` as labels carry it; None: not known)."""
     filename, lineno = _forward_parts(forward) if forward else (UNKNOWN_FORWARD, 0)
     return BackwardFrame(filename, lineno, "", node)
 
@@ -140,7 +142,7 @@ def pseudo_frame(a: Any) -> Frame:
     thread's ``<thread NAME>``."""
     node = getattr(a, "autograd_node", None)
     if node:
-        return _backward(node, getattr(a, "forward", None) or None)
+        return backward_frame(node, getattr(a, "forward", None) or None)
     return thread_frame(_thread_name(a))
 
 
