@@ -229,6 +229,17 @@ static inline pyframe *outer(pyframe *f)
 #endif
 }
 
+/* A frame is still setting up while its instruction pointer lies before
+ * its code's first traceable instruction (3.11+): that is after the
+ * prologue's MAKE_CELL (one a cell variable), COPY_FREE_VARS and
+ * RETURN_GENERATOR/POP_TOP, so within a few code units of the start. The
+ * code object's own figure is read only for a pointer that close, so the
+ * walk reads no code object for the frames of a stack that are running
+ * (each a cache line the walk would otherwise touch: issue 27's profile of
+ * a real step). A code object with more cell variables than this bound
+ * still in its prologue would be kept as a frame on its `def` line. */
+#define PROLOGUE_BOUND 32
+
 /* Capture path, no GIL: field reads of the thread's own frame and the code
  * object it holds (the file's comment). 1 and *out filled for a complete
  * frame of a code object, 0 for one to skip (an entry shim, a frame still
@@ -243,8 +254,9 @@ static inline int read_frame(pyframe *f, mvz_frame *out)
     if (exe == NULL || Py_TYPE(exe) != &PyCode_Type)
         return 0;
     PyCodeObject *co = (PyCodeObject *)exe;
-    _Py_CODEUNIT *first = _PyCode_CODE(co);
-    if (f->owner != FRAME_OWNED_BY_GENERATOR && f->instr_ptr < first + co->_co_firsttraceable)
+    _Py_CODEUNIT *first = _PyCode_CODE(co); /* an address inside co: no read of it */
+    if (f->owner != FRAME_OWNED_BY_GENERATOR && f->instr_ptr < first + PROLOGUE_BOUND &&
+        f->instr_ptr < first + co->_co_firsttraceable)
         return 0; /* incomplete: still setting up */
     out->code = co;
     out->offset = (int32_t)((f->instr_ptr - first) * (int)sizeof(_Py_CODEUNIT));
@@ -257,8 +269,9 @@ static inline int read_frame(pyframe *f, mvz_frame *out)
     PyCodeObject *co = f->f_code;
     if (co == NULL)
         return 0;
-    _Py_CODEUNIT *first = _PyCode_CODE(co);
-    if (f->owner != FRAME_OWNED_BY_GENERATOR && f->prev_instr < first + co->_co_firsttraceable)
+    _Py_CODEUNIT *first = _PyCode_CODE(co); /* an address inside co: no read of it */
+    if (f->owner != FRAME_OWNED_BY_GENERATOR && f->prev_instr < first + PROLOGUE_BOUND &&
+        f->prev_instr < first + co->_co_firsttraceable)
         return 0; /* incomplete: still setting up */
     out->code = co;
     out->offset = (int32_t)((f->prev_instr - first) * (int)sizeof(_Py_CODEUNIT));

@@ -294,9 +294,12 @@ uint32_t mvz_store_record_alloc(uint64_t stamp, uint64_t address, uint64_t size,
     uint32_t thread_idx = mvz_store_thread_index();
     if (slot < 0 || slot >= MVZ_NSLOTS)
         slot = MVZ_HOST_SLOT;
-    /* The hash of the stack and the clock need no lock: read before it. */
+    /* The hash of the stack and the clock need no lock: read before it. A
+     * dated allocation's clock is its stamp, read just before the allocator
+     * ran (one clock read an allocation, not two): next_ts_from still puts
+     * it after anything recorded since, such as the segment made for it. */
     uint64_t hash = depth > 0 ? mvz_stacks_hash(f, depth) : 0;
-    uint64_t clock_now = mvz_now_ns();
+    uint64_t clock_now = stamp ? stamp : mvz_now_ns();
     LOCK();
     /* Whatever this allocation shows was freed unseen is retired first, so
      * that nothing is live twice at any moment: an earlier allocation at
@@ -328,7 +331,7 @@ uint32_t mvz_store_record_alloc(uint64_t stamp, uint64_t address, uint64_t size,
     if (found || blocks_retired || room > 0) /* the index moved since the probe above */
         i = mvz_live_find(&live, address, kind, &found);
     uint32_t stack_id = depth > 0 ? mvz_stacks_intern_hashed(&stacks, f, depth, hash) : 0;
-    mvz_alloc *a = mvz_live_insert(&live, i);
+    mvz_alloc *a = mvz_live_insert(&live, i, address, kind);
     memset(a, 0, sizeof *a);
     a->op = MVZ_EV_ALLOC;
     a->address = address;
