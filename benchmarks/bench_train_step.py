@@ -238,6 +238,15 @@ def _core_stats():
     return memviz._core.trace_writer_stats()
 
 
+#: issue 27's breakdown: memviz (the allocator route) with one part left out each
+ABLATIONS = {
+    "memviz_noactivity": {"activity": False},  # no CUPTI activity records (MEMORY2)
+    "memviz_nocupti": {"cupti": False},  # no CUPTI at all: the route and the segment wrappers
+    "memviz_depth1": {"depth": 1},  # one frame kept: the frame walk, hash and intern mostly gone
+    "memviz_noautograd": {"autograd": False},  # no autograd node read on the capture path
+}
+
+
 def alternate(a, torch, step):
     """One process, the three configurations in turn: untracked, memviz
     started after the model (the allocator route), and PyTorch's
@@ -250,7 +259,7 @@ def alternate(a, torch, step):
     configs = a.configs.split(",")
     for c in configs:
         if c not in ("none", "memviz_after", "memviz_after_trace", "memviz_after_flight", "segments_trace",
-                     "torch_history"):
+                     "torch_history") and c not in ABLATIONS:
             raise SystemExit(f"unknown configuration {c!r}")
     times = {c: [] for c in configs}
     trace_stats = {c: [] for c in configs}
@@ -264,7 +273,11 @@ def alternate(a, torch, step):
         order = configs[cycle % n:] + configs[:cycle % n]
         for c in order:
             tracker = None
-            if c.startswith(("memviz_after", "segments")):
+            if c in ABLATIONS:
+                tracker = memviz.track(**ABLATIONS[c]).start()
+                integ = getattr(tracker, "torch", None)
+                routes.add(integ.route.route if integ is not None and integ.route else None)
+            elif c.startswith(("memviz_after", "segments")):
                 trace = (os.path.join(a.trace_dir, f"bench_{os.getpid()}.memviz")
                          if c.endswith("_trace") else None)
                 tracker = memviz.track(trace=trace, torch=False if c.startswith("segments") else None,

@@ -22,26 +22,34 @@ if [ -z "${SKIP_CPU:-}" ]; then
   tail -3 "$OUT/cpu_tests.log"
 fi
 
-echo "== GPU suite"
-$PY -m pytest ${GPU_TESTS:-tests/gpu} -m gpu -v -s -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
-grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|static module" "$OUT/gpu_tests.log" | tail -40
+if [ -z "${SKIP_GPU:-}" ]; then
+  echo "== GPU suite"
+  $PY -m pytest ${GPU_TESTS:-tests/gpu} -m gpu -v -s -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
+  grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|static module" "$OUT/gpu_tests.log" | tail -40
+fi
 
 if [ -n "${PROFILE:-}" ]; then
-  # py-spy (carried as a wheel in .whl/) on one precise-mode step loop, native frames included
+  # py-spy (carried as a wheel in .whl/) on one step loop, native frames included;
+  # PROFILE_ARGS: more bench_train_step.py arguments (e.g. --model alloc_bound --steps 300)
   echo "== profile: $PROFILE"
-  SPY=/tmp/pyspy/py_spy-0.4.3.data/scripts/py-spy
-  [ -x "$SPY" ] || { $PY -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/pyspy')" .whl/py_spy-*.whl && chmod +x "$SPY"; }
-  $SPY record --native --threads --rate 500 --format raw -o /tmp/profile_$PROFILE.txt -- \
-      $PY benchmarks/bench_train_step.py --mode "$PROFILE" --steps 40 > "$OUT/profile_$PROFILE.log" 2>&1
+  [ -d /tmp/pyspy ] || $PY -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/pyspy')" .whl/py_spy-*.whl
+  SPY=$(ls /tmp/pyspy/py_spy-*.data/scripts/py-spy | head -1); chmod +x "$SPY"
+  $SPY record --native --threads --rate ${PROFILE_RATE:-500} --format raw -o /tmp/profile_$PROFILE.txt -- \
+      $PY benchmarks/bench_train_step.py --mode "$PROFILE" ${PROFILE_ARGS:---steps 40} > "$OUT/profile_$PROFILE.log" 2>&1
   echo "py-spy rc=$?"; tail -3 "$OUT/profile_$PROFILE.log"
+  # PROFILE_WITHIN: the step's function(s), e.g. "alloc_bound_step torch::autograd::Engine::thread_main"
+  WITHIN=""; for w in ${PROFILE_WITHIN:-}; do WITHIN="$WITHIN --within $w"; done
   $PY benchmarks/pyspy_summary.py /tmp/profile_$PROFILE.txt --top 60 --focus memviz --focus _core \
-      --focus cupti --focus Hook --focus hook > "$OUT/profile_summary_$PROFILE.txt" 2>&1
+      --focus cupti --focus Hook --focus hook $WITHIN > "$OUT/profile_summary_$PROFILE.txt" 2>&1
+  gzip -c /tmp/profile_$PROFILE.txt > "$OUT/profile_$PROFILE.txt.gz"
   head -40 "$OUT/profile_summary_$PROFILE.txt"
 fi
 
-echo "== demo"
-$PY -m memviz run examples/basic.py > "$OUT/demo.log" 2>&1; echo "demo rc=$?"
-tail -40 "$OUT/demo.log"
+if [ -z "${SKIP_DEMO:-}" ]; then
+  echo "== demo"
+  $PY -m memviz run examples/basic.py > "$OUT/demo.log" 2>&1; echo "demo rc=$?"
+  tail -40 "$OUT/demo.log"
+fi
 
 if [ -n "${MINI_MODES:-}" ]; then
   echo "== mini benchmark: $MINI_MODES"
@@ -53,12 +61,14 @@ if [ -n "${COST:-}" ]; then
   for model in ${COST_MODELS:-alloc_bound gpt}; do
     echo "== cost: $model"
     $PY benchmarks/run_alternate_bench.py --procs ${PROCS:-5} --model $model \
-        --configs none,memviz_after,memviz_after_trace,memviz_after_flight,torch_history \
+        --configs ${COST_CONFIGS:-none,memviz_after,memviz_after_trace,memviz_after_flight,torch_history} \
         --out "$OUT/cost_$model.json" 2>&1 | tail -8
   done
-  $PY benchmarks/bench_capture.py --depth 32 --keep 32 --cpu > "$OUT/capture_32.json" 2>&1
-  $PY benchmarks/bench_capture.py --depth 64 --keep 64 --cpu > "$OUT/capture_64.json" 2>&1
-  grep -h "per_event" "$OUT"/capture_*.json
+  if [ -z "${SKIP_C_BENCH:-}" ]; then
+    $PY benchmarks/bench_capture.py --depth 32 --keep 32 --cpu > "$OUT/capture_32.json" 2>&1
+    $PY benchmarks/bench_capture.py --depth 64 --keep 64 --cpu > "$OUT/capture_64.json" 2>&1
+    grep -h "per_event" "$OUT"/capture_*.json
+  fi
 fi
 
 if [ "${1:-quick}" = full ]; then
