@@ -229,11 +229,12 @@ static PyObject *whatif_results(WhatIf *self, PyObject *unused)
             Py_INCREF(oom);
             if (r.oom) {
                 Py_DECREF(oom);
-                oom = Py_BuildValue("{sKsKsKsKsKsIsIsKsKsKsO}", "ts", (unsigned long long)r.oom_ts, "index",
+                oom = Py_BuildValue("{sKsKsKsKsKsIsIsIsKsKsKsO}", "ts", (unsigned long long)r.oom_ts, "index",
                                     (unsigned long long)r.oom_index, "requested",
                                     (unsigned long long)r.oom_requested, "rounded",
                                     (unsigned long long)r.oom_rounded, "stream", (unsigned long long)r.oom_stream,
-                                    "stack", r.oom_stack, "label", r.oom_label, "reserved",
+                                    "stack", r.oom_stack, "label", r.oom_label, "caller", r.oom_caller,
+                                    "reserved",
                                     (unsigned long long)r.oom_reserved, "allocated",
                                     (unsigned long long)r.oom_allocated, "outside",
                                     (unsigned long long)r.oom_outside, "top", top);

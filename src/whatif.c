@@ -455,7 +455,8 @@ static void top_lines(mvz_whatif *w, int slot, mvz_whatif_result *r)
 /* Without the GIL (as every request below): it touches only w, which one
  * worker at a time holds (whatif_pass.c). */
 int mvz_whatif_alloc(mvz_whatif *w, int slot, uint32_t handle, uint64_t requested, uint64_t stream,
-                     uint32_t stack, uint32_t label, uint64_t ts, uint64_t index, uint64_t outside)
+                     uint32_t stack, uint32_t label, uint32_t caller, uint64_t ts, uint64_t index,
+                     uint64_t outside)
 {
     if (slot < 0 || slot >= MVZ_NSLOTS)
         return 0;
@@ -493,6 +494,7 @@ int mvz_whatif_alloc(mvz_whatif *w, int slot, uint32_t handle, uint64_t requeste
                 r->oom_stream = stream;
                 r->oom_stack = stack;
                 r->oom_label = label;
+                r->oom_caller = caller;
                 r->oom_reserved = w->reserved[slot];
                 r->oom_allocated = w->allocated[slot];
                 r->oom_outside = outside;

@@ -61,6 +61,11 @@ typedef struct {
     uint64_t oom_ts, oom_index, oom_requested, oom_rounded, oom_stream, oom_reserved, oom_allocated,
         oom_outside;
     uint32_t oom_stack, oom_label; /* the refused request's stack and label ids */
+    /* With no stack (a backward's request, on the autograd engine's
+     * thread): the stack of the last request before it that had Python
+     * frames, which in a backward is the thread that called backward()
+     * (PyTorch's first gradient is asked for there); Python checks it. */
+    uint32_t oom_caller;
     uint32_t oom_top_stack[MVZ_WHATIF_TOP];
     uint64_t oom_top_bytes[MVZ_WHATIF_TOP];
 } mvz_whatif_result;
@@ -75,7 +80,8 @@ void mvz_whatif_free(mvz_whatif *w);
  * with `outside` bytes held beyond PyTorch on the device then. 0, or -1 out
  * of memory (of the host). */
 int mvz_whatif_alloc(mvz_whatif *w, int slot, uint32_t handle, uint64_t requested, uint64_t stream,
-                     uint32_t stack, uint32_t label, uint64_t ts, uint64_t index, uint64_t outside);
+                     uint32_t stack, uint32_t label, uint32_t caller, uint64_t ts, uint64_t index,
+                     uint64_t outside);
 /* The free of the block known as `handle` (unknown: nothing). */
 void mvz_whatif_release(mvz_whatif *w, uint32_t handle);
 /* torch.cuda.empty_cache(): every whole free segment goes. */

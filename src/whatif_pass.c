@@ -283,10 +283,13 @@ static inline int event(mvz_whatif_pass *p, const chunk *c, int layout, size_t i
     a->handle = handle;
     uint64_t slack = FIELD(c, layout, i, slack);
     uint64_t requested = size - (slack <= size ? slack : 0);
+    uint32_t stack = (uint32_t)FIELD(c, layout, i, stack_id);
+    uint32_t caller = stack ? 0 : p->last_stack; /* a backward's: the thread that called backward() */
+    if (stack)
+        p->last_stack = stack;
     return queue(p, (mvz_whatif_pass_op){requested, FIELD(c, layout, i, stream), p->ts, index, p->outside[slot],
-                                         (uint32_t)FIELD(c, layout, i, stack_id), handle,
-                                         (uint32_t)FIELD(c, layout, i, label_id), MVZ_WHATIF_ALLOC,
-                                         (uint8_t)slot});
+                                         stack, handle, (uint32_t)FIELD(c, layout, i, label_id), caller,
+                                         MVZ_WHATIF_ALLOC, (uint8_t)slot});
 }
 
 /* With the GIL released (module_whatif.c): it reads the caller's records,
@@ -316,7 +319,7 @@ static int run_model(mvz_whatif *w, const mvz_whatif_pass_op *ops, size_t first,
     for (size_t i = first; i < stop; i++) {
         const mvz_whatif_pass_op *o = &ops[i];
         if (o->op == MVZ_WHATIF_ALLOC) {
-            if (mvz_whatif_alloc(w, o->slot, o->handle, o->requested, o->stream, o->stack, o->label, o->ts,
+            if (mvz_whatif_alloc(w, o->slot, o->handle, o->requested, o->stream, o->stack, o->label, o->caller, o->ts,
                                  o->index, o->outside))
                 return -1;
         } else if (o->op == MVZ_WHATIF_FREE) {

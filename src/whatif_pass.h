@@ -42,6 +42,7 @@ typedef struct {
 typedef struct {
     uint64_t requested, stream, ts, index, outside;
     uint32_t stack, handle, label; /* label: the recording's label id (a backward's node) */
+    uint32_t caller; /* a request with no Python frames: the last stack seen before it (whatif.h) */
     uint8_t op, slot; /* op: MVZ_WHATIF_ALLOC, _FREE, _EMPTY */
 } mvz_whatif_pass_op;
 enum { MVZ_WHATIF_ALLOC, MVZ_WHATIF_FREE, MVZ_WHATIF_EMPTY };
@@ -71,6 +72,7 @@ typedef struct {
     uint64_t allocated[MVZ_NSLOTS];    /* live blocks' bytes, as recorded */
     uint64_t rec_reserved_peak[MVZ_NSLOTS], rec_allocated_peak[MVZ_NSLOTS], rec_segments[MVZ_NSLOTS];
     uint64_t outside_peak[MVZ_NSLOTS];
+    uint32_t last_stack; /* the stack of the last block asked for with Python frames */
     uint64_t events; /* events read (the next one's index) */
     uint64_t ts;     /* the stream's clock: the last event's time */
     int failed;

@@ -362,3 +362,48 @@ def test_a_backward_request_is_named_by_its_forward_line():
     assert _line(r, 0, 5) == "<no Python frames>"
     assert _line(r, 0, 6) == "<forward line unknown> (backward: ViewBackward0)"
     assert _line(r, 0) == "<no Python frames>" and _line(r, 7) == "<stack 7>"
+
+
+def test_a_refused_backward_request_names_the_line_that_called_backward(standin, tmp_path):
+    """A request with no Python frames (the autograd engine's thread) is
+    named by the line that called backward(), where PyTorch raises the
+    error, when the last request with Python frames before it was PyTorch's
+    first gradient, asked for inside torch.autograd's backward (on the H200
+    the transformer's refused request was named by its node's forward line
+    while PyTorch raised at loss.backward())."""
+    ans = standin("backward_caller")
+    # a code object of PyTorch's backward() (its file and function as PyTorch's)
+    fake_torch = tmp_path / "site-packages" / "torch" / "autograd" / "__init__.py"
+    scope = {"ans": ans, "MiB": MiB}
+    exec(compile("def backward():\n"
+                 "    first_grad = ans.alloc(512)\n"
+                 "    ans.lib.sa_native_thread(1, 1, 30 * MiB)  # the engine thread's request\n"
+                 "    return first_grad\n", str(fake_torch), "exec"), scope)
+    path = tmp_path / "backward.memviz"
+    with memviz.track(trace=str(path)) as t:
+        assert t.torch.use_answers(ans).route == "allocator"
+        ans.empty_cache()
+        grad = scope["backward"]()  # the line that called backward()
+        called_at = sys._getframe().f_lineno - 1
+        ans.lib.sa_native_free_kept()
+        del grad
+    trace = memviz.load(str(path))
+    row, = _rows(trace, device_memory="16MiB")
+    assert row.oom is not None and row.oom.requested == 30 * MiB
+    assert row.oom.line.endswith(f"test_whatif.py:{called_at}"), row.oom.line
+    assert row.oom.backward == "a backward pass"  # no node label in this stand-in
+    assert row.to_dict()["oom"]["backward"] == "a backward pass"
+    from memviz.analysis.whatif import rows_text
+    assert f"test_whatif.py:{called_at} (in the backward: a backward pass)" in rows_text([row])
+
+    # a frameless request whose last framed request was not PyTorch's backward keeps the old name
+    path2 = tmp_path / "plain.memviz"
+    with memviz.track(trace=str(path2)) as t:
+        assert t.torch.use_answers(ans).route == "allocator"
+        ans.empty_cache()
+        keep = ans.alloc(512)
+        ans.lib.sa_native_thread(1, 1, 30 * MiB)
+        ans.lib.sa_native_free_kept()
+        del keep
+    row, = _rows(memviz.load(str(path2)), device_memory="16MiB")
+    assert row.oom is not None and row.oom.backward is None and row.oom.line == "<no Python frames>"

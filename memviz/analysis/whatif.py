@@ -72,11 +72,14 @@ class WhatIfOOM:
     allocated: int
     outside: int
     top: Tuple[Tuple[str, int], ...]  # (line, live bytes), the largest first
+    #: a request of the backward pass: its autograd node and forward line
+    #: (``line`` is then the line that called backward(), where PyTorch raises)
+    backward: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {"at_ns": self.at_ns, "requested": self.requested, "rounded": self.rounded,
-                "stream": self.stream, "line": self.line, "reserved": self.reserved,
-                "allocated": self.allocated, "outside": self.outside,
+                "stream": self.stream, "line": self.line, "backward": self.backward,
+                "reserved": self.reserved, "allocated": self.allocated, "outside": self.outside,
                 "top": [{"line": ln, "bytes": b} for ln, b in self.top]}
 
 
@@ -332,6 +335,34 @@ def _backward_line(trace: Any, label: int) -> Optional[str]:
     return location(backward_frame(node, forward))
 
 
+#: (file suffix, function) of PyTorch's ways into the autograd engine; the
+#: first gradient is asked for inside them, on the calling thread
+_BACKWARD_ENTRIES = (("torch/autograd/__init__.py", "backward"), ("torch/autograd/__init__.py", "grad"),
+                     ("torch/_tensor.py", "backward"), ("torch/autograd/graph.py", "_engine_run_backward"))
+
+
+def _backward_caller(trace: Any, caller: int) -> Optional[Frame]:
+    """The user's frame of stack ``caller`` (the last request with Python
+    frames before a backward's request) when that stack is inside one of
+    PyTorch's ways into the autograd engine: the line that called
+    backward(), where PyTorch raises the backward's out-of-memory error.
+    None otherwise (another thread's request came last)."""
+    if not caller:
+        return None
+    try:
+        frames = trace._resolve({caller}).get(caller)
+    except Exception:  # noqa: BLE001 - a line for the report
+        frames = None
+    if not frames:
+        return None
+    raw = [(f or "<unknown>", ln or 0, n or "") for f, ln, n in (tuple(x) for x in frames)]
+    if not any(n == name and f.replace("\\", "/").endswith(suffix)
+               for f, _ln, n in raw for suffix, name in _BACKWARD_ENTRIES):
+        return None
+    out = [Frame(f, max(ln, 0), n) for f, ln, n in raw]
+    return Traceback(out[::-1], getattr(trace, "frame_filter", None)).user_frame
+
+
 def _line(trace: Any, stack: int, label: int = 0) -> str:
     resolved, frame = _user_frame(trace, stack)
     if frame is not None:
@@ -346,10 +377,15 @@ def _oom(trace: Any, o: Optional[Dict[str, Any]]) -> Optional[WhatIfOOM]:
     if not o:
         return None
     top = tuple(sorted(((_line(trace, s), b) for s, b in o["top"]), key=lambda x: -x[1]))
+    line, backward = _line(trace, o["stack"], o.get("label", 0)), None
+    if not o["stack"]:  # no Python frames: in the backward, the line that called it
+        caller = _backward_caller(trace, o.get("caller", 0))
+        if caller is not None:
+            backward = _backward_line(trace, o.get("label", 0)) or "a backward pass"
+            line = location(caller)
     return WhatIfOOM(at_ns=o["ts"], requested=o["requested"], rounded=o["rounded"], stream=o["stream"],
-                     line=_line(trace, o["stack"], o.get("label", 0)), reserved=o["reserved"],
-                     allocated=o["allocated"],
-                     outside=o["outside"], top=top)
+                     line=line, reserved=o["reserved"], allocated=o["allocated"],
+                     outside=o["outside"], top=top, backward=backward)
 
 
 # ---- text and JSON --------------------------------------------------------------------
@@ -390,7 +426,8 @@ def rows_text(rows: Sequence[WhatIfRow]) -> str:
     for r in rows:
         if r.oom:
             o = r.oom
-            lines += ["", f"{r.label}, cuda:{r.device}: out of memory at {o.line}: {format_size(o.requested)} "
+            where = o.line + (f" (in the backward: {o.backward})" if o.backward else "")
+            lines += ["", f"{r.label}, cuda:{r.device}: out of memory at {where}: {format_size(o.requested)} "
                           f"asked ({format_size(o.rounded)} rounded) with {format_size(o.reserved)} reserved, "
                           f"{format_size(o.allocated)} allocated, {format_size(o.outside)} outside PyTorch. "
                           "Live then:"]

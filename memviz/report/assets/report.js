@@ -689,7 +689,8 @@
     W.rows.forEach(function (r) {
       if (r.oom) {
         s.appendChild(el('p', {'class': 'warn'}, (r.setting || 'defaults') + ', cuda:' + r.device + ': out of memory at ' +
-          r.oom.line + ', ' + fmtBytes(r.oom.requested) + ' asked with ' + fmtBytes(r.oom.reserved) + ' reserved. Live then: ' +
+          r.oom.line + (r.oom.backward ? ' (in the backward: ' + r.oom.backward + ')' : '') + ', ' +
+          fmtBytes(r.oom.requested) + ' asked with ' + fmtBytes(r.oom.reserved) + ' reserved. Live then: ' +
           r.oom.top.map(function (x) { return x.line + ' ' + fmtBytes(x.bytes); }).join('; ') + '.'));
       }
       r.notes.forEach(function (n) { s.appendChild(el('p', {'class': 'note'}, n.charAt(0).toUpperCase() + n.slice(1) + '.')); });
