@@ -126,7 +126,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--settings", default=",".join(SETTINGS),
+                    help="the settings to predict and run, separated by ';' or ',' between settings")
     opts = ap.parse_args()
+    settings = [x for x in opts.settings.replace(";", ",").split(",") if x]
     sys.path.insert(0, ROOT)
     import memviz
 
@@ -139,10 +142,10 @@ def main():
         if "error" in rec:
             report[name] = entry
             continue
-        rows = memviz.load(path).whatif(*SETTINGS)
+        rows = memviz.load(path).whatif(*settings)
         entry["predicted"] = {r.setting or "defaults": r.reserved_peak for r in rows if r.device == 0}
         entry["real"] = {"defaults": rec["reserved_peak"]}
-        for conf in SETTINGS:
+        for conf in settings:
             entry["real"][conf] = child(body, conf=conf).get("reserved_peak")
         entry["error_pct"] = {k: round(100.0 * (entry["predicted"][k] - v) / v, 2)
                               for k, v in entry["real"].items() if v and k in entry["predicted"]}

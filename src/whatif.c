@@ -12,6 +12,7 @@
 
 #define GAP (2u << 20)           /* between modelled segments' addresses */
 #define NON_SPLIT_ROUNDING (20u << 20) /* max_non_split_rounding_size (kLargeBuffer) */
+#define EXPANDABLE_SPAN ((uint64_t)1 << 40) /* an expandable segment's reservation */
 #define NONE (-1)
 
 /* 48 bytes: merging a freed block reads its neighbours, anywhere. */
@@ -190,7 +191,7 @@ static int32_t segment_new(mvz_whatif *w, int slot, int small, uint64_t stream, 
         w->gspare = w->g[s].spare;
     else
         s = (int32_t)w->ng++;
-    uint64_t span = expandable ? (uint64_t)1 << 40 : size;
+    uint64_t span = expandable ? EXPANDABLE_SPAN : size;
     w->g[s] = (wseg){w->next_va, size, stream, id, NONE, (uint8_t)slot, (uint8_t)small, (uint8_t)expandable, 1};
     wblock *x = &w->b[id];
     x->addr = w->next_va;
@@ -261,6 +262,16 @@ static int32_t alloc_block(mvz_whatif *w, int slot, int small, uint64_t stream, 
     return segment_new(w, slot, small, stream, size, 0);
 }
 
+/* A free block's size for best fit under expandable segments: the block
+ * that ends an expandable segment's mapped part can grow into the rest of
+ * its reservation (EXPANDABLE_SPAN). */
+static uint64_t grow_size(const mvz_whatif *w, int32_t id)
+{
+    const wblock *x = &w->b[id];
+    const wseg *g = &w->g[x->seg];
+    return g->expandable && g->last == id ? x->size + (EXPANDABLE_SPAN - g->size) : x->size;
+}
+
 /* get_free_block: best fit in the pool, on the stream, within
  * max_split_size's limits. */
 static int32_t get_free_block(mvz_whatif *w, wpool *p, uint64_t stream, uint64_t rounded)
@@ -270,6 +281,23 @@ static int32_t get_free_block(mvz_whatif *w, wpool *p, uint64_t stream, uint64_t
     const mvz_whatif_pool_entry *e = mvz_whatif_pool_first_from(&p->free, stream, rounded, 0);
     if (!e)
         return NONE;
+    if (w->s.rules.expandable) {
+        /* With expandable segments PyTorch's best fit counts a block that
+         * ends where its segment's mapped part ends as the size it could
+         * grow to, so it takes the next larger block that cannot grow
+         * instead, keeping the end of the segment free to grow. */
+        uint64_t have = grow_size(w, e->id);
+        while (w->g[w->b[e->id].seg].expandable) {
+            const mvz_whatif_pool_entry *n = mvz_whatif_pool_first_from(&p->free, stream, e->size, e->addr + 1);
+            if (!n)
+                break;
+            uint64_t next = grow_size(w, n->id);
+            if (next >= have)
+                break;
+            e = n;
+            have = next;
+        }
+    }
     uint64_t ms = w->s.rules.max_split;
     if (rounded < ms && e->size >= ms)
         return NONE;

@@ -199,6 +199,22 @@ def test_expandable_segments_grow_in_granules_and_are_flagged(standin, tmp_path)
     assert "~" in rows_text([base, exp])
 
 
+def test_expandable_best_fit_keeps_the_growing_end_free(standin, tmp_path):
+    """PyTorch's best fit under expandable segments counts the block that
+    ends the mapped part as the size it could grow to, so a request takes a
+    larger block that cannot grow instead. One 20 MiB granule: a 4, b 10,
+    c 2 MiB, the end's 4 MiB free; b freed. 3 MiB takes b's 10 (not the
+    end's 4), 4 MiB takes the 7 MiB rest of b (not the end), and 5 MiB then
+    fits nowhere: a second granule, 40 MiB. (Taking the smallest block
+    that fits, as without expandable segments, would stay at 20 MiB: the
+    H200's churn and transformer were over-predicted by 6 and 2 granules.)"""
+    ops = [("a", "a", 4 * MiB), ("a", "b", 10 * MiB), ("a", "c", 2 * MiB), ("f", "b"),
+           ("a", "d", 3 * MiB), ("a", "e", 4 * MiB), ("a", "g", 5 * MiB)]
+    trace, _ = _record(standin, tmp_path, ops)
+    exp, = _rows(trace, "expandable_segments:True")[1:]
+    assert exp.reserved_peak == 40 * MiB
+
+
 def test_garbage_collection_frees_the_oldest_cached_segments_under_a_fraction(standin, tmp_path):
     """A card fraction of 100 MiB, threshold 0.5: past 50 MiB reserved, the
     oldest whole free segments go before a new one is made (PyTorch does this
