@@ -126,10 +126,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    ap.add_argument("--settings", default=",".join(SETTINGS),
-                    help="the settings to predict and run, separated by ';' or ',' between settings")
+    ap.add_argument("--settings", default=";".join(SETTINGS),
+                    help="the settings to predict and run, separated by ';' (one setting may hold commas)")
     opts = ap.parse_args()
-    settings = [x for x in opts.settings.replace(";", ",").split(",") if x]
+    settings = [x for x in opts.settings.split(";") if x]
     sys.path.insert(0, ROOT)
     import memviz
 
