@@ -41,7 +41,9 @@ NOT_MODELLED = (
     "a tensor's stream: PyTorch's allocate() does not say it, so tensors are replayed on one stream "
     "(raw allocations, caching_allocator_alloc, keep theirs)",
     "CUDA graph private pools and the cudaMallocAsync backend",
-    "expandable segments are approximate: growth in 2 MiB / 20 MiB granules, only a free tail given back",
+    "expandable segments are approximate when memory is given back (empty_cache, the retry before an "
+    "out-of-memory error): only a segment's free end is unmapped, where PyTorch unmaps every whole free "
+    "granule and reuses the holes; growth in 2 MiB / 20 MiB granules and the best fit are PyTorch's",
 )
 
 #: keys of PYTORCH_CUDA_ALLOC_CONF the model follows
@@ -435,6 +437,7 @@ def rows_text(rows: Sequence[WhatIfRow]) -> str:
         for n in r.notes:
             lines.append(f"  note ({r.label}): {n}.")
     if any(r.approximate for r in rows):
-        lines += ["", "~ approximate: expandable segments are modelled coarsely."]
+        lines += ["", "~ approximate: expandable segments are exact until memory is given back (empty_cache, "
+                      "the retry before an out-of-memory error), which the model does at a segment's end only."]
     lines += ["", "Not modelled: " + "; ".join(NOT_MODELLED) + "."]
     return "\n".join(lines) + "\n"
