@@ -159,6 +159,95 @@ static PyObject *core_trace_writer_dump(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* A frozen dump (trace_writer.h) in a capsule; freed when the capsule goes
+ * or by trace_writer_frozen_free, whichever comes first. */
+#define FROZEN_NAME "memviz._core.frozen_dump"
+
+typedef struct {
+    mvz_tw_frozen *f;
+} frozen_box;
+
+static void frozen_capsule_free(PyObject *capsule)
+{
+    frozen_box *b = PyCapsule_GetPointer(capsule, FROZEN_NAME);
+    if (b) {
+        mvz_tw_frozen_free(b->f);
+        PyMem_Free(b);
+    }
+}
+
+static frozen_box *frozen_of(PyObject *capsule)
+{
+    frozen_box *b = PyCapsule_GetPointer(capsule, FROZEN_NAME);
+    if (b && !b->f) {
+        PyErr_SetString(PyExc_ValueError, "this frozen dump was freed already");
+        return NULL;
+    }
+    return b;
+}
+
+static PyObject *core_trace_writer_freeze(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    frozen_box *b = PyMem_Malloc(sizeof *b);
+    if (!b)
+        return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    b->f = mvz_tw_freeze();
+    Py_END_ALLOW_THREADS
+    if (!b->f) {
+        PyMem_Free(b);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    PyObject *c = PyCapsule_New(b, FROZEN_NAME, frozen_capsule_free);
+    if (!c) {
+        mvz_tw_frozen_free(b->f);
+        PyMem_Free(b);
+    }
+    return c;
+}
+
+static PyObject *core_trace_writer_frozen_write(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *capsule;
+    int fd;
+    if (!PyArg_ParseTuple(args, "Oi:trace_writer_frozen_write", &capsule, &fd))
+        return NULL;
+    frozen_box *b = frozen_of(capsule);
+    if (!b)
+        return NULL;
+    if (fd < 0) {
+        PyErr_SetString(PyExc_ValueError, "trace_writer_frozen_write(): not a file descriptor");
+        return NULL;
+    }
+    int rc;
+    mvz_tw_frozen *f = b->f;
+    Py_BEGIN_ALLOW_THREADS
+    rc = mvz_tw_frozen_write(f, fd); /* the capsule is the caller's until this returns */
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_trace_writer_frozen_free(PyObject *self, PyObject *capsule)
+{
+    (void)self;
+    frozen_box *b = PyCapsule_GetPointer(capsule, FROZEN_NAME);
+    if (!b)
+        return NULL;
+    mvz_tw_frozen *f = b->f;
+    b->f = NULL;
+    if (f) {
+        Py_BEGIN_ALLOW_THREADS
+        mvz_tw_frozen_free(f);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *core_trace_writer_stats(PyObject *self, PyObject *unused)
 {
     (void)self;
@@ -205,6 +294,13 @@ PyMethodDef mvz_trace_bindings[] = {
      "Free a stopped flight recorder's memory."},
     {"trace_writer_dump", core_trace_writer_dump, METH_O,
      "Write the flight recorder's events (base, chunks kept, the ring's) to this fd."},
+    {"trace_writer_freeze", core_trace_writer_freeze, METH_NOARGS,
+     "The flight recorder's dump as it stands, frozen for writing later (a capsule): every chunk kept "
+     "and the base, in milliseconds whatever the budget; the recorder goes on."},
+    {"trace_writer_frozen_write", core_trace_writer_frozen_write, METH_VARARGS,
+     "trace_writer_frozen_write(frozen, fd): write a frozen dump's events to fd (GIL released)."},
+    {"trace_writer_frozen_free", core_trace_writer_frozen_free, METH_O,
+     "Let a frozen dump's chunks go now (else when the capsule goes)."},
     {"trace_writer_stats", core_trace_writer_stats, METH_NOARGS, "The writer's counters (a dict)."},
     {"zlib_available", core_zlib_available, METH_NOARGS, "Whether the native writer can compress."},
     {NULL, NULL, 0, NULL},

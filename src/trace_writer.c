@@ -94,6 +94,7 @@ static uint32_t crc32_of(uint32_t crc, const uint8_t *p, size_t n)
 
 typedef struct tw_chunk {
     struct tw_chunk *next;
+    uint32_t refs;    /* the queue's, and a frozen dump's each (tw_lock) */
     size_t len;       /* bytes of data[] (a framed chunk) */
     uint32_t records; /* records in it (TIME and GAP included) */
     uint32_t events;  /* ALLOC/FREE/FAILED among them */
@@ -116,6 +117,14 @@ static int base_ready;
 
 static size_t base_bytes(void) { return base.count * (sizeof(mvz_alloc) + 2 * sizeof(uint32_t)); }
 
+/* tw_lock held: one holder of chunk c fewer (the queue, or a frozen dump);
+ * the last frees it. */
+static void chunk_drop(tw_chunk *c)
+{
+    if (--c->refs == 0)
+        free(c);
+}
+
 /* ---- encoding ------------------------------------------------------------ */
 
 static void put_u32(uint8_t *p, uint32_t v)
@@ -127,13 +136,13 @@ static void put_u32(uint8_t *p, uint32_t v)
 /* The zlib-compressed payload of `raw`, when that is smaller and inflates
  * no more than a reader allows (MVZ_MAX_RATIO): a malloc'd buffer and its
  * length in *plen, else NULL. */
-static uint8_t *pack(const uint8_t *raw, size_t raw_len, size_t *plen)
+static uint8_t *pack(const uint8_t *raw, size_t raw_len, size_t *plen, int level)
 {
-    if (tw_level <= 0 || !mvz_tw_zlib())
+    if (level <= 0 || !mvz_tw_zlib())
         return NULL;
     unsigned long cap = z_bound(raw_len);
     uint8_t *packed = malloc(cap);
-    if (packed && z_compress2(packed, &cap, raw, raw_len, tw_level) == 0 && cap < raw_len &&
+    if (packed && z_compress2(packed, &cap, raw, raw_len, level) == 0 && cap < raw_len &&
         raw_len <= (size_t)cap * MVZ_MAX_RATIO + MVZ_INFLATE_SLACK) {
         *plen = cap;
         return packed;
@@ -147,7 +156,7 @@ static uint8_t *pack(const uint8_t *raw, size_t raw_len, size_t *plen)
  * would inflate past what a reader allows, uncompressed where those would
  * too): a malloc'd tw_chunk, or NULL. */
 static tw_chunk *frame_events(const mvz_event *ev, size_t nrec, uint32_t events, uint64_t first_ts,
-                              uint64_t last_ts)
+                              uint64_t last_ts, int level)
 {
     size_t raw_len = EVENTS_HEAD + nrec * sizeof(mvz_event);
     uint8_t *raw = malloc(raw_len);
@@ -163,11 +172,11 @@ static tw_chunk *frame_events(const mvz_event *ev, size_t nrec, uint32_t events,
     }
     uint8_t type = KIND_EVENTS;
     size_t plen = raw_len;
-    uint8_t *packed = pack(raw, raw_len, &plen);
-    if (!packed && tw_level > 0 && z_compress2 != NULL) {
+    uint8_t *packed = pack(raw, raw_len, &plen, level);
+    if (!packed && level > 0 && z_compress2 != NULL) {
         raw[4] = LAYOUT_ROWS; /* as regular as that: rows compress less */
         memcpy(raw + EVENTS_HEAD, ev, nrec * sizeof(mvz_event));
-        packed = pack(raw, raw_len, &plen);
+        packed = pack(raw, raw_len, &plen, level);
     }
     const uint8_t *payload = packed ? packed : raw;
     if (packed)
@@ -175,6 +184,7 @@ static tw_chunk *frame_events(const mvz_event *ev, size_t nrec, uint32_t events,
     tw_chunk *c = malloc(sizeof *c + 5 + plen + 4);
     if (c) {
         c->next = NULL;
+        c->refs = 1;
         c->len = 5 + plen + 4;
         c->records = (uint32_t)nrec;
         c->events = events;
@@ -269,7 +279,7 @@ static void evict_oldest(void)
         }
     }
     free(raw);
-    free(c);
+    chunk_drop(c);
     st.base_count = base.count;
     st.base_bytes = base_bytes();
 }
@@ -332,7 +342,7 @@ static void emit(const mvz_raw_event *ev, size_t n, uint64_t dropped)
         uint64_t first = n ? ev[0].timestamp : mvz_now_ns();
         uint64_t last = n ? ev[n - 1].timestamp : first;
         tw_chunk *c = frame_events((const mvz_event *)buf, (size_t)len / sizeof(mvz_event),
-                                   (uint32_t)n, first, last);
+                                   (uint32_t)n, first, last, tw_level);
         if (c) {
             st.chunks++;
             if (last > st.window_end)
@@ -471,7 +481,7 @@ int mvz_tw_start(int fd, size_t capacity, int level, unsigned interval_ms, size_
     while (q_head) { /* an earlier recorder's chunks */
         tw_chunk *c = q_head;
         q_head = c->next;
-        free(c);
+        chunk_drop(c);
     }
     q_tail = NULL;
     if (base_ready)
@@ -578,7 +588,7 @@ void mvz_tw_release(void)
         while (q_head) {
             tw_chunk *c = q_head;
             q_head = c->next;
-            free(c);
+            chunk_drop(c);
         }
         q_tail = NULL;
         if (base_ready)
@@ -596,17 +606,31 @@ static int by_time(const void *a, const void *b)
 
 /* The base as ALLOC records dated when each was made, oldest first (a TIME
  * record first, and wherever a delta would not fit 32 bits). */
+static int write_base(int fd, mvz_alloc *sorted, size_t n, int level);
+
 static int dump_base(int fd)
 {
     size_t n = base.count;
     if (!n)
         return 0;
-    mvz_alloc *sorted = malloc(n * sizeof *sorted);
+    mvz_alloc *copy = malloc(n * sizeof *copy);
+    if (!copy)
+        return -1;
+    memcpy(copy, base.allocs, n * sizeof *copy);
+    int rc = write_base(fd, copy, n, tw_level);
+    free(copy);
+    return rc;
+}
+
+/* The allocations sorted[0, n) (a copy of the base's, the caller's: sorted
+ * here in place) framed and written to fd. No lock: touches only its
+ * arguments (and zlib). */
+static int write_base(int fd, mvz_alloc *sorted, size_t n, int level)
+{
     mvz_event *ev = malloc((2 * n + 1) * sizeof *ev);
     int rc = -1;
-    if (!sorted || !ev)
+    if (!ev)
         goto out;
-    memcpy(sorted, base.allocs, n * sizeof *sorted);
     qsort(sorted, n, sizeof *sorted, by_time);
     size_t k = 0;
     uint64_t prev = sorted[0].timestamp;
@@ -623,7 +647,7 @@ static int dump_base(int fd)
     }
     for (size_t lo = 0; lo < k; lo += CHUNK_EVENTS) {
         size_t m = k - lo < CHUNK_EVENTS ? k - lo : CHUNK_EVENTS;
-        tw_chunk *c = frame_events(ev + lo, m, 0, 0, 0);
+        tw_chunk *c = frame_events(ev + lo, m, 0, 0, 0, level);
         if (!c)
             goto out;
         int w = write_all(fd, c->data, c->len);
@@ -633,7 +657,6 @@ static int dump_base(int fd)
     }
     rc = 0;
 out:
-    free(sorted);
     free(ev);
     return rc;
 }
@@ -657,6 +680,78 @@ int mvz_tw_dump(int fd)
 out:
     pthread_mutex_unlock(&tw_lock);
     return rc;
+}
+
+/* ---- a frozen dump: taken on the failing thread, written on another ----- */
+
+struct mvz_tw_frozen {
+    tw_chunk **chunks; /* the chunks kept at the freeze, a reference each */
+    size_t n;
+    mvz_alloc *base; /* a copy of the base at the freeze */
+    size_t nbase;
+    int level;
+};
+
+mvz_tw_frozen *mvz_tw_freeze(void)
+{
+    mvz_tw_frozen *f = calloc(1, sizeof *f);
+    if (!f)
+        return NULL;
+    pthread_mutex_lock(&tw_lock);
+    if (tw_fd >= 0) {
+        pthread_mutex_unlock(&tw_lock);
+        free(f);
+        errno = EINVAL;
+        return NULL;
+    }
+    if (tw_running)
+        drain(0, 1);
+    size_t n = 0;
+    for (tw_chunk *c = q_head; c; c = c->next)
+        n++;
+    f->level = tw_level;
+    f->chunks = malloc((n ? n : 1) * sizeof *f->chunks);
+    f->nbase = base_ready ? base.count : 0;
+    f->base = malloc((f->nbase ? f->nbase : 1) * sizeof *f->base);
+    if (!f->chunks || !f->base) {
+        pthread_mutex_unlock(&tw_lock);
+        free(f->chunks);
+        free(f->base);
+        free(f);
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (f->nbase)
+        memcpy(f->base, base.allocs, f->nbase * sizeof *f->base);
+    for (tw_chunk *c = q_head; c; c = c->next) {
+        c->refs++;
+        f->chunks[f->n++] = c;
+    }
+    pthread_mutex_unlock(&tw_lock);
+    return f;
+}
+
+int mvz_tw_frozen_write(mvz_tw_frozen *f, int fd)
+{
+    if (f->nbase && write_base(fd, f->base, f->nbase, f->level))
+        return -1;
+    for (size_t i = 0; i < f->n; i++) /* immutable while this dump holds them */
+        if (write_all(fd, f->chunks[i]->data, f->chunks[i]->len))
+            return -1;
+    return 0;
+}
+
+void mvz_tw_frozen_free(mvz_tw_frozen *f)
+{
+    if (!f)
+        return;
+    pthread_mutex_lock(&tw_lock);
+    for (size_t i = 0; i < f->n; i++)
+        chunk_drop(f->chunks[i]);
+    pthread_mutex_unlock(&tw_lock);
+    free(f->chunks);
+    free(f->base);
+    free(f);
 }
 
 void mvz_tw_get_stats(mvz_tw_stats *out)

@@ -76,6 +76,19 @@ void mvz_tw_release(void);
  * wrote the header and tables before, and writes the end after): the base,
  * the chunks kept, and what the ring holds now. 0, or -1 with errno. */
 int mvz_tw_dump(int fd);
+/* The flight recorder's dump in two halves, so that the failing thread
+ * waits only for the first (issue 27): mvz_tw_freeze (any thread, no GIL
+ * needed; takes tw_lock) drains the ring and takes a reference to every
+ * chunk kept and a copy of the base, in milliseconds whatever the budget;
+ * mvz_tw_frozen_write (no lock: the chunks it holds are immutable) writes
+ * them to fd as mvz_tw_dump would have at the freeze, while the recorder
+ * goes on (eviction drops only the queue's reference); mvz_tw_frozen_free
+ * (takes tw_lock) lets them go. NULL and errno: the writer is a file's, or
+ * out of memory. */
+typedef struct mvz_tw_frozen mvz_tw_frozen;
+mvz_tw_frozen *mvz_tw_freeze(void);
+int mvz_tw_frozen_write(mvz_tw_frozen *f, int fd);
+void mvz_tw_frozen_free(mvz_tw_frozen *f);
 void mvz_tw_get_stats(mvz_tw_stats *out);
 /* After fork, in the child: the writer thread does not exist there. */
 void mvz_tw_atfork_child(void);

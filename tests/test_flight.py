@@ -270,3 +270,68 @@ def test_a_writer_thread_that_cannot_start_is_a_clear_error(fake, tmp_path, monk
     with memviz.track(flight_recorder="16 MiB", flight_dir=str(tmp_path), torch=False) as t:
         fake.alloc(CBID_cuMemAlloc_v2, MiB)
         assert len(memviz.load(t.dump()).snapshot()) == 1
+
+
+def test_an_out_of_memory_dump_is_frozen_at_the_failure_and_written_off_the_failing_thread(
+        fake, tmp_path, monkeypatch):
+    """on_failure (PyTorch's out-of-memory hook) freezes the dump on the
+    failing thread and the recorder's thread writes it. What the program does
+    after the freeze is not in it, even when the recorder folds away the very
+    chunks the frozen dump holds before it is written (they stay until it
+    is), and the failing thread waits at most _FAILURE_WAIT_S for the file."""
+    monkeypatch.setattr(flight, "_TEST_CHUNK_BUDGET", 256 * 1024)
+    monkeypatch.setattr(flight, "_FAILURE_WAIT_S", 0.0)
+    rng = random.Random(3)
+    with memviz.track(flight_recorder="16 MiB", flight_dir=str(tmp_path), torch=False) as t:
+        fr = t.flight_recorder
+        kept = [fake.alloc(CBID_cuMemAlloc_v2, 3 * MiB + i) for i in range(3)]
+        live = []
+        for _ in range(60000):
+            live.append(fake.alloc(CBID_cuMemAlloc_v2, rng.randrange(1, 1 << 20)))
+            if len(live) > 40:
+                fake.free(CBID_cuMemFree_v2, live.pop(rng.randrange(len(live))))
+        memviz._core.trace_writer_flush()
+        truth = live_set(t.snapshot())
+        with fr._lock:  # the recorder's thread cannot write the dump until this block ends
+            t0 = time.perf_counter()
+            fr.on_failure(t, "a planted out-of-memory error")
+            blocked = time.perf_counter() - t0
+            assert fr.dumps == [] and len(fr._jobs) == 1
+            target = fr._jobs[0].target
+            assert not os.path.exists(target)  # not written yet: the failing thread did not wait
+            frozen = fr.stats()
+            after = fake.alloc(CBID_cuMemAlloc_v2, 7 * MiB + 1)  # after the failure: not in the dump
+            for _ in range(60000):  # the recorder folds every chunk the frozen dump holds
+                live.append(fake.alloc(CBID_cuMemAlloc_v2, rng.randrange(1, 1 << 20)))
+                fake.free(CBID_cuMemFree_v2, live.pop(0))
+            memviz._core.trace_writer_flush()
+            now = fr.stats()
+            assert now["folded_events"] - frozen["folded_events"] >= frozen["kept_events"] > 0, (frozen, now)
+        assert fr.wait_for_dumps(timeout=30)
+        assert fr.dumps == [target] and fr.error is None
+        fake.free(CBID_cuMemFree_v2, after)
+        for k in kept:
+            fake.free(CBID_cuMemFree_v2, k)
+    assert blocked < 5
+    trace = load(target)
+    assert trace.end["flight_recorder"]["reason"] == "a planted out-of-memory error"
+    assert live_set(trace.snapshot()) == truth
+    assert all(a.size != 7 * MiB + 1 for a in trace.snapshot().allocations)
+    assert sorted(a.size for a in trace.snapshot().allocations if a.size >= 3 * MiB) == \
+        [3 * MiB, 3 * MiB + 1, 3 * MiB + 2]
+
+
+def test_the_recorder_stop_writes_a_frozen_dump_still_waiting(fake, tmp_path, monkeypatch):
+    """A dump frozen at an out-of-memory error that the recorder's thread has
+    not written when tracking stops (the program ends on the error) is
+    written before the recorder's memory goes: nothing is lost at exit."""
+    monkeypatch.setattr(flight, "_FAILURE_WAIT_S", 0.0)
+    with memviz.track(flight_recorder="16 MiB", flight_dir=str(tmp_path), torch=False) as t:
+        fr = t.flight_recorder
+        x = fake.alloc(CBID_cuMemAlloc_v2, 5 * MiB)
+        with fr._lock:
+            fr.on_failure(t, "the last error")
+            [job] = fr._jobs
+        fake.free(CBID_cuMemFree_v2, x)
+    assert fr.dumps == [job.target] and job.done.is_set()
+    assert load(job.target).end["flight_recorder"]["reason"] == "the last error"

@@ -74,6 +74,21 @@ _MAX_FAILURE_DUMPS = 3
 _SIGNAL_DUMP_GAP_S = 60.0
 #: "could not write its dump" on stderr: at most once in this many seconds
 _WARN_GAP_S = 60.0
+#: seconds the failing thread is held at most, at an out-of-memory error, the
+#: freeze included, waiting for its dump to be on disk before PyTorch raises
+#: (a larger dump is finished by the recorder's thread; the recorder's stop,
+#: at exit too, waits for it)
+_FAILURE_WAIT_S = 0.09
+
+
+class _Job:
+    """A dump frozen on the failing thread, for the recorder's thread to write."""
+
+    __slots__ = ("target", "head", "frozen", "tail", "reason", "done")
+
+    def __init__(self, target: str, head: bytes, frozen: Any, tail: bytes, reason: str) -> None:
+        self.target, self.head, self.frozen, self.tail, self.reason = target, head, frozen, tail, reason
+        self.done = threading.Event()
 #: tests: the bytes the chunks may take, whatever the budget (None: from the budget)
 _TEST_CHUNK_BUDGET: Optional[int] = None
 #: tests: the capture ring's size in events (None: from the budget; the C core takes >= 1024)
@@ -164,6 +179,7 @@ class FlightRecorder:
         self._deferral_said = False
         self._warned_at: Optional[float] = None  # monotonic: the last "could not write" said
         self._unsaid_failures = 0
+        self._jobs: List[_Job] = []  # frozen dumps the thread has not written yet (under _lock)
         # the capture ring: 1/5 of the budget (an event in it is _RAW_EVENT
         # bytes: the C core's allocation record)
         capacity = max(16384, min(1 << 20, self.budget // 5 // _RAW_EVENT))
@@ -227,6 +243,8 @@ class FlightRecorder:
         try:
             if self._thread is not None and self._thread is not threading.current_thread():
                 self._thread.join(timeout=10)
+            if self._thread is None or not self._thread.is_alive():
+                self._write_jobs()  # frozen as the thread ended: written here, before the writer stops
         finally:
             try:
                 with deferred_interrupt():
@@ -305,9 +323,98 @@ class FlightRecorder:
         return path
 
     def on_failure(self, tracker: Any, reason: str) -> None:
-        """An allocation failed where PyTorch raises: dump now, on the failing
-        thread, before the exception reaches the program."""
-        self.dump_quietly(reason)
+        """An allocation failed where PyTorch raises. The failing thread
+        freezes the dump (the names so far, the END record of this moment,
+        and a reference to every chunk the recorder keeps: milliseconds,
+        whatever the budget) and the recorder's thread writes it; the
+        failing thread is held at most _FAILURE_WAIT_S in all, so a
+        small dump is on disk before the exception reaches the program and a
+        large one a moment later (the recorder's stop waits for it, at exit
+        too). Never raises."""
+        began = time.monotonic()
+        job = self._freeze_quietly(reason)
+        if job is not None:  # the freeze counts against the wait
+            job.done.wait(max(0.0, _FAILURE_WAIT_S - (time.monotonic() - began)))
+
+    def wait_for_dumps(self, timeout: Optional[float] = None) -> bool:
+        """Wait until every dump frozen so far is written (or failed);
+        False if ``timeout`` seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                jobs = list(self._jobs)
+            if not jobs:
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            jobs[0].done.wait(left)
+
+    def _freeze_quietly(self, reason: str) -> Optional[_Job]:
+        """The failing thread's half of a dump (on_failure); None when there
+        is none to write (said on stderr as dump_quietly says it), or when
+        the recorder's thread is not there, which then dumps here, whole."""
+        if os.getpid() != self._pid:
+            return None
+        if self._thread is None or not self._thread.is_alive():
+            self.dump_quietly(reason)
+            return None
+        try:
+            with self._lock:
+                if not self._running:
+                    return None
+                folder = self._folder()
+                remove_stale_temps(folder)
+                target = self._new_path()
+                self._name_new()  # the failing allocation's stack among them
+                started = time.monotonic_ns()
+                head = (header() + chunk(META, json_bytes(dict(self._meta, dumped_because=reason)))
+                        + b"".join(self._tables))
+                frozen = _core.trace_writer_freeze()
+                s = _core.trace_writer_stats()
+                last = self._name_new()  # stacks of the last events, taken by the freeze
+                tail = b"".join(last) + chunk(END, json_bytes(self._end(s, reason, started)))
+                job = _Job(target, head, frozen, tail, reason)
+                self._jobs.append(job)
+                self._failures_seen = max(self._failures_seen, self._failed_now())
+        except Exception as e:  # noqa: BLE001 - a dump must never change what the program does
+            self.error = f"{type(e).__name__}: {e}"
+            self._warn_failed(reason)
+            return None
+        self._wake()
+        return job
+
+    def _write_jobs(self) -> None:
+        """The recorder's thread: write the dumps frozen on failing threads."""
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    return
+                job = self._jobs[0]
+            try:
+                with output_file(job.target, "the flight recorder's dump", binary=True,
+                                 hint="choose a folder you may write to (flight_dir=... or "
+                                      "--flight-dir), with room for the dump") as f:
+                    f.write(job.head)
+                    f.flush()
+                    try:
+                        _core.trace_writer_frozen_write(job.frozen, f.fileno())
+                    except OSError as e:
+                        raise TraceError(f"cannot write the flight recorder's dump: {e.strerror or e}",
+                                         job.target, hint="free some disk space, or choose another "
+                                                          "folder") from e
+                    f.write(job.tail)
+                self.dumps.append(os.fspath(job.target))
+                _say(f"memviz: flight recorder dump ({job.reason}) written to {job.target}; read it "
+                     f"with `python -m memviz report {job.target}`")
+            except Exception as e:  # noqa: BLE001 - a dump must never change what the program does
+                self.error = f"{type(e).__name__}: {e}"
+                self._warn_failed(job.reason)
+            finally:
+                _core.trace_writer_frozen_free(job.frozen)
+                with self._lock:
+                    self._jobs.remove(job)
+                job.done.set()
 
     # -- internals
 
@@ -319,7 +426,8 @@ class FlightRecorder:
         name = timestamped_name("memviz-flight")
         path = os.path.join(folder, name)
         n = 1
-        while os.path.exists(path):
+        pending = {j.target for j in self._jobs}
+        while os.path.exists(path) or path in pending:
             path = os.path.join(folder, name[:-len(".memviz")] + f"-{n}.memviz")
             n += 1
         return path
@@ -382,8 +490,9 @@ class FlightRecorder:
             pass
 
     def _run(self) -> None:
-        """The recorder's thread: SIGUSR1's dumps when woken; names new
-        stacks once a second; a failed driver call's dump."""
+        """The recorder's thread: the dumps frozen at out-of-memory errors,
+        SIGUSR1's when woken; names new stacks once a second; a failed
+        driver call's dump."""
         try:
             poller: Any = select.poll()
             rfd = _wake_pipe()[0]
@@ -404,6 +513,7 @@ class FlightRecorder:
                 except OSError:
                     poller = None
             try:
+                self._write_jobs()  # an out-of-memory error's dump first: its thread may be waiting
                 if self._signal_pending:
                     self._signal_dump()
                 if self._stop.is_set():
