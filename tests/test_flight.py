@@ -286,10 +286,12 @@ def test_an_out_of_memory_dump_is_frozen_at_the_failure_and_written_off_the_fail
         fr = t.flight_recorder
         kept = [fake.alloc(CBID_cuMemAlloc_v2, 3 * MiB + i) for i in range(3)]
         live = []
-        for _ in range(60000):
+        for i in range(60000):
             live.append(fake.alloc(CBID_cuMemAlloc_v2, rng.randrange(1, 1 << 20)))
             if len(live) > 40:
                 fake.free(CBID_cuMemFree_v2, live.pop(rng.randrange(len(live))))
+            if i % 20000 == 19999:
+                memviz._core.trace_writer_flush()
         memviz._core.trace_writer_flush()
         truth = live_set(t.snapshot())
         with fr._lock:  # the recorder's thread cannot write the dump until this block ends
@@ -301,9 +303,11 @@ def test_an_out_of_memory_dump_is_frozen_at_the_failure_and_written_off_the_fail
             assert not os.path.exists(target)  # not written yet: the failing thread did not wait
             frozen = fr.stats()
             after = fake.alloc(CBID_cuMemAlloc_v2, 7 * MiB + 1)  # after the failure: not in the dump
-            for _ in range(60000):  # the recorder folds every chunk the frozen dump holds
+            for i in range(90000):  # the recorder folds every chunk the frozen dump holds
                 live.append(fake.alloc(CBID_cuMemAlloc_v2, rng.randrange(1, 1 << 20)))
                 fake.free(CBID_cuMemFree_v2, live.pop(0))
+                if i % 20000 == 19999:  # drained here: on a loaded machine the thread may come late
+                    memviz._core.trace_writer_flush()
             memviz._core.trace_writer_flush()
             now = fr.stats()
             assert now["folded_events"] - frozen["folded_events"] >= frozen["kept_events"] > 0, (frozen, now)
