@@ -20,10 +20,9 @@ static inline uint64_t key_hash(uint64_t address, int kind)
     return mvz_mix64(address ^ salt[key_space(kind)]);
 }
 
-static inline uint64_t slot_hash(const mvz_live_slot *x)
+static inline int key_eq(const mvz_alloc *a, uint64_t address, int kind)
 {
-    static const uint64_t salt[3] = {0, 0x9e3779b97f4a7c15ULL, 0xc2b2ae3d27d4eb4fULL};
-    return mvz_mix64(x->address ^ salt[x->space]);
+    return a->address == address && key_space(a->kind) == key_space(kind);
 }
 
 int mvz_live_init(mvz_livetab *t, size_t max_live)
@@ -34,23 +33,23 @@ int mvz_live_init(mvz_livetab *t, size_t max_live)
     while (cap < 2 * max_live)
         cap <<= 1;
     if (mvz_region_reserve(&t->allocs_r, max_live * sizeof(mvz_alloc), 1 << 20) ||
-        mvz_region_reserve(&t->index_a_r, cap * sizeof(mvz_live_slot), 1 << 16) ||
-        mvz_region_reserve(&t->index_b_r, cap * sizeof(mvz_live_slot), 0))
+        mvz_region_reserve(&t->index_a_r, cap * sizeof(uint32_t), 1 << 16) ||
+        mvz_region_reserve(&t->index_b_r, cap * sizeof(uint32_t), 0))
         return -1;
     t->allocs = (mvz_alloc *)t->allocs_r.base;
-    t->index = (mvz_live_slot *)t->index_a_r.base;
+    t->index = (uint32_t *)t->index_a_r.base;
     t->index_in_a = 1;
     t->index_cap = 1024;
-    mvz_region_ensure(&t->index_a_r, t->index_cap * sizeof(mvz_live_slot));
+    mvz_region_ensure(&t->index_a_r, t->index_cap * sizeof(uint32_t));
     return 0;
 }
 
 void mvz_live_reset(mvz_livetab *t)
 {
     t->count = 0;
-    memset(t->index, 0, t->index_cap * sizeof(mvz_live_slot));
+    memset(t->index, 0, t->index_cap * sizeof(uint32_t));
     mvz_region_discard(&t->allocs_r);
-    mvz_region_ensure(&t->index_a_r, t->index_in_a ? t->index_cap * sizeof(mvz_live_slot) : 0);
+    mvz_region_ensure(&t->index_a_r, t->index_in_a ? t->index_cap * 4 : 0);
 }
 
 void mvz_live_release(mvz_livetab *t)
@@ -66,10 +65,9 @@ void mvz_live_release(mvz_livetab *t)
 size_t mvz_live_find(const mvz_livetab *t, uint64_t address, int kind, int *found)
 {
     size_t mask = t->index_cap - 1;
-    uint32_t space = (uint32_t)key_space(kind);
     size_t i = key_hash(address, kind) & mask;
-    for (; t->index[i].entry; i = (i + 1) & mask) {
-        if (t->index[i].address == address && t->index[i].space == space) {
+    for (; t->index[i]; i = (i + 1) & mask) {
+        if (key_eq(&t->allocs[t->index[i] - 1], address, kind)) {
             *found = 1;
             return i;
         }
@@ -85,17 +83,15 @@ static int index_grow(mvz_livetab *t)
     size_t ncap = t->index_cap * 2;
     mvz_region *dst = t->index_in_a ? &t->index_b_r : &t->index_a_r;
     mvz_region *src = t->index_in_a ? &t->index_a_r : &t->index_b_r;
-    if (mvz_region_ensure(dst, ncap * sizeof(mvz_live_slot)))
+    if (mvz_region_ensure(dst, ncap * sizeof(uint32_t)))
         return -1;
-    mvz_live_slot *ni = (mvz_live_slot *)dst->base;
-    memset(ni, 0, ncap * sizeof(mvz_live_slot));
+    uint32_t *ni = (uint32_t *)dst->base;
+    memset(ni, 0, ncap * sizeof(uint32_t));
     for (size_t k = 0; k < t->count; k++) {
         size_t i = key_hash(t->allocs[k].address, t->allocs[k].kind) & (ncap - 1);
-        while (ni[i].entry)
+        while (ni[i])
             i = (i + 1) & (ncap - 1);
-        ni[i].address = t->allocs[k].address;
-        ni[i].space = (uint32_t)key_space(t->allocs[k].kind);
-        ni[i].entry = (uint32_t)k + 1;
+        ni[i] = (uint32_t)k + 1;
     }
     mvz_region_discard(src);
     t->index = ni;
@@ -117,12 +113,10 @@ int mvz_live_make_room(mvz_livetab *t)
 
 /* Capture path, no GIL, store lock held: two writes into preallocated
  * memory. */
-mvz_alloc *mvz_live_insert(mvz_livetab *t, size_t i, uint64_t address, int kind)
+mvz_alloc *mvz_live_insert(mvz_livetab *t, size_t i)
 {
     mvz_alloc *a = &t->allocs[t->count];
-    t->index[i].address = address;
-    t->index[i].space = (uint32_t)key_space(kind);
-    t->index[i].entry = (uint32_t)t->count + 1;
+    t->index[i] = (uint32_t)t->count + 1;
     t->count++;
     return a;
 }
@@ -133,17 +127,18 @@ static void index_delete(mvz_livetab *t, size_t i)
 {
     size_t mask = t->index_cap - 1;
     size_t j = i;
-    t->index[i].entry = 0;
+    t->index[i] = 0;
     for (;;) {
         j = (j + 1) & mask;
-        if (!t->index[j].entry)
+        if (!t->index[j])
             return;
-        size_t home = slot_hash(&t->index[j]) & mask;
+        const mvz_alloc *a = &t->allocs[t->index[j] - 1];
+        size_t home = key_hash(a->address, a->kind) & mask;
         /* Move j back into the hole unless its home lies cyclically in (i, j]. */
         int home_in_range = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
         if (!home_in_range) {
             t->index[i] = t->index[j];
-            t->index[j].entry = 0;
+            t->index[j] = 0;
             i = j;
         }
     }
@@ -152,7 +147,7 @@ static void index_delete(mvz_livetab *t, size_t i)
 /* Capture path, no GIL, store lock held: in-place moves only. */
 void mvz_live_remove(mvz_livetab *t, size_t i)
 {
-    uint32_t k = t->index[i].entry - 1;
+    uint32_t k = t->index[i] - 1;
     index_delete(t, i);
     size_t last = t->count - 1;
     if (k != last) {
@@ -160,7 +155,7 @@ void mvz_live_remove(mvz_livetab *t, size_t i)
         int f2;
         size_t j = mvz_live_find(t, t->allocs[last].address, t->allocs[last].kind, &f2);
         t->allocs[k] = t->allocs[last];
-        t->index[j].entry = k + 1;
+        t->index[j] = k + 1;
     }
     t->count--;
 }

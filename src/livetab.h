@@ -15,19 +15,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* One slot of the index: the key beside the entry's place, so that a probe
- * reads the index alone (one cache line holds four slots) and never the
- * entries it passes over. */
-typedef struct {
-    uint64_t address;
-    uint32_t entry; /* alloc index + 1; 0: the slot is empty */
-    uint32_t space; /* the key space (livetab.c) */
-} mvz_live_slot;
-
 typedef struct {
     mvz_region allocs_r, index_a_r, index_b_r;
     mvz_alloc *allocs;
-    mvz_live_slot *index;
+    uint32_t *index; /* slot -> alloc index + 1; 0 empty */
     size_t count, max, index_cap;
     int index_in_a; /* the index lives in index_a_r (else index_b_r) */
 } mvz_livetab;
@@ -44,17 +35,16 @@ size_t mvz_live_find(const mvz_livetab *t, uint64_t address, int kind, int *foun
 /* Room for one more allocation: -1 when the table is full, 1 when the index
  * was rebuilt (slots from mvz_live_find are stale), else 0. */
 int mvz_live_make_room(mvz_livetab *t);
-/* The entry for index slot i (empty, from mvz_live_find(address, kind)
- * after room was made), to be filled in by the caller with that same
- * address and a kind of the same key space. */
-mvz_alloc *mvz_live_insert(mvz_livetab *t, size_t i, uint64_t address, int kind);
+/* The entry for index slot i (empty, from mvz_live_find after room was
+ * made), to be filled in by the caller. */
+mvz_alloc *mvz_live_insert(mvz_livetab *t, size_t i);
 /* Remove the allocation at index slot i (found); its entry's place is
  * taken by the last one. */
 void mvz_live_remove(mvz_livetab *t, size_t i);
 /* The allocation at index slot i (found). */
 static inline mvz_alloc *mvz_live_at(const mvz_livetab *t, size_t i)
 {
-    return &t->allocs[t->index[i].entry - 1];
+    return &t->allocs[t->index[i] - 1];
 }
 
 #endif

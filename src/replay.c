@@ -39,7 +39,7 @@ static int live_room(mvz_replayer *r)
             return -1;
         }
         size_t at = mvz_live_find(&bigger, a->address, a->kind, &found);
-        *mvz_live_insert(&bigger, at, a->address, a->kind) = *a;
+        *mvz_live_insert(&bigger, at) = *a;
     }
     mvz_live_release(&r->live);
     r->live = bigger;
@@ -425,7 +425,7 @@ int mvz_replay_event(mvz_replayer *r, const mvz_event *e, mvz_alloc *ended)
         return -1;
     if (room > 0 || found)
         at = mvz_live_find(&r->live, e->address, k, &found);
-    mvz_alloc *a = mvz_live_insert(&r->live, at, e->address, k);
+    mvz_alloc *a = mvz_live_insert(&r->live, at);
     fill(a, e, i, r->ts);
     if (!s)
         return ret;

@@ -331,7 +331,7 @@ uint32_t mvz_store_record_alloc(uint64_t stamp, uint64_t address, uint64_t size,
     if (found || blocks_retired || room > 0) /* the index moved since the probe above */
         i = mvz_live_find(&live, address, kind, &found);
     uint32_t stack_id = depth > 0 ? mvz_stacks_intern_hashed(&stacks, f, depth, hash) : 0;
-    mvz_alloc *a = mvz_live_insert(&live, i, address, kind);
+    mvz_alloc *a = mvz_live_insert(&live, i);
     memset(a, 0, sizeof *a);
     a->op = MVZ_EV_ALLOC;
     a->address = address;

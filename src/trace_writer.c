@@ -274,7 +274,7 @@ static void evict_oldest(void)
                     continue; /* more live allocations than the store itself keeps */
                 if (room > 0 || found)
                     at = mvz_live_find(&base, e->address, e->kind, &found);
-                mvz_event_decode(mvz_live_insert(&base, at, e->address, e->kind), e, ts);
+                mvz_event_decode(mvz_live_insert(&base, at), e, ts);
             }
         }
     }
@@ -506,7 +506,7 @@ int mvz_tw_start(int fd, size_t capacity, int level, unsigned interval_ms, size_
             if (found || mvz_live_make_room(&base) < 0)
                 continue;
             at = mvz_live_find(&base, rows[i].address, rows[i].kind, &found);
-            *mvz_live_insert(&base, at, rows[i].address, rows[i].kind) = rows[i];
+            *mvz_live_insert(&base, at) = rows[i];
         }
         free(rows);
         st.base_count = base.count;
