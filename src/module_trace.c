@@ -140,25 +140,6 @@ static PyObject *core_trace_writer_release(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *core_trace_writer_dump(PyObject *self, PyObject *arg)
-{
-    (void)self;
-    long fd = PyLong_AsLong(arg);
-    if (fd == -1 && PyErr_Occurred())
-        return NULL;
-    if (fd < 0 || fd > 0x7fffffff) {
-        PyErr_SetString(PyExc_ValueError, "trace_writer_dump(): not a file descriptor");
-        return NULL;
-    }
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = mvz_tw_dump((int)fd);
-    Py_END_ALLOW_THREADS
-    if (rc != 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
-    Py_RETURN_NONE;
-}
-
 /* A frozen dump (trace_writer.h) in a capsule; freed when the capsule goes
  * or by trace_writer_frozen_free, whichever comes first. */
 #define FROZEN_NAME "memviz._core.frozen_dump"
@@ -292,8 +273,6 @@ PyMethodDef mvz_trace_bindings[] = {
      "Write the rest and stop the writer thread and the ring."},
     {"trace_writer_release", core_trace_writer_release, METH_NOARGS,
      "Free a stopped flight recorder's memory."},
-    {"trace_writer_dump", core_trace_writer_dump, METH_O,
-     "Write the flight recorder's events (base, chunks kept, the ring's) to this fd."},
     {"trace_writer_freeze", core_trace_writer_freeze, METH_NOARGS,
      "The flight recorder's dump as it stands, frozen for writing later (a capsule): every chunk kept "
      "and the base, in milliseconds whatever the budget; the recorder goes on."},

@@ -605,26 +605,9 @@ static int by_time(const void *a, const void *b)
 }
 
 /* The base as ALLOC records dated when each was made, oldest first (a TIME
- * record first, and wherever a delta would not fit 32 bits). */
-static int write_base(int fd, mvz_alloc *sorted, size_t n, int level);
-
-static int dump_base(int fd)
-{
-    size_t n = base.count;
-    if (!n)
-        return 0;
-    mvz_alloc *copy = malloc(n * sizeof *copy);
-    if (!copy)
-        return -1;
-    memcpy(copy, base.allocs, n * sizeof *copy);
-    int rc = write_base(fd, copy, n, tw_level);
-    free(copy);
-    return rc;
-}
-
-/* The allocations sorted[0, n) (a copy of the base's, the caller's: sorted
- * here in place) framed and written to fd. No lock: touches only its
- * arguments (and zlib). */
+ * record first, and wherever a delta would not fit 32 bits): sorted[0, n),
+ * a copy of the base's (the caller's; sorted here in place), framed and
+ * written to fd. No lock: touches only its arguments (and zlib). */
 static int write_base(int fd, mvz_alloc *sorted, size_t n, int level)
 {
     mvz_event *ev = malloc((2 * n + 1) * sizeof *ev);
@@ -661,28 +644,7 @@ out:
     return rc;
 }
 
-int mvz_tw_dump(int fd)
-{
-    pthread_mutex_lock(&tw_lock);
-    int rc = -1;
-    if (tw_fd >= 0) {
-        errno = EINVAL;
-        goto out;
-    }
-    if (tw_running)
-        drain(0, 1);
-    if (base_ready && dump_base(fd))
-        goto out;
-    for (tw_chunk *c = q_head; c; c = c->next)
-        if (write_all(fd, c->data, c->len))
-            goto out;
-    rc = 0;
-out:
-    pthread_mutex_unlock(&tw_lock);
-    return rc;
-}
-
-/* ---- a frozen dump: taken on the failing thread, written on another ----- */
+/* ---- a dump: frozen under the lock, written without it ------------------ */
 
 struct mvz_tw_frozen {
     tw_chunk **chunks; /* the chunks kept at the freeze, a reference each */

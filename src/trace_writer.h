@@ -11,8 +11,8 @@
  *   - memory, the flight recorder (track(flight_recorder=...)): chunks are
  *     kept in a FIFO bounded by a byte budget. When a new chunk does not
  *     fit, the oldest is decoded and folded into the "base", the live set
- *     at the start of the chunks kept, and freed. A dump (mvz_tw_dump)
- *     writes the base (as ALLOC events dated when they were made), then the
+ *     at the start of the chunks kept, and freed (once no frozen dump holds
+ *     it). A dump (mvz_tw_freeze, mvz_tw_frozen_write) writes the base (as ALLOC events dated when they were made), then the
  *     chunks kept, then the events not yet taken: a normal trace's events.
  *
  * zlib is loaded at run time (dlopen of libz.so.1, which CPython's zlib
@@ -72,19 +72,16 @@ void mvz_tw_flush(int force);
 void mvz_tw_stop(void);
 /* Free the flight recorder's chunks and base. */
 void mvz_tw_release(void);
-/* Without the GIL: write the flight recorder's events to fd (the caller
- * wrote the header and tables before, and writes the end after): the base,
- * the chunks kept, and what the ring holds now. 0, or -1 with errno. */
-int mvz_tw_dump(int fd);
-/* The flight recorder's dump in two halves, so that the failing thread
- * waits only for the first (issue 27): mvz_tw_freeze (any thread, no GIL
- * needed; takes tw_lock) drains the ring and takes a reference to every
- * chunk kept and a copy of the base, in milliseconds whatever the budget;
- * mvz_tw_frozen_write (no lock: the chunks it holds are immutable) writes
- * them to fd as mvz_tw_dump would have at the freeze, while the recorder
- * goes on (eviction drops only the queue's reference); mvz_tw_frozen_free
- * (takes tw_lock) lets them go. NULL and errno: the writer is a file's, or
- * out of memory. */
+/* The flight recorder's dump: its events, for the caller to write between
+ * the header and tables before and the end after: the base, the chunks
+ * kept, and what the ring holds now. It comes in two halves, so that a failing thread waits only for the
+ * first (issue 27): mvz_tw_freeze (any thread, no GIL needed; takes
+ * tw_lock) drains the ring and takes a reference to every chunk kept and a
+ * copy of the base, in milliseconds whatever the budget (NULL and errno:
+ * the writer is a file's, or out of memory); mvz_tw_frozen_write (no lock:
+ * the chunks it holds are immutable) writes them to fd while the recorder
+ * goes on (eviction drops only the queue's reference), 0 or -1 with errno;
+ * mvz_tw_frozen_free (takes tw_lock) lets them go. */
 typedef struct mvz_tw_frozen mvz_tw_frozen;
 mvz_tw_frozen *mvz_tw_freeze(void);
 int mvz_tw_frozen_write(mvz_tw_frozen *f, int fd);

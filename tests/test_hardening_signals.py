@@ -400,11 +400,11 @@ def test_a_dump_killed_midway_leaves_a_file_the_next_recorder_removes(fake_path,
     script = tmp_path / "slow.py"
     script.write_text(textwrap.dedent("""
         import sys, time
-        import memviz, memviz.trace.flight as flight
-        def stuck(self, *a):
+        import memviz, memviz._core as core
+        def stuck(*a):
             print("dumping", flush=True)
             time.sleep(600)  # killed here, the temporary file half written
-        flight.FlightRecorder._end = stuck
+        core.trace_writer_frozen_write = stuck  # the events, after the header went in
         with memviz.track(flight_recorder="16 MiB", flight_dir=sys.argv[1], gpu=False, torch=False) as t:
             t.dump()
     """))

@@ -305,17 +305,23 @@ def whatif(trace: Any, settings: Sequence[str] = (), device_memory: Union[None, 
     return rows
 
 
-def _user_frame(trace: Any, stack: int) -> Tuple[bool, Optional[Frame]]:
-    """(resolved?, the user's frame or None) of a stack id of the recording."""
+def _traceback(trace: Any, stack: int) -> Optional[Traceback]:
+    """The traceback of a stack id of the recording; None: not resolved."""
     try:
-        frames = trace._resolve({stack}).get(stack)
+        frames = trace._resolve({stack}).get(stack) if stack else None
     except Exception:  # noqa: BLE001 - a line for the report
         frames = None
     if not frames:
-        return False, None
+        return None
     # raw (file, line, name) from the innermost out, as the C core walks (model/rows.py)
     out = [Frame(f or "<unknown>", max(ln or 0, 0), n or "") for f, ln, n in (tuple(x) for x in frames)]
-    return True, Traceback(out[::-1], getattr(trace, "frame_filter", None)).user_frame
+    return Traceback(out[::-1], getattr(trace, "frame_filter", None))
+
+
+def _user_frame(trace: Any, stack: int) -> Tuple[bool, Optional[Frame]]:
+    """(resolved?, the user's frame or None) of a stack id of the recording."""
+    tb = _traceback(trace, stack)
+    return (False, None) if tb is None else (True, tb.user_frame)
 
 
 def _backward_line(trace: Any, label: int) -> Optional[str]:
@@ -349,20 +355,11 @@ def _backward_caller(trace: Any, caller: int) -> Optional[Frame]:
     PyTorch's ways into the autograd engine: the line that called
     backward(), where PyTorch raises the backward's out-of-memory error.
     None otherwise (another thread's request came last)."""
-    if not caller:
+    tb = _traceback(trace, caller)
+    if tb is None or not any(fr.name == name and fr.filename.replace("\\", "/").endswith(suffix)
+                             for fr in tb for suffix, name in _BACKWARD_ENTRIES):
         return None
-    try:
-        frames = trace._resolve({caller}).get(caller)
-    except Exception:  # noqa: BLE001 - a line for the report
-        frames = None
-    if not frames:
-        return None
-    raw = [(f or "<unknown>", ln or 0, n or "") for f, ln, n in (tuple(x) for x in frames)]
-    if not any(n == name and f.replace("\\", "/").endswith(suffix)
-               for f, _ln, n in raw for suffix, name in _BACKWARD_ENTRIES):
-        return None
-    out = [Frame(f, max(ln, 0), n) for f, ln, n in raw]
-    return Traceback(out[::-1], getattr(trace, "frame_filter", None)).user_frame
+    return tb.user_frame
 
 
 def _line(trace: Any, stack: int, label: int = 0) -> str:

@@ -283,28 +283,12 @@ class FlightRecorder:
             if not self._running:
                 raise TraceError("the flight recorder is not running, so there is nothing to dump",
                                  path, hint="call dump() while the tracker runs, before it stops")
-            if path is None:
-                remove_stale_temps(self._folder())
-            target = path if path is not None else self._new_path()
-            self._name_new()  # the failing allocation's stack among them
-            started = time.monotonic_ns()
-            with output_file(target, "the flight recorder's dump", binary=True,
-                             hint="choose a folder you may write to (flight_dir=... or "
-                                  "--flight-dir), with room for the dump") as f:
-                f.write(header() + chunk(META, json_bytes(dict(self._meta, dumped_because=reason)))
-                        + b"".join(self._tables))
-                f.flush()
-                try:
-                    _core.trace_writer_dump(f.fileno())
-                except OSError as e:
-                    raise TraceError(f"cannot write the flight recorder's dump: {e.strerror or e}",
-                                     target, hint="free some disk space, or choose another folder") from e
-                s = _core.trace_writer_stats()
-                last = self._name_new()  # stacks of the last events, taken by the dump
-                f.write(b"".join(last) + chunk(END, json_bytes(self._end(s, reason, started))))
-            self.dumps.append(os.fspath(target))
-            self._failures_seen = max(self._failures_seen, self._failed_now())
-            return os.fspath(target)
+            job = self._freeze(reason, path)
+            try:
+                self._write(job)
+            finally:
+                _core.trace_writer_frozen_free(job.frozen)
+            return job.target
 
     def dump_quietly(self, reason: str) -> Optional[str]:
         """dump() for the automatic triggers: never raises; says on stderr
@@ -363,20 +347,8 @@ class FlightRecorder:
             with self._lock:
                 if not self._running:
                     return None
-                folder = self._folder()
-                remove_stale_temps(folder)
-                target = self._new_path()
-                self._name_new()  # the failing allocation's stack among them
-                started = time.monotonic_ns()
-                head = (header() + chunk(META, json_bytes(dict(self._meta, dumped_because=reason)))
-                        + b"".join(self._tables))
-                frozen = _core.trace_writer_freeze()
-                s = _core.trace_writer_stats()
-                last = self._name_new()  # stacks of the last events, taken by the freeze
-                tail = b"".join(last) + chunk(END, json_bytes(self._end(s, reason, started)))
-                job = _Job(target, head, frozen, tail, reason)
+                job = self._freeze(reason)
                 self._jobs.append(job)
-                self._failures_seen = max(self._failures_seen, self._failed_now())
         except Exception as e:  # noqa: BLE001 - a dump must never change what the program does
             self.error = f"{type(e).__name__}: {e}"
             self._warn_failed(reason)
@@ -392,19 +364,7 @@ class FlightRecorder:
                     return
                 job = self._jobs[0]
             try:
-                with output_file(job.target, "the flight recorder's dump", binary=True,
-                                 hint="choose a folder you may write to (flight_dir=... or "
-                                      "--flight-dir), with room for the dump") as f:
-                    f.write(job.head)
-                    f.flush()
-                    try:
-                        _core.trace_writer_frozen_write(job.frozen, f.fileno())
-                    except OSError as e:
-                        raise TraceError(f"cannot write the flight recorder's dump: {e.strerror or e}",
-                                         job.target, hint="free some disk space, or choose another "
-                                                          "folder") from e
-                    f.write(job.tail)
-                self.dumps.append(os.fspath(job.target))
+                self._write(job)
                 _say(f"memviz: flight recorder dump ({job.reason}) written to {job.target}; read it "
                      f"with `python -m memviz report {job.target}`")
             except Exception as e:  # noqa: BLE001 - a dump must never change what the program does
@@ -415,6 +375,51 @@ class FlightRecorder:
                 with self._lock:
                     self._jobs.remove(job)
                 job.done.set()
+
+    def _freeze(self, reason: str, path: Optional[str] = None) -> _Job:
+        """A dump as the recorder holds it now (self._lock held): the names
+        so far, a reference to every chunk kept and the base
+        (_core.trace_writer_freeze: milliseconds, whatever the budget), and
+        the END record of this moment; _write writes it."""
+        if path is None:
+            remove_stale_temps(self._folder())
+        target = os.fspath(path) if path is not None else self._new_path()
+        self._name_new()  # the failing allocation's stack among them
+        started = time.monotonic_ns()
+        head = (header() + chunk(META, json_bytes(dict(self._meta, dumped_because=reason)))
+                + b"".join(self._tables))
+        try:
+            frozen = _core.trace_writer_freeze()
+        except OSError as e:
+            raise TraceError(f"the flight recorder's events could not be taken for a dump: {e.strerror or e}",
+                             target, hint="the process may be out of memory; free some, or use a smaller "
+                                          "flight_recorder budget") from e
+        try:
+            s = _core.trace_writer_stats()
+            last = self._name_new()  # stacks of the last events, taken by the freeze
+            tail = b"".join(last) + chunk(END, json_bytes(self._end(s, reason, started)))
+        except BaseException:
+            _core.trace_writer_frozen_free(frozen)
+            raise
+        self._failures_seen = max(self._failures_seen, self._failed_now())
+        return _Job(target, head, frozen, tail, reason)
+
+    def _write(self, job: _Job) -> None:
+        """Write a frozen dump to its file (a temporary name, fsync, then the
+        name): on the caller's thread for dump(), on the recorder's for the
+        failing thread's."""
+        with output_file(job.target, "the flight recorder's dump", binary=True,
+                         hint="choose a folder you may write to (flight_dir=... or "
+                              "--flight-dir), with room for the dump") as f:
+            f.write(job.head)
+            f.flush()
+            try:
+                _core.trace_writer_frozen_write(job.frozen, f.fileno())
+            except OSError as e:
+                raise TraceError(f"cannot write the flight recorder's dump: {e.strerror or e}",
+                                 job.target, hint="free some disk space, or choose another folder") from e
+            f.write(job.tail)
+        self.dumps.append(job.target)
 
     # -- internals
 
