@@ -18,6 +18,7 @@ others within 2%; the OOM verdict and its line match.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -128,6 +129,7 @@ def main():
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--settings", default=";".join(SETTINGS),
                     help="the settings to predict and run, separated by ';' (one setting may hold commas)")
+    ap.add_argument("--keep", action="store_true", help="copy each recorded trace into --out")
     opts = ap.parse_args()
     settings = [x for x in opts.settings.split(";") if x]
     sys.path.insert(0, ROOT)
@@ -139,6 +141,9 @@ def main():
         path = os.path.join(tempfile.mkdtemp(), f"{name}.memviz")
         rec = child(body, trace=path)
         entry = {"recorded": rec}
+        if opts.keep and os.path.exists(path):
+            os.makedirs(opts.out, exist_ok=True)
+            shutil.copy(path, os.path.join(opts.out, f"{name}.memviz"))
         if "error" in rec:
             report[name] = entry
             continue
