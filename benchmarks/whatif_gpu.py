@@ -150,6 +150,8 @@ def main():
         rows = memviz.load(path).whatif(*settings)
         entry["predicted"] = {r.setting or "defaults": r.reserved_peak for r in rows if r.device == 0}
         entry["real"] = {"defaults": rec["reserved_peak"]}
+        # the same run untracked: what tracking itself changed in PyTorch's reservations
+        entry["untracked_defaults"] = child(body).get("reserved_peak")
         for conf in settings:
             entry["real"][conf] = child(body, conf=conf).get("reserved_peak")
         entry["error_pct"] = {k: round(100.0 * (entry["predicted"][k] - v) / v, 2)

@@ -6,6 +6,7 @@
 #include "whatif.h"
 #include "grow.h"
 #include "whatif_pool.h"
+#include "whatif_va.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #define NON_SPLIT_ROUNDING (20u << 20) /* max_non_split_rounding_size (kLargeBuffer) */
 #define EXPANDABLE_SPAN ((uint64_t)1 << 40) /* an expandable segment's reservation */
 #define NONE (-1)
+#define MODEL_VA ((uint64_t)1 << 60) /* the model's own addresses start here, above any recorded one */
 
 /* 48 bytes: merging a freed block reads its neighbours, anywhere. */
 typedef struct {
@@ -27,8 +29,13 @@ typedef struct {
     uint64_t base, size, stream;
     int32_t last;  /* an expandable segment's last block */
     int32_t spare; /* a dead segment's next unused id */
-    uint8_t slot, small, expandable, live;
+    uint8_t slot, small, expandable, live, at_recorded;
 } wseg;
+
+/* A live segment placed at the recording's address: [base, end). */
+typedef struct {
+    uint64_t base, end;
+} wspan;
 
 typedef struct {
     mvz_whatif_pool free; /* its free blocks (whatif_pool.h) */
@@ -52,6 +59,14 @@ struct mvz_whatif {
     int32_t *ids; /* scratch: a pool's free blocks, listed */
     size_t capids;
     uint64_t next_va;
+    /* the driver's addresses (mvz_whatif_alloc): the request's */
+    uint64_t hint, hint_size;
+    uint32_t rec_made, rec_freed;
+    uint32_t made[MVZ_NSLOTS], freed[MVZ_NSLOTS]; /* the model's segments made and freed */
+    uint8_t diverged[MVZ_NSLOTS]; /* its segments were once not the recording's: addresses its own */
+    mvz_whatif_va va[MVZ_NSLOTS]; /* the driver's placement of each device's segments */
+    wspan *spans;   /* the live segments at recorded addresses, by address */
+    size_t nspans, capspans;
     uint64_t reserved[MVZ_NSLOTS], allocated[MVZ_NSLOTS];
     mvz_whatif_result r[MVZ_NSLOTS];
     uint8_t used[MVZ_NSLOTS];
@@ -142,8 +157,32 @@ static int32_t handle_take(mvz_whatif *w, uint32_t handle)
 
 /* ---- segments ---------------------------------------------------------------------- */
 
+/* The first span of w->spans that ends after `addr`. */
+static size_t span_find(const mvz_whatif *w, uint64_t addr)
+{
+    size_t lo = 0, hi = w->nspans;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (w->spans[mid].end <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 static void segment_drop(mvz_whatif *w, int32_t s)
 {
+    w->freed[w->g[s].slot]++;
+    if (!w->g[s].expandable && mvz_whatif_va_give(&w->va[w->g[s].slot], w->g[s].base, w->g[s].size))
+        w->failed = 1;
+    if (w->g[s].at_recorded) {
+        size_t i = span_find(w, w->g[s].base);
+        if (i < w->nspans && w->spans[i].base == w->g[s].base) {
+            memmove(w->spans + i, w->spans + i + 1, (w->nspans - i - 1) * sizeof *w->spans);
+            w->nspans--;
+        }
+    }
     w->g[s].live = 0;
     w->g[s].spare = w->gspare;
     w->gspare = s;
@@ -191,16 +230,54 @@ static int32_t segment_new(mvz_whatif *w, int slot, int small, uint64_t stream, 
         w->gspare = w->g[s].spare;
     else
         s = (int32_t)w->ng++;
-    uint64_t span = expandable ? EXPANDABLE_SPAN : size;
-    w->g[s] = (wseg){w->next_va, size, stream, id, NONE, (uint8_t)slot, (uint8_t)small, (uint8_t)expandable, 1};
+    /* PyTorch's best fit breaks ties between free blocks of one size by
+     * address, so the model's segments sit where the driver would put them.
+     * While the model has made and freed the segments the recording did,
+     * the driver, asked the same, answers the same: the recorded address.
+     * Past that, whatif_va.h's model of the driver. An expandable segment:
+     * a reservation of the model's own, each below the one before. */
+    uint64_t base = w->next_va;
+    int at_recorded = 0;
+    w->made[slot]++;
+    if (!w->diverged[slot] && (!w->hint || expandable || w->hint >= MODEL_VA || size != w->hint_size ||
+                               w->made[slot] != w->rec_made || w->freed[slot] != w->rec_freed))
+        w->diverged[slot] = 1;
+    if (!w->diverged[slot]) {
+        size_t i = span_find(w, w->hint);
+        if (i == w->nspans || w->spans[i].base >= w->hint + size) {
+            if (w->nspans == w->capspans &&
+                mvz_grow((void **)&w->spans, &w->capspans, w->nspans + 1, sizeof *w->spans)) {
+                w->failed = 1;
+                block_drop(w, id);
+                return NONE;
+            }
+            memmove(w->spans + i + 1, w->spans + i, (w->nspans - i) * sizeof *w->spans);
+            w->spans[i] = (wspan){w->hint, w->hint + size};
+            w->nspans++;
+            base = w->hint;
+            at_recorded = 1;
+        } else {
+            w->diverged[slot] = 1;
+        }
+    }
+    if (at_recorded) {
+        if (mvz_whatif_va_take(&w->va[slot], base, size))
+            w->failed = 1;
+    } else if (expandable) {
+        w->next_va -= (EXPANDABLE_SPAN + GAP - 1) / GAP * GAP + GAP;
+        base = w->next_va;
+    } else if ((base = mvz_whatif_va_place(&w->va[slot], size)) == 0) {
+        w->failed = 1;
+    }
+    w->g[s] = (wseg){base, size, stream, id, NONE, (uint8_t)slot, (uint8_t)small, (uint8_t)expandable, 1,
+                     (uint8_t)at_recorded};
     wblock *x = &w->b[id];
-    x->addr = w->next_va;
+    x->addr = base;
     x->size = size;
     x->stream = stream;
     x->seg = s;
     x->slot = (uint8_t)slot;
     x->small = (uint8_t)small;
-    w->next_va += (span + GAP - 1) / GAP * GAP + GAP;
     w->reserved[slot] += size;
     w->r[slot].mallocs++;
     return id;
@@ -484,7 +561,8 @@ static void top_lines(mvz_whatif *w, int slot, mvz_whatif_result *r)
  * worker at a time holds (whatif_pass.c). */
 int mvz_whatif_alloc(mvz_whatif *w, int slot, uint32_t handle, uint64_t requested, uint64_t stream,
                      uint32_t stack, uint32_t label, uint32_t caller, uint64_t ts, uint64_t index,
-                     uint64_t outside)
+                     uint64_t outside, uint64_t hint, uint64_t hint_size, uint32_t rec_made,
+                     uint32_t rec_freed)
 {
     if (slot < 0 || slot >= MVZ_NSLOTS)
         return 0;
@@ -500,6 +578,12 @@ int mvz_whatif_alloc(mvz_whatif *w, int slot, uint32_t handle, uint64_t requeste
     int small = rounded <= MVZ_SMALL_SIZE;
     wpool *p = &w->pools[slot][small];
     int32_t id = get_free_block(w, p, stream, rounded);
+    w->hint = hint;
+    w->hint_size = hint_size;
+    w->rec_made = rec_made;
+    w->rec_freed = rec_freed;
+    if (id != NONE && hint)
+        w->diverged[slot] = 1; /* the recording made a segment where the model found a block */
     if (id == NONE) {
         if (w->gc)
             garbage_collect(w, slot);
@@ -533,6 +617,7 @@ int mvz_whatif_alloc(mvz_whatif *w, int slot, uint32_t handle, uint64_t requeste
         if (id == NONE)
             return -1;
     }
+    w->hint = 0;
     wblock *x = &w->b[id];
     if (mvz_rules_split(&w->s.rules, rounded, x->size)) {
         int32_t rest = block_new(w);
@@ -634,7 +719,7 @@ mvz_whatif *mvz_whatif_new(const mvz_whatif_settings *s)
     w->s = *s;
     w->spare = w->gspare = NONE;
     w->gc = s->gc_threshold > 0 && s->fraction_limit != UINT64_MAX;
-    w->next_va = (uint64_t)1 << 44;
+    w->next_va = MODEL_VA << 2; /* the model's own go downwards from here */
     w->approximate = s->rules.expandable;
     return w;
 }
@@ -649,6 +734,9 @@ void mvz_whatif_free(mvz_whatif *w)
     free(w->b);
     free(w->freed_at);
     free(w->g);
+    free(w->spans);
+    for (int i = 0; i < MVZ_NSLOTS; i++)
+        mvz_whatif_va_free(&w->va[i]);
     free(w->h);
     free(w->ids);
     free(w);

@@ -77,11 +77,19 @@ mvz_whatif *mvz_whatif_new(const mvz_whatif_settings *s);
 void mvz_whatif_free(mvz_whatif *w);
 /* A request of `requested` bytes, the block known as `handle` until its
  * free (the caller's number for it: small and dense, reused once freed),
- * with `outside` bytes held beyond PyTorch on the device then. 0, or -1 out
- * of memory (of the host). */
+ * with `outside` bytes held beyond PyTorch on the device then. `hint`,
+ * `hint_size`: the segment the recording made or first used for it (0:
+ * none);
+ * `rec_made`, `rec_freed`: the segments the recording had made (this one
+ * included) and freed on the device until then. While the model has made
+ * and freed the same segments as the recording, a new one goes at the
+ * recorded address: the driver, asked the same, answers the same, and
+ * PyTorch's best fit breaks ties by address. 0, or -1 out of memory (of
+ * the host). */
 int mvz_whatif_alloc(mvz_whatif *w, int slot, uint32_t handle, uint64_t requested, uint64_t stream,
                      uint32_t stack, uint32_t label, uint32_t caller, uint64_t ts, uint64_t index,
-                     uint64_t outside);
+                     uint64_t outside, uint64_t hint, uint64_t hint_size, uint32_t rec_made,
+                     uint32_t rec_freed);
 /* The free of the block known as `handle` (unknown: nothing). */
 void mvz_whatif_release(mvz_whatif *w, uint32_t handle);
 /* torch.cuda.empty_cache(): every whole free segment goes. */

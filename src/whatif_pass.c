@@ -156,6 +156,7 @@ static int dev_end(mvz_whatif_pass *p, int slot, uint64_t addr)
     p->reserved[slot] -= p->seg[at].size;
     memmove(p->seg + at, p->seg + at + 1, (p->nseg - at - 1) * sizeof *p->seg);
     p->nseg--;
+    p->rec_freed[slot]++;
     /* empty_cache() in the program (or its retry) */
     return queue(p, (mvz_whatif_pass_op){.op = MVZ_WHATIF_EMPTY, .slot = (uint8_t)slot});
 }
@@ -164,7 +165,7 @@ static int dev_end(mvz_whatif_pass *p, int slot, uint64_t addr)
  * PyTorch's, becomes a segment. Only allocations still outside PyTorch are
  * searched (a handful), and one is taken only when it is the allocation
  * nearest below the block of all, as when every one was searched. */
-static int dev_claim(mvz_whatif_pass *p, int slot, uint64_t address)
+static int dev_claim(mvz_whatif_pass *p, int slot, uint64_t address, mvz_whatif_pass_device *made)
 {
     size_t at = dev_find(p->dev, p->ndev, slot, address + 1);
     if (at == 0)
@@ -186,6 +187,7 @@ static int dev_claim(mvz_whatif_pass *p, int slot, uint64_t address)
     p->outside[slot] -= d.size;
     p->reserved[slot] += d.size;
     p->rec_segments[slot]++;
+    *made = d; /* made for this block, or made before it was seen (the route's probe, say) */
     return 0;
 }
 
@@ -270,7 +272,8 @@ static inline int event(mvz_whatif_pass *p, const chunk *c, int layout, size_t i
     if (kind == MVZ_KIND_DEVICE)
         return device_alloc(p, slot, address, size);
     /* a block: a request for the models, as the recording made it */
-    if (p->ndev && dev_claim(p, slot, address))
+    mvz_whatif_pass_device made = {0, 0, 0};
+    if (p->ndev && dev_claim(p, slot, address, &made))
         return -1;
     p->allocated[slot] += size;
     note_peaks(p, slot);
@@ -288,7 +291,7 @@ static inline int event(mvz_whatif_pass *p, const chunk *c, int layout, size_t i
     if (stack)
         p->last_stack = stack;
     return queue(p, (mvz_whatif_pass_op){requested, FIELD(c, layout, i, stream), p->ts, index, p->outside[slot],
-                                         stack, handle, (uint32_t)FIELD(c, layout, i, label_id), caller,
+                                         made.base, made.size, (uint32_t)p->rec_segments[slot], (uint32_t)p->rec_freed[slot], stack, handle, (uint32_t)FIELD(c, layout, i, label_id), caller,
                                          MVZ_WHATIF_ALLOC, (uint8_t)slot});
 }
 
@@ -320,7 +323,8 @@ static int run_model(mvz_whatif *w, const mvz_whatif_pass_op *ops, size_t first,
         const mvz_whatif_pass_op *o = &ops[i];
         if (o->op == MVZ_WHATIF_ALLOC) {
             if (mvz_whatif_alloc(w, o->slot, o->handle, o->requested, o->stream, o->stack, o->label, o->caller, o->ts,
-                                 o->index, o->outside))
+                                 o->index, o->outside, o->hint, o->hint_size, o->rec_made,
+                                 o->rec_freed))
                 return -1;
         } else if (o->op == MVZ_WHATIF_FREE) {
             mvz_whatif_release(w, o->handle);

@@ -41,6 +41,8 @@ typedef struct {
 /* A request, free or empty_cache of the recording, queued for the models. */
 typedef struct {
     uint64_t requested, stream, ts, index, outside;
+    uint64_t hint, hint_size; /* the segment the recording made or first used for it (0: none) */
+    uint32_t rec_made, rec_freed; /* the recording's segments made (this one's included) and freed so far */
     uint32_t stack, handle, label; /* label: the recording's label id (a backward's node) */
     uint32_t caller; /* a request with no Python frames: the last stack seen before it (whatif.h) */
     uint8_t op, slot; /* op: MVZ_WHATIF_ALLOC, _FREE, _EMPTY */
@@ -71,6 +73,7 @@ typedef struct {
     uint64_t reserved[MVZ_NSLOTS];     /* live PyTorch segments' bytes, as recorded */
     uint64_t allocated[MVZ_NSLOTS];    /* live blocks' bytes, as recorded */
     uint64_t rec_reserved_peak[MVZ_NSLOTS], rec_allocated_peak[MVZ_NSLOTS], rec_segments[MVZ_NSLOTS];
+    uint64_t rec_freed[MVZ_NSLOTS]; /* the recording's segments freed so far */
     uint64_t outside_peak[MVZ_NSLOTS];
     uint32_t last_stack; /* the stack of the last block asked for with Python frames */
     uint64_t events; /* events read (the next one's index) */

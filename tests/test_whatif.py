@@ -215,6 +215,55 @@ def test_expandable_best_fit_keeps_the_growing_end_free(standin, tmp_path):
     assert exp.reserved_peak == 40 * MiB
 
 
+def test_ties_go_to_the_lower_address_as_the_driver_gave_it(standin, fake, tmp_path):
+    """PyTorch's best fit takes, of free blocks of one size, the one at the
+    lower address, so where the driver puts a segment matters. The driver
+    places a new region below the others (S2 below S1). Two 20 MiB segments,
+    each holding an 8 and a 12 MiB block; the 8s freed: two free 8 MiB
+    blocks. z (8 MiB) takes S2's, the lower; then y2's free leaves S2 not
+    wholly free, and 20 MiB needs a third segment: 60 MiB. A model that
+    placed segments in the order made would take S1's and fit 20 MiB in the
+    wholly free S2 (40 MiB). While its segments are the recording's, the
+    model puts them at the recorded addresses: the recorded settings and
+    one that makes the same segments (roundup_power2_divisions:4) match."""
+    ops = [("a", "x1", 8 * MiB), ("a", "y1", 12 * MiB), ("a", "x2", 8 * MiB), ("a", "y2", 12 * MiB),
+           ("f", "x1"), ("f", "x2"), ("a", "z", 8 * MiB), ("f", "y2"), ("a", "w", 20 * MiB)]
+    fake.lib.fake_addresses_like_driver(1)
+    trace, real = _record(standin, tmp_path, ops)
+    assert real == 60 * MiB
+    rec, rounded = _rows(trace, "roundup_power2_divisions:4")
+    assert rec.reserved_peak == rounded.reserved_peak == 60 * MiB
+    ans = standin("rounded")
+    ans.reset()
+    ans.configure(roundup_power2_divisions=4)
+    fake.lib.fake_addresses_like_driver(1)
+    assert _play(ans, ops) == 60 * MiB
+
+
+def test_past_the_recorded_segments_the_driver_fills_the_lowest_hole(standin, fake, tmp_path):
+    """Once a setting makes other segments than the recording (here the first
+    request, 9 MiB + 1, rounds to 10 MiB under roundup_power2_divisions:4
+    and gets a 10 MiB segment instead of 20), the model places segments as
+    the driver does (whatif_va.h). S1 (20 MiB for a and b) leaves 12 MiB of
+    its 32 MiB region free; S2 (12 MiB for c) fills that hole, above S1. With
+    b and c freed, d (12 MiB) takes b's place, the lower address, so S2
+    stays wholly free and S1 holds d: once a goes, 20 MiB fits nowhere (a
+    third segment: 52 MiB). Placing S2 below S1 instead would put d in S2,
+    leave S1 wholly free and fit 20 MiB there (32 MiB)."""
+    ops = [("a", "p", 9 * MiB + 1), ("f", "p"), ("e",),
+           ("a", "a", 8 * MiB), ("a", "b", 12 * MiB), ("a", "c", 12 * MiB), ("f", "b"), ("f", "c"),
+           ("a", "d", 12 * MiB), ("f", "a"), ("a", "f", 20 * MiB)]
+    fake.lib.fake_addresses_like_driver(1)
+    trace, real = _record(standin, tmp_path, ops)
+    rec, rounded = _rows(trace, "roundup_power2_divisions:4")
+    assert rec.reserved_peak == real == 52 * MiB
+    ans = standin("rounded")
+    ans.reset()
+    ans.configure(roundup_power2_divisions=4)
+    fake.lib.fake_addresses_like_driver(1)
+    assert _play(ans, ops) == rounded.reserved_peak == 52 * MiB
+
+
 def test_garbage_collection_frees_the_oldest_cached_segments_under_a_fraction(standin, tmp_path):
     """A card fraction of 100 MiB, threshold 0.5: past 50 MiB reserved, the
     oldest whole free segments go before a new one is made (PyTorch does this
@@ -249,7 +298,8 @@ def _stream(seed, n=600):
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_predictions_equal_the_stand_in_run_under_each_setting(standin, tmp_path, seed):
+def test_predictions_equal_the_stand_in_run_under_each_setting(standin, fake, tmp_path, seed):
+    fake.lib.fake_addresses_like_driver(1)  # as the H200's driver places memory (whatif_va.h)
     ops = _stream(seed)
     trace, real = _record(standin, tmp_path, ops, name=f"rec{seed}")
     settings = {"max_split_size_mb:64": dict(max_split_size=64 * MiB),
@@ -262,6 +312,7 @@ def test_predictions_equal_the_stand_in_run_under_each_setting(standin, tmp_path
         ans = standin(f"run{seed}-{len(conf)}")
         ans.reset()
         ans.configure(**kw)
+        fake.lib.fake_addresses_like_driver(1)  # a fresh process's driver
         assert row.reserved_peak == _play(ans, ops), conf
 
 

@@ -41,6 +41,9 @@ NOT_MODELLED = (
     "a tensor's stream: PyTorch's allocate() does not say it, so tensors are replayed on one stream "
     "(raw allocations, caching_allocator_alloc, keep theirs)",
     "CUDA graph private pools and the cudaMallocAsync backend",
+    "where the driver puts a segment (PyTorch breaks ties between equal free blocks by address): the "
+    "recorded address while a setting makes the recording's segments, then the placement the H200's "
+    "driver was seen to use; memory outside PyTorch and from before the recording does not take part",
     "expandable segments are approximate when memory is given back (empty_cache, the retry before an "
     "out-of-memory error): only a segment's free end is unmapped, where PyTorch unmaps every whole free "
     "granule and reuses the holes; growth in 2 MiB / 20 MiB granules and the best fit are PyTorch's",

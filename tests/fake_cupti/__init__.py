@@ -275,6 +275,7 @@ _SIGNATURES = {
     "fake_alloc_free_loop_cpu": (c_uint64, [c_int, c_int, c_uint64, c_uint64]),
     "fake_alloc_loop": (c_uint64, [c_int, c_uint64, c_uint64]),
     "fake_alloc_at": (c_uint64, [c_int, c_uint64, c_uint64]),
+    "fake_addresses_like_driver": (None, [c_int]),
     "fake_alloc_many_in_native_threads": (c_int, [c_int, c_int, c_uint64]),
     "fake_emit_memory2": (
         None,

@@ -335,8 +335,93 @@ static void call_exit(call_t *c, int result) {
     fire(c, MVZ_CUPTI_API_EXIT);
 }
 
+/* fake_addresses_like_driver(1), until fake_reset: cuMemAlloc_v2 places
+ * memory as the H200's driver was seen to (the what-if tests; whatif_va.h):
+ * a request that fits no hole starts a new region below all others, its
+ * size rounded up to 32 MiB; else it takes the hole at the lowest address
+ * that holds it; cuMemFree_v2 gives the range back. Below ADDR_BASE, so it
+ * never meets the default's addresses (which are never reused). */
+#define DRV_REGION (32ull << 20)
+#define DRV_MAX 4096
+static atomic_int g_like_driver;
+static pthread_mutex_t g_drv_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct { uint64_t base, end; } g_holes[DRV_MAX], g_taken[DRV_MAX];
+static size_t g_nholes, g_ntaken;
+#define DRV_TOP (ADDR_BASE - (1ull << 40))
+static uint64_t g_drv_bottom = DRV_TOP;
+
+/* Each call starts the driver afresh. */
+API void fake_addresses_like_driver(int on) {
+    pthread_mutex_lock(&g_drv_mu);
+    g_nholes = g_ntaken = 0;
+    g_drv_bottom = DRV_TOP;
+    atomic_store(&g_like_driver, on);
+    pthread_mutex_unlock(&g_drv_mu);
+}
+
+static void drv_hole(uint64_t base, uint64_t end) { /* kept by address; neighbours merged */
+    size_t i = 0;
+    while (i < g_nholes && g_holes[i].base < base) i++;
+    if (i > 0 && g_holes[i - 1].end == base) {
+        g_holes[i - 1].end = end;
+        if (i < g_nholes && g_holes[i].base == end) {
+            g_holes[i - 1].end = g_holes[i].end;
+            memmove(g_holes + i, g_holes + i + 1, (g_nholes - i - 1) * sizeof g_holes[0]);
+            g_nholes--;
+        }
+        return;
+    }
+    if (i < g_nholes && g_holes[i].base == end) {
+        g_holes[i].base = base;
+        return;
+    }
+    if (g_nholes == DRV_MAX) abort();
+    memmove(g_holes + i + 1, g_holes + i, (g_nholes - i) * sizeof g_holes[0]);
+    g_holes[i].base = base;
+    g_holes[i].end = end;
+    g_nholes++;
+}
+
+static uint64_t drv_alloc(uint64_t size) {
+    pthread_mutex_lock(&g_drv_mu);
+    uint64_t base = 0;
+    for (size_t i = 0; i < g_nholes && !base; i++)
+        if (g_holes[i].end - g_holes[i].base >= size) {
+            base = g_holes[i].base;
+            g_holes[i].base += size;
+            if (g_holes[i].base == g_holes[i].end) {
+                memmove(g_holes + i, g_holes + i + 1, (g_nholes - i - 1) * sizeof g_holes[0]);
+                g_nholes--;
+            }
+        }
+    if (!base) {
+        uint64_t span = (size + DRV_REGION - 1) / DRV_REGION * DRV_REGION;
+        g_drv_bottom = g_drv_bottom / DRV_REGION * DRV_REGION - span;
+        base = g_drv_bottom;
+        if (span > size) drv_hole(base + size, base + span);
+    }
+    if (g_ntaken == DRV_MAX) abort();
+    g_taken[g_ntaken].base = base;
+    g_taken[g_ntaken++].end = base + size;
+    pthread_mutex_unlock(&g_drv_mu);
+    return base;
+}
+
+static void drv_free(uint64_t address) {
+    pthread_mutex_lock(&g_drv_mu);
+    for (size_t i = 0; i < g_ntaken; i++)
+        if (g_taken[i].base == address) {
+            drv_hole(address, g_taken[i].end);
+            g_taken[i] = g_taken[--g_ntaken];
+            break;
+        }
+    pthread_mutex_unlock(&g_drv_mu);
+}
+
 /* Unique, 256-byte aligned, and spaced so fake ranges never touch. */
-static uint64_t next_addr(uint64_t size) {
+static uint64_t next_addr(int cbid, uint64_t size) {
+    if (cbid == MVZ_CBID_cuMemAlloc_v2 && atomic_load(&g_like_driver))
+        return drv_alloc(size);
     uint64_t step = ((size + 255) & ~(uint64_t)255) + 256;
     return atomic_fetch_add(&g_next_addr, step);
 }
@@ -420,7 +505,7 @@ API uint64_t fake_alloc(int cbid, uint64_t size, uint64_t stream, int result) {
     call_enter(&c, cbid, cbid_name(cbid), &p);
     uint64_t addr = 0;
     if (result == 0) { /* the driver writes its outputs only on success */
-        addr = tl_forced_addr ? tl_forced_addr : next_addr(size);
+        addr = tl_forced_addr ? tl_forced_addr : next_addr(cbid, size);
         tl_forced_addr = 0;
         out = addr;
         host = (void *)(uintptr_t)addr;
@@ -460,6 +545,8 @@ API void fake_free(int cbid, uint64_t address, uint64_t stream, int result) {
     }
     call_t c;
     call_enter(&c, cbid, cbid_name(cbid), &p);
+    if (cbid == MVZ_CBID_cuMemFree_v2 && result == 0 && atomic_load(&g_like_driver))
+        drv_free(address);
     call_exit(&c, result);
 }
 
@@ -732,6 +819,7 @@ API void fake_emit_memory2(int op, int memkind, uint64_t address, uint64_t bytes
 
 API void fake_reset(void) {
     pthread_mutex_lock(&g_mu);
+    fake_addresses_like_driver(0);
     drop_subscriber();
     g_sub_name[0] = '\0';
     free(g_conflict);

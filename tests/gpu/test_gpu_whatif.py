@@ -1,0 +1,57 @@
+"""What if, against real runs on a GPU (pytest -m gpu; issue 30): a workload
+recorded once under the defaults, the model's prediction for other
+allocator settings, and each setting run for real in a fresh process.
+The workloads and the runner are benchmarks/whatif_gpu.py's."""
+
+import importlib.util
+import os
+import tempfile
+
+import pytest
+
+from test_gpu_capture import _REASON  # noqa: F401  (same skip)
+from conftest import ROOT
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
+
+SETTINGS = ["expandable_segments:True", "max_split_size_mb:64", "roundup_power2_divisions:4"]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("whatif_gpu", os.path.join(ROOT, "benchmarks", "whatif_gpu.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("name", ["transformer", "varlen", "churn"])
+def test_the_recorded_settings_reproduce_the_peak_and_others_come_within_2_percent(name):
+    import memviz
+
+    b = _bench()
+    path = os.path.join(tempfile.mkdtemp(), f"{name}.memviz")
+    rec = b.child(b.WORKLOADS[name], trace=path)
+    assert "error" not in rec, rec
+    rows = memviz.load(path).whatif(*SETTINGS)
+    assert rows[0].recorded and rows[0].reserved_peak == rec["reserved_peak"], (rows[0], rec)
+    errors = {}
+    for conf, row in zip(SETTINGS, rows[1:]):
+        real = b.child(b.WORKLOADS[name], conf=conf)["reserved_peak"]
+        errors[conf] = (row.reserved_peak, real, round(100.0 * (row.reserved_peak - real) / real, 2))
+    print(name, "predicted, real, error %:", errors)
+    assert all(abs(e[2]) <= 2.0 for e in errors.values()), errors
+
+
+def test_an_out_of_memory_verdict_under_a_fraction_names_the_failing_line():
+    import memviz
+
+    b = _bench()
+    body = b.WORKLOADS["transformer"]
+    path = os.path.join(tempfile.mkdtemp(), "transformer.memviz")
+    rec = b.child(body, trace=path)
+    frac = round(0.92 * rec["reserved_peak"] / rec["total"], 6)
+    pred = memviz.load(path).whatif(device_memory=frac)[0]
+    real = b.child(body, fraction=frac)
+    print("fraction", frac, "predicted", pred.oom and pred.oom.line, "real", real.get("oom"))
+    assert pred.oom is not None and real.get("oom") is not None, (pred, real)
+    assert pred.oom.line == real["oom"], (pred.oom, real)
