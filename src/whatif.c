@@ -23,11 +23,11 @@ typedef struct {
     int32_t prev, next, seg; /* an unused block's next: the next unused id */
     uint32_t stack;
     uint8_t allocated, small, slot, in_pool;
+    uint8_t unmapped; /* an expandable segment's address space with no memory behind it */
 } wblock;
 
 typedef struct {
-    uint64_t base, size, stream;
-    int32_t last;  /* an expandable segment's last block */
+    uint64_t base, size, stream; /* size: bytes mapped (an expandable segment spans EXPANDABLE_SPAN) */
     int32_t spare; /* a dead segment's next unused id */
     uint8_t slot, small, expandable, live, at_recorded;
 } wseg;
@@ -40,6 +40,8 @@ typedef struct {
 typedef struct {
     mvz_whatif_pool free; /* its free blocks (whatif_pool.h) */
     uint64_t calls;       /* get_free_block calls: a free block's age is calls - w->freed_at[id] */
+    int32_t *unm;         /* its unmapped blocks, by stream and address (PyTorch's pool.unmapped) */
+    size_t nunm, capunm;
 } wpool;
 
 struct mvz_whatif {
@@ -120,6 +122,43 @@ static void pool_remove(mvz_whatif *w, wpool *p, int32_t id)
 }
 
 static wpool *pool_of(mvz_whatif *w, const wblock *x) { return &w->pools[x->slot][x->small]; }
+
+/* The place in p->unm of (stream, addr), or where it would go. */
+static size_t unm_find(const mvz_whatif *w, const wpool *p, uint64_t stream, uint64_t addr)
+{
+    size_t lo = 0, hi = p->nunm;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const wblock *m = &w->b[p->unm[mid]];
+        if (m->stream < stream || (m->stream == stream && m->addr < addr))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int unm_insert(mvz_whatif *w, int32_t id)
+{
+    wpool *p = pool_of(w, &w->b[id]);
+    if (p->nunm == p->capunm && mvz_grow((void **)&p->unm, &p->capunm, p->nunm + 1, sizeof *p->unm))
+        return w->failed = -1;
+    size_t at = unm_find(w, p, w->b[id].stream, w->b[id].addr);
+    memmove(p->unm + at + 1, p->unm + at, (p->nunm - at) * sizeof *p->unm);
+    p->unm[at] = id;
+    p->nunm++;
+    return 0;
+}
+
+static void unm_remove(mvz_whatif *w, int32_t id)
+{
+    wpool *p = pool_of(w, &w->b[id]);
+    size_t at = unm_find(w, p, w->b[id].stream, w->b[id].addr);
+    if (at < p->nunm && p->unm[at] == id) {
+        memmove(p->unm + at, p->unm + at + 1, (p->nunm - at - 1) * sizeof *p->unm);
+        p->nunm--;
+    }
+}
 
 /* The pool's free blocks into w->ids (the loops below free blocks as they
  * go; each block's fate does not depend on the others', so the order is
@@ -269,84 +308,182 @@ static int32_t segment_new(mvz_whatif *w, int slot, int small, uint64_t stream, 
     } else if ((base = mvz_whatif_va_place(&w->va[slot], size)) == 0) {
         w->failed = 1;
     }
-    w->g[s] = (wseg){base, size, stream, id, NONE, (uint8_t)slot, (uint8_t)small, (uint8_t)expandable, 1,
-                     (uint8_t)at_recorded};
+    w->g[s] = (wseg){base, expandable ? 0 : size, stream, NONE, (uint8_t)slot, (uint8_t)small,
+                     (uint8_t)expandable, 1, (uint8_t)at_recorded};
     wblock *x = &w->b[id];
     x->addr = base;
-    x->size = size;
+    x->size = expandable ? EXPANDABLE_SPAN : size;
     x->stream = stream;
     x->seg = s;
     x->slot = (uint8_t)slot;
     x->small = (uint8_t)small;
+    if (expandable) { /* address space only: memory is mapped into it as needed (map_block) */
+        x->unmapped = 1;
+        if (unm_insert(w, id))
+            return NONE;
+        return id;
+    }
     w->reserved[slot] += size;
     w->r[slot].mallocs++;
     return id;
 }
 
-/* alloc_block: a new segment for a request, if the driver has room. */
-static int32_t alloc_block(mvz_whatif *w, int slot, int small, uint64_t stream, uint64_t rounded, uint64_t outside,
-                           int force)
+/* Whether src, dst's neighbour, merges with it (PyTorch's try_merge_blocks:
+ * free, and mapped as dst is). */
+static int mergeable(const mvz_whatif *w, int32_t dst, int32_t src)
 {
-    if (w->s.rules.expandable) {
-        /* the stream's expandable segment grows at its end by whole granules */
-        uint64_t granule = small ? MVZ_SMALL_BUFFER : MVZ_LARGE_BUFFER;
-        int32_t s = NONE;
-        for (size_t i = 0; i < w->ng; i++)
-            if (w->g[i].live && w->g[i].expandable && w->g[i].slot == slot && w->g[i].small == small &&
-                w->g[i].stream == stream)
-                s = (int32_t)i;
-        int32_t tail = s != NONE ? w->g[s].last : NONE;
-        uint64_t have = tail != NONE && !w->b[tail].allocated ? w->b[tail].size : 0;
-        uint64_t need = rounded > have ? rounded - have : 0;
-        uint64_t more = (need + granule - 1) / granule * granule;
-        if (!force && !room_for(w, slot, more, outside))
-            return NONE;
-        if (s == NONE) {
-            int32_t id = segment_new(w, slot, small, stream, more, 1);
-            if (id != NONE)
-                w->g[w->b[id].seg].last = id;
-            return id;
-        }
-        w->g[s].size += more;
-        w->reserved[slot] += more;
-        w->r[slot].mallocs++;
-        if (have) {
-            wblock *t = &w->b[tail];
-            pool_remove(w, pool_of(w, t), tail);
-            t->size += more;
-            return tail;
-        }
-        int32_t id = block_new(w);
-        if (id == NONE) {
+    return src != NONE && !w->b[src].allocated && w->b[src].unmapped == w->b[dst].unmapped;
+}
+
+static int32_t merge(mvz_whatif *w, int32_t dst, int32_t src)
+{
+    /* src is dst's free neighbour (either side): one block remains, at the
+     * lower address; src leaves its pool or the unmapped set (dst is in neither) */
+    wblock *a = &w->b[dst], *b = &w->b[src];
+    if (b->in_pool)
+        pool_remove(w, pool_of(w, b), src);
+    if (b->unmapped)
+        unm_remove(w, src);
+    int32_t lo = a->addr < b->addr ? dst : src, hi = lo == dst ? src : dst;
+    wblock *l = &w->b[lo], *h = &w->b[hi];
+    l->size += h->size;
+    l->next = h->next;
+    if (h->next != NONE)
+        w->b[h->next].prev = lo;
+    l->allocated = 0;
+    l->stream = a->stream;
+    l->unmapped = a->unmapped;
+    block_drop(w, hi);
+    return lo;
+}
+
+/* ---- expandable segments (PyTorch's ExpandableSegment) ------------------------ */
+
+/* Whether the driver has `size` more bytes for the device (the card less
+ * what is held outside PyTorch). */
+static int card_has(const mvz_whatif *w, int slot, uint64_t size, uint64_t outside)
+{
+    uint64_t r = w->reserved[slot];
+    return w->s.card == UINT64_MAX || (r + size + outside <= w->s.card && r + size + outside >= r);
+}
+
+/* map_block: memory behind the first `size` bytes of unmapped block `id`,
+ * in whole granules from its start; the rest stays unmapped after it. The
+ * mapped block merges with its free mapped neighbours and joins the pool.
+ * Its id (merging may change it), or NONE when the card has no room. */
+static int32_t map_block(mvz_whatif *w, int32_t id, uint64_t size, uint64_t outside, int force)
+{
+    wblock *x = &w->b[id];
+    int slot = x->slot;
+    uint64_t granule = x->small ? MVZ_SMALL_BUFFER : MVZ_LARGE_BUFFER;
+    uint64_t mapped = (size + granule - 1) / granule * granule;
+    if (mapped > x->size)
+        mapped = x->size;
+    if (!force && !card_has(w, slot, mapped, outside))
+        return NONE;
+    unm_remove(w, id);
+    x->unmapped = 0;
+    if (mapped < x->size) {
+        int32_t rest = block_new(w);
+        if (rest == NONE) {
             w->failed = 1;
             return NONE;
         }
-        wblock *t = &w->b[tail], *x = &w->b[id];
-        x->addr = t->addr + t->size;
-        x->size = more;
-        x->stream = stream;
-        x->seg = s;
-        x->slot = (uint8_t)slot;
-        x->small = (uint8_t)small;
-        x->prev = tail;
-        t->next = id;
-        w->g[s].last = id;
-        return id;
+        x = &w->b[id];
+        wblock *y = &w->b[rest];
+        *y = *x;
+        y->addr = x->addr + mapped;
+        y->size = x->size - mapped;
+        y->unmapped = 1;
+        y->in_pool = 0;
+        y->prev = id;
+        if (x->next != NONE)
+            w->b[x->next].prev = rest;
+        x->next = rest;
+        x->size = mapped;
+        if (unm_insert(w, rest))
+            return NONE;
     }
+    w->g[x->seg].size += mapped;
+    w->reserved[slot] += mapped;
+    w->r[slot].mallocs++;
+    if (mergeable(w, id, w->b[id].prev))
+        id = merge(w, id, w->b[id].prev);
+    if (mergeable(w, id, w->b[id].next))
+        id = merge(w, id, w->b[id].next);
+    if (pool_insert(w, pool_of(w, &w->b[id]), id))
+        return NONE;
+    return id;
+}
+
+/* find_expandable_block: of the stream's unmapped blocks, lowest address
+ * first, the first (or the free block just before it) from which free and
+ * unmapped blocks run for `size` bytes; else a new expandable segment. */
+static int32_t find_expandable(mvz_whatif *w, int slot, int small, uint64_t stream, uint64_t size)
+{
+    wpool *p = &w->pools[slot][small];
+    for (size_t i = unm_find(w, p, stream, 0); i < p->nunm && w->b[p->unm[i]].stream == stream; i++) {
+        int32_t c = p->unm[i];
+        if (w->b[c].prev != NONE && !w->b[w->b[c].prev].allocated)
+            c = w->b[c].prev;
+        uint64_t bytes = 0;
+        for (int32_t k = c; bytes < size && k != NONE && !w->b[k].allocated; k = w->b[k].next)
+            bytes += w->b[k].size;
+        if (bytes >= size)
+            return c;
+    }
+    return segment_new(w, slot, small, stream, 0, 1);
+}
+
+/* try_allocate_expandable_block: map what the request needs, from the block
+ * found, and take the block out of the pool. NONE: no room. */
+static int32_t alloc_expandable(mvz_whatif *w, int slot, int small, uint64_t stream, uint64_t rounded,
+                                uint64_t outside, int force)
+{
+    int32_t c = find_expandable(w, slot, small, stream, rounded);
+    if (c == NONE)
+        return NONE;
+    if (w->b[c].unmapped) {
+        uint64_t n = w->b[c].size < rounded ? w->b[c].size : rounded;
+        if ((c = map_block(w, c, n, outside, force)) == NONE)
+            return NONE;
+    }
+    while (w->b[c].size < rounded) { /* free, then unmapped after it: map some and merge */
+        int32_t next = w->b[c].next;
+        if (next == NONE || !w->b[next].unmapped)
+            return NONE; /* not reached: find_expandable saw the room */
+        uint64_t remaining = rounded - w->b[c].size;
+        uint64_t n = w->b[next].size < remaining ? w->b[next].size : remaining;
+        if ((c = map_block(w, next, n, outside, force)) == NONE)
+            return NONE;
+    }
+    pool_remove(w, pool_of(w, &w->b[c]), c);
+    return c;
+}
+
+/* alloc_block: a new segment (or, with expandable segments, memory mapped)
+ * for a request, if the driver has room. The fraction is checked against
+ * the segment the request would get, as PyTorch checks it before either. */
+static int32_t alloc_block(mvz_whatif *w, int slot, int small, uint64_t stream, uint64_t rounded, uint64_t outside,
+                           int force)
+{
     uint64_t size = mvz_rules_segment(rounded);
+    if (w->s.rules.expandable) {
+        if (!force && w->s.fraction_limit != UINT64_MAX && w->reserved[slot] + size > w->s.fraction_limit)
+            return NONE;
+        return alloc_expandable(w, slot, small, stream, rounded, outside, force);
+    }
     if (!force && !room_for(w, slot, size, outside))
         return NONE;
     return segment_new(w, slot, small, stream, size, 0);
 }
 
-/* A free block's size for best fit under expandable segments: the block
- * that ends an expandable segment's mapped part can grow into the rest of
- * its reservation (EXPANDABLE_SPAN). */
+/* A free block's size for best fit under expandable segments: what it
+ * could grow to, with the unmapped block after it. */
 static uint64_t grow_size(const mvz_whatif *w, int32_t id)
 {
     const wblock *x = &w->b[id];
-    const wseg *g = &w->g[x->seg];
-    return g->expandable && g->last == id ? x->size + (EXPANDABLE_SPAN - g->size) : x->size;
+    return x->size + (x->next != NONE && w->b[x->next].unmapped ? w->b[x->next].size : 0);
 }
 
 /* get_free_block: best fit in the pool, on the stream, within
@@ -414,31 +551,66 @@ static int release_available(mvz_whatif *w, wpool *p, uint64_t stream, uint64_t 
     return released >= key;
 }
 
-/* Give back the whole granules of an expandable segment's free tail. */
-static void unmap_tail(mvz_whatif *w, int32_t id)
+/* unmap_block: the whole granules inside free block `id` of an expandable
+ * segment lose their memory; what is left on either side stays free and
+ * mapped. The unmapped part merges with unmapped neighbours; a segment left
+ * wholly unmapped goes (release_expandable_segment). */
+static void unmap_block(mvz_whatif *w, int32_t id)
 {
     wblock *x = &w->b[id];
     wseg *g = &w->g[x->seg];
     uint64_t granule = g->small ? MVZ_SMALL_BUFFER : MVZ_LARGE_BUFFER;
     uint64_t off = x->addr - g->base, end = off + x->size;
-    uint64_t keep = (off + granule - 1) / granule * granule;
-    if (keep >= end || end - keep < granule)
+    uint64_t lo = (off + granule - 1) / granule * granule, hi = end / granule * granule;
+    if (lo >= hi)
         return;
-    uint64_t drop = (end - keep) / granule * granule;
     pool_remove(w, pool_of(w, x), id);
-    g->size -= drop;
-    w->reserved[x->slot] -= drop;
-    x->size -= drop;
-    if (x->size == 0) {
-        if (x->prev != NONE)
-            w->b[x->prev].next = NONE;
-        g->last = x->prev;
-        if (x->prev == NONE)
-            segment_drop(w, x->seg);
+    for (int side = 0; side < 2; side++) {
+        uint64_t n = side == 0 ? lo - off : end - hi;
+        if (!n)
+            continue;
+        int32_t k = block_new(w);
+        if (k == NONE) {
+            w->failed = 1;
+            return;
+        }
+        x = &w->b[id];
+        wblock *y = &w->b[k];
+        *y = *x;
+        y->in_pool = 0;
+        y->size = n;
+        if (side == 0) { /* before it */
+            y->next = id;
+            if (x->prev != NONE)
+                w->b[x->prev].next = k;
+            x->prev = k;
+        } else {
+            y->addr = g->base + hi;
+            y->prev = id;
+            if (x->next != NONE)
+                w->b[x->next].prev = k;
+            x->next = k;
+        }
+        if (pool_insert(w, pool_of(w, y), k))
+            return;
+    }
+    x = &w->b[id];
+    x->addr = g->base + lo;
+    x->size = hi - lo;
+    x->unmapped = 1;
+    g->size -= hi - lo;
+    w->reserved[x->slot] -= hi - lo;
+    if (mergeable(w, id, x->prev))
+        id = merge(w, id, w->b[id].prev);
+    if (mergeable(w, id, w->b[id].next))
+        id = merge(w, id, w->b[id].next);
+    x = &w->b[id];
+    if (whole(x)) {
+        segment_drop(w, x->seg);
         block_drop(w, id);
         return;
     }
-    pool_insert(w, pool_of(w, x), id);
+    unm_insert(w, id);
 }
 
 /* release_cached_blocks: every whole free segment of the device goes back. */
@@ -453,8 +625,7 @@ static void release_cached(mvz_whatif *w, int slot)
             if (!x->in_pool)
                 continue;
             if (w->g[x->seg].expandable) {
-                if (x->next == NONE)
-                    unmap_tail(w, id);
+                unmap_block(w, id);
             } else if (whole(x)) {
                 release_block(w, id);
             }
@@ -635,8 +806,6 @@ int mvz_whatif_alloc(mvz_whatif *w, int slot, uint32_t handle, uint64_t requeste
         y->next = x->next;
         if (x->next != NONE)
             w->b[x->next].prev = rest;
-        else if (w->g[x->seg].expandable)
-            w->g[x->seg].last = rest;
         x->next = rest;
         x->size = rounded;
         if (pool_insert(w, pool_of(w, y), rest))
@@ -666,25 +835,6 @@ int mvz_whatif_alloc(mvz_whatif *w, int slot, uint32_t handle, uint64_t requeste
     return 0;
 }
 
-static int32_t merge(mvz_whatif *w, int32_t dst, int32_t src)
-{
-    /* src is dst's free neighbour (either side): one block remains, at the lower address */
-    wblock *a = &w->b[dst], *b = &w->b[src];
-    pool_remove(w, pool_of(w, b), src);
-    int32_t lo = a->addr < b->addr ? dst : src, hi = lo == dst ? src : dst;
-    wblock *l = &w->b[lo], *h = &w->b[hi];
-    l->size += h->size;
-    l->next = h->next;
-    if (h->next != NONE)
-        w->b[h->next].prev = lo;
-    else if (w->g[l->seg].expandable)
-        w->g[l->seg].last = lo;
-    l->allocated = 0;
-    l->stream = a->stream;
-    block_drop(w, hi);
-    return lo;
-}
-
 /* Without the GIL: touches only w (one worker's at a time). */
 void mvz_whatif_release(mvz_whatif *w, uint32_t handle)
 {
@@ -694,10 +844,10 @@ void mvz_whatif_release(mvz_whatif *w, uint32_t handle)
     wblock *x = &w->b[id];
     w->allocated[x->slot] -= x->size;
     x->allocated = 0;
-    if (x->prev != NONE && !w->b[x->prev].allocated)
+    if (mergeable(w, id, x->prev))
         id = merge(w, id, x->prev);
     x = &w->b[id];
-    if (x->next != NONE && !w->b[x->next].allocated)
+    if (mergeable(w, id, x->next))
         id = merge(w, id, x->next);
     pool_insert(w, pool_of(w, &w->b[id]), id);
 }
@@ -720,7 +870,7 @@ mvz_whatif *mvz_whatif_new(const mvz_whatif_settings *s)
     w->spare = w->gspare = NONE;
     w->gc = s->gc_threshold > 0 && s->fraction_limit != UINT64_MAX;
     w->next_va = MODEL_VA << 2; /* the model's own go downwards from here */
-    w->approximate = s->rules.expandable;
+    w->approximate = 0;
     return w;
 }
 
@@ -729,8 +879,10 @@ void mvz_whatif_free(mvz_whatif *w)
     if (!w)
         return;
     for (int i = 0; i < MVZ_NSLOTS; i++)
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < 2; k++) {
             mvz_whatif_pool_free(&w->pools[i][k].free);
+            free(w->pools[i][k].unm);
+        }
     free(w->b);
     free(w->freed_at);
     free(w->g);

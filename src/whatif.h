@@ -19,10 +19,12 @@
  * of a whole PyTorch segment (empty_cache in the program) frees every whole
  * free segment then.
  *
- * Expandable segments are modelled coarsely (flagged approximate): one
- * segment per device, pool and stream that grows at its end by 2 MiB
- * (small pool) or 20 MiB (large pool) granules, and gives back only its
- * free tail's whole granules on a flush.
+ * Expandable segments follow PyTorch's ExpandableSegment: one address
+ * range per device, pool and stream (unmapped blocks, by address), memory
+ * mapped into it in 2 MiB (small pool) or 20 MiB (large pool) granules as a
+ * request needs (the lowest unmapped block with room, after a free block
+ * where there is one), and every whole free granule unmapped on a flush,
+ * leaving holes that later requests map again.
  *
  * Not modelled (the caller says so): CUDA graph private pools, the
  * cudaMallocAsync backend, events of other streams delaying frees (a free

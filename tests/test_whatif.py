@@ -188,15 +188,32 @@ def test_empty_cache_in_the_program_is_replayed(standin, tmp_path):
     assert real == row.reserved_peak == 60 * MiB
 
 
-def test_expandable_segments_grow_in_granules_and_are_flagged(standin, tmp_path):
+def test_expandable_segments_grow_in_granules(standin, tmp_path):
     """Three 12 MiB requests: a 12 MiB segment each (36 MiB); in one
     expandable segment, 20 MiB granules mapped as needed: two (40 MiB)."""
     ops = [("a", k, 12 * MiB) for k in range(3)]
     trace, _ = _record(standin, tmp_path, ops)
     base, exp = _rows(trace, "expandable_segments:True")
     assert base.reserved_peak == 36 * MiB and not base.approximate
-    assert exp.reserved_peak == 40 * MiB and exp.approximate
-    assert "~" in rows_text([base, exp])
+    # mappings: two, and the route's probe's small granule (given back before the stream starts)
+    assert exp.reserved_peak == 40 * MiB and not exp.approximate and exp.cuda_mallocs == 2 + 1
+
+
+def test_expandable_segments_give_back_every_whole_free_granule(standin, tmp_path):
+    """As PyTorch's unmap_block and find_expandable_block do. One expandable
+    segment, 20 MiB granules: a (30 MiB) maps [0, 40); b (15 MiB) maps
+    [40, 60) and takes [30, 45). a freed, then empty_cache(): of the free
+    [0, 30) the whole granule [0, 20) is unmapped (a hole; [20, 30) stays
+    mapped and free), of [45, 60) nothing: 40 MiB reserved. d (35 MiB) fits
+    no free block; the hole, with the free block after it, holds only 30 MiB
+    before b, so d maps [60, 80) after the free [45, 60): 60 MiB at most.
+    (Unmapping only a segment's free end would have kept [0, 20) mapped and
+    grown to 80 MiB for d.)"""
+    ops = [("a", "a", 30 * MiB), ("a", "b", 15 * MiB), ("f", "a"), ("e",), ("a", "d", 35 * MiB)]
+    trace, _ = _record(standin, tmp_path, ops)
+    exp, = _rows(trace, "expandable_segments:True")[1:]
+    assert exp.reserved_peak == 60 * MiB and exp.cuda_mallocs == 3 + 1, exp  # + the probe's (above)
+    assert exp.allocated_peak == (15 + 35) * MiB
 
 
 def test_expandable_best_fit_keeps_the_growing_end_free(standin, tmp_path):

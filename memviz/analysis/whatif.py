@@ -44,9 +44,8 @@ NOT_MODELLED = (
     "where the driver puts a segment (PyTorch breaks ties between equal free blocks by address): the "
     "recorded address while a setting makes the recording's segments, then the placement the H200's "
     "driver was seen to use; memory outside PyTorch and from before the recording does not take part",
-    "expandable segments are approximate when memory is given back (empty_cache, the retry before an "
-    "out-of-memory error): only a segment's free end is unmapped, where PyTorch unmaps every whole free "
-    "granule and reuses the holes; growth in 2 MiB / 20 MiB granules and the best fit are PyTorch's",
+    "expandable segments: a stream's segment spans 1 TiB of address space (PyTorch's spans 9/8 of the "
+    "card, which a run rarely fills)",
 )
 
 #: keys of PYTORCH_CUDA_ALLOC_CONF the model follows

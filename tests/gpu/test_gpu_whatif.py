@@ -24,7 +24,7 @@ def _bench():
     return mod
 
 
-@pytest.mark.parametrize("name", ["transformer", "varlen", "churn"])
+@pytest.mark.parametrize("name", ["transformer", "varlen", "varlen_empty", "churn"])
 def test_the_recorded_settings_reproduce_the_peak_and_others_come_within_2_percent(name):
     import memviz
 
