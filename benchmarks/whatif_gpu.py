@@ -6,10 +6,12 @@ For each workload: one fresh process records it under the default settings
 with memviz.track(trace=...), and reports torch.cuda.max_memory_reserved();
 then `memviz whatif` predicts each setting from that one trace; then one
 fresh process per setting runs the same seeded workload for real with
-PYTORCH_CUDA_ALLOC_CONF set (untracked) and reports its reserved peak. Last,
-the out-of-memory verdict: a fraction 8% under the default reserved peak
-(torch.cuda.set_per_process_memory_fraction), predicted and real (with the
-failing line). Prints one JSON document; writes it to DIR/whatif_gpu.json.
+PYTORCH_CUDA_ALLOC_CONF set (untracked) and reports its reserved peak. And
+the out-of-memory verdict: at a fraction 8% under the default reserved peak
+(torch.cuda.set_per_process_memory_fraction), under the defaults and each
+--oom-settings setting, predicted and real (the failing line; where both
+fit, the reserved peaks, which the allocator's free-and-retry shapes).
+Prints one JSON document; writes it to DIR/whatif_gpu.json.
 
 Targets: the recorded settings reproduce the reserved peak exactly; the
 others within 2%; the OOM verdict and its line match.
@@ -141,6 +143,10 @@ def main():
     ap.add_argument("--settings", default=";".join(SETTINGS),
                     help="the settings to predict and run, separated by ';' (one setting may hold commas)")
     ap.add_argument("--keep", action="store_true", help="copy each recorded trace into --out")
+    ap.add_argument("--oom-settings", default="expandable_segments:True",
+                    help="settings checked, beside the defaults, at the fraction 8%% under the default "
+                         "reserved peak (';'-separated)")
+    ap.add_argument("--only-oom", action="store_true", help="skip the settings sweep: the fraction's check alone")
     opts = ap.parse_args()
     settings = [x for x in opts.settings.split(";") if x]
     sys.path.insert(0, ROOT)
@@ -158,6 +164,20 @@ def main():
         if "error" in rec:
             report[name] = entry
             continue
+        frac = round(0.92 * rec["reserved_peak"] / rec["total"], 6)
+        oom_settings = [x for x in opts.oom_settings.split(";") if x]
+        preds = memviz.load(path).whatif(*oom_settings, device_memory=frac)
+        entry["oom_fraction"] = {"fraction": frac}
+        for conf, pred in zip(["defaults"] + oom_settings, preds):
+            real = child(body, conf=None if conf == "defaults" else conf, fraction=frac)
+            entry["oom_fraction"][conf] = {
+                "predicted_oom": pred.oom.line if pred.oom else None, "real_oom": real.get("oom"),
+                "predicted_reserved_peak": pred.reserved_peak, "real_reserved_peak": real.get("reserved_peak"),
+                "predicted_retries": pred.retries}
+        if opts.only_oom:
+            report[name] = entry
+            print(name, json.dumps(entry), flush=True)
+            continue
         rows = memviz.load(path).whatif(*settings)
         entry["predicted"] = {r.setting or "defaults": r.reserved_peak for r in rows if r.device == 0}
         entry["real"] = {"defaults": rec["reserved_peak"]}
@@ -167,11 +187,6 @@ def main():
             entry["real"][conf] = child(body, conf=conf).get("reserved_peak")
         entry["error_pct"] = {k: round(100.0 * (entry["predicted"][k] - v) / v, 2)
                               for k, v in entry["real"].items() if v and k in entry["predicted"]}
-        frac = round(0.92 * rec["reserved_peak"] / rec["total"], 6)
-        pred = memviz.load(path).whatif(device_memory=frac)[0]
-        real = child(body, fraction=frac)
-        entry["oom_fraction"] = {"fraction": frac, "predicted_oom": pred.oom.line if pred.oom else None,
-                                 "real_oom": real.get("oom")}
         report[name] = entry
         print(name, json.dumps(entry), flush=True)
     os.makedirs(opts.out, exist_ok=True)
