@@ -181,7 +181,8 @@ static PyObject *whatif_results(WhatIf *self, PyObject *unused)
     for (int slot = 0; slot < MVZ_NSLOTS; slot++) {
         if (!p->rec_reserved_peak[slot] && !p->rec_allocated_peak[slot])
             continue;
-        PyObject *d = Py_BuildValue("{sKsKsKsKsK}", "reserved_peak", (unsigned long long)p->rec_reserved_peak[slot],
+        PyObject *d = Py_BuildValue("{sKsKsKsKsKsK}", "reserved_peak", (unsigned long long)p->rec_reserved_peak[slot],
+                                    "reserved_peak_expandable", (unsigned long long)p->rec_vmm_peak[slot],
                                     "allocated_peak", (unsigned long long)p->rec_allocated_peak[slot],
                                     "segments", (unsigned long long)p->rec_segments[slot],
                                     "outside_peak", (unsigned long long)p->outside_peak[slot],

@@ -135,6 +135,8 @@ static void note_peaks(mvz_whatif_pass *p, int slot)
 {
     if (p->reserved[slot] > p->rec_reserved_peak[slot])
         p->rec_reserved_peak[slot] = p->reserved[slot];
+    if (p->reserved[slot] + p->granules[slot] > p->rec_vmm_peak[slot])
+        p->rec_vmm_peak[slot] = p->reserved[slot] + p->granules[slot];
     if (p->allocated[slot] > p->rec_allocated_peak[slot])
         p->rec_allocated_peak[slot] = p->allocated[slot];
     if (p->outside[slot] > p->outside_peak[slot])
@@ -201,6 +203,10 @@ static int ended(mvz_whatif_pass *p, const mvz_whatif_pass_live *a)
         return 0;
     if (a->kind == MVZ_KIND_DEVICE)
         return dev_end(p, slot, a->address);
+    if (a->kind == MVZ_KIND_PHYSICAL) {
+        p->granules[slot] -= (uint64_t)a->handle << 20;
+        return 0;
+    }
     p->allocated[slot] -= p->bytes[a->handle];
     if (p->nspare == p->capspare && mvz_grow((void **)&p->spare, &p->capspare, p->nspare + 1, sizeof *p->spare))
         return p->failed = -1;
@@ -246,7 +252,7 @@ static inline int event(mvz_whatif_pass *p, const chunk *c, int layout, size_t i
     if (op != MVZ_EV_ALLOC && op != MVZ_EV_FREE)
         return 0;
     uint8_t kind = (uint8_t)FIELD(c, layout, i, kind);
-    if (kind != MVZ_KIND_BLOCK && kind != MVZ_KIND_DEVICE)
+    if (kind != MVZ_KIND_BLOCK && kind != MVZ_KIND_DEVICE && kind != MVZ_KIND_PHYSICAL)
         return 0;
     uint64_t address = FIELD(c, layout, i, address);
     if (live_room(p))
@@ -269,6 +275,22 @@ static inline int event(mvz_whatif_pass *p, const chunk *c, int layout, size_t i
     p->nlive++;
     if (slot >= MVZ_NSLOTS)
         return 0;
+    if (kind == MVZ_KIND_PHYSICAL) { /* a granule of an expandable segment's, by its size */
+        if (size == MVZ_SMALL_BUFFER || size == MVZ_LARGE_BUFFER) {
+            a->handle = (uint32_t)(size >> 20);
+            p->granules[slot] += size;
+            note_peaks(p, slot);
+        }
+        return 0;
+    }
+    if (kind == MVZ_KIND_DEVICE && (FIELD(c, layout, i, flags) & MVZ_FLAG_BEFORE) && !p->seeded[slot]) {
+        /* PyTorch's memory at attach: it holds the granules seen before it */
+        p->seeded[slot] = 1;
+        p->granules[slot] = 0;
+        for (size_t k = 0; k < p->caplive; k++)
+            if (p->live[k].used && p->live[k].kind == MVZ_KIND_PHYSICAL && p->live[k].slot == slot)
+                p->live[k].handle = 0;
+    }
     if (kind == MVZ_KIND_DEVICE)
         return device_alloc(p, slot, address, size);
     /* a block: a request for the models, as the recording made it */

@@ -34,7 +34,7 @@ typedef struct {
  * is probed once an event). */
 typedef struct {
     uint64_t address;
-    uint32_t handle; /* a block's on a device the models see */
+    uint32_t handle; /* a block's on a device the models see; a counted physical granule's size in MiB */
     uint8_t kind, slot, used;
 } mvz_whatif_pass_live;
 
@@ -74,6 +74,13 @@ typedef struct {
     uint64_t allocated[MVZ_NSLOTS];    /* live blocks' bytes, as recorded */
     uint64_t rec_reserved_peak[MVZ_NSLOTS], rec_allocated_peak[MVZ_NSLOTS], rec_segments[MVZ_NSLOTS];
     uint64_t rec_freed[MVZ_NSLOTS]; /* the recording's segments freed so far */
+    /* Under expandable segments PyTorch's memory is physical granules
+     * (cuMemCreate of 2 or 20 MiB) mapped into address space it reserved:
+     * reserved is the segments' bytes and those granules'. Granules made
+     * before the first allocation read from PyTorch at attach (flagged
+     * "before tracking", which holds them) are not counted again. */
+    uint64_t granules[MVZ_NSLOTS], rec_vmm_peak[MVZ_NSLOTS];
+    uint8_t seeded[MVZ_NSLOTS];
     uint64_t outside_peak[MVZ_NSLOTS];
     uint32_t last_stack; /* the stack of the last block asked for with Python frames */
     uint64_t events; /* events read (the next one's index) */

@@ -216,6 +216,37 @@ def test_expandable_segments_give_back_every_whole_free_granule(standin, tmp_pat
     assert exp.allocated_peak == (15 + 35) * MiB
 
 
+def test_a_recording_under_expandable_segments_counts_its_mapped_granules(standin, fake, tmp_path):
+    """Recorded under expandable segments, PyTorch's reserved memory is the
+    granules it maps (cuMemCreate of 2 or 20 MiB), not segments: the
+    recorded reserved peak the first row is checked against counts them
+    (other physical memory, a 6 MiB handle here, is not PyTorch's)."""
+    from fake_cupti import CBID_cuMemCreate, CBID_cuMemRelease
+
+    ans = standin("vmm")
+    path = tmp_path / "vmm.memviz"
+    with memviz.track(trace=str(path)) as t:
+        assert t.torch.use_answers(ans).route == "allocator"
+        ans.empty_cache()
+        g1 = fake.alloc(CBID_cuMemCreate, 20 * MiB)
+        g2 = fake.alloc(CBID_cuMemCreate, 20 * MiB)
+        other = fake.alloc(CBID_cuMemCreate, 6 * MiB)
+        fake.free(CBID_cuMemRelease, g2)
+        g3 = fake.alloc(CBID_cuMemCreate, 2 * MiB)
+        block = ans.alloc(4 * MiB)[0]  # a 20 MiB segment of the stand-in's: 20 + 20 + 2 MiB at most
+        del block
+        for h in (g1, g3, other):
+            fake.free(CBID_cuMemRelease, h)
+    trace = memviz.load(str(path))
+    trace.end["pytorch_peak"]["0"]["alloc_conf"] = "expandable_segments:True"
+    row, = _rows(trace)
+    expected = 20 * MiB + 20 * MiB + 2 * MiB
+    assert any(f"({expected:,} B)" in n for n in row.notes), row.notes
+    trace.end["pytorch_peak"]["0"]["alloc_conf"] = ""  # the same trace read as under the defaults
+    row, = _rows(trace)
+    assert not row.notes, row.notes  # its segment alone: 20 MiB, as the model replays it
+
+
 def test_expandable_best_fit_keeps_the_growing_end_free(standin, tmp_path):
     """PyTorch's best fit under expandable segments counts the block that
     ends the mapped part as the size it could grow to, so a request takes a

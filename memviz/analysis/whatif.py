@@ -287,7 +287,8 @@ def whatif(trace: Any, settings: Sequence[str] = (), device_memory: Union[None, 
                 limit = headroom = None
             row_notes = list(base_notes if k == 0 else ()) + list(notes)
             if k == 0 and card is None and fraction is None:  # the recorded run, on its own card
-                real = rec.get("reserved_peak")
+                # under expandable segments PyTorch's memory is its mapped granules (whatif_pass.h)
+                real = rec.get("reserved_peak_expandable" if s.expandable else "reserved_peak")
                 if real is not None and real != r["reserved_peak"]:
                     row_notes.append(f"the recorded reserved peak was {format_size(real)} "
                                      f"({real:,} B): the model is off by "
@@ -435,8 +436,5 @@ def rows_text(rows: Sequence[WhatIfRow]) -> str:
             lines += [f"    {format_size(b):>10}  {ln}" for ln, b in o.top]
         for n in r.notes:
             lines.append(f"  note ({r.label}): {n}.")
-    if any(r.approximate for r in rows):
-        lines += ["", "~ approximate: expandable segments are exact until memory is given back (empty_cache, "
-                      "the retry before an out-of-memory error), which the model does at a segment's end only."]
     lines += ["", "Not modelled: " + "; ".join(NOT_MODELLED) + "."]
     return "\n".join(lines) + "\n"
