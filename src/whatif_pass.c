@@ -203,9 +203,11 @@ static int ended(mvz_whatif_pass *p, const mvz_whatif_pass_live *a)
         return 0;
     if (a->kind == MVZ_KIND_DEVICE)
         return dev_end(p, slot, a->address);
-    if (a->kind == MVZ_KIND_PHYSICAL) {
+    if (a->kind == MVZ_KIND_PHYSICAL) { /* a granule unmapped: PyTorch released cached memory */
+        if (!a->handle)
+            return 0;
         p->granules[slot] -= (uint64_t)a->handle << 20;
-        return 0;
+        return queue(p, (mvz_whatif_pass_op){.op = MVZ_WHATIF_EMPTY, .slot = (uint8_t)slot});
     }
     p->allocated[slot] -= p->bytes[a->handle];
     if (p->nspare == p->capspare && mvz_grow((void **)&p->spare, &p->capspare, p->nspare + 1, sizeof *p->spare))
