@@ -247,6 +247,29 @@ def test_a_recording_under_expandable_segments_counts_its_mapped_granules(standi
     assert not row.notes, row.notes  # its segment alone: 20 MiB, as the model replays it
 
 
+def test_under_expandable_segments_a_granule_given_back_is_a_release_of_the_cache(standin, fake, tmp_path):
+    """PyTorch gives a granule back only when it releases cached memory (the
+    program's empty_cache(), or its retry): replayed under the defaults, the
+    cached 30 MiB segment goes then, and 40 MiB is a segment of its own
+    (40 MiB at most, not 70)."""
+    from fake_cupti import CBID_cuMemCreate, CBID_cuMemRelease
+
+    ans = standin("vmm-release")
+    path = tmp_path / "release.memviz"
+    with memviz.track(trace=str(path)) as t:
+        assert t.torch.use_answers(ans).route == "allocator"
+        ans.empty_cache()
+        x = ans.alloc(30 * MiB)[0]
+        del x
+        fake.free(CBID_cuMemRelease, fake.alloc(CBID_cuMemCreate, 20 * MiB))
+        y = ans.alloc(40 * MiB)[0]
+        del y
+    trace = memviz.load(str(path))
+    trace.end["pytorch_peak"]["0"]["alloc_conf"] = "expandable_segments:True"
+    _, plain = _rows(trace, "expandable_segments:False")
+    assert plain.reserved_peak == 40 * MiB, plain
+
+
 def test_expandable_best_fit_keeps_the_growing_end_free(standin, tmp_path):
     """PyTorch's best fit under expandable segments counts the block that
     ends the mapped part as the size it could grow to, so a request takes a
