@@ -468,11 +468,15 @@ static int32_t alloc_block(mvz_whatif *w, int slot, int small, uint64_t stream, 
                            int force)
 {
     uint64_t size = mvz_rules_segment(rounded);
-    if (w->s.rules.expandable) {
+    if (w->s.rules.expandable && rounded <= EXPANDABLE_SPAN) {
         if (!force && w->s.fraction_limit != UINT64_MAX && w->reserved[slot] + size > w->s.fraction_limit)
             return NONE;
         return alloc_expandable(w, slot, small, stream, rounded, outside, force);
     }
+    /* (a request no expandable segment could hold is refused by the card; past the
+     * refusal, the model goes on with a segment of its own) */
+    if (w->s.rules.expandable && !force)
+        return NONE;
     if (!force && !room_for(w, slot, size, outside))
         return NONE;
     return segment_new(w, slot, small, stream, size, 0);

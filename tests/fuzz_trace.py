@@ -71,6 +71,18 @@ def _events(rnd: random.Random, n: int) -> bytes:
             out.append(F.EVENT.pack(0, F.OP_GAP, 0, 0, 0, 0, 0, 0, rnd.randrange(100), 0, 0, 0))
         elif r < 0.49:
             out.append(F.EVENT.pack(0, F.OP_TIME, 0, 0, 0, 0, 0, 0, 2_000_000 + i * 10_000, 0, 0, 0))
+        elif r < 0.6 and live:
+            # PyTorch's: a block inside a live device allocation (a segment to the what-if
+            # pass), or a granule of an expandable segment (a physical handle of 2 or 20 MiB)
+            base, bsize, dev = rnd.choice(live)
+            if rnd.random() < 0.7 and dev >= 0:
+                addr, size, kind = base + rnd.randrange(0, max(bsize, 1), 512), rnd.randrange(1, 1 << 26), 5
+            else:
+                addr, size, kind = 0x3000_0000 + i, rnd.choice((2 << 20, 20 << 20, 6 << 20)), 4
+            live.append((addr, size, max(dev, 0)))
+            out.append(F.EVENT.pack(rnd.randrange(5000), F.OP_ALLOC, kind, max(dev, 0), rnd.choice((0, 1, 4)),
+                                    rnd.choice((0, 1, 2)), rnd.choice((0, 1)), rnd.choice((0, 1, 2)),
+                                    addr, size, rnd.randrange(0, 512), rnd.choice((0, 7))))
         else:
             addr, size, dev = 0x7F00_0000_0000 + i * 512, rnd.randrange(1, 1 << 30), rnd.choice(
                 (0, 0, 1, -1))
@@ -239,6 +251,12 @@ def check(data: bytes, pipeline: bool = True, reports: bool = True,
     for view in (html.tracker_repr_html(t), html.snapshot_repr_html(snaps[1]),
                  html.findings_repr_html(findings)):
         view.encode("utf-8")
+    # the what-if replay (its C pass and models) under settings that reach every rule,
+    # on the recorded card and on a small one (out-of-memory points, retries, flushes)
+    for args, kw in ((("expandable_segments:True", "max_split_size_mb:64,roundup_power2_divisions:4"), {}),
+                     (("expandable_segments:True", "garbage_collection_threshold:0.5"), {"device_memory": "64MiB"})):
+        rows = t.whatif(*args, **kw)
+        [str(r) for r in rows]
     out = io.StringIO()
     perfetto._dump(t, out)
     _strict_json(out.getvalue())
