@@ -270,6 +270,16 @@ def test_under_expandable_segments_a_granule_given_back_is_a_release_of_the_cach
     assert plain.reserved_peak == 40 * MiB, plain
 
 
+def test_a_request_no_expandable_segment_could_hold_is_an_out_of_memory_point(standin, tmp_path):
+    """2 TiB: more address space than an expandable segment spans (PyTorch's
+    spans 9/8 of the card); the model refuses it there (found by the trace
+    fuzzer: it was taken for the host running out of memory)."""
+    trace, _ = _record(standin, tmp_path, [("a", 1, 1 * MiB), ("a", 2, 2 << 40)])
+    base, exp = _rows(trace, "expandable_segments:True")
+    assert base.oom is None and base.reserved_peak == 2 * MiB + (2 << 40)
+    assert exp.oom is not None and exp.oom.requested == 2 << 40, exp
+
+
 def test_expandable_best_fit_keeps_the_growing_end_free(standin, tmp_path):
     """PyTorch's best fit under expandable segments counts the block that
     ends the mapped part as the size it could grow to, so a request takes a
