@@ -229,17 +229,17 @@ static inline pyframe *outer(pyframe *f)
 #endif
 }
 
-/* A frame is still setting up while its instruction pointer lies before
- * its code's first traceable instruction (3.11+): that is after the
- * prologue's MAKE_CELL (one a cell variable), COPY_FREE_VARS and
- * RETURN_GENERATOR/POP_TOP, so within a few code units of the start. The
- * code object's own figure is read only for a pointer that close, so the
- * walk reads no code object for the frames of a stack that are running
- * (each a cache line the walk would otherwise touch: issue 27's profile of
- * a real step). A code object with more cell variables than this bound
- * still in its prologue would be kept as a frame on its `def` line. */
-#define PROLOGUE_BOUND 32
-
+/* A frame pushed but not yet started (3.11, 3.12: its prev_instr is one
+ * before its first instruction) is skipped, with no read of its code
+ * object: its first address is computed from the pointer alone. CPython's
+ * own test (_PyFrame_IsIncomplete) also counts a frame inside its prologue
+ * (MAKE_CELL, COPY_FREE_VARS, RETURN_GENERATOR) as incomplete, which needs
+ * the code object's _co_firsttraceable: one more cache line per frame,
+ * cold inside a real step (issue 27). A GPU allocation
+ * cannot happen in a prologue (those instructions call nothing that
+ * allocates device memory), and an outer frame is always at a call, so the
+ * walk leaves that read out: a frame in its prologue, were one ever met,
+ * would show its def line. */
 /* Capture path, no GIL: field reads of the thread's own frame and the code
  * object it holds (the file's comment). 1 and *out filled for a complete
  * frame of a code object, 0 for one to skip (an entry shim, a frame still
@@ -255,9 +255,8 @@ static inline int read_frame(pyframe *f, mvz_frame *out)
         return 0;
     PyCodeObject *co = (PyCodeObject *)exe;
     _Py_CODEUNIT *first = _PyCode_CODE(co); /* an address inside co: no read of it */
-    if (f->owner != FRAME_OWNED_BY_GENERATOR && f->instr_ptr < first + PROLOGUE_BOUND &&
-        f->instr_ptr < first + co->_co_firsttraceable)
-        return 0; /* incomplete: still setting up */
+    if (f->owner != FRAME_OWNED_BY_GENERATOR && f->instr_ptr < first)
+        return 0; /* not started (see above) */
     out->code = co;
     out->offset = (int32_t)((f->instr_ptr - first) * (int)sizeof(_Py_CODEUNIT));
 #elif PY_VERSION_HEX >= 0x030B0000
@@ -270,9 +269,8 @@ static inline int read_frame(pyframe *f, mvz_frame *out)
     if (co == NULL)
         return 0;
     _Py_CODEUNIT *first = _PyCode_CODE(co); /* an address inside co: no read of it */
-    if (f->owner != FRAME_OWNED_BY_GENERATOR && f->prev_instr < first + PROLOGUE_BOUND &&
-        f->prev_instr < first + co->_co_firsttraceable)
-        return 0; /* incomplete: still setting up */
+    if (f->owner != FRAME_OWNED_BY_GENERATOR && f->prev_instr < first)
+        return 0; /* not started (see above) */
     out->code = co;
     out->offset = (int32_t)((f->prev_instr - first) * (int)sizeof(_Py_CODEUNIT));
 #else
