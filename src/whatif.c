@@ -32,10 +32,6 @@ typedef struct {
     uint8_t slot, small, expandable, live, at_recorded;
 } wseg;
 
-/* A live segment placed at the recording's address: [base, end). */
-typedef struct {
-    uint64_t base, end;
-} wspan;
 
 typedef struct {
     mvz_whatif_pool free; /* its free blocks (whatif_pool.h) */
@@ -67,7 +63,7 @@ struct mvz_whatif {
     uint32_t made[MVZ_NSLOTS], freed[MVZ_NSLOTS]; /* the model's segments made and freed */
     uint8_t diverged[MVZ_NSLOTS]; /* its segments were once not the recording's: addresses its own */
     mvz_whatif_va va[MVZ_NSLOTS]; /* the driver's placement of each device's segments */
-    wspan *spans;   /* the live segments at recorded addresses, by address */
+    mvz_whatif_va_hole *spans; /* the live segments at recorded addresses, [base, end), by address */
     size_t nspans, capspans;
     uint64_t reserved[MVZ_NSLOTS], allocated[MVZ_NSLOTS];
     mvz_whatif_result r[MVZ_NSLOTS];
@@ -199,15 +195,7 @@ static int32_t handle_take(mvz_whatif *w, uint32_t handle)
 /* The first span of w->spans that ends after `addr`. */
 static size_t span_find(const mvz_whatif *w, uint64_t addr)
 {
-    size_t lo = 0, hi = w->nspans;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (w->spans[mid].end <= addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
+    return mvz_whatif_va_first_after(w->spans, w->nspans, addr);
 }
 
 static void segment_drop(mvz_whatif *w, int32_t s)
@@ -291,7 +279,7 @@ static int32_t segment_new(mvz_whatif *w, int slot, int small, uint64_t stream, 
                 return NONE;
             }
             memmove(w->spans + i + 1, w->spans + i, (w->nspans - i) * sizeof *w->spans);
-            w->spans[i] = (wspan){w->hint, w->hint + size};
+            w->spans[i] = (mvz_whatif_va_hole){w->hint, w->hint + size};
             w->nspans++;
             base = w->hint;
             at_recorded = 1;

@@ -14,19 +14,21 @@ void mvz_whatif_va_free(mvz_whatif_va *v)
     memset(v, 0, sizeof *v);
 }
 
-/* The first hole that ends after `addr`. */
-static size_t find(const mvz_whatif_va *v, uint64_t addr)
+size_t mvz_whatif_va_first_after(const mvz_whatif_va_hole *r, size_t n, uint64_t addr)
 {
-    size_t lo = 0, hi = v->n;
+    size_t lo = 0, hi = n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (v->holes[mid].end <= addr)
+        if (r[mid].end <= addr)
             lo = mid + 1;
         else
             hi = mid;
     }
     return lo;
 }
+
+/* The first hole that ends after `addr`. */
+static size_t find(const mvz_whatif_va *v, uint64_t addr) { return mvz_whatif_va_first_after(v->holes, v->n, addr); }
 
 static int insert(mvz_whatif_va *v, size_t at, uint64_t base, uint64_t end)
 {

@@ -32,6 +32,9 @@ typedef struct {
 } mvz_whatif_va;
 
 void mvz_whatif_va_free(mvz_whatif_va *v);
+/* In n ranges sorted by address, none overlapping: the first that ends
+ * after `addr` (n: none). */
+size_t mvz_whatif_va_first_after(const mvz_whatif_va_hole *r, size_t n, uint64_t addr);
 /* The driver put `size` bytes at `base` (a recorded segment): from a hole,
  * or as the start of a new region below. 0, or -1 out of memory. */
 int mvz_whatif_va_take(mvz_whatif_va *v, uint64_t base, uint64_t size);

@@ -6,6 +6,7 @@ worked out by hand, and random streams are run on the stand-in allocator
 setting: the model, fed the trace of one run under the defaults, must
 predict the stand-in's own reserved memory under the others."""
 
+import contextlib
 import gc
 import json
 import platform
@@ -84,16 +85,26 @@ def _play(ans, ops):
     return top
 
 
-def _record(standin, tmp_path, ops, name="rec"):
-    """A trace of ops run on a fresh stand-in under the defaults, and its
-    reserved peak as the stand-in had it."""
+@contextlib.contextmanager
+def _recording(standin, tmp_path, name):
+    """Tracking into a trace on a fresh stand-in under the defaults: yields
+    the stand-in, the trace's path and what the route's probe left cached
+    (part of the record), which then goes (a recorded empty_cache), so the
+    stream starts on an empty pool."""
     ans = standin(name)
     path = tmp_path / f"{name}.memviz"
     with memviz.track(trace=str(path)) as t:
         r = t.torch.use_answers(ans)
         assert r.route == "allocator", r.reason
-        probe = ans.reserved()  # what the route's probe left cached, part of the record
-        ans.empty_cache()  # the stream starts on an empty pool (replayed: a recorded empty_cache)
+        probe = ans.reserved()
+        ans.empty_cache()
+        yield ans, path, probe
+
+
+def _record(standin, tmp_path, ops, name="rec"):
+    """A trace of ops run on a fresh stand-in under the defaults, and its
+    reserved peak as the stand-in had it."""
+    with _recording(standin, tmp_path, name) as (ans, path, probe):
         top = max(probe, _play(ans, ops))
     return memviz.load(str(path)), top
 
@@ -223,11 +234,7 @@ def test_a_recording_under_expandable_segments_counts_its_mapped_granules(standi
     (other physical memory, a 6 MiB handle here, is not PyTorch's)."""
     from fake_cupti import CBID_cuMemCreate, CBID_cuMemRelease
 
-    ans = standin("vmm")
-    path = tmp_path / "vmm.memviz"
-    with memviz.track(trace=str(path)) as t:
-        assert t.torch.use_answers(ans).route == "allocator"
-        ans.empty_cache()
+    with _recording(standin, tmp_path, "vmm") as (ans, path, _):
         g1 = fake.alloc(CBID_cuMemCreate, 20 * MiB)
         g2 = fake.alloc(CBID_cuMemCreate, 20 * MiB)
         other = fake.alloc(CBID_cuMemCreate, 6 * MiB)
@@ -254,11 +261,7 @@ def test_under_expandable_segments_a_granule_given_back_is_a_release_of_the_cach
     (40 MiB at most, not 70)."""
     from fake_cupti import CBID_cuMemCreate, CBID_cuMemRelease
 
-    ans = standin("vmm-release")
-    path = tmp_path / "release.memviz"
-    with memviz.track(trace=str(path)) as t:
-        assert t.torch.use_answers(ans).route == "allocator"
-        ans.empty_cache()
+    with _recording(standin, tmp_path, "vmm-release") as (ans, path, _):
         x = ans.alloc(30 * MiB)[0]
         del x
         fake.free(CBID_cuMemRelease, fake.alloc(CBID_cuMemCreate, 20 * MiB))
@@ -470,11 +473,7 @@ def test_the_refused_request_carries_its_label_to_name_a_backward_line(standin, 
     '<no Python frames>' while PyTorch raised at loss.backward())."""
     import memviz.analysis.whatif as W
 
-    ans = standin("labelled")
-    path = tmp_path / "labelled.memviz"
-    with memviz.track(trace=str(path)) as t:
-        assert t.torch.use_answers(ans).route == "allocator"
-        ans.empty_cache()
+    with _recording(standin, tmp_path, "labelled") as (ans, path, _):
         a = ans.alloc(20 * MiB)[0]
         b = ans.alloc(30 * MiB)[0]
         del b
