@@ -167,16 +167,15 @@ static PyObject *whatif_feed(WhatIf *self, PyObject *args)
 
 #define U64(v) PyLong_FromUnsignedLongLong((unsigned long long)(v))
 
-/* results() -> {"recorded": {slot: {...}}, "settings": [{slot: {...}}, ...],
- * "approximate": [bool, ...], "events": n}. */
+/* results() -> {"recorded": {slot: {...}}, "settings": [{slot: {...}}, ...], "events": n}. */
 static PyObject *whatif_results(WhatIf *self, PyObject *unused)
 {
     (void)unused;
     if (usable(self))
         return NULL;
     mvz_whatif_pass *p = &self->pass;
-    PyObject *out = PyDict_New(), *rec = PyDict_New(), *all = PyList_New(0), *approx = PyList_New(0);
-    if (!out || !rec || !all || !approx)
+    PyObject *out = PyDict_New(), *rec = PyDict_New(), *all = PyList_New(0);
+    if (!out || !rec || !all)
         goto fail;
     for (int slot = 0; slot < MVZ_NSLOTS; slot++) {
         if (!p->rec_reserved_peak[slot] && !p->rec_allocated_peak[slot])
@@ -201,12 +200,6 @@ static PyObject *whatif_results(WhatIf *self, PyObject *unused)
             goto fail;
         }
         Py_DECREF(per);
-        PyObject *a = PyBool_FromLong(mvz_whatif_approximate(p->models[i]));
-        if (PyList_Append(approx, a)) {
-            Py_DECREF(a);
-            goto fail;
-        }
-        Py_DECREF(a);
         for (int slot = 0; slot < MVZ_NSLOTS; slot++) {
             if (!mvz_whatif_used(p->models[i], slot))
                 continue;
@@ -260,8 +253,7 @@ static PyObject *whatif_results(WhatIf *self, PyObject *unused)
                 goto fail;
         }
     }
-    if (PyDict_SetItemString(out, "recorded", rec) || PyDict_SetItemString(out, "settings", all) ||
-        PyDict_SetItemString(out, "approximate", approx))
+    if (PyDict_SetItemString(out, "recorded", rec) || PyDict_SetItemString(out, "settings", all))
         goto fail;
     PyObject *ev = U64(p->events);
     if (!ev || PyDict_SetItemString(out, "events", ev)) {
@@ -271,13 +263,11 @@ static PyObject *whatif_results(WhatIf *self, PyObject *unused)
     Py_DECREF(ev);
     Py_DECREF(rec);
     Py_DECREF(all);
-    Py_DECREF(approx);
     return out;
 fail:
     Py_XDECREF(out);
     Py_XDECREF(rec);
     Py_XDECREF(all);
-    Py_XDECREF(approx);
     return NULL;
 }
 
@@ -285,8 +275,7 @@ static PyMethodDef whatif_methods[] = {
     {"feed", (PyCFunction)whatif_feed, METH_VARARGS,
      "feed(buf, offset, count, layout): the next EVENTS chunk (GIL released while it replays)."},
     {"results", (PyCFunction)whatif_results, METH_NOARGS,
-     "results() -> {'recorded': {device: ...}, 'settings': [{device: ...}, ...], 'approximate': [...], "
-     "'events': n}."},
+     "results() -> {'recorded': {device: ...}, 'settings': [{device: ...}, ...], 'events': n}."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -68,7 +68,7 @@ struct mvz_whatif {
     uint64_t reserved[MVZ_NSLOTS], allocated[MVZ_NSLOTS];
     mvz_whatif_result r[MVZ_NSLOTS];
     uint8_t used[MVZ_NSLOTS];
-    int approximate, failed;
+    int failed;
 };
 
 /* ---- blocks ---------------------------------------------------------------------- */
@@ -862,7 +862,6 @@ mvz_whatif *mvz_whatif_new(const mvz_whatif_settings *s)
     w->spare = w->gspare = NONE;
     w->gc = s->gc_threshold > 0 && s->fraction_limit != UINT64_MAX;
     w->next_va = MODEL_VA << 2; /* the model's own go downwards from here */
-    w->approximate = 0;
     return w;
 }
 
@@ -898,6 +897,5 @@ void mvz_whatif_result_of(const mvz_whatif *w, int slot, mvz_whatif_result *out)
 
 int mvz_whatif_used(const mvz_whatif *w, int slot) { return slot >= 0 && slot < MVZ_NSLOTS && w->used[slot]; }
 
-int mvz_whatif_approximate(const mvz_whatif *w) { return w->approximate; }
 
 int mvz_whatif_failed(const mvz_whatif *w) { return w->failed != 0; }

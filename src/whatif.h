@@ -98,9 +98,8 @@ void mvz_whatif_release(mvz_whatif *w, uint32_t handle);
 void mvz_whatif_empty_cache(mvz_whatif *w, int slot);
 /* The figures of `slot` (0 when it saw nothing). */
 void mvz_whatif_result_of(const mvz_whatif *w, int slot, mvz_whatif_result *out);
-/* Whether `slot` saw a request; whether the model was approximate there. */
+/* Whether `slot` saw a request. */
 int mvz_whatif_used(const mvz_whatif *w, int slot);
-int mvz_whatif_approximate(const mvz_whatif *w);
 /* Whether the model ran out of host memory (its figures are then cut short). */
 int mvz_whatif_failed(const mvz_whatif *w);
 

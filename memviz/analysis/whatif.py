@@ -106,7 +106,6 @@ class WhatIfRow:
     limit: Optional[int]       # bytes PyTorch may reserve (the card less what else it holds, or the fraction)
     headroom: Optional[int]    # limit - reserved_peak (negative: it does not fit)
     oom: Optional[WhatIfOOM]
-    approximate: bool
     notes: Tuple[str, ...] = field(default=())
 
     @property
@@ -120,7 +119,7 @@ class WhatIfRow:
         d = {k: getattr(self, k) for k in ("setting", "device_memory", "device", "recorded", "reserved_peak",
                                            "allocated_at_peak", "unused_at_peak", "largest_free_at_peak",
                                            "peak_at_ns", "allocated_peak", "cuda_mallocs", "retries",
-                                           "flushes", "limit", "headroom", "approximate")}
+                                           "flushes", "limit", "headroom")}
         d["oom"] = self.oom.to_dict() if self.oom else None
         d["notes"] = list(self.notes)
         return d
@@ -303,7 +302,7 @@ def whatif(trace: Any, settings: Sequence[str] = (), device_memory: Union[None, 
                 largest_free_at_peak=r["largest_free_at_peak"], peak_at_ns=r["peak_ts"] or None,
                 allocated_peak=r["allocated_peak"], cuda_mallocs=r["mallocs"], retries=r["retries"],
                 flushes=r["flushes"], limit=limit, headroom=headroom,
-                oom=_oom(trace, r["oom"]), approximate=bool(res["approximate"][k]),
+                oom=_oom(trace, r["oom"]),
                 notes=tuple(row_notes)))
     return rows
 
@@ -408,7 +407,7 @@ def rows_text(rows: Sequence[WhatIfRow]) -> str:
             "retries", "fits", "headroom")
     body = []
     for r in rows:
-        body.append((r.label + (" ~" if r.approximate else ""), f"cuda:{r.device}", format_size(r.reserved_peak),
+        body.append((r.label, f"cuda:{r.device}", format_size(r.reserved_peak),
                      format_size(r.allocated_at_peak), format_size(r.unused_at_peak),
                      format_size(r.largest_free_at_peak), f"{r.cuda_mallocs:,}", f"{r.retries:,}",
                      "OOM" if r.oom else ("yes" if r.limit is not None else "-"),

@@ -677,7 +677,7 @@
       'through a model of PyTorch\u2019s caching allocator; the first row replays the recorded settings.'));
     var rows = W.rows.map(function (r) {
       var name = (r.setting || 'defaults') + (r.device_memory ? ' on ' + r.device_memory : '') +
-        (r.recorded ? ' (recorded)' : '') + (r.approximate ? ' ~' : '');
+        (r.recorded ? ' (recorded)' : '');
       return [name, 'cuda:' + r.device, r.reserved_peak, r.allocated_at_peak, r.unused_at_peak,
         r.largest_free_at_peak, r.cuda_mallocs, r.retries, r.oom ? 'OOM' : (r.limit === null ? '' : 'yes'),
         r.headroom];
