@@ -240,6 +240,7 @@ static inline pyframe *outer(pyframe *f)
  * allocates device memory), and an outer frame is always at a call, so the
  * walk leaves that read out: a frame in its prologue, were one ever met,
  * would show its def line. */
+
 /* Capture path, no GIL: field reads of the thread's own frame and the code
  * object it holds (the file's comment). 1 and *out filled for a complete
  * frame of a code object, 0 for one to skip (an entry shim, a frame still

@@ -21,6 +21,7 @@ int mvz_whatif_pass_init(mvz_whatif_pass *p, const mvz_whatif_settings *settings
 {
     memset(p, 0, sizeof *p);
     p->ts = start_ns;
+    p->expandable = n > 0 && settings[0].rules.expandable;
     p->models = calloc(n ? n : 1, sizeof *p->models);
     p->caplive = 1024;
     p->live = calloc(p->caplive, sizeof *p->live);
@@ -278,7 +279,7 @@ static inline int event(mvz_whatif_pass *p, const chunk *c, int layout, size_t i
     if (slot >= MVZ_NSLOTS)
         return 0;
     if (kind == MVZ_KIND_PHYSICAL) { /* a granule of an expandable segment's, by its size */
-        if (size == MVZ_SMALL_BUFFER || size == MVZ_LARGE_BUFFER) {
+        if (p->expandable && (size == MVZ_SMALL_BUFFER || size == MVZ_LARGE_BUFFER)) {
             a->handle = (uint32_t)(size >> 20);
             p->granules[slot] += size;
             note_peaks(p, slot);
@@ -315,8 +316,10 @@ static inline int event(mvz_whatif_pass *p, const chunk *c, int layout, size_t i
     if (stack)
         p->last_stack = stack;
     return queue(p, (mvz_whatif_pass_op){requested, FIELD(c, layout, i, stream), p->ts, index, p->outside[slot],
-                                         made.base, made.size, (uint32_t)p->rec_segments[slot], (uint32_t)p->rec_freed[slot], stack, handle, (uint32_t)FIELD(c, layout, i, label_id), caller,
-                                         MVZ_WHATIF_ALLOC, (uint8_t)slot});
+                                         made.base, made.size, (uint32_t)p->rec_segments[slot],
+                                         (uint32_t)p->rec_freed[slot], stack, handle,
+                                         (uint32_t)FIELD(c, layout, i, label_id), caller, MVZ_WHATIF_ALLOC,
+                                         (uint8_t)slot});
 }
 
 /* With the GIL released (module_whatif.c): it reads the caller's records,

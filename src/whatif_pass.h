@@ -81,6 +81,7 @@ typedef struct {
      * "before tracking", which holds them) are not counted again. */
     uint64_t granules[MVZ_NSLOTS], rec_vmm_peak[MVZ_NSLOTS];
     uint8_t seeded[MVZ_NSLOTS];
+    int expandable; /* the recording ran with expandable segments (the first setting's) */
     uint64_t outside_peak[MVZ_NSLOTS];
     uint32_t last_stack; /* the stack of the last block asked for with Python frames */
     uint64_t events; /* events read (the next one's index) */
@@ -88,8 +89,9 @@ typedef struct {
     int failed;
 } mvz_whatif_pass;
 
-/* A pass through models of the `n` settings, its first events counting time
- * from `start_ns` (until a TIME record). 0, or -1 out of memory. */
+/* A pass through models of the `n` settings, the recording's own first, its
+ * first events counting time from `start_ns` (until a TIME record). 0, or -1
+ * out of memory. */
 int mvz_whatif_pass_init(mvz_whatif_pass *p, const mvz_whatif_settings *settings, size_t n, uint64_t start_ns);
 void mvz_whatif_pass_release(mvz_whatif_pass *p);
 /* An EVENTS chunk's `count` records of `width` bytes (record.h; layout 0:

@@ -255,10 +255,10 @@ def test_a_recording_under_expandable_segments_counts_its_mapped_granules(standi
 
 
 def test_under_expandable_segments_a_granule_given_back_is_a_release_of_the_cache(standin, fake, tmp_path):
-    """PyTorch gives a granule back only when it releases cached memory (the
-    program's empty_cache(), or its retry): replayed under the defaults, the
-    cached 30 MiB segment goes then, and 40 MiB is a segment of its own
-    (40 MiB at most, not 70)."""
+    """Under expandable segments PyTorch gives a granule back only when it
+    releases cached memory (the program's empty_cache(), or its retry):
+    replayed under the defaults, the cached 30 MiB segment goes then, and
+    40 MiB is a segment of its own (40 MiB at most, not 70)."""
     from fake_cupti import CBID_cuMemCreate, CBID_cuMemRelease
 
     with _recording(standin, tmp_path, "vmm-release") as (ans, path, _):
@@ -271,6 +271,11 @@ def test_under_expandable_segments_a_granule_given_back_is_a_release_of_the_cach
     trace.end["pytorch_peak"]["0"]["alloc_conf"] = "expandable_segments:True"
     _, plain = _rows(trace, "expandable_segments:False")
     assert plain.reserved_peak == 40 * MiB, plain
+    # recorded without expandable segments, a physical handle is another library's (NCCL's
+    # cuMem buffers): giving it back says nothing of PyTorch's cache
+    trace.end["pytorch_peak"]["0"]["alloc_conf"] = ""
+    rec, = _rows(trace)
+    assert rec.reserved_peak == 70 * MiB and not rec.notes, rec
 
 
 def test_a_request_no_expandable_segment_could_hold_is_an_out_of_memory_point(standin, tmp_path):

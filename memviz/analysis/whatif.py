@@ -269,6 +269,7 @@ def whatif(trace: Any, settings: Sequence[str] = (), device_memory: Union[None, 
     width = getattr(trace, "event_width", None) or _core.EVENT_SIZE
     import os
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    # the recorded settings first: the pass reads a recording made with expandable segments by them
     wi = _core.WhatIf(trace._start_ns(), width, args, threads=max(1, min(len(args), cores)))
     for _rp, payload, count, layout in trace._again("what if"):
         wi.feed(payload, F.EVENTS_HEAD.size, count, layout)
