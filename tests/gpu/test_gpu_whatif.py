@@ -63,3 +63,24 @@ def test_an_out_of_memory_verdict_under_a_fraction_names_the_failing_line(name):
     assert pred.oom is not None and real.get("oom") is not None, (pred, real)
     assert pred.oom.line == real["oom"], (pred.oom, real)
     assert (pred_exp.oom and pred_exp.oom.line) == real_exp.get("oom"), (pred_exp, real_exp)
+
+
+@pytest.mark.parametrize("name", ["transformer", "varlen_empty"])
+def test_a_recording_made_with_expandable_segments_replays_to_its_peak_and_predicts_the_defaults(name):
+    """Recorded with expandable_segments:True, PyTorch's memory is mapped
+    granules: the recorded settings replay to the recorded reserved peak, and
+    the defaults come within 2% of a real run of them (the program's
+    empty_cache() calls, seen only as granules given back, replayed)."""
+    import memviz
+
+    b = _bench()
+    conf = "expandable_segments:True"
+    path = os.path.join(tempfile.mkdtemp(), f"{name}.memviz")
+    rec = b.child(b.WORKLOADS[name], conf=conf, trace=path)
+    assert "error" not in rec, rec
+    row, plain = memviz.load(path).whatif("expandable_segments:False")
+    real = b.child(b.WORKLOADS[name])["reserved_peak"]
+    print(name, "recorded", rec["reserved_peak"], "replayed", row.reserved_peak, row.notes,
+          "defaults predicted", plain.reserved_peak, "real", real)
+    assert row.setting == conf and row.reserved_peak == rec["reserved_peak"] and not row.notes, row
+    assert abs(plain.reserved_peak - real) <= 0.02 * real, (plain, real)
