@@ -675,3 +675,21 @@ def test_file_names_that_are_not_utf8_are_shown_escaped(fake, tmp_path):
                  findings_repr_html(memviz.diagnose(t))):
         view.encode("utf-8")
     assert "d\\xffir" in tracker_repr_html(t)
+
+
+def test_the_values_at_the_peak_are_read_at_the_nanosecond(fake, tmp_path):
+    """The drawn series count in microseconds; a peak and the free right after
+    it (here in C, a few hundred nanoseconds apart) fall in one. The values
+    'at the peak' are read at the peak's own nanosecond, so the device line
+    there is the peak, not what the free left (test_report_glance once saw
+    8 MiB less under load)."""
+    path = tmp_path / "tight.memviz"
+    with memviz.track(trace=str(path)):
+        base = fake.alloc(CBID_cuMemAlloc_v2, 8 * MiB)
+        for _ in range(50):  # an allocation and its free, back to back from C
+            fake.lib.fake_alloc_free_loop(CBID_cuMemAlloc_v2, CBID_cuMemFree_v2, 1, 64 * MiB)
+        fake.free(CBID_cuMemFree_v2, base)
+    tr = memviz.load(str(path))
+    chart = embedded_data(render(tr))["timeline"]["charts"][0]
+    assert chart["peak"]["v"] == tr.totals()[0]["peak"] == 72 * MiB
+    assert chart["peak"]["values"]["device memory (memviz)"] == 72 * MiB, chart["peak"]

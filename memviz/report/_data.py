@@ -9,6 +9,7 @@ opens at once.
 
 from __future__ import annotations
 
+import bisect
 import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -42,6 +43,14 @@ def _us(ts: Optional[int], t0: int) -> Optional[int]:
 
 
 # -- timeline ---------------------------------------------------------------
+
+
+def _at(ts: List[int], vs: List[float], t: Optional[int]) -> Optional[int]:
+    """A series' value at time t (ns): its last point not after t."""
+    if t is None:
+        return None
+    i = bisect.bisect_right(ts, t) - 1
+    return int(vs[i]) if i >= 0 else None
 
 
 def _series(name: str, kind: str, ts: List[int], vs: List[float], t0: int,
@@ -83,11 +92,16 @@ def _timeline(obj: Any, totals: Dict[int, Dict[str, int]], timeline: List[tuple]
             ts.append(t1)
             vs.append(tot.get("current", vs[-1]))
         series = [_series(DEVICE_MEMORY, "total", ts, vs, t0, points)]
+        # each line's value at the peak, read at the nanosecond: the drawn series count
+        # in microseconds, in which the peak and a free right after it can fall together
+        at_peak = {DEVICE_MEMORY: _at(ts, vs, peak_ts.get(dev))}
         if dev in mem.tensors:
             tts, tvs = mem.tensors[dev]
             series.append(_series(TENSORS, "tensors", tts, tvs, t0, points, mem.note))
+            at_peak[TENSORS] = _at(tts, tvs, peak_ts.get(dev))
         for cat, (cts, cvs) in sorted(mem.categories.get(dev, {}).items()):
             series.append(_series(cat, "category", cts, cvs, t0, points, mem.note))
+            at_peak[cat] = _at(cts, cvs, peak_ts.get(dev))
         for name, _keys, _dev_key in src.STEP_SERIES:
             for key, label in ((dev, name), (None, f"{name} (all devices)")):
                 if key is None and (not gpus or dev != gpus[0]):
@@ -99,7 +113,8 @@ def _timeline(obj: Any, totals: Dict[int, Dict[str, int]], timeline: List[tuple]
                                           [p[1] for p in pts], t0, points))
         peak_v = tot.get("peak", max(vs))
         charts.append({"device": dev, "name": src.device_name(dev),
-                       "peak": {"t": _us(peak_ts.get(dev), t0), "v": peak_v},
+                       "peak": {"t": _us(peak_ts.get(dev), t0), "v": peak_v,
+                                "values": {k: v for k, v in at_peak.items() if v is not None}},
                        # the most the chart holds: its height follows it
                        "held": max([peak_v] + vs),
                        "series": series, "recorded_categories": _recorded_only(obj, dev)})

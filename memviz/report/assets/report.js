@@ -273,9 +273,10 @@
         if (w[1] === null || w[1] === undefined) { return; }
         var row = el('p', {'class': 'note values', 'data-when': w[0]});
         row.appendChild(document.createTextNode(w[0] + ': '));
+        var exact = w[0] === 'at the peak' && ch.peak.values ? ch.peak.values : {};
         ch.series.forEach(function (se) {
           if (se.kind === 'step') { return; }
-          var v = valueAt(se, w[1]);
+          var v = se.name in exact ? exact[se.name] : valueAt(se, w[1]);
           if (v === null) { return; }
           if (row.children.length) { row.appendChild(document.createTextNode(' \u00b7 ')); }
           row.appendChild(el('span', {'data-name': se.name, 'data-bytes': v}, se.name + ' ' + fmtBytes(v)));
