@@ -12,8 +12,9 @@
  *     kept in a FIFO bounded by a byte budget. When a new chunk does not
  *     fit, the oldest is decoded and folded into the "base", the live set
  *     at the start of the chunks kept, and freed (once no frozen dump holds
- *     it). A dump (mvz_tw_freeze, mvz_tw_frozen_write) writes the base (as ALLOC events dated when they were made), then the
- *     chunks kept, then the events not yet taken: a normal trace's events.
+ *     it). A dump (mvz_tw_freeze, mvz_tw_frozen_write) writes the base (as
+ *     ALLOC events dated when they were made), then the chunks kept, then
+ *     the events not yet taken: a normal trace's events.
  *
  * zlib is loaded at run time (dlopen of libz.so.1, which CPython's zlib
  * module links), so the package builds without it; without it the chunks
@@ -74,8 +75,8 @@ void mvz_tw_stop(void);
 void mvz_tw_release(void);
 /* The flight recorder's dump: its events, for the caller to write between
  * the header and tables before and the end after: the base, the chunks
- * kept, and what the ring holds now. It comes in two halves, so that a failing thread waits only for the
- * first (issue 27): mvz_tw_freeze (any thread, no GIL needed; takes
+ * kept, and what the ring holds now. It comes in two halves, so that a
+ * failing thread waits only for the first (issue 27): mvz_tw_freeze (any thread, no GIL needed; takes
  * tw_lock) drains the ring and takes a reference to every chunk kept and a
  * copy of the base, in milliseconds whatever the budget (NULL and errno:
  * the writer is a file's, or out of memory); mvz_tw_frozen_write (no lock:

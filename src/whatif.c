@@ -228,15 +228,24 @@ static void release_block(mvz_whatif *w, int32_t id)
 
 static int whole(const wblock *x) { return x->prev == NONE && x->next == NONE; }
 
-/* Whether the driver (the card, or the fraction) gives `size` more bytes. */
-static int room_for(const mvz_whatif *w, int slot, uint64_t size, uint64_t outside)
+/* Whether set_per_process_memory_fraction lets PyTorch reserve `size` more. */
+static int fraction_has(const mvz_whatif *w, int slot, uint64_t size)
+{
+    return w->s.fraction_limit == UINT64_MAX || w->reserved[slot] + size <= w->s.fraction_limit;
+}
+
+/* Whether the driver has `size` more bytes for the device (the card less
+ * what is held outside PyTorch). */
+static int card_has(const mvz_whatif *w, int slot, uint64_t size, uint64_t outside)
 {
     uint64_t r = w->reserved[slot];
-    if (w->s.fraction_limit != UINT64_MAX && r + size > w->s.fraction_limit)
-        return 0;
-    if (w->s.card != UINT64_MAX && (r + size + outside > w->s.card || r + size + outside < r))
-        return 0;
-    return 1;
+    return w->s.card == UINT64_MAX || (r + size + outside <= w->s.card && r + size + outside >= r);
+}
+
+/* Whether a new segment of `size` may be had: the fraction, then the card. */
+static int room_for(const mvz_whatif *w, int slot, uint64_t size, uint64_t outside)
+{
+    return fraction_has(w, slot, size) && card_has(w, slot, size, outside);
 }
 
 /* A new segment of `size` with one free block (not in its pool). NONE: out
@@ -347,14 +356,6 @@ static int32_t merge(mvz_whatif *w, int32_t dst, int32_t src)
 
 /* ---- expandable segments (PyTorch's ExpandableSegment) ------------------------ */
 
-/* Whether the driver has `size` more bytes for the device (the card less
- * what is held outside PyTorch). */
-static int card_has(const mvz_whatif *w, int slot, uint64_t size, uint64_t outside)
-{
-    uint64_t r = w->reserved[slot];
-    return w->s.card == UINT64_MAX || (r + size + outside <= w->s.card && r + size + outside >= r);
-}
-
 /* map_block: memory behind the first `size` bytes of unmapped block `id`,
  * in whole granules from its start; the rest stays unmapped after it. The
  * mapped block merges with its free mapped neighbours and joins the pool.
@@ -457,7 +458,7 @@ static int32_t alloc_block(mvz_whatif *w, int slot, int small, uint64_t stream, 
 {
     uint64_t size = mvz_rules_segment(rounded);
     if (w->s.rules.expandable && rounded <= EXPANDABLE_SPAN) {
-        if (!force && w->s.fraction_limit != UINT64_MAX && w->reserved[slot] + size > w->s.fraction_limit)
+        if (!force && !fraction_has(w, slot, size))
             return NONE;
         return alloc_expandable(w, slot, small, stream, rounded, outside, force);
     }

@@ -80,15 +80,6 @@ _WARN_GAP_S = 60.0
 #: at exit too, waits for it)
 _FAILURE_WAIT_S = 0.09
 
-
-class _Job:
-    """A dump frozen on the failing thread, for the recorder's thread to write."""
-
-    __slots__ = ("target", "head", "frozen", "tail", "reason", "done")
-
-    def __init__(self, target: str, head: bytes, frozen: Any, tail: bytes, reason: str) -> None:
-        self.target, self.head, self.frozen, self.tail, self.reason = target, head, frozen, tail, reason
-        self.done = threading.Event()
 #: tests: the bytes the chunks may take, whatever the budget (None: from the budget)
 _TEST_CHUNK_BUDGET: Optional[int] = None
 #: tests: the capture ring's size in events (None: from the budget; the C core takes >= 1024)
@@ -106,6 +97,16 @@ def parse_budget(value: Any, where: str = "memviz.track(flight_recorder=...)") -
                               f"(given {format_size(budget)}); give '256 MiB' or more to keep "
                               "minutes of a training run")
     return budget
+
+
+class _Job:
+    """A dump frozen on the failing thread, for the recorder's thread to write."""
+
+    __slots__ = ("target", "head", "frozen", "tail", "reason", "done")
+
+    def __init__(self, target: str, head: bytes, frozen: Any, tail: bytes, reason: str) -> None:
+        self.target, self.head, self.frozen, self.tail, self.reason = target, head, frozen, tail, reason
+        self.done = threading.Event()
 
 
 #: the pipe SIGUSR1's handler wakes the recorder's thread through, (read, write),
