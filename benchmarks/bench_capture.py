@@ -1,7 +1,7 @@
 """Capture cost per allocation event, through the libcupti test double.
 
     python benchmarks/bench_capture.py [--depth 30] [--keep 32] [--n 200000] [--procs 5]
-                                       [--library] [--cpu] [--against DIR]
+                                       [--library] [--cpu] [--burst K] [--against DIR]
 
 Each fresh process fires n cuMemAlloc_v2 + cuMemFree_v2 pairs from C (the
 double's fake_alloc_free_loop, so no ctypes in the loop) at the bottom of a
@@ -19,11 +19,20 @@ walk looks past the innermost frames for them (src/frames.c).
 ``--keep``: the frames a stack keeps (``track(depth=...)``, default 32).
 ``--cpu``: time the loop in the calling thread's CPU time, not wall time,
 so that time spent descheduled on a shared machine does not count.
+``--burst K``: the pairs come in bursts of K with a 1 ms pause between (a
+real step's rate: the allocation-bound step makes about 100 events a
+millisecond), so the capture queue's drainer thread (src/store.c) keeps up
+as it does inside a step; without it the loop makes events ten times
+faster than any step and the queue fills. Either way, ``process_*`` also
+gives the whole process's CPU time (every thread: the drainer's included).
 ``--against DIR``: another checkout (its extension built): fresh processes
 of the two take turns, this one first in odd rounds, the other first in
 even ones, and the result is per checkout plus the per-round ratio.
 Per event: a pair is two events (the allocation walks the stack, the free
-does not).
+does not). ``memviz_own_ns_per_event`` leaves the double's own callback
+dispatch out (measured in the same process, subscribed with the callback
+returning at once: MEMVIZ_CALLBACK_PROFILE=noop), which is CUPTI's part on a
+real GPU; ``memviz_added_ns_per_event`` keeps it in.
 """
 
 import argparse
@@ -43,7 +52,7 @@ def at_depth(k, fn):
 """
 
 
-def child(depth, n, reps, library=False, keep=32, cpu=False, root=ROOT):
+def child(depth, n, reps, library=False, keep=32, cpu=False, root=ROOT, burst=0):
     sys.path[:0] = [root, os.path.join(root, "tests")]
     from fake_cupti import FakeCupti, build
 
@@ -71,21 +80,58 @@ def child(depth, n, reps, library=False, keep=32, cpu=False, root=ROOT):
                                  CBID_cuMemAlloc_v2, CBID_cuMemFree_v2, n, 4096)
         probe = functools.partial(memviz._core._capture_depth, 64)
         here -= 1  # the recursion is one frame deeper for want of the two Python wrappers
-    base, tracked = [], []
+    if burst:
+        import time
+
+        one = fake._c.fake_alloc_free_loop_cpu if cpu else fake._c.fake_alloc_free_loop
+        from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
+
+        def loop():  # noqa: F811
+            total = 0
+            for _ in range(n // burst):
+                total += one(CBID_cuMemAlloc_v2, CBID_cuMemFree_v2, burst, 4096)
+                time.sleep(0.001)
+            return total
+
+        n = n // burst * burst
+    import time as _time
+
+    def timed(fn):
+        p0 = _time.process_time_ns()
+        r = fn()
+        return r, _time.process_time_ns() - p0
+
+    base, tracked, pbase, ptracked, noop = [], [], [], [], []
     for _ in range(reps):
-        base.append(at_depth(depth - here - 1, loop) / n)
+        r, p = timed(lambda: at_depth(depth - here - 1, loop))
+        base.append(r / n)
+        pbase.append(p / n)
+        # The double's callback dispatch alone (CUPTI's part, not memviz's):
+        # subscribed, the callback returning at once (src/capture.c).
+        os.environ["MEMVIZ_CALLBACK_PROFILE"] = "noop"
+        with memviz.track(depth=keep):
+            r, p = timed(lambda: at_depth(depth - here - 1, loop))
+            noop.append(r / n)
+        os.environ.pop("MEMVIZ_CALLBACK_PROFILE")
         with memviz.track(depth=keep) as t:
             frames = at_depth(depth - here - 1, probe)
-            tracked.append(at_depth(depth - here - 1, loop) / n)
+            r, p = timed(lambda: at_depth(depth - here - 1, loop))
+            tracked.append(r / n)
+            ptracked.append(p / n)
         assert t.capture_info()["store"]["calls"]["alloc"] == n
+        full = t.capture_info()["store"].get("queue_full", 0)
     print(json.dumps({"base_ns": statistics.median(base), "tracked_ns": statistics.median(tracked),
-                      "frames": frames}))
+                      "dispatch_ns": statistics.median(noop),
+                      "process_base_ns": statistics.median(pbase),
+                      "process_tracked_ns": statistics.median(ptracked),
+                      "queue_full": full, "frames": frames}))
 
 
 def _run(root, a):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--depth", str(a.depth), "--n", str(a.n),
            "--reps", str(a.reps), "--keep", str(a.keep), "--root", root]
     cmd += (["--library"] if a.library else []) + (["--cpu"] if a.cpu else [])
+    cmd += ["--burst", str(a.burst)] if a.burst else []
     p = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -100,6 +146,13 @@ def _summary(rows, a):
         "memviz_added_ns_per_event": statistics.median(added) / 2,
         "spread_added_ns": [min(added), max(added)],
         "min_added_ns": min(added),
+        "double_dispatch_ns_per_event": statistics.median(r["dispatch_ns"] - r["base_ns"] for r in rows) / 2,
+        "memviz_own_ns_per_event": statistics.median(r["tracked_ns"] - r["dispatch_ns"] for r in rows) / 2,
+        "memviz_own_spread_ns": [min(r["tracked_ns"] - r["dispatch_ns"] for r in rows) / 2,
+                                 max(r["tracked_ns"] - r["dispatch_ns"] for r in rows) / 2],
+        "process_added_ns_per_event": statistics.median(
+            r["process_tracked_ns"] - r["process_base_ns"] for r in rows) / 2,
+        "queue_full": [r.get("queue_full", 0) for r in rows],
     }
 
 
@@ -115,15 +168,17 @@ def main():
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--root", default=ROOT)
     ap.add_argument("--against", default=None)
+    ap.add_argument("--burst", type=int, default=0)
     a = ap.parse_args()
     if a.child:
-        return child(a.depth, a.n, a.reps, a.library, a.keep, a.cpu, a.root)
+        return child(a.depth, a.n, a.reps, a.library, a.keep, a.cpu, a.root, a.burst)
     roots = [ROOT] + ([os.path.abspath(a.against)] if a.against else [])
     rows = {r: [] for r in roots}
     for k in range(a.procs):
         for r in (roots if k % 2 == 0 else roots[::-1]):
             rows[r].append(_run(r, a))
-    out = {"processes": a.procs, "depth": a.depth, "keep": a.keep, "library": a.library, "cpu_time": a.cpu}
+    out = {"processes": a.procs, "depth": a.depth, "keep": a.keep, "library": a.library, "cpu_time": a.cpu,
+           "burst": a.burst}
     out.update(_summary(rows[ROOT], a))
     if a.against:
         out["against"] = {"root": roots[1], **_summary(rows[roots[1]], a)}
@@ -131,6 +186,10 @@ def main():
                   for x, y in zip(rows[ROOT], rows[roots[1]])]
         out["added_ratio_this_over_against_per_round"] = {
             "median": statistics.median(ratios), "spread": [min(ratios), max(ratios)]}
+        own = [(x["tracked_ns"] - x["dispatch_ns"]) / (y["tracked_ns"] - y["dispatch_ns"])
+               for x, y in zip(rows[ROOT], rows[roots[1]])]
+        out["own_ratio_this_over_against_per_round"] = {
+            "median": statistics.median(own), "spread": [min(own), max(own)]}
     print(json.dumps(out, indent=1))
 
 

@@ -62,13 +62,21 @@ if [ -n "${COST:-}" ]; then
     echo "== cost: $model"
     $PY benchmarks/run_alternate_bench.py --procs ${PROCS:-5} --model $model \
         --configs ${COST_CONFIGS:-none,memviz_after,memviz_after_trace,memviz_after_flight,torch_history} \
-        --out "$OUT/cost_$model.json" 2>&1 | tail -8
+        --cycles ${CYCLES:-6} --out "$OUT/cost_$model.json" 2>&1 | tail -8
   done
-  if [ -z "${SKIP_C_BENCH:-}" ]; then
-    $PY benchmarks/bench_capture.py --depth 32 --keep 32 --cpu > "$OUT/capture_32.json" 2>&1
-    $PY benchmarks/bench_capture.py --depth 64 --keep 64 --cpu > "$OUT/capture_64.json" 2>&1
-    grep -h "per_event" "$OUT"/capture_*.json
+fi
+if [ -n "${COST:-}${C_BENCH:-}" ] && [ -z "${SKIP_C_BENCH:-}" ]; then
+  # C_AGAINST: another checkout to compare with (its extension is built here first)
+  AGAINST=""
+  if [ -n "${C_AGAINST:-}" ]; then
+    (cd "$C_AGAINST" && $PY setup.py -q build_ext --inplace > /dev/null 2>&1) && AGAINST="--against $C_AGAINST"
   fi
+  $PY benchmarks/bench_capture.py --depth 32 --keep 32 --cpu $AGAINST > "$OUT/capture_32.json" 2>&1
+  $PY benchmarks/bench_capture.py --depth 64 --keep 64 --cpu $AGAINST > "$OUT/capture_64.json" 2>&1
+  # a step's rate: bursts of 100 pairs, 1 ms apart
+  $PY benchmarks/bench_capture.py --depth 32 --keep 32 --cpu --n 50000 --burst 100 $AGAINST > "$OUT/capture_32_burst.json" 2>&1
+  $PY benchmarks/bench_capture.py --depth 64 --keep 64 --cpu --n 50000 --burst 100 $AGAINST > "$OUT/capture_64_burst.json" 2>&1
+  grep -H "per_event\|median" "$OUT"/capture_*.json
 fi
 
 if [ "${1:-quick}" = full ]; then

@@ -94,8 +94,6 @@ enum { PROFILE_OFF, PROFILE_TIME, PROFILE_NOOP };
 static int profile_mode;
 static uint64_t profile_calls, profile_ns;
 
-void (*mvz_new_stack_hook)(void);
-
 /* ---- this thread's label (labels.h has the table) ---------------------- */
 
 static __thread uint32_t tl_label __attribute__((tls_model("initial-exec")));
@@ -412,26 +410,48 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
     if (d.is_free) { /* the store knows the device of what it frees */
         if (result == 0) {
             count(d.op);
-            mvz_store_free(d.address, d.kind);
+            mvz_store_enqueue_free(d.address, d.kind);
         }
         return;
     }
-    mvz_frame frames[MVZ_MAX_DEPTH];
-    int depth = mvz_capture_frames(frames, __atomic_load_n(&depth_limit, __ATOMIC_RELAXED));
+    int limit = __atomic_load_n(&depth_limit, __ATOMIC_RELAXED);
     const void *node = mvz_nodes_current();
+    if (node) /* its label names its forward line, noted through the queue */
+        mvz_store_sync_notes();
     uint32_t lab = current_label(node);
-    if (result != 0 || d.address == 0) {
+    if (result != 0 || d.address == 0) { /* rare, and read at once: recorded under the lock */
+        mvz_frame frames[MVZ_MAX_DEPTH];
+        int depth = mvz_capture_frames(frames, limit);
         count(MVZ_OP_FAILED);
         mvz_store_failure(d.size, d.stream, slot, d.kind, lab, result, frames, depth);
-    } else {
-        count(d.op);
-        uint32_t stack = mvz_store_record_alloc(stamp, d.address, d.size, 0, d.stream, slot, d.kind,
-                                                lab, tl_own ? MVZ_FLAG_MEMVIZ : 0, frames, depth);
-        if (!node && !mvz_label_is_node(lab)) /* not inside a backward node */
-            mvz_seqmap_note(stack);   /* the autograd node this line may have just made */
+        return;
     }
-    if (mvz_new_stack_hook && mvz_store_has_pending())
-        mvz_new_stack_hook();
+    count(d.op);
+    uint32_t thread_idx = mvz_store_thread_index();
+    /* not inside a backward node: the autograd node this line may have just
+     * made (noted once the store has interned the stack, seqmap.h) */
+    uint64_t note = !node && !mvz_label_is_node(lab) ? mvz_seqmap_next() : 0;
+    uint64_t clock = stamp ? stamp : mvz_now_ns();
+    /* Everything that may take a lock is done: from the claim to the
+     * publish only this thread's frames are read (a reader that reaches
+     * this entry waits for it meanwhile). The frames go straight into the
+     * queue; the store hashes and interns them when it applies the entry. */
+    uint64_t pos;
+    mvz_capq_entry *e = mvz_store_enqueue(MVZ_CAPQ_UNITS(limit), &pos);
+    int depth = mvz_capture_frames(mvz_capq_frames(e), limit);
+    e->what = (uint8_t)(MVZ_CAPQ_ALLOC | (stamp ? MVZ_CAPQ_STAMPED : 0));
+    e->address = d.address;
+    e->size = d.size;
+    e->stream = d.stream;
+    e->clock = clock;
+    e->label_id = lab;
+    e->thread_idx = thread_idx;
+    e->slot = (int16_t)slot;
+    e->kind = (uint8_t)d.kind;
+    e->flags = tl_own ? MVZ_FLAG_MEMVIZ : 0;
+    e->depth = (uint16_t)depth;
+    e->seq_note = depth > 0 ? note : 0;
+    mvz_store_publish(e, pos);
 }
 
 static int (*ctx_get_current)(void **ctx); /* libcuda's cuCtxGetCurrent, when loaded */
@@ -759,6 +779,7 @@ int mvz_capture_start(int want_cupti, int want_activity, int allow_shared, mvz_s
         snprintf(st->activity_error, sizeof st->activity_error, "CUPTI is not used");
     }
     __atomic_store_n(&cupti_held, st->cupti, __ATOMIC_SEQ_CST);
+    mvz_store_drainer(1); /* could it not start, the capture path applies a full queue itself */
     __atomic_store_n(&capturing, 1, __ATOMIC_RELEASE);
     return 0;
 }
@@ -815,6 +836,7 @@ void mvz_capture_stop(void)
     for (int i = 0; i < used && i < BUSY_SLOTS; i++)
         while (__atomic_load_n(&busy[i].n, __ATOMIC_ACQUIRE))
             sched_yield();
+    mvz_store_drainer(0); /* and what the queue holds is applied */
     if (subscriber) {
         mvz_api.Unsubscribe(subscriber); /* lets torch.profiler subscribe later */
         subscriber = NULL;

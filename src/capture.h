@@ -81,12 +81,6 @@ void mvz_capture_atfork_child(void);
 uint32_t mvz_capture_label_get(void);
 void mvz_capture_label_set(uint32_t id);
 
-/* Called on the capture path after a new stack was interned, when set:
- * module.c uses it on Python < 3.12 to schedule keeping code objects alive
- * (Py_AddPendingCall, which CPython documents as callable without the GIL
- * from any thread). */
-extern void (*mvz_new_stack_hook)(void);
-
 /* Fires the same path as a driver allocation, from the calling thread: used
  * by the benchmarks to time capture without CUPTI in the loop. */
 /* interpose.h's wrappers: a stream-ordered allocation (is_free 0) or free

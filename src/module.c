@@ -517,6 +517,7 @@ static PyObject *core_seqmap_lookup(PyObject *self, PyObject *arg)
         if (PyErr_Occurred())
             goto done;
     }
+    mvz_store_sync(); /* notes still in the capture queue are written first */
     mvz_seqmap_lookup(in, out, n);
     res = PyList_New(n);
     for (Py_ssize_t i = 0; res && i < n; i++) {
@@ -605,6 +606,25 @@ static PyObject *core_capture_depth(PyObject *self, PyObject *arg)
     mvz_frame f[MVZ_MAX_DEPTH];
     int n = walk_here(arg, f);
     return n < 0 ? NULL : PyLong_FromLong(n);
+}
+
+/* _drainer(on): the capture queue's drainer thread paused (False) or run
+ * again (True) while capture runs, so tests can fill the queue (capq.h).
+ * Joining it releases the GIL: the drain it ends with may wait for an
+ * entry another thread is writing. */
+static PyObject *core_drainer(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = mvz_store_drainer(on);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return PyErr_Format(PyExc_RuntimeError, "the drainer thread could not start");
+    Py_RETURN_NONE;
 }
 
 /* _capture_stack(depth): what the walk keeps here (tests of deep stacks). */
@@ -697,6 +717,7 @@ static PyMethodDef core_methods[] = {
     {"_synthetic", core_synthetic, METH_VARARGS,
      "_synthetic(address, size, free=True, count=1): capture path without CUPTI."},
     {"_capture_depth", core_capture_depth, METH_O, "Frames the walker sees here."},
+    {"_drainer", core_drainer, METH_O, "Pause (False) or run (True) the capture queue's drainer thread."},
     {"_capture_stack", core_capture_stack, METH_O,
      "_capture_stack(depth) -> ((code, offset), ...) the walker keeps here, innermost first."},
     {"_frame_rules", core_frame_rules, METH_O,

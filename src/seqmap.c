@@ -26,20 +26,30 @@ void mvz_seqmap_attach(mvz_seq_fn fn)
 
 /* Hot path, no GIL: calls PyTorch's sequence_number::peek (it reads a C++
  * thread-local counter: no lock, no Python, no CUDA; a thread's first call
- * may let the C library set up that library's thread-local block), reads
- * this thread's TLS, and writes the counter's slot: three relaxed/release
- * 64-bit stores. Two threads whose counters meet in a slot, or a reader
- * racing a writer, can only see a stale or the other thread's pair, which
- * names a wrong line, never a bad pointer (the reader checks the value). */
-void mvz_seqmap_note(uint32_t stack_id)
+ * may let the C library set up that library's thread-local block) and
+ * reads and writes this thread's TLS. The note itself is written when the
+ * store applies the allocation (mvz_seqmap_put). Two threads whose counters
+ * meet in a slot, or a reader racing a writer, can only see a stale or the
+ * other thread's pair, which names a wrong line, never a bad pointer (the
+ * reader checks the value). */
+uint64_t mvz_seqmap_next(void)
 {
     mvz_seq_fn fn = __atomic_load_n(&seq_fn, __ATOMIC_ACQUIRE);
-    if (!fn || !stack_id)
-        return;
+    if (!fn)
+        return 0;
     uint64_t v = fn() + 1;
     if (v == tl_last)
-        return;
+        return 0;
     tl_last = v;
+    return v;
+}
+
+/* Store lock held (the capture queue's drain), no GIL: three relaxed or
+ * release stores into the counter's slot. */
+void mvz_seqmap_put(uint64_t v, uint32_t stack_id)
+{
+    if (!v || !stack_id || !__atomic_load_n(&seq_fn, __ATOMIC_ACQUIRE))
+        return;
     note *e = &ring[v % RING];
     __atomic_store_n(&e->seq, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&e->stack, stack_id, __ATOMIC_RELAXED);

@@ -19,9 +19,13 @@ typedef uint64_t (*mvz_seq_fn)(void);
 /* With the GIL; NULL detaches. Forgets what was noted. */
 void mvz_seqmap_attach(mvz_seq_fn fn);
 
-/* Driver callback, no GIL: note the allocation just recorded with stack
- * `stack_id` (not 0) on this thread. */
-void mvz_seqmap_note(uint32_t stack_id);
+/* Driver callback, no GIL: the counter + 1 to note with the allocation
+ * this thread is recording, or 0 when this thread noted that value already
+ * (or nothing is attached). The note is written once the allocation's
+ * stack is interned, by the store (capq.h): mvz_seqmap_put. */
+uint64_t mvz_seqmap_next(void);
+/* Store lock held: note `stack_id` (not 0) for counter value + 1 `v`. */
+void mvz_seqmap_put(uint64_t v, uint32_t stack_id);
 
 /* Any thread, no GIL: the stack of the first allocation made with the
  * counter at seq+1 (node seq's forward line), or 0. */

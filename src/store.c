@@ -6,8 +6,14 @@
  * accounting.c. Every function that runs on the capture path says why it is
  * safe without the GIL.
  *
+ * The capture path hands its events over through the capture queue
+ * (capq.h) without the lock; whoever takes the lock applies what the queue
+ * holds first (LOCK below), so every reader sees every event published
+ * before it asked, in the order the events were claimed, and the drainer
+ * thread (at the end of this file) applies them between reads.
+ *
  * Calls down only: livetab, stacks, peakset, window, trace_ring, blocks,
- * accounting, region, clock.
+ * capq, seqmap, accounting, region, clock.
  *
  * Over 800 lines: it is one concern, the one lock and everything behind it
  * (docs/architecture.md, "Sizes"); what it owns lives in the files above.
@@ -16,19 +22,25 @@
 #include "store.h"
 #include "accounting.h"
 #include "blocks.h"
+#include "capq.h"
 #include "clock.h"
 #include "livetab.h"
 #include "peakset.h"
 #include "region.h"
+#include "seqmap.h"
 #include "stacks.h"
 #include "trace_ring.h"
 #include "window.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Everything below is protected by store_lock (but the thread-locals and
@@ -41,6 +53,20 @@ static mvz_stacks stacks;
 static mvz_windows windows;
 static mvz_trace_ring ring;
 static mvz_blocks blocks; /* PyTorch's block sizes (blocks.h) */
+/* The capture queue: filled without the lock, applied with it (capq.h). */
+static mvz_capq capq;
+#define CAPQ_UNITS (1u << 16) /* 4 MiB: 7,281 allocations of 32 frames, 1,008 of 256 */
+/* The queue's place + 1 of the last allocation that carries a note for
+ * seqmap.h (atomic, raised by compare-and-swap): a backward node's label
+ * reads the seqmap, so it applies the queue first when that note is still
+ * in it (mvz_store_sync_notes). */
+static uint64_t notes_upto;
+static uint64_t queue_events; /* lock held */
+static uint64_t queue_full;   /* atomic */
+/* Stacks interned while the queue was applied, not yet announced to
+ * mvz_new_stack_hook (lock held to set; read at UNLOCK). */
+static int new_stacks;
+void (*mvz_new_stack_hook)(void);
 
 static mvz_graveyard graves; /* peak sets' freed half (peakset.h) */
 
@@ -70,8 +96,32 @@ static __thread uint32_t tl_thread_plus1 __attribute__((tls_model("initial-exec"
 static __thread uint32_t tl_generation __attribute__((tls_model("initial-exec")));
 static __thread uint64_t tl_serial __attribute__((tls_model("initial-exec")));
 
-#define LOCK() pthread_mutex_lock(&store_lock)
-#define UNLOCK() pthread_mutex_unlock(&store_lock)
+static void drain_locked(uint64_t limit);
+
+/* Every holder of the lock applies the capture queue first: what the store
+ * holds is then every event published before the lock was taken. */
+static inline void lock_store(void)
+{
+    pthread_mutex_lock(&store_lock);
+    if (initialized)
+        drain_locked(UINT64_MAX);
+}
+
+/* The lock goes; stacks the queue interned meanwhile are announced after it
+ * (mvz_new_stack_hook: Py_AddPendingCall on Python < 3.12, which CPython
+ * documents as callable from any thread without the GIL). */
+static inline void unlock_store(void)
+{
+    int fresh = new_stacks;
+    new_stacks = 0;
+    pthread_mutex_unlock(&store_lock);
+    void (*hook)(void) = mvz_new_stack_hook;
+    if (fresh && hook && __atomic_load_n(&stacks.npending, __ATOMIC_RELAXED))
+        hook();
+}
+
+#define LOCK() lock_store()
+#define UNLOCK() unlock_store()
 
 /* Called with the lock held: a strictly increasing timestamp, so that
  * "made before the peak" and "freed after it" are never ambiguous. t is a
@@ -89,12 +139,22 @@ static uint64_t next_ts_from(uint64_t t)
 /* Called with the lock held: next_ts_from the clock read now. */
 static uint64_t next_ts(void) { return next_ts_from(mvz_now_ns()); }
 
+static uint64_t capq_units(void)
+{
+    const char *e = getenv("MEMVIZ_CAPQ_UNITS");
+    uint64_t n = e ? strtoull(e, NULL, 10) : 0;
+    if (n < 256 || (n & (n - 1)))
+        n = CAPQ_UNITS;
+    return n;
+}
+
 int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames)
 {
     if (initialized)
         return 0;
     if (mvz_live_init(&live, max_live) || mvz_stacks_init(&stacks, max_stacks, max_frames) ||
-        mvz_graves_init(&graves, max_live) || mvz_blocks_init(&blocks))
+        mvz_graves_init(&graves, max_live) || mvz_blocks_init(&blocks) ||
+        mvz_capq_init(&capq, capq_units()))
         return -1;
     initialized = 1;
     return 0;
@@ -170,9 +230,13 @@ uint32_t mvz_store_thread_index(void)
 
 /* ---- stacks (with the GIL; stacks.c holds the table) ------------------- */
 
+/* Any thread, no lock: stacks not yet adopted, or events not yet applied
+ * (their frames' code objects are held only by the threads that made them;
+ * codeobj.c applies the queue, by taking the lock, before a code object
+ * dies). */
 int mvz_store_has_pending(void)
 {
-    return __atomic_load_n(&stacks.npending, __ATOMIC_RELAXED) != 0;
+    return __atomic_load_n(&stacks.npending, __ATOMIC_RELAXED) != 0 || mvz_capq_busy(&capq);
 }
 
 void mvz_store_adopt_pending(void (*adopt)(void *code))
@@ -284,23 +348,16 @@ static uint64_t blocks_on_alloc(uint64_t address, uint64_t size, uint64_t *reque
     return size;
 }
 
-/* Capture path, no GIL: takes the store lock (a leaf lock, see store.h) and
- * touches only preallocated memory (livetab.c, stacks.c, window.c,
- * trace_ring.c, blocks.c, accounting.c run under it). */
-uint32_t mvz_store_record_alloc(uint64_t stamp, uint64_t address, uint64_t size,
-                                uint64_t requested, uint64_t stream, int slot, int kind,
-                                uint32_t label_id, int flags, const mvz_frame *f, int depth)
+/* Lock held (the capture queue's drain, or a synchronous caller below): the
+ * allocation recorded, its clock read `clock_now` (a dated one's stamp)
+ * and its stack hashed beforehand. Returns its stack id. Touches only
+ * preallocated memory (livetab.c, stacks.c, window.c, trace_ring.c,
+ * blocks.c, accounting.c). */
+static uint32_t record_alloc_locked(uint64_t stamp, uint64_t clock_now, uint64_t address,
+                                    uint64_t size, uint64_t requested, uint64_t stream, int slot,
+                                    int kind, uint32_t label_id, int flags, const mvz_frame *f,
+                                    int depth, uint64_t hash, uint32_t thread_idx)
 {
-    uint32_t thread_idx = mvz_store_thread_index();
-    if (slot < 0 || slot >= MVZ_NSLOTS)
-        slot = MVZ_HOST_SLOT;
-    /* The hash of the stack and the clock need no lock: read before it. A
-     * dated allocation's clock is its stamp, read just before the allocator
-     * ran (one clock read an allocation, not two): next_ts_from still puts
-     * it after anything recorded since, such as the segment made for it. */
-    uint64_t hash = depth > 0 ? mvz_stacks_hash(f, depth) : 0;
-    uint64_t clock_now = stamp ? stamp : mvz_now_ns();
-    LOCK();
     /* Whatever this allocation shows was freed unseen is retired first, so
      * that nothing is live twice at any moment: an earlier allocation at
      * this address (made before tracking started, or its free lost), and,
@@ -325,7 +382,6 @@ uint32_t mvz_store_record_alloc(uint64_t stamp, uint64_t address, uint64_t size,
         dropped_allocs++;
         if (kind == MVZ_KIND_BLOCK) /* the rules forget it too */
             mvz_blocks_free(&blocks, slot, address, size);
-        UNLOCK();
         return 0;
     }
     if (found || blocks_retired || room > 0) /* the index moved since the probe above */
@@ -371,9 +427,28 @@ uint32_t mvz_store_record_alloc(uint64_t stamp, uint64_t address, uint64_t size,
     mvz_alloc ev = *a;
     ev.timestamp = now;
     mvz_ring_record(&ring, &ev);
-    UNLOCK();
     return stack_id;
 }
+
+/* Not on the capture path since the capture queue (capture.c enqueues);
+ * with or without the GIL (activity records, seeds, benchmarks): the
+ * stack's hash and the clock before the lock, the rest under it. */
+uint32_t mvz_store_record_alloc(uint64_t stamp, uint64_t address, uint64_t size,
+                                uint64_t requested, uint64_t stream, int slot, int kind,
+                                uint32_t label_id, int flags, const mvz_frame *f, int depth)
+{
+    uint32_t thread_idx = mvz_store_thread_index();
+    if (slot < 0 || slot >= MVZ_NSLOTS)
+        slot = MVZ_HOST_SLOT;
+    uint64_t hash = depth > 0 ? mvz_stacks_hash(f, depth) : 0;
+    uint64_t clock_now = stamp ? stamp : mvz_now_ns();
+    LOCK();
+    uint32_t id = record_alloc_locked(stamp, clock_now, address, size, requested, stream, slot,
+                                      kind, label_id, flags, f, depth, hash, thread_idx);
+    UNLOCK();
+    return id;
+}
+
 
 /* Capture path, no GIL, lock held: the free of the live allocation at
  * (address, kind) dated ts; 0 when there is none. */
@@ -453,6 +528,178 @@ void mvz_store_free(uint64_t address, int kind)
     if (!free_locked(address, kind, next_ts_from(clock_now)))
         unmatched_frees++; /* allocated before tracking started */
     UNLOCK();
+}
+
+/* ---- the capture queue (capq.h) ------------------------------------------ */
+
+/* Capture path, no GIL, no lock held: room in the queue for an event of
+ * `units` units. When the queue is full the caller applies it itself, if
+ * the lock is free (a leaf lock, as the capture path always took), else
+ * yields to whoever holds it: every holder applies the queue. Nothing is
+ * dropped. */
+mvz_capq_entry *mvz_store_enqueue(unsigned units, uint64_t *pos)
+{
+    for (;;) {
+        mvz_capq_entry *e = mvz_capq_claim(&capq, units, pos);
+        if (e)
+            return e;
+        __atomic_fetch_add(&queue_full, 1, __ATOMIC_RELAXED);
+        if (pthread_mutex_trylock(&store_lock) == 0) {
+            drain_locked(UINT64_MAX);
+            UNLOCK();
+            continue;
+        }
+        /* Whoever holds the lock is applying the queue and gives room back
+         * every 256 units: look again for a while before giving the CPU up. */
+        for (int k = 0; k < 256 && !mvz_capq_room(&capq, units); k++)
+            mvz_cpu_relax();
+        if (!mvz_capq_room(&capq, units))
+            sched_yield();
+    }
+}
+
+/* Capture path, no GIL, no lock: the entry is whole. One that carries a
+ * seqmap note raises notes_upto (a compare-and-swap, once per autograd
+ * node made). */
+void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
+{
+    if (e->seq_note) {
+        uint64_t want = pos + 1, was = __atomic_load_n(&notes_upto, __ATOMIC_RELAXED);
+        while (was < want && !__atomic_compare_exchange_n(&notes_upto, &was, want, 1,
+                                                          __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            ;
+    }
+    mvz_capq_publish(e, pos);
+}
+
+/* Capture path, no GIL: a free, queued (clock read before the claim). */
+void mvz_store_enqueue_free(uint64_t address, int kind)
+{
+    uint64_t clock = mvz_now_ns();
+    uint64_t pos;
+    mvz_capq_entry *e = mvz_store_enqueue(1, &pos);
+    e->what = MVZ_CAPQ_FREE;
+    e->address = address;
+    e->kind = (uint8_t)kind;
+    e->clock = clock;
+    e->seq_note = 0;
+    mvz_capq_publish(e, pos);
+}
+
+/* Lock held: apply every entry claimed before `limit`, in claim order. An
+ * allocation's stack is hashed and interned here, off the capture path. */
+static void drain_locked(uint64_t limit)
+{
+    mvz_capq_entry *e;
+    while ((e = mvz_capq_peek(&capq, limit)) != NULL) {
+        if (e->what == MVZ_CAPQ_FREE) {
+            if (!free_locked(e->address, e->kind, next_ts_from(e->clock)))
+                unmatched_frees++; /* allocated before tracking started */
+        } else {
+            const mvz_frame *f = mvz_capq_frames(e);
+            int depth = e->depth;
+            int slot = e->slot;
+            if (slot < 0 || slot >= MVZ_NSLOTS)
+                slot = MVZ_HOST_SLOT;
+            size_t before = stacks.n;
+            uint64_t hash = depth > 0 ? mvz_stacks_hash(f, depth) : 0;
+            uint64_t stamp = e->what & MVZ_CAPQ_STAMPED ? e->clock : 0;
+            uint32_t id = record_alloc_locked(stamp, e->clock, e->address, e->size, 0, e->stream,
+                                              slot, e->kind, e->label_id, e->flags, f, depth, hash,
+                                              e->thread_idx);
+            if (e->seq_note)
+                mvz_seqmap_put(e->seq_note, id);
+            if (stacks.n != before)
+                new_stacks = 1;
+        }
+        mvz_capq_pop(&capq, e);
+        queue_events++;
+    }
+    mvz_capq_release(&capq);
+}
+
+/* Any thread, no GIL, no store lock held: apply the queue now. */
+void mvz_store_sync(void)
+{
+    LOCK();
+    UNLOCK();
+}
+
+/* Capture path, no GIL: a backward node's label reads the forward line
+ * noted for it (seqmap.h); when that note may still be in the queue, the
+ * queue is applied first (once per backward pass, in practice: forward
+ * notes, backward reads). Two relaxed loads otherwise. */
+void mvz_store_sync_notes(void)
+{
+    if (__atomic_load_n(&notes_upto, __ATOMIC_RELAXED) > __atomic_load_n(&capq.tail, __ATOMIC_ACQUIRE))
+        mvz_store_sync();
+}
+
+/* ---- the drainer thread --------------------------------------------------- */
+
+/* Applies the queue every 4 ms while capture runs, so that the allocating
+ * threads find room and readers little left to apply: at the 100,000
+ * events a second of an allocation-bound step that is 400 events, 3% of
+ * the queue at 32 frames (a wake-up costs a few microseconds; every
+ * millisecond cost as much CPU time as the draining itself,
+ * benchmarks/RESULTS.md). Niced below the program's threads, as the trace
+ * writer is: where cores are short, it waits and the capture path applies
+ * the queue itself when full. */
+#define DRAIN_PERIOD_NS 4000000L
+static pthread_t drainer;
+static int drainer_running; /* with the GIL (start/stop) */
+static int drainer_stopping;
+static pthread_mutex_t drainer_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t drainer_cond = PTHREAD_COND_INITIALIZER;
+
+static void *drainer_main(void *unused)
+{
+    (void)unused;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are for the program's threads */
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
+    prctl(PR_SET_NAME, "memviz-drain", 0, 0, 0);
+    pthread_mutex_lock(&drainer_lock);
+    while (!drainer_stopping) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_nsec += DRAIN_PERIOD_NS;
+        if (t.tv_nsec >= 1000000000L) {
+            t.tv_sec++;
+            t.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&drainer_cond, &drainer_lock, &t);
+        if (drainer_stopping)
+            break;
+        pthread_mutex_unlock(&drainer_lock);
+        if (mvz_capq_busy(&capq))
+            mvz_store_sync();
+        pthread_mutex_lock(&drainer_lock);
+    }
+    pthread_mutex_unlock(&drainer_lock);
+    return NULL;
+}
+
+int mvz_store_drainer(int on)
+{
+    if (on == drainer_running)
+        return 0;
+    if (on) {
+        drainer_stopping = 0;
+        if (pthread_create(&drainer, NULL, drainer_main, NULL) != 0)
+            return -1; /* the capture path then applies the queue itself when full */
+        drainer_running = 1;
+        return 0;
+    }
+    pthread_mutex_lock(&drainer_lock);
+    drainer_stopping = 1;
+    pthread_cond_signal(&drainer_cond);
+    pthread_mutex_unlock(&drainer_lock);
+    pthread_join(drainer, NULL);
+    drainer_running = 0;
+    mvz_store_sync();
+    return 0;
 }
 
 /* Capture path, no GIL: as mvz_store_alloc. */
@@ -677,6 +924,8 @@ void mvz_store_get_stats(mvz_store_stats *o)
     o->threads = nthreads;
     o->unmatched_frees = unmatched_frees;
     o->stream_frees = stream_frees;
+    o->queue_events = queue_events;
+    o->queue_full = __atomic_load_n(&queue_full, __ATOMIC_RELAXED);
     o->dropped_allocs = dropped_allocs;
     o->dropped_stacks = stacks.dropped;
     o->dropped_threads = dropped_threads;
@@ -687,10 +936,11 @@ void mvz_store_get_stats(mvz_store_stats *o)
      * resident pages) plus the fixed tables. */
     o->bytes_used = live.count * sizeof(mvz_alloc) + live.index_cap * sizeof(uint32_t) +
                     mvz_stacks_bytes_used(&stacks) + graves.n * sizeof(mvz_grave) +
-                    sizeof totals + sizeof failures + sizeof timeline_points + sizeof threads;
+                    sizeof totals + sizeof failures + sizeof timeline_points + sizeof threads +
+                    mvz_capq_bytes_used(&capq);
     o->bytes_reserved = live.allocs_r.reserved + live.index_a_r.reserved +
                         live.index_b_r.reserved + mvz_stacks_bytes_reserved(&stacks) +
-                        graves.r.reserved;
+                        graves.r.reserved + mvz_capq_bytes_reserved(&capq);
     UNLOCK();
 }
 
@@ -918,6 +1168,15 @@ void mvz_store_atfork_prepare(void) { LOCK(); }
 void mvz_store_atfork_parent(void) { UNLOCK(); }
 void mvz_store_atfork_child(void)
 {
+    /* The queue's entries claimed since prepare applied it belong to threads
+     * the child does not have (one may never be published here); the
+     * drainer thread is the parent's. */
+    if (initialized)
+        mvz_capq_abandon(&capq);
+    pthread_mutex_init(&drainer_lock, NULL);
+    pthread_cond_init(&drainer_cond, NULL);
+    drainer_running = drainer_stopping = 0;
+    new_stacks = 0;
     /* Only the forking thread exists in the child; the lock it took in
      * prepare is released and fresh, and threads registered in the parent
      * are forgotten by bumping the generation. */

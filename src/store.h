@@ -15,6 +15,7 @@
 
 #include "blocks.h"
 #include "record.h"
+#include "capq.h"
 #include "types.h"
 
 /* Lifetime (with the GIL). */
@@ -56,6 +57,30 @@ void mvz_store_free(uint64_t address, int kind);
 /* Any thread, no GIL: the block at `address` had another stream's use
  * recorded on it (MVZ_FLAG_STREAM). */
 void mvz_store_mark_stream(uint64_t address);
+/* The capture queue (capq.h), the capture path's way into the store since
+ * issue 27: no lock taken. Capture path, no GIL: room for an event of
+ * `units` units (applying the queue itself when it is full, never
+ * dropping); the caller fills it in and publishes it. */
+mvz_capq_entry *mvz_store_enqueue(unsigned units, uint64_t *pos);
+void mvz_store_publish(mvz_capq_entry *e, uint64_t pos);
+/* Capture path, no GIL: a free, queued. */
+void mvz_store_enqueue_free(uint64_t address, int kind);
+/* Any thread, no store lock held: apply the queue now (every reader below
+ * does so itself). */
+void mvz_store_sync(void);
+/* Capture path, no GIL: apply the queue when an autograd node's forward
+ * line (seqmap.h) may still wait in it. */
+void mvz_store_sync_notes(void);
+/* With the GIL: the thread that applies the queue between reads, while
+ * capture runs (on) or not; joined when off. 0, or -1 when it could not
+ * start (the capture path then applies the queue when it is full). */
+int mvz_store_drainer(int on);
+/* Called after the store's lock is released when the queue interned new
+ * stacks, when set: codeobj.c uses it on Python < 3.12 to schedule keeping
+ * their code objects alive (Py_AddPendingCall, which CPython documents as
+ * callable without the GIL from any thread). */
+extern void (*mvz_new_stack_hook)(void);
+
 /* With the GIL: PyTorch's allocator settings, for sizing its blocks (blocks.h). */
 void mvz_store_set_rules(const mvz_rules *r);
 /* With the GIL: a free seen late, of the allocation made at `made` only

@@ -97,6 +97,8 @@ typedef struct {
     uint64_t live, stacks, frames, threads, unmatched_frees, dropped_allocs,
         dropped_stacks, dropped_threads, timeline_points, bytes_used, bytes_reserved, generation;
     uint64_t stream_frees; /* blocks freed while another stream's use was recorded on them */
+    uint64_t queue_events; /* events applied from the capture queue (capq.h) */
+    uint64_t queue_full;   /* times an allocating thread found it full and applied it itself */
     uint32_t max_live;
 } mvz_store_stats;
 

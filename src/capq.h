@@ -1,0 +1,126 @@
+/* The capture queue: what the capture path hands the store without taking
+ * its lock (issue 27). A thread that allocates claims room in one bounded
+ * multi-producer ring with a compare-and-swap, writes its event there (the
+ * header below and the frames it walked straight into the room after it)
+ * and publishes it with one release store; the store applies events in
+ * the order they were claimed, with its lock held, whenever anything reads
+ * it (every reader drains first, so it sees every event published before
+ * it asked) and from its drainer thread between reads.
+ *
+ * The queue (mvz_capq) is the store's: store.c owns it. The producer half
+ * (claim, publish) runs without any lock, from store.c's enqueue functions
+ * on the capture path; the consumer half (peek, pop, reset) runs with the
+ * store's lock held, which makes it single-consumer. This file takes no
+ * lock and calls only region.c. */
+#ifndef MEMVIZ_CAPQ_H
+#define MEMVIZ_CAPQ_H
+
+#include "region.h"
+#include "types.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* What an entry says happened. */
+enum { MVZ_CAPQ_ALLOC = 1, MVZ_CAPQ_FREE = 2, MVZ_CAPQ_STAMPED = 4 /* with ALLOC: `clock` is a stamp */ };
+
+/* One unit of the ring, and the header of an entry: 64 bytes, one cache
+ * line. An allocation's frames follow its header, 4 to a unit. */
+typedef struct {
+    uint64_t pos;      /* MVZ_CAPQ_MARK(its place), stored last (release) */
+    uint64_t address, size, stream;
+    uint64_t clock;    /* the clock read (or the allocator route's stamp) */
+    uint64_t seq_note; /* autograd's node counter + 1 to note with this stack (seqmap.h), or 0 */
+    uint32_t label_id, thread_idx;
+    int16_t slot;
+    uint8_t kind, flags; /* MVZ_KIND_*, MVZ_FLAG_* */
+    uint8_t what;        /* MVZ_CAPQ_FREE, or MVZ_CAPQ_ALLOC (with MVZ_CAPQ_STAMPED) */
+    uint8_t units;       /* units claimed, this header included */
+    uint16_t depth;      /* frames written after the header */
+} mvz_capq_entry;
+
+#define MVZ_CAPQ_FRAMES_PER_UNIT (sizeof(mvz_capq_entry) / sizeof(mvz_frame))
+/* Units of an allocation with up to `depth` frames. */
+#define MVZ_CAPQ_UNITS(depth) (1u + ((unsigned)(depth) + MVZ_CAPQ_FRAMES_PER_UNIT - 1) / MVZ_CAPQ_FRAMES_PER_UNIT)
+
+typedef struct {
+    mvz_region r;
+    mvz_capq_entry *units; /* cap units, then room for one whole entry past the end */
+    uint64_t cap, mask;
+    /* The producers' line: the place claimed up to (compare-and-swap), and
+     * the tail as a producer last read it (so that a claim reads the
+     * consumer's line only when the queue looks full). */
+    uint64_t head __attribute__((aligned(64)));
+    uint64_t tail_seen;
+    /* The consumer's line: room given back up to here (release), at the end
+     * of each drain and every few dozen entries within one. */
+    uint64_t tail __attribute__((aligned(64)));
+    uint64_t next; /* the consumer's place: applied up to here (lock held) */
+} mvz_capq;
+
+/* A header's `pos`: its place + 1 with the top bit set. A unit that held
+ * frames starts with a code object's address, whose top bit is never set
+ * (user-space addresses), and a header of an earlier lap names another
+ * place: so no unit can pass for the header expected there, and the room
+ * needs no clearing between laps. */
+#define MVZ_CAPQ_MARK(pos) (((pos) + 1) | (1ull << 63))
+
+/* With the GIL, once: reserve the ring (cap_units, a power of two). 0 or -1. */
+int mvz_capq_init(mvz_capq *q, uint64_t cap_units);
+
+/* Capture path, no GIL, no lock: room for `units` units, or NULL when the
+ * queue is full. The caller fills the entry and its frames in, then
+ * publishes it; *pos is its place. */
+mvz_capq_entry *mvz_capq_claim(mvz_capq *q, unsigned units, uint64_t *pos);
+/* Capture path, no GIL, no lock: the entry is complete (one release store). */
+static inline void mvz_capq_publish(mvz_capq_entry *e, uint64_t pos)
+{
+    __atomic_store_n(&e->pos, MVZ_CAPQ_MARK(pos), __ATOMIC_RELEASE);
+}
+/* Where an entry's frames go. */
+static inline mvz_frame *mvz_capq_frames(mvz_capq_entry *e) { return (mvz_frame *)(e + 1); }
+
+/* Store lock held: the oldest entry not yet applied, once published
+ * (waiting, yielding the CPU, while its producer is between claim and
+ * publish: a few dozen nanoseconds of field reads, with no lock held), or
+ * NULL when the queue holds nothing claimed before `limit` (UINT64_MAX: no
+ * limit). */
+mvz_capq_entry *mvz_capq_peek(mvz_capq *q, uint64_t limit);
+/* Store lock held: the entry peek returned is applied. Its room goes back
+ * every few dozen entries and at mvz_capq_release. */
+void mvz_capq_pop(mvz_capq *q, mvz_capq_entry *e);
+/* Store lock held: give back the room of every entry applied (release). */
+static inline void mvz_capq_release(mvz_capq *q)
+{
+    if (q->tail != q->next)
+        __atomic_store_n(&q->tail, q->next, __ATOMIC_RELEASE);
+}
+/* No lock: whether `units` would fit now (the consumer's tail, acquire). */
+static inline int mvz_capq_room(const mvz_capq *q, unsigned units)
+{
+    return __atomic_load_n(&q->head, __ATOMIC_RELAXED) + units -
+               __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE) <= q->cap;
+}
+/* A spin-wait's pause (lets the other hyperthread run). */
+static inline void mvz_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+/* No lock: whether anything is claimed and not yet applied (relaxed reads). */
+static inline int mvz_capq_busy(const mvz_capq *q)
+{
+    return __atomic_load_n(&q->head, __ATOMIC_RELAXED) != __atomic_load_n(&q->tail, __ATOMIC_RELAXED);
+}
+/* Store lock held, in a fork child only: entries claimed in the parent by
+ * threads the child does not have are dropped (they may never be published
+ * there). Returns how many units were dropped. */
+uint64_t mvz_capq_abandon(mvz_capq *q);
+/* Bytes reserved and used (stats). */
+size_t mvz_capq_bytes_reserved(const mvz_capq *q);
+size_t mvz_capq_bytes_used(const mvz_capq *q);
+
+#endif

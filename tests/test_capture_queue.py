@@ -1,0 +1,143 @@
+"""The capture queue (src/capq.c): the capture path hands its events to the
+store without taking the store's lock, and every reader applies what the
+queue holds before it reads. Nothing may be lost, reordered or read half
+written, whether the queue fills, readers race the writers, or the process
+forks while threads allocate."""
+
+import os
+import threading
+import time
+
+import pytest
+
+import memviz
+from memviz import _core
+from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
+
+MiB = 1 << 20
+
+
+def at_depth(k, fn):
+    return at_depth(k - 1, fn) if k > 0 else fn()
+
+
+def test_a_full_queue_is_applied_by_the_allocating_thread_and_nothing_is_lost(fake):
+    """256 frames an allocation take 65 of the queue's 65,536 units: 20,000
+    allocations fill it many times over while its drainer thread is paused.
+    The allocating thread then applies it itself."""
+    n = 20000
+    with memviz.track(depth=256, torch=False) as t:
+        _core._drainer(False)  # else it may keep up, where cores are free
+        try:
+            full = _core.stats()["queue_full"]
+            at_depth(300, lambda: fake.alloc_loop(n, 4096))
+            stats = _core.stats()
+        finally:
+            _core._drainer(True)
+        tot = t.totals()[0]
+    assert stats["queue_full"] > full, stats
+    assert (tot["allocs"], tot["current"], tot["live_count"]) == (n, n * 4096, n), tot
+    allocs = t.snapshot().allocations
+    assert len(allocs) == n
+    assert {len(a.traceback) for a in allocs} == {256}
+    assert _core.stats()["queue_events"] >= n
+
+
+def test_readers_racing_allocating_threads_see_whole_consistent_states(fake):
+    """Four native threads allocate and free flat out while this thread reads:
+    every read sees only whole events (its live allocations add up to its
+    totals), and at the end every event is counted once."""
+    done = threading.Event()
+    errors = []
+
+    def hammer():
+        try:
+            if fake.alloc_many_in_native_threads(4, 30000, 4096) != 0:
+                errors.append("alloc_many failed")
+        finally:
+            done.set()
+
+    with memviz.track(torch=False) as t:
+        th = threading.Thread(target=hammer)
+        th.start()
+        reads = 0
+        while not done.is_set() or reads < 5:
+            snap = t.snapshot()
+            tot = t.totals().get(0)
+            assert snap.total_bytes() % 4096 == 0
+            assert snap.total_bytes() <= 4 * 4096
+            if tot is not None:
+                assert tot["peak"] <= 4 * 4096, tot
+            reads += 1
+        th.join()
+    assert not errors
+    tot = t.totals()[0]
+    assert (tot["allocs"], tot["frees"], tot["current"]) == (120000, 120000, 0), tot
+    assert reads >= 5
+
+
+def test_an_allocation_is_in_the_store_before_the_next_python_line_reads_it(fake):
+    """No waiting for the drainer: a read right after the call sees it."""
+    with memviz.track(torch=False) as t:
+        for i in range(200):
+            a = fake.alloc(CBID_cuMemAlloc_v2, MiB)
+            assert t.current_bytes() == MiB, i
+            fake.free(CBID_cuMemFree_v2, a)
+            assert t.current_bytes() == 0, i
+
+
+def test_events_keep_their_order_across_threads(fake):
+    """An address freed on one thread and made again on another is live
+    once, with the second line: the queue applies events in the order the
+    threads claimed them."""
+    with memviz.track(torch=False) as t:
+        for _ in range(300):
+            a = fake.alloc(CBID_cuMemAlloc_v2, MiB)
+            th = threading.Thread(target=fake.free, args=(CBID_cuMemFree_v2, a))
+            th.start()
+            th.join()
+        last = fake.alloc(CBID_cuMemAlloc_v2, 2 * MiB)
+    snap = t.snapshot()
+    assert [(a.address, a.size) for a in snap.allocations] == [(last, 2 * MiB)]
+    tot = t.totals()[0]
+    assert (tot["allocs"], tot["frees"]) == (301, 300), tot
+    assert t.capture_info()["store"]["unmatched_frees"] == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_fork_while_threads_fill_the_queue_leaves_a_readable_child(fake):
+    """Entries other threads claimed in the parent may never be published in
+    the child: the child drops them and reads its store without hanging."""
+    started = threading.Event()
+
+    def hammer():
+        started.set()
+        fake.alloc_many_in_native_threads(3, 200000, 4096)
+
+    with memviz.track(depth=64, torch=False) as t:
+        th = threading.Thread(target=hammer)
+        th.start()
+        started.wait()
+        time.sleep(0.01)
+        pid = os.fork()
+        if pid == 0:
+            code = 5
+            try:
+                t.totals()
+                t.snapshot()
+                code = 0
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 60
+        while True:
+            got, status = os.waitpid(pid, os.WNOHANG)
+            if got:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                pytest.fail("the forked child hung reading its store")
+            time.sleep(0.01)
+        th.join()
+    assert os.waitstatus_to_exitcode(status) == 0
+    tot = t.totals()[0]
+    assert (tot["allocs"], tot["frees"], tot["current"]) == (600000, 600000, 0), tot
