@@ -45,6 +45,13 @@ def _own_function(frames, own_files):
     return None
 
 
+def _named(frame: str, name: str) -> bool:
+    """The frame is of function `name`, also as a nested function's qualified
+    name (Python 3.11+: "main.<locals>.step (file.py)")."""
+    head = frame.split(" (", 1)[0].split("(", 1)[0]
+    return head == name or head.endswith("." + name)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("path")
@@ -71,8 +78,7 @@ def main():
             frames = [frame_key(x) for x in stack.split(";") if x]
             if not frames:
                 continue
-            if a.within and not any(f.startswith(w + " (") or f.startswith(w + "(")
-                                    for f in frames for w in a.within):
+            if a.within and not any(_named(f, w) for f in frames for w in a.within):
                 continue
             within_total += n
             who = _own_function(frames, own_files)

@@ -139,22 +139,13 @@ static uint64_t next_ts_from(uint64_t t)
 /* Called with the lock held: next_ts_from the clock read now. */
 static uint64_t next_ts(void) { return next_ts_from(mvz_now_ns()); }
 
-static uint64_t capq_units(void)
-{
-    const char *e = getenv("MEMVIZ_CAPQ_UNITS");
-    uint64_t n = e ? strtoull(e, NULL, 10) : 0;
-    if (n < 256 || (n & (n - 1)))
-        n = CAPQ_UNITS;
-    return n;
-}
-
 int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames)
 {
     if (initialized)
         return 0;
     if (mvz_live_init(&live, max_live) || mvz_stacks_init(&stacks, max_stacks, max_frames) ||
         mvz_graves_init(&graves, max_live) || mvz_blocks_init(&blocks) ||
-        mvz_capq_init(&capq, capq_units()))
+        mvz_capq_init(&capq, CAPQ_UNITS))
         return -1;
     initialized = 1;
     return 0;
