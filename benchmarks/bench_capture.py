@@ -120,11 +120,12 @@ def child(depth, n, reps, library=False, keep=32, cpu=False, root=ROOT, burst=0)
             ptracked.append(p / n)
         assert t.capture_info()["store"]["calls"]["alloc"] == n
         full = t.capture_info()["store"].get("queue_full", 0)
+        kicks = t.capture_info()["store"].get("queue_kicks", 0)
     print(json.dumps({"base_ns": statistics.median(base), "tracked_ns": statistics.median(tracked),
                       "dispatch_ns": statistics.median(noop),
                       "process_base_ns": statistics.median(pbase),
                       "process_tracked_ns": statistics.median(ptracked),
-                      "queue_full": full, "frames": frames}))
+                      "queue_full": full, "queue_kicks": kicks, "frames": frames}))
 
 
 def _run(root, a):
@@ -153,6 +154,7 @@ def _summary(rows, a):
         "process_added_ns_per_event": statistics.median(
             r["process_tracked_ns"] - r["process_base_ns"] for r in rows) / 2,
         "queue_full": [r.get("queue_full", 0) for r in rows],
+        "queue_kicks": [r.get("queue_kicks", 0) for r in rows],
     }
 
 

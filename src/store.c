@@ -63,6 +63,7 @@ static mvz_capq capq;
 static uint64_t notes_upto;
 static uint64_t queue_events; /* lock held */
 static uint64_t queue_full;   /* atomic */
+static uint64_t queue_kicks;  /* atomic */
 /* Stacks interned while the queue was applied, not yet announced to
  * mvz_new_stack_hook (lock held to set; read at UNLOCK). */
 static int new_stacks;
@@ -523,6 +524,8 @@ void mvz_store_free(uint64_t address, int kind)
 
 /* ---- the capture queue (capq.h) ------------------------------------------ */
 
+static void kick_drainer(uint64_t pos);
+
 /* Capture path, no GIL, no lock held: room in the queue for an event of
  * `units` units. When the queue is full the caller applies it itself, if
  * the lock is free (a leaf lock, as the capture path always took), else
@@ -561,6 +564,7 @@ void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
             ;
     }
     mvz_capq_publish(e, pos);
+    kick_drainer(pos);
 }
 
 /* Capture path, no GIL: a free, queued (clock read before the claim). */
@@ -575,6 +579,7 @@ void mvz_store_enqueue_free(uint64_t address, int kind)
     e->clock = clock;
     e->seq_note = 0;
     mvz_capq_publish(e, pos);
+    kick_drainer(pos);
 }
 
 /* Lock held: apply every entry claimed before `limit`, in claim order. An
@@ -628,8 +633,9 @@ void mvz_store_sync_notes(void)
 
 /* ---- the drainer thread --------------------------------------------------- */
 
-/* Applies the queue every 4 ms while capture runs, so that the allocating
- * threads find room and readers little left to apply: at the 100,000
+/* Applies the queue every 4 ms while capture runs (sooner when an
+ * allocating thread finds it a quarter full: kick_drainer), so that the
+ * allocating threads find room and readers little left to apply: at the 100,000
  * events a second of an allocation-bound step that is 400 events, 3% of
  * the queue at 32 frames (a wake-up costs a few microseconds; every
  * millisecond cost as much CPU time as the draining itself,
@@ -642,6 +648,29 @@ static int drainer_running; /* with the GIL (start/stop) */
 static int drainer_stopping;
 static pthread_mutex_t drainer_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t drainer_cond = PTHREAD_COND_INITIALIZER;
+/* Set by the capture path that found the queue a quarter full, cleared by
+ * the drainer as it applies the queue (atomic): one wake-up a cycle. */
+static int drainer_kicked;
+#define KICK_FILL(q) ((q)->cap / 4)
+
+/* Capture path, no GIL, no lock: an allocation storm (thousands of events
+ * within the 4 ms period) wakes the drainer early, so the allocating thread
+ * seldom finds the queue full and applies it itself. Reads the producers'
+ * own line; the consumer's tail only when that looks a quarter full, and
+ * signals at most once until the drainer has run. A signal that finds the
+ * drainer between its check and its wait is lost: it then runs at its
+ * period, as without the kick. pthread_cond_signal takes no lock of ours. */
+static void kick_drainer(uint64_t pos)
+{
+    if (pos - __atomic_load_n(&capq.tail_seen, __ATOMIC_RELAXED) <= KICK_FILL(&capq))
+        return;
+    uint64_t t = __atomic_load_n(&capq.tail, __ATOMIC_ACQUIRE);
+    __atomic_store_n(&capq.tail_seen, t, __ATOMIC_RELEASE);
+    if (pos - t <= KICK_FILL(&capq) || __atomic_exchange_n(&drainer_kicked, 1, __ATOMIC_RELAXED))
+        return;
+    __atomic_fetch_add(&queue_kicks, 1, __ATOMIC_RELAXED);
+    pthread_cond_signal(&drainer_cond);
+}
 
 static void *drainer_main(void *unused)
 {
@@ -653,17 +682,20 @@ static void *drainer_main(void *unused)
     prctl(PR_SET_NAME, "memviz-drain", 0, 0, 0);
     pthread_mutex_lock(&drainer_lock);
     while (!drainer_stopping) {
-        struct timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
-        t.tv_nsec += DRAIN_PERIOD_NS;
-        if (t.tv_nsec >= 1000000000L) {
-            t.tv_sec++;
-            t.tv_nsec -= 1000000000L;
+        if (!__atomic_load_n(&drainer_kicked, __ATOMIC_RELAXED)) {
+            struct timespec t;
+            clock_gettime(CLOCK_REALTIME, &t);
+            t.tv_nsec += DRAIN_PERIOD_NS;
+            if (t.tv_nsec >= 1000000000L) {
+                t.tv_sec++;
+                t.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&drainer_cond, &drainer_lock, &t);
         }
-        pthread_cond_timedwait(&drainer_cond, &drainer_lock, &t);
         if (drainer_stopping)
             break;
         pthread_mutex_unlock(&drainer_lock);
+        __atomic_store_n(&drainer_kicked, 0, __ATOMIC_RELAXED);
         if (mvz_capq_busy(&capq))
             mvz_store_sync();
         pthread_mutex_lock(&drainer_lock);
@@ -678,6 +710,7 @@ int mvz_store_drainer(int on)
         return 0;
     if (on) {
         drainer_stopping = 0;
+        __atomic_store_n(&drainer_kicked, 0, __ATOMIC_RELAXED);
         if (pthread_create(&drainer, NULL, drainer_main, NULL) != 0)
             return -1; /* the capture path then applies the queue itself when full */
         drainer_running = 1;
@@ -917,6 +950,7 @@ void mvz_store_get_stats(mvz_store_stats *o)
     o->stream_frees = stream_frees;
     o->queue_events = queue_events;
     o->queue_full = __atomic_load_n(&queue_full, __ATOMIC_RELAXED);
+    o->queue_kicks = __atomic_load_n(&queue_kicks, __ATOMIC_RELAXED);
     o->dropped_allocs = dropped_allocs;
     o->dropped_stacks = stacks.dropped;
     o->dropped_threads = dropped_threads;
@@ -1166,7 +1200,7 @@ void mvz_store_atfork_child(void)
         mvz_capq_abandon(&capq);
     pthread_mutex_init(&drainer_lock, NULL);
     pthread_cond_init(&drainer_cond, NULL);
-    drainer_running = drainer_stopping = 0;
+    drainer_running = drainer_stopping = drainer_kicked = 0;
     new_stacks = 0;
     /* Only the forking thread exists in the child; the lock it took in
      * prepare is released and fresh, and threads registered in the parent

@@ -99,6 +99,7 @@ typedef struct {
     uint64_t stream_frees; /* blocks freed while another stream's use was recorded on them */
     uint64_t queue_events; /* events applied from the capture queue (capq.h) */
     uint64_t queue_full;   /* times an allocating thread found it full and applied it itself */
+    uint64_t queue_kicks;  /* times an allocating thread woke the drainer early (a quarter full) */
     uint32_t max_live;
 } mvz_store_stats;
 
