@@ -95,6 +95,18 @@ static inline void mvz_capq_release(mvz_capq *q)
     if (q->tail != q->next)
         __atomic_store_n(&q->tail, q->next, __ATOMIC_RELEASE);
 }
+/* Capture path, no lock: whether more than `units` units are claimed and
+ * not given back, as of place `pos`. Reads the producers' own line; the
+ * consumer's tail (acquire, handed on through tail_seen as a claim does)
+ * only when that line's older view says so. */
+static inline int mvz_capq_over(mvz_capq *q, uint64_t pos, uint64_t units)
+{
+    if (pos - __atomic_load_n(&q->tail_seen, __ATOMIC_RELAXED) <= units)
+        return 0;
+    uint64_t t = __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE);
+    __atomic_store_n(&q->tail_seen, t, __ATOMIC_RELEASE);
+    return pos - t > units;
+}
 /* No lock: whether `units` would fit now (the consumer's tail, acquire). */
 static inline int mvz_capq_room(const mvz_capq *q, unsigned units)
 {

@@ -656,17 +656,14 @@ static int drainer_kicked;
 /* Capture path, no GIL, no lock: an allocation storm (thousands of events
  * within the 4 ms period) wakes the drainer early, so the allocating thread
  * seldom finds the queue full and applies it itself. Reads the producers'
- * own line; the consumer's tail only when that looks a quarter full, and
- * signals at most once until the drainer has run. A signal that finds the
+ * own line (mvz_capq_over), and signals at most once until the drainer has
+ * run. A signal that finds the
  * drainer between its check and its wait is lost: it then runs at its
  * period, as without the kick. pthread_cond_signal takes no lock of ours. */
 static void kick_drainer(uint64_t pos)
 {
-    if (pos - __atomic_load_n(&capq.tail_seen, __ATOMIC_RELAXED) <= KICK_FILL(&capq))
-        return;
-    uint64_t t = __atomic_load_n(&capq.tail, __ATOMIC_ACQUIRE);
-    __atomic_store_n(&capq.tail_seen, t, __ATOMIC_RELEASE);
-    if (pos - t <= KICK_FILL(&capq) || __atomic_exchange_n(&drainer_kicked, 1, __ATOMIC_RELAXED))
+    if (!mvz_capq_over(&capq, pos, KICK_FILL(&capq)) ||
+        __atomic_exchange_n(&drainer_kicked, 1, __ATOMIC_RELAXED))
         return;
     __atomic_fetch_add(&queue_kicks, 1, __ATOMIC_RELAXED);
     pthread_cond_signal(&drainer_cond);
@@ -682,16 +679,8 @@ static void *drainer_main(void *unused)
     prctl(PR_SET_NAME, "memviz-drain", 0, 0, 0);
     pthread_mutex_lock(&drainer_lock);
     while (!drainer_stopping) {
-        if (!__atomic_load_n(&drainer_kicked, __ATOMIC_RELAXED)) {
-            struct timespec t;
-            clock_gettime(CLOCK_REALTIME, &t);
-            t.tv_nsec += DRAIN_PERIOD_NS;
-            if (t.tv_nsec >= 1000000000L) {
-                t.tv_sec++;
-                t.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&drainer_cond, &drainer_lock, &t);
-        }
+        if (!__atomic_load_n(&drainer_kicked, __ATOMIC_RELAXED))
+            mvz_cond_wait_ns(&drainer_cond, &drainer_lock, DRAIN_PERIOD_NS);
         if (drainer_stopping)
             break;
         pthread_mutex_unlock(&drainer_lock);

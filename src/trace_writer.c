@@ -435,15 +435,8 @@ static void *writer_main(void *unused)
     uint64_t since = mvz_now_ns();
     long wait_ns = 20 * 1000000L;
     while (!tw_stopping) {
-        struct timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
         /* Look at the ring 50 times a second; 500 times while it fills fast. */
-        t.tv_nsec += wait_ns;
-        if (t.tv_nsec >= 1000000000L) {
-            t.tv_sec++;
-            t.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&tw_cond, &tw_lock, &t);
+        mvz_cond_wait_ns(&tw_cond, &tw_lock, wait_ns);
         if (!tw_stopping && due(since)) {
             uint64_t before = st.events;
             drain(0, 0);
