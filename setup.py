@@ -24,6 +24,7 @@ core = Extension(
         "src/store.c",
         "src/trace_ring.c",
         "src/capq.c",
+        "src/clock.c",
         "src/trace_writer.c",
         "src/window.c",
         "src/region.c",

@@ -22,19 +22,24 @@
 #include <stdint.h>
 
 /* What an entry says happened. */
-enum { MVZ_CAPQ_ALLOC = 1, MVZ_CAPQ_FREE = 2, MVZ_CAPQ_STAMPED = 4 /* with ALLOC: `clock` is a stamp */ };
+enum {
+    MVZ_CAPQ_ALLOC = 1,
+    MVZ_CAPQ_FREE = 2,
+    MVZ_CAPQ_STAMPED = 4, /* with ALLOC: `clock` is a stamp */
+    MVZ_CAPQ_TSC = 8      /* `clock` is a TSC tick, not nanoseconds (clock.h) */
+};
 
 /* One unit of the ring, and the header of an entry: 64 bytes, one cache
  * line. An allocation's frames follow its header, 4 to a unit. */
 typedef struct {
     uint64_t pos;      /* MVZ_CAPQ_MARK(its place), stored last (release) */
     uint64_t address, size, stream;
-    uint64_t clock;    /* the clock read (or the allocator route's stamp) */
+    uint64_t clock;    /* the tick read (or the allocator route's stamp), clock.h */
     uint64_t seq_note; /* autograd's node counter + 1 to note with this stack (seqmap.h), or 0 */
     uint32_t label_id, thread_idx;
     int16_t slot;
     uint8_t kind, flags; /* MVZ_KIND_*, MVZ_FLAG_* */
-    uint8_t what;        /* MVZ_CAPQ_FREE, or MVZ_CAPQ_ALLOC (with MVZ_CAPQ_STAMPED) */
+    uint8_t what;        /* MVZ_CAPQ_FREE or MVZ_CAPQ_ALLOC (with MVZ_CAPQ_STAMPED), and MVZ_CAPQ_TSC */
     uint8_t units;       /* units claimed, this header included */
     uint16_t depth;      /* frames written after the header */
 } mvz_capq_entry;

@@ -431,7 +431,8 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
     /* not inside a backward node: the autograd node this line may have just
      * made (noted once the store has interned the stack, seqmap.h) */
     uint64_t note = !node && !mvz_label_is_node(lab) ? mvz_seqmap_next() : 0;
-    uint64_t clock = stamp ? stamp : mvz_now_ns();
+    int tsc = mvz_tick_is_tsc(); /* the stamp's kind too (clock.h) */
+    uint64_t clock = stamp ? stamp : mvz_tick_as(tsc);
     /* Everything that may take a lock is done: from the claim to the
      * publish only this thread's frames are read (a reader that reaches
      * this entry waits for it meanwhile). The frames go straight into the
@@ -439,7 +440,7 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
     uint64_t pos;
     mvz_capq_entry *e = mvz_store_enqueue(MVZ_CAPQ_UNITS(limit), &pos);
     int depth = mvz_capture_frames(mvz_capq_frames(e), limit);
-    e->what = (uint8_t)(MVZ_CAPQ_ALLOC | (stamp ? MVZ_CAPQ_STAMPED : 0));
+    e->what = (uint8_t)(MVZ_CAPQ_ALLOC | (stamp ? MVZ_CAPQ_STAMPED : 0) | (tsc ? MVZ_CAPQ_TSC : 0));
     e->address = d.address;
     e->size = d.size;
     e->stream = d.stream;

@@ -1,9 +1,15 @@
 /* The one clock of the C core: CLOCK_MONOTONIC in nanoseconds.
  *
- * The bottom layer, header only: calls nothing of memviz's. Every timestamp
- * the store, the trace ring and the callback's self-measurement use comes
- * from here, so they are comparable. Inline, because the capture path reads
- * it on every event. */
+ * The bottom layer: calls nothing of memviz's. Every timestamp the store,
+ * the trace ring and the callback's self-measurement use is on this clock,
+ * so they are comparable. Inline, because the capture path reads it on
+ * every event.
+ *
+ * The capture path reads "ticks" (mvz_tick): the CPU's time-stamp counter
+ * where it runs at one rate on every core, else this clock itself. The
+ * store turns ticks into this clock's nanoseconds as it applies the
+ * capture queue (mvz_tickmap, clock.c): a TSC read is one instruction,
+ * the vDSO's clock read several times that (benchmarks/RESULTS.md). */
 #ifndef MEMVIZ_CLOCK_H
 #define MEMVIZ_CLOCK_H
 
@@ -19,6 +25,55 @@ static inline uint64_t mvz_now_ns(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
+
+/* Whether the capture path's ticks are the TSC's: decided once, with the
+ * GIL, at import (mvz_clock_init); changed only by a test, while nothing
+ * captures (module.c). Read with a relaxed load. */
+extern int mvz_clock_tsc;
+
+/* Any thread, no GIL: one instruction, no memory touched. */
+static inline uint64_t mvz_rdtsc(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    return __builtin_ia32_rdtsc();
+#else
+    return 0;
+#endif
+}
+
+/* Capture path, any thread, no GIL: whether mvz_tick reads the TSC now
+ * (a relaxed load of a word written once). */
+static inline int mvz_tick_is_tsc(void) { return __atomic_load_n(&mvz_clock_tsc, __ATOMIC_RELAXED); }
+
+/* Capture path, any thread, no GIL: a tick of the kind `tsc` says (see
+ * mvz_tick_is_tsc): the TSC's, or mvz_now_ns(). Neither takes a lock. */
+static inline uint64_t mvz_tick_as(int tsc) { return tsc ? mvz_rdtsc() : mvz_now_ns(); }
+
+/* With the GIL, once, at import: whether the TSC is invariant (one rate on
+ * every core, never stopped) and the kernel keeps time with it; if so, a
+ * first rate (a 200 microsecond wait) and mvz_clock_tsc on. */
+void mvz_clock_init(void);
+
+/* TSC ticks to this clock's nanoseconds, for one owner that serializes its
+ * calls (the store: its lock). An anchor is a pair of readings of both
+ * clocks taken together; ticks convert from the latest anchor at the rate
+ * measured since the first, so a tick read a few milliseconds before the
+ * latest anchor is off by nanoseconds, and the store's timestamps stay
+ * strictly increasing (next_ts_from) whatever the rounding. */
+typedef struct {
+    uint64_t tick0, ns0; /* the first anchor, or the last re-base */
+    uint64_t tick1, ns1; /* the latest anchor */
+    double ns_per_tick;  /* 0: no anchor yet */
+} mvz_tickmap;
+
+/* The owner's serialization: take an anchor now (three paired reads, the
+ * tightest kept). No-op where there is no TSC. */
+void mvz_tickmap_anchor(mvz_tickmap *m);
+/* The owner's serialization: nanoseconds of a TSC tick (anchoring first if
+ * the map has no anchor). */
+uint64_t mvz_tickmap_ns(mvz_tickmap *m, uint64_t tick);
+/* The rate mvz_clock_init measured (nanoseconds a tick), 0 without a TSC. */
+double mvz_clock_ns_per_tick(void);
 
 /* A background thread's nap (the drainer's, the trace writer's): wait on
  * `cond`, `lock` held, at most `ns` nanoseconds. The condition variables

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "capture.h"
+#include "clock.h"
 #include "cupti.h"
 #include "frames.h"
 #include "allocator.h"
@@ -647,6 +648,29 @@ static PyObject *core_capture_stack(PyObject *self, PyObject *arg)
     return out;
 }
 
+/* _clock(on=None) -> (tsc, ns_per_tick): whether the capture path reads
+ * the TSC (clock.h), and the rate measured at import. With a bool: the TSC
+ * on or off, for tests, refused while capturing; the queue's entries each
+ * say which clock they hold, so those already queued convert as read. */
+static PyObject *core_clock(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *on = Py_None;
+    if (!PyArg_ParseTuple(args, "|O:_clock", &on))
+        return NULL;
+    if (on != Py_None) {
+        int want = PyObject_IsTrue(on);
+        if (want < 0)
+            return NULL;
+        if (mvz_capture_active())
+            return PyErr_Format(PyExc_RuntimeError, "_clock(): stop capturing first");
+        if (want && mvz_clock_ns_per_tick() == 0)
+            return PyErr_Format(PyExc_RuntimeError, "_clock(): this machine's TSC is not usable");
+        __atomic_store_n(&mvz_clock_tsc, want, __ATOMIC_RELAXED);
+    }
+    return Py_BuildValue("(Od)", mvz_tick_is_tsc() ? Py_True : Py_False, mvz_clock_ns_per_tick());
+}
+
 /* own(on) -> bool: what this thread allocates while on is memviz's own. */
 static PyObject *core_own(PyObject *self, PyObject *arg)
 {
@@ -717,6 +741,8 @@ static PyMethodDef core_methods[] = {
     {"_synthetic", core_synthetic, METH_VARARGS,
      "_synthetic(address, size, free=True, count=1): capture path without CUPTI."},
     {"_capture_depth", core_capture_depth, METH_O, "Frames the walker sees here."},
+    {"_clock", core_clock, METH_VARARGS,
+     "_clock(on=None) -> (tsc, ns_per_tick): the capture path's clock (tests may switch it)."},
     {"_drainer", core_drainer, METH_O, "Pause (False) or run (True) the capture queue's drainer thread."},
     {"_capture_stack", core_capture_stack, METH_O,
      "_capture_stack(depth) -> ((code, offset), ...) the walker keeps here, innermost first."},
@@ -780,6 +806,7 @@ PyMODINIT_FUNC PyInit__core(void)
     PyObject *m = PyModule_Create(&core_module);
     if (!m)
         return NULL;
+    mvz_clock_init(); /* before anything captures: the capture path's clock */
     static int atfork_done;
     if (!atfork_done) {
         pthread_atfork(mvz_store_atfork_prepare, mvz_store_atfork_parent, atfork_child);

@@ -86,6 +86,8 @@ static mvz_point timeline_points[MVZ_TIMELINE_POINTS];
 static mvz_series timeline = {timeline_points, 0, MVZ_TIMELINE_POINTS, 1, 0};
 static mvz_thread threads[MVZ_MAX_THREADS];
 static uint32_t nthreads;
+/* The queue's ticks to nanoseconds (clock.h), anchored at each drain. */
+static mvz_tickmap ticks;
 static uint64_t last_ts, unmatched_frees, dropped_allocs, dropped_threads;
 static uint64_t stream_frees; /* frees of blocks flagged MVZ_FLAG_STREAM */
 static uint64_t last_serial; /* atomic */
@@ -303,10 +305,11 @@ uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int s
     return mvz_store_record_alloc(0, address, size, 0, stream, slot, kind, label_id, 0, f, depth);
 }
 
-/* Capture path, no GIL: one vDSO clock read, no lock. Not unique: a block
+/* Capture path, no GIL: one tick read (clock.h: a TSC read or the vDSO's
+ * clock), no lock, no memory of memviz's written. Not unique: a block
  * dated with it may share its nanosecond with the segment made for it,
  * which only keeps it in that peak's set, where it belongs. */
-uint64_t mvz_store_stamp(void) { return mvz_now_ns(); }
+uint64_t mvz_store_stamp(void) { return mvz_tick_as(mvz_tick_is_tsc()); }
 
 /* Capture path, no GIL: as mvz_store_record_alloc, which it calls. */
 uint32_t mvz_store_alloc_at(uint64_t stamp, uint64_t address, uint64_t size, uint64_t stream,
@@ -567,13 +570,14 @@ void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
     kick_drainer(pos);
 }
 
-/* Capture path, no GIL: a free, queued (clock read before the claim). */
+/* Capture path, no GIL: a free, queued (its tick read before the claim). */
 void mvz_store_enqueue_free(uint64_t address, int kind)
 {
-    uint64_t clock = mvz_now_ns();
+    int tsc = mvz_tick_is_tsc();
+    uint64_t clock = mvz_tick_as(tsc);
     uint64_t pos;
     mvz_capq_entry *e = mvz_store_enqueue(1, &pos);
-    e->what = MVZ_CAPQ_FREE;
+    e->what = (uint8_t)(MVZ_CAPQ_FREE | (tsc ? MVZ_CAPQ_TSC : 0));
     e->address = address;
     e->kind = (uint8_t)kind;
     e->clock = clock;
@@ -587,9 +591,12 @@ void mvz_store_enqueue_free(uint64_t address, int kind)
 static void drain_locked(uint64_t limit)
 {
     mvz_capq_entry *e;
+    if (mvz_capq_busy(&capq))
+        mvz_tickmap_anchor(&ticks); /* the entries' ticks convert from now */
     while ((e = mvz_capq_peek(&capq, limit)) != NULL) {
-        if (e->what == MVZ_CAPQ_FREE) {
-            if (!free_locked(e->address, e->kind, next_ts_from(e->clock)))
+        uint64_t clock = e->what & MVZ_CAPQ_TSC ? mvz_tickmap_ns(&ticks, e->clock) : e->clock;
+        if (e->what & MVZ_CAPQ_FREE) {
+            if (!free_locked(e->address, e->kind, next_ts_from(clock)))
                 unmatched_frees++; /* allocated before tracking started */
         } else {
             const mvz_frame *f = mvz_capq_frames(e);
@@ -599,8 +606,8 @@ static void drain_locked(uint64_t limit)
                 slot = MVZ_HOST_SLOT;
             size_t before = stacks.n;
             uint64_t hash = depth > 0 ? mvz_stacks_hash(f, depth) : 0;
-            uint64_t stamp = e->what & MVZ_CAPQ_STAMPED ? e->clock : 0;
-            uint32_t id = record_alloc_locked(stamp, e->clock, e->address, e->size, 0, e->stream,
+            uint64_t stamp = e->what & MVZ_CAPQ_STAMPED ? clock : 0;
+            uint32_t id = record_alloc_locked(stamp, clock, e->address, e->size, 0, e->stream,
                                               slot, e->kind, e->label_id, e->flags, f, depth, hash,
                                               e->thread_idx);
             if (e->seq_note)

@@ -157,3 +157,56 @@ def test_fork_while_threads_fill_the_queue_leaves_a_readable_child(fake):
     assert os.waitstatus_to_exitcode(status) == 0
     tot = t.totals()[0]
     assert (tot["allocs"], tot["frees"], tot["current"]) == (600000, 600000, 0), tot
+
+
+@pytest.mark.parametrize("tsc", [True, False], ids=["tsc", "vdso"])
+def test_event_times_are_the_monotonic_clock_whichever_tick_the_capture_path_reads(fake, tsc):
+    """The capture path reads the CPU's time-stamp counter where it is
+    invariant (src/clock.c), else the vDSO's clock; the store turns ticks
+    into CLOCK_MONOTONIC nanoseconds as it applies the queue. Either way an
+    allocation's time lies between Python's time.monotonic_ns() read just
+    before and just after it, a free's too (the timeline's points), even
+    when the queue is applied long after the event (the drainer paused)."""
+    was, rate = _core._clock()
+    if tsc and rate == 0:
+        pytest.skip("this machine's TSC is not invariant, or its kernel does not keep time with it:"
+                    " the capture path reads the vDSO's clock, the other case")
+    slack = 20_000  # ns: the conversion's rounding and rate, far under any window here
+    _core._clock(tsc)
+    try:
+        with memviz.track(torch=False) as t:
+            made, gone = [], []
+            for paused in (False, True):
+                if paused:
+                    _core._drainer(False)
+                for _ in range(6):
+                    before = time.monotonic_ns()
+                    a = fake.alloc(CBID_cuMemAlloc_v2, MiB)
+                    made.append((a, before, time.monotonic_ns()))
+                    time.sleep(0.003)
+                for a, _, _ in made[-6:]:
+                    before = time.monotonic_ns()
+                    fake.free(CBID_cuMemFree_v2, a)
+                    gone.append((before, time.monotonic_ns()))
+                    time.sleep(0.003)
+                if paused:
+                    time.sleep(0.05)  # applied 50 ms after the last event, by this read
+                    t.totals()
+                    _core._drainer(True)
+            points = [p for p in _core.timeline() if p.device == 0]
+            tot = t.totals()[0]
+    finally:
+        _core._clock(was)
+    assert (tot["allocs"], tot["frees"]) == (12, 12), tot
+    # The timeline has a point at every change: 12 rises and 12 falls, in order.
+    times = [p.timestamp_ns for p in points]
+    assert times == sorted(times) and len(set(times)) == len(times)
+    rises = [p.timestamp_ns for prev, p in zip(points, points[1:]) if p.bytes > prev.bytes]
+    falls = [p.timestamp_ns for prev, p in zip(points, points[1:]) if p.bytes < prev.bytes]
+    if points and points[0].bytes > 0:
+        rises.insert(0, points[0].timestamp_ns)
+    assert len(rises) == 12 and len(falls) == 12, points
+    order = sorted([(b, e, "made") for _, b, e in made] + [(b, e, "gone") for b, e in gone])
+    got = sorted([(ts, "made") for ts in rises] + [(ts, "gone") for ts in falls])
+    for (b, e, what), (ts, kind) in zip(order, got):
+        assert kind == what and b - slack <= ts <= e + slack, (what, b, ts, e)

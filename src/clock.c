@@ -1,0 +1,136 @@
+/* See clock.h: the TSC as the capture path's clock, where it can be, and
+ * its ticks turned into CLOCK_MONOTONIC's nanoseconds. A leaf: calls
+ * nothing of memviz's. */
+#define _GNU_SOURCE 1
+#include "clock.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define HAVE_TSC 1
+#else
+#define HAVE_TSC 0
+#endif
+
+int mvz_clock_tsc;
+static uint64_t init_tick, init_ns; /* the anchor mvz_clock_init took */
+static double init_rate;
+
+/* Both clocks read together: the tightest of three tries, so that a
+ * preemption between the reads does not skew an anchor. */
+static void read_pair(uint64_t *tick, uint64_t *ns)
+{
+    uint64_t best = UINT64_MAX;
+    for (int i = 0; i < 3; i++) {
+        uint64_t a = mvz_rdtsc();
+        uint64_t n = mvz_now_ns();
+        uint64_t b = mvz_rdtsc();
+        if (b - a < best) {
+            best = b - a;
+            *tick = a + (b - a) / 2;
+            *ns = n;
+        }
+    }
+}
+
+/* The kernel's own verdict: it keeps time with the TSC ("tsc"), or with a
+ * hypervisor's clock that the vDSO reads through the TSC, which the
+ * hypervisor then keeps stable across virtual CPUs. An unreadable file
+ * (no sysfs in a container) leaves the CPU's flag to decide. */
+static int kernel_trusts_tsc(void)
+{
+    FILE *f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r");
+    if (!f)
+        return 1;
+    char name[64] = {0};
+    int ok = fgets(name, sizeof name, f) != NULL;
+    fclose(f);
+    if (!ok)
+        return 1;
+    name[strcspn(name, "\n")] = 0;
+    return strcmp(name, "tsc") == 0 || strcmp(name, "kvm-clock") == 0 ||
+           strcmp(name, "hyperv_clocksource_tsc_page") == 0;
+}
+
+static int tsc_invariant(void)
+{
+#if HAVE_TSC
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0x80000000u, &a, &b, &c, &d) || a < 0x80000007u)
+        return 0;
+    if (!__get_cpuid(0x80000007u, &a, &b, &c, &d))
+        return 0;
+    return (d >> 8) & 1; /* invariant TSC: one rate, through every power state */
+#else
+    return 0;
+#endif
+}
+
+void mvz_clock_init(void)
+{
+    static int done;
+    if (done)
+        return;
+    done = 1;
+    if (!tsc_invariant() || !kernel_trusts_tsc())
+        return;
+    uint64_t t0, n0, t1, n1;
+    read_pair(&t0, &n0);
+    do
+        read_pair(&t1, &n1);
+    while (n1 - n0 < 200000);
+    if (t1 <= t0)
+        return; /* a TSC that does not advance: keep the clock */
+    init_tick = t1;
+    init_ns = n1;
+    init_rate = (double)(n1 - n0) / (double)(t1 - t0);
+    __atomic_store_n(&mvz_clock_tsc, 1, __ATOMIC_RELAXED);
+}
+
+double mvz_clock_ns_per_tick(void) { return init_rate; }
+
+void mvz_tickmap_anchor(mvz_tickmap *m)
+{
+    if (!HAVE_TSC || init_rate == 0)
+        return;
+    if (m->ns_per_tick == 0) {
+        m->tick0 = m->tick1 = init_tick;
+        m->ns0 = m->ns1 = init_ns;
+        m->ns_per_tick = init_rate;
+    }
+    uint64_t t, n;
+    read_pair(&t, &n);
+    if (t <= m->tick0 || n <= m->ns0) { /* the TSC went back (a resume): start over */
+        m->tick0 = t;
+        m->ns0 = n;
+    } else if (n - m->ns0 >= 1000000) { /* a millisecond or more: a better rate */
+        double rate = (double)(n - m->ns0) / (double)(t - m->tick0);
+        if (rate > m->ns_per_tick * 1.01 || rate < m->ns_per_tick * 0.99) {
+            /* the TSC's rate changed under us (a suspend, a migration):
+             * measure afresh from here, meanwhile at the old rate */
+            m->tick0 = t;
+            m->ns0 = n;
+        } else {
+            m->ns_per_tick = rate;
+        }
+    }
+    m->tick1 = t;
+    m->ns1 = n;
+}
+
+uint64_t mvz_tickmap_ns(mvz_tickmap *m, uint64_t tick)
+{
+    if (m->ns_per_tick == 0) {
+        mvz_tickmap_anchor(m);
+        if (m->ns_per_tick == 0)
+            return mvz_now_ns(); /* no TSC here: never reached with a TSC tick */
+    }
+    int64_t d = (int64_t)(tick - m->tick1);
+    double ns = (double)d * m->ns_per_tick;
+    int64_t dn = (int64_t)(ns < 0 ? ns - 0.5 : ns + 0.5);
+    if (dn < 0 && (uint64_t)(-dn) > m->ns1)
+        return 0;
+    return m->ns1 + (uint64_t)dn;
+}
