@@ -54,18 +54,31 @@ void mvz_nodes_attach(const mvz_node_layout *layout)
 
 int mvz_nodes_attached(void) { return __atomic_load_n(&current_layout, __ATOMIC_ACQUIRE) != NULL; }
 
-/* Hot path, no GIL: one TLS lookup (glibc's fast path: libtorch's block on
- * this thread already exists because PyTorch wrote the slot; on a thread
- * PyTorch never ran on, glibc allocates the block once, as PyTorch's own
- * first access would) and one load. Only this thread's own slot is read. */
+#if HAVE_TLS_READ
+/* This thread's address of libtorch's slot, and the layout it was found
+ * by: a module's TLS block never moves for the life of a thread, and a
+ * layout is never rewritten (see above), so the address stays good. */
+static __thread const mvz_node_layout *tl_slot_layout __attribute__((tls_model("initial-exec")));
+static __thread const void *const *tl_slot __attribute__((tls_model("initial-exec")));
+#endif
+
+/* Hot path, no GIL: this thread's own TLS and one load of this thread's own
+ * slot of libtorch's. Once per thread and layout, one TLS lookup (glibc's
+ * fast path: libtorch's block on this thread already exists because
+ * PyTorch wrote the slot; on a thread PyTorch never ran on, glibc
+ * allocates the block once, as PyTorch's own first access would). */
 const void *mvz_nodes_current(void)
 {
 #if HAVE_TLS_READ
     const mvz_node_layout *L = __atomic_load_n(&current_layout, __ATOMIC_ACQUIRE);
     if (!L)
         return NULL;
-    tls_index_t ti = {L->modid, L->tls_offset};
-    return *(const void *const *)__tls_get_addr(&ti);
+    if (L != tl_slot_layout) {
+        tls_index_t ti = {L->modid, L->tls_offset};
+        tl_slot = (const void *const *)__tls_get_addr(&ti);
+        tl_slot_layout = L;
+    }
+    return *tl_slot;
 #else
     return NULL;
 #endif

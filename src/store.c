@@ -669,7 +669,11 @@ static int drainer_kicked;
  * period, as without the kick. pthread_cond_signal takes no lock of ours. */
 static void kick_drainer(uint64_t pos)
 {
-    if (!mvz_capq_over(&capq, pos, KICK_FILL(&capq)) ||
+    /* Kicked already: a plain load, nothing else (in a storm the queue
+     * stays over a quarter full until the drainer runs, and every event
+     * would else read the consumer's line and exchange the drainer's word). */
+    if (__atomic_load_n(&drainer_kicked, __ATOMIC_RELAXED) ||
+        !mvz_capq_over(&capq, pos, KICK_FILL(&capq)) ||
         __atomic_exchange_n(&drainer_kicked, 1, __ATOMIC_RELAXED))
         return;
     __atomic_fetch_add(&queue_kicks, 1, __ATOMIC_RELAXED);
