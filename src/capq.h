@@ -37,7 +37,8 @@ typedef struct {
     uint64_t clock;    /* the tick read (or the allocator route's stamp), clock.h */
     uint64_t seq_note; /* autograd's node counter + 1 to note with this stack (seqmap.h), or 0 */
     uint32_t label_id, thread_idx;
-    int16_t slot;
+    int8_t slot;         /* the device's, or MVZ_HOST_SLOT */
+    uint8_t op;          /* the capture path's operation (capture.h), counted as applied */
     uint8_t kind, flags; /* MVZ_KIND_*, MVZ_FLAG_* */
     uint8_t what;        /* MVZ_CAPQ_FREE or MVZ_CAPQ_ALLOC (with MVZ_CAPQ_STAMPED), and MVZ_CAPQ_TSC */
     uint8_t units;       /* units claimed, this header included */

@@ -408,10 +408,8 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
 {
     decoded d = *dp;
     if (d.is_free) { /* the store knows the device of what it frees */
-        if (result == 0) {
-            count(d.op);
-            mvz_store_enqueue_free(d.address, d.kind);
-        }
+        if (result == 0) /* counted as the store applies it */
+            mvz_store_enqueue_free(d.address, d.kind, d.op);
         return;
     }
     int limit = __atomic_load_n(&depth_limit, __ATOMIC_RELAXED);
@@ -426,7 +424,6 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
         mvz_store_failure(d.size, d.stream, slot, d.kind, lab, result, frames, depth);
         return;
     }
-    count(d.op);
     uint32_t thread_idx = mvz_store_thread_index();
     /* not inside a backward node: the autograd node this line may have just
      * made (noted once the store has interned the stack, seqmap.h) */
@@ -447,7 +444,8 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
     e->clock = clock;
     e->label_id = lab;
     e->thread_idx = thread_idx;
-    e->slot = (int16_t)slot;
+    e->slot = (int8_t)(slot < 0 || slot >= MVZ_NSLOTS ? MVZ_HOST_SLOT : slot);
+    e->op = (uint8_t)d.op; /* counted as the store applies it */
     e->kind = (uint8_t)d.kind;
     e->flags = tl_own ? MVZ_FLAG_MEMVIZ : 0;
     e->depth = (uint16_t)depth;
@@ -847,10 +845,17 @@ void mvz_capture_stop(void)
 
 int mvz_capture_active(void) { return __atomic_load_n(&capturing, __ATOMIC_ACQUIRE); }
 
+_Static_assert(MVZ_OP_COUNT <= MVZ_STORE_OPS, "the store counts the queue's operations");
+_Static_assert(MVZ_NSLOTS <= 127, "a queue entry's slot is one signed byte");
+
+/* Any thread, no store lock held: what the capture path counted itself
+ * (failures, calls that are not allocations) plus what the queue applied. */
 void mvz_capture_counts(uint64_t out[MVZ_OP_COUNT])
 {
+    uint64_t applied[MVZ_STORE_OPS];
+    mvz_store_op_counts(applied);
     for (int i = 0; i < MVZ_OP_COUNT; i++)
-        out[i] = __atomic_load_n(&counts[i], __ATOMIC_RELAXED);
+        out[i] = __atomic_load_n(&counts[i], __ATOMIC_RELAXED) + applied[i];
 }
 
 void mvz_capture_profile(uint64_t *calls, uint64_t *ns)
@@ -863,6 +868,7 @@ void mvz_capture_forget_counts(void)
 {
     for (int i = 0; i < MVZ_OP_COUNT; i++)
         __atomic_store_n(&counts[i], 0, __ATOMIC_RELAXED);
+    mvz_store_forget_op_counts();
 }
 
 void mvz_capture_atfork_child(void)

@@ -88,6 +88,8 @@ static mvz_thread threads[MVZ_MAX_THREADS];
 static uint32_t nthreads;
 /* The queue's ticks to nanoseconds (clock.h), anchored at each drain. */
 static mvz_tickmap ticks;
+/* Operations applied from the queue (mvz_store_op_counts). */
+static uint64_t op_counts[MVZ_STORE_OPS];
 static uint64_t last_ts, unmatched_frees, dropped_allocs, dropped_threads;
 static uint64_t stream_frees; /* frees of blocks flagged MVZ_FLAG_STREAM */
 static uint64_t last_serial; /* atomic */
@@ -571,7 +573,7 @@ void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
 }
 
 /* Capture path, no GIL: a free, queued (its tick read before the claim). */
-void mvz_store_enqueue_free(uint64_t address, int kind)
+void mvz_store_enqueue_free(uint64_t address, int kind, int op)
 {
     int tsc = mvz_tick_is_tsc();
     uint64_t clock = mvz_tick_as(tsc);
@@ -580,6 +582,7 @@ void mvz_store_enqueue_free(uint64_t address, int kind)
     e->what = (uint8_t)(MVZ_CAPQ_FREE | (tsc ? MVZ_CAPQ_TSC : 0));
     e->address = address;
     e->kind = (uint8_t)kind;
+    e->op = (uint8_t)op;
     e->clock = clock;
     e->seq_note = 0;
     mvz_capq_publish(e, pos);
@@ -595,6 +598,7 @@ static void drain_locked(uint64_t limit)
         mvz_tickmap_anchor(&ticks); /* the entries' ticks convert from now */
     while ((e = mvz_capq_peek(&capq, limit)) != NULL) {
         uint64_t clock = e->what & MVZ_CAPQ_TSC ? mvz_tickmap_ns(&ticks, e->clock) : e->clock;
+        op_counts[e->op % MVZ_STORE_OPS]++;
         if (e->what & MVZ_CAPQ_FREE) {
             if (!free_locked(e->address, e->kind, next_ts_from(clock)))
                 unmatched_frees++; /* allocated before tracking started */
@@ -619,6 +623,20 @@ static void drain_locked(uint64_t limit)
         queue_events++;
     }
     mvz_capq_release(&capq);
+}
+
+void mvz_store_op_counts(uint64_t out[MVZ_STORE_OPS])
+{
+    LOCK();
+    memcpy(out, op_counts, sizeof op_counts);
+    UNLOCK();
+}
+
+void mvz_store_forget_op_counts(void)
+{
+    LOCK();
+    memset(op_counts, 0, sizeof op_counts);
+    UNLOCK();
 }
 
 /* Any thread, no GIL, no store lock held: apply the queue now. */

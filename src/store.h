@@ -63,8 +63,15 @@ void mvz_store_mark_stream(uint64_t address);
  * dropping); the caller fills it in and publishes it. */
 mvz_capq_entry *mvz_store_enqueue(unsigned units, uint64_t *pos);
 void mvz_store_publish(mvz_capq_entry *e, uint64_t pos);
-/* Capture path, no GIL: a free, queued. */
-void mvz_store_enqueue_free(uint64_t address, int kind);
+/* Capture path, no GIL: a free, queued; `op` is counted when it is
+ * applied (mvz_store_op_counts). */
+void mvz_store_enqueue_free(uint64_t address, int kind, int op);
+/* Operations the queue has applied, by the capture path's numbers
+ * (capture.h, under MVZ_STORE_OPS): the capture path counts them without
+ * a locked add. Any thread, no store lock held (it applies the queue). */
+#define MVZ_STORE_OPS 32
+void mvz_store_op_counts(uint64_t out[MVZ_STORE_OPS]);
+void mvz_store_forget_op_counts(void);
 /* Any thread, no store lock held: apply the queue now (every reader below
  * does so itself). */
 void mvz_store_sync(void);
