@@ -62,7 +62,7 @@ if [ -n "${COST:-}" ]; then
     echo "== cost: $model"
     $PY benchmarks/run_alternate_bench.py --procs ${PROCS:-5} --model $model \
         --configs ${COST_CONFIGS:-none,memviz_after,memviz_after_trace,memviz_after_flight,torch_history} \
-        --cycles ${CYCLES:-6} --out "$OUT/cost_$model.json" 2>&1 | tail -8
+        --cycles ${CYCLES:-6} --block ${BLOCK:-12} --out "$OUT/cost_$model.json" 2>&1 | tail -8
   done
 fi
 if [ -n "${COST:-}${C_BENCH:-}" ] && [ -z "${SKIP_C_BENCH:-}" ]; then
@@ -71,11 +71,12 @@ if [ -n "${COST:-}${C_BENCH:-}" ] && [ -z "${SKIP_C_BENCH:-}" ]; then
   if [ -n "${C_AGAINST:-}" ]; then
     (cd "$C_AGAINST" && $PY setup.py -q build_ext --inplace > /dev/null 2>&1) && AGAINST="--against $C_AGAINST"
   fi
-  $PY benchmarks/bench_capture.py --depth 32 --keep 32 --cpu $AGAINST > "$OUT/capture_32.json" 2>&1
-  $PY benchmarks/bench_capture.py --depth 64 --keep 64 --cpu $AGAINST > "$OUT/capture_64.json" 2>&1
-  # a step's rate: bursts of 100 pairs, 1 ms apart
-  $PY benchmarks/bench_capture.py --depth 32 --keep 32 --cpu --n 50000 --burst 100 $AGAINST > "$OUT/capture_32_burst.json" 2>&1
-  $PY benchmarks/bench_capture.py --depth 64 --keep 64 --cpu --n 50000 --burst 100 $AGAINST > "$OUT/capture_64_burst.json" 2>&1
+  # C_SETS: which of the four runs (default all); NAME_burst: a step's rhythm, bursts of 100 pairs 1 ms apart
+  for set in ${C_SETS:-32 64 32_burst 64_burst}; do
+    d=${set%_burst}; burst=""
+    [ "$set" != "$d" ] && burst="--n 50000 --burst 100"
+    $PY benchmarks/bench_capture.py --depth $d --keep $d --cpu $burst $AGAINST > "$OUT/capture_$set.json" 2>&1
+  done
   grep -H "per_event\|median" "$OUT"/capture_*.json
 fi
 
