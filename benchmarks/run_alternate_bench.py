@@ -6,8 +6,14 @@ _record_memory_history in turn, so every process gives paired ratios.
                                              [--model gpt|alloc_bound] --out F.json
 
 Prints, per configuration: the median of the per-process medians, their
-spread, the minimum of each process's minimum, and the median (and spread)
-of the per-process ratios to untracked.
+spread, the minimum of each process's minimum, the median (and spread)
+of the per-process ratios to untracked, and the median (and quartiles) of
+the per-block ratios: each block's median step against the untracked
+block of the same cycle and process, the pairs closest in time.
+
+    python benchmarks/run_alternate_bench.py --resummarize F.json
+
+prints the same for a file written before (the per-block ratios included).
 """
 
 import argparse
@@ -29,7 +35,13 @@ def main():
     ap.add_argument("--configs", default="none,memviz_after,torch_history")
     ap.add_argument("--model", default="gpt", choices=["gpt", "alloc_bound"],
                     help="bench_train_step.py's model (alloc_bound: issue 27's allocation-bound step)")
+    ap.add_argument("--resummarize", metavar="FILE", help="summarize a file written before; run nothing")
     a = ap.parse_args()
+    if a.resummarize:
+        with open(a.resummarize) as f:
+            saved = json.load(f)
+        summarize(saved["runs"], saved.get("block"))
+        return
     runs = []
     for i in range(a.procs):
         p = subprocess.run([sys.executable, os.path.join(HERE, "bench_train_step.py"), "--mode", "alternate",
@@ -45,7 +57,24 @@ def main():
               + f"  routes {res['routes']}", flush=True)
     if not runs:
         sys.exit("no process finished")
+    summary, rates = summarize(runs, a.block)
+    with open(a.out, "w") as f:
+        json.dump({"model": a.model, "block": a.block, "summary": summary, "untracked_allocs_per_s": rates,
+                   "runs": runs}, f, indent=1)
+
+
+def block_ratios(run, c, timed):
+    """Each block's median step of configuration c over the untracked
+    block of the same cycle: `timed` steps a block (bench_train_step drops
+    the first 2 of each)."""
+    t, base = run["times_ms"][c], run["times_ms"]["none"]
+    return [statistics.median(t[i:i + timed]) / statistics.median(base[i:i + timed])
+            for i in range(0, min(len(t), len(base)) - timed + 1, timed)]
+
+
+def summarize(runs, block):
     configs = list(runs[0]["times_ms"])
+    timed = (block or 12) - 2
     summary = {}
     for c in configs:
         meds = [r["medians_ms"][c] for r in runs]
@@ -56,10 +85,15 @@ def main():
                       "spread_ms": [min(meds), max(meds)], "min_of_min_ms": min(mins),
                       "min_ratio": min(mins) / base_min, "per_process_ratio": ratios,
                       "median_ratio": statistics.median(ratios), "ratio_spread": [min(ratios), max(ratios)]}
+        blocks = sorted(x for r in runs for x in block_ratios(r, c, timed))
+        q = statistics.quantiles(blocks, n=4) if len(blocks) > 1 else blocks * 3
+        summary[c]["per_block_ratio"] = {"median": statistics.median(blocks), "quartiles": [q[0], q[2]],
+                                         "blocks": len(blocks)}
         s = summary[c]
         print(f"{c:14s} median {s['median_ms']:6.2f} ms  spread {min(meds):.2f}-{max(meds):.2f}  "
               f"min-of-min {s['min_of_min_ms']:.2f} ({s['min_ratio']:.3f})  paired ratio "
-              f"{s['median_ratio']:.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
+              f"{s['median_ratio']:.3f} ({min(ratios):.3f}-{max(ratios):.3f})  per block "
+              f"{s['per_block_ratio']['median']:.3f} ({q[0]:.3f}-{q[2]:.3f}, {len(blocks)} blocks)")
     for c in configs:
         stats = [x for r in runs for x in r.get("trace_stats", {}).get(c, [])]
         if stats and "bytes" in stats[0]:
@@ -73,9 +107,7 @@ def main():
     rates = [r["untracked_allocs_per_s"] for r in runs if r.get("untracked_allocs_per_s")]
     if rates:  # issue 27's allocation-bound step is meant to make at least 100,000 a second
         print(f"untracked: {statistics.median(rates):,.0f} PyTorch allocations a second (and as many frees)")
-    with open(a.out, "w") as f:
-        json.dump({"model": a.model, "summary": summary, "untracked_allocs_per_s": rates, "runs": runs},
-                  f, indent=1)
+    return summary, rates
 
 
 if __name__ == "__main__":
