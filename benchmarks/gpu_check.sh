@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: build, CPU suite on the GPU machine's Python, GPU suite,
 # the demo, and (with BENCH=1) the GPU benchmarks; COST=1: issue 27's paired cost runs
-# (both steps, five configurations) and the C capture cost. Results land in $OUT.
+# (both steps, five configurations) and the C capture cost; LAUNCH=1: a kernel launch's
+# cost under memviz, with and without CUPTI (bench_launch.py). Results land in $OUT.
 # Usage on the GPU machine:  bash benchmarks/gpu_check.sh [quick|full]
 set -u
 OUT=${OUT:-/tmp/memviz-out}
@@ -64,6 +65,11 @@ if [ -n "${COST:-}" ]; then
         --configs ${COST_CONFIGS:-none,memviz_after,memviz_after_trace,memviz_after_flight,torch_history} \
         --cycles ${CYCLES:-6} --block ${BLOCK:-12} --out "$OUT/cost_$model.json" 2>&1 | tail -8
   done
+fi
+if [ -n "${LAUNCH:-}" ]; then
+  # issue 27: what memviz (and CUPTI within it) adds to a kernel launch that allocates nothing
+  echo "== launch"
+  $PY benchmarks/bench_launch.py --procs ${PROCS:-5} --out "$OUT/launch.json" 2>&1 | tail -8
 fi
 if [ -n "${COST:-}${C_BENCH:-}" ] && [ -z "${SKIP_C_BENCH:-}" ]; then
   # C_AGAINST: another checkout to compare with (its extension is built here first)
