@@ -5,7 +5,7 @@
  * so they are comparable. Inline, because the capture path reads it on
  * every event.
  *
- * The capture path reads "ticks" (mvz_tick): the CPU's time-stamp counter
+ * The capture path reads "ticks" (mvz_tick_as): the CPU's time-stamp counter
  * where it runs at one rate on every core, else this clock itself. The
  * store turns ticks into this clock's nanoseconds as it applies the
  * capture queue (mvz_tickmap, clock.c): a TSC read is one instruction,
@@ -41,7 +41,7 @@ static inline uint64_t mvz_rdtsc(void)
 #endif
 }
 
-/* Capture path, any thread, no GIL: whether mvz_tick reads the TSC now
+/* Capture path, any thread, no GIL: whether the capture path's ticks (mvz_tick_as) are the TSC's now
  * (a relaxed load of a word written once). */
 static inline int mvz_tick_is_tsc(void) { return __atomic_load_n(&mvz_clock_tsc, __ATOMIC_RELAXED); }
 
