@@ -41,8 +41,8 @@ static inline uint64_t mvz_rdtsc(void)
 #endif
 }
 
-/* Capture path, any thread, no GIL: whether the capture path's ticks (mvz_tick_as) are the TSC's now
- * (a relaxed load of a word written once). */
+/* Capture path, any thread, no GIL: whether the capture path's ticks
+ * (mvz_tick_as) are the TSC's now (a relaxed load of a word written once). */
 static inline int mvz_tick_is_tsc(void) { return __atomic_load_n(&mvz_clock_tsc, __ATOMIC_RELAXED); }
 
 /* Capture path, any thread, no GIL: a tick of the kind `tsc` says (see
