@@ -120,13 +120,8 @@ void mvz_tickmap_anchor(mvz_tickmap *m)
     m->ns1 = n;
 }
 
-uint64_t mvz_tickmap_ns(mvz_tickmap *m, uint64_t tick)
+uint64_t mvz_tickmap_ns(const mvz_tickmap *m, uint64_t tick)
 {
-    if (m->ns_per_tick == 0) {
-        mvz_tickmap_anchor(m);
-        if (m->ns_per_tick == 0)
-            return mvz_now_ns(); /* no TSC here: never reached with a TSC tick */
-    }
     int64_t d = (int64_t)(tick - m->tick1);
     double ns = (double)d * m->ns_per_tick;
     int64_t dn = (int64_t)(ns < 0 ? ns - 0.5 : ns + 0.5);
