@@ -22,10 +22,13 @@ Without a CUDA GPU it says so and does nothing.
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 CONFIGS = ("none", "track", "track_nocupti")
 

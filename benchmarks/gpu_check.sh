@@ -29,22 +29,24 @@ if [ -z "${SKIP_GPU:-}" ]; then
   grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|static module" "$OUT/gpu_tests.log" | tail -40
 fi
 
-if [ -n "${PROFILE:-}" ]; then
+# PROFILE: one mode or several ("none memviz_after": the same step untracked and tracked, to
+# compare which functions grow)
+for PROF in ${PROFILE:-}; do
   # py-spy (carried as a wheel in .whl/) on one step loop, native frames included;
   # PROFILE_ARGS: more bench_train_step.py arguments (e.g. --model alloc_bound --steps 300)
-  echo "== profile: $PROFILE"
+  echo "== profile: $PROF"
   [ -d /tmp/pyspy ] || $PY -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/pyspy')" .whl/py_spy-*.whl
   SPY=$(ls /tmp/pyspy/py_spy-*.data/scripts/py-spy | head -1); chmod +x "$SPY"
-  $SPY record --native --threads --rate ${PROFILE_RATE:-500} --format raw -o /tmp/profile_$PROFILE.txt -- \
-      $PY benchmarks/bench_train_step.py --mode "$PROFILE" ${PROFILE_ARGS:---steps 40} > "$OUT/profile_$PROFILE.log" 2>&1
-  echo "py-spy rc=$?"; tail -3 "$OUT/profile_$PROFILE.log"
+  $SPY record --native --threads --rate ${PROFILE_RATE:-500} --format raw -o /tmp/profile_$PROF.txt -- \
+      $PY benchmarks/bench_train_step.py --mode "$PROF" ${PROFILE_ARGS:---steps 40} > "$OUT/profile_$PROF.log" 2>&1
+  echo "py-spy rc=$?"; tail -3 "$OUT/profile_$PROF.log"
   # PROFILE_WITHIN: the step's function(s), e.g. "alloc_bound_step torch::autograd::Engine::thread_main"
   WITHIN=""; for w in ${PROFILE_WITHIN:-}; do WITHIN="$WITHIN --within $w"; done
-  $PY benchmarks/pyspy_summary.py /tmp/profile_$PROFILE.txt --top 60 --focus memviz --focus _core \
-      --focus cupti --focus Hook --focus hook $WITHIN > "$OUT/profile_summary_$PROFILE.txt" 2>&1
-  gzip -c /tmp/profile_$PROFILE.txt > "$OUT/profile_$PROFILE.txt.gz"
-  head -40 "$OUT/profile_summary_$PROFILE.txt"
-fi
+  $PY benchmarks/pyspy_summary.py /tmp/profile_$PROF.txt --top 60 --focus memviz --focus _core \
+      --focus cupti --focus libcuda --focus Hook --focus hook $WITHIN > "$OUT/profile_summary_$PROF.txt" 2>&1
+  gzip -c /tmp/profile_$PROF.txt > "$OUT/profile_$PROF.txt.gz"
+  head -40 "$OUT/profile_summary_$PROF.txt"
+done
 
 if [ -z "${SKIP_DEMO:-}" ]; then
   echo "== demo"

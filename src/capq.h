@@ -36,7 +36,9 @@ typedef struct {
     uint64_t address, size, stream;
     uint64_t clock;    /* the tick read (or the allocator route's stamp), clock.h */
     uint64_t seq_note; /* autograd's node counter + 1 to note with this stack (seqmap.h), or 0 */
-    uint32_t label_id, thread_idx;
+    uint32_t label_id;
+    uint16_t thread_idx; /* the store's thread index (at most MVZ_THREAD_OVERFLOW) */
+    uint16_t kept;       /* MVZ_CAPQ_KEPT: frames shared with the thread's previous stack */
     int8_t slot;         /* the device's, or MVZ_HOST_SLOT */
     uint8_t op;          /* the capture path's operation (capture.h), counted as applied */
     uint8_t kind, flags; /* MVZ_KIND_*, MVZ_FLAG_* */
@@ -44,6 +46,16 @@ typedef struct {
     uint8_t units;       /* units claimed, this header included */
     uint16_t depth;      /* frames written after the header */
 } mvz_capq_entry;
+
+/* An allocation's stack is its `depth` frames written after the header
+ * (innermost first), then the outermost `kept & MVZ_CAPQ_KEPT_MASK` frames
+ * of the previous allocation's stack that the same thread queued: the
+ * frames that did not change, which the capture path does not write again
+ * (store.c, mvz_store_enqueue_alloc). The bits above name the thread
+ * registration (the store's generation, modulo 128) those frames were
+ * compared under, so that the store never joins two threads' stacks. */
+#define MVZ_CAPQ_KEPT_MASK 0x1ffu
+#define MVZ_CAPQ_KEPT_SHIFT 9
 
 #define MVZ_CAPQ_FRAMES_PER_UNIT (sizeof(mvz_capq_entry) / sizeof(mvz_frame))
 /* Units of an allocation with up to `depth` frames. */

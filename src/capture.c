@@ -404,6 +404,13 @@ static void record(const decoded *dp, int result, int slot, uint64_t stamp)
     __atomic_fetch_sub(&inflight, 1, __ATOMIC_RELEASE);
 }
 
+static void queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
+                        uint64_t note, int tsc, uint64_t clock, uint64_t stamp,
+                        const mvz_frame *f, int depth);
+static void queue_alloc_unbuffered(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
+                                   uint64_t note, int tsc, uint64_t clock, uint64_t stamp,
+                                   int limit);
+
 static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
 {
     decoded d = *dp;
@@ -430,27 +437,54 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
     uint64_t note = !node && !mvz_label_is_node(lab) ? mvz_seqmap_next() : 0;
     int tsc = mvz_tick_is_tsc(); /* the stamp's kind too (clock.h) */
     uint64_t clock = stamp ? stamp : mvz_tick_as(tsc);
-    /* Everything that may take a lock is done: from the claim to the
-     * publish only this thread's frames are read (a reader that reaches
-     * this entry waits for it meanwhile). The frames go straight into the
-     * queue; the store hashes and interns them when it applies the entry. */
+    /* Everything that may take a lock is done. The stack is walked into
+     * this thread's own buffer; the queue gets the frames that changed
+     * since this thread's last allocation (store.c), and from the claim to
+     * the publish only that copy is made (a reader that reaches this entry
+     * waits for it meanwhile). The store joins, hashes and interns the
+     * frames when it applies the entry. */
+    mvz_frame *walk = mvz_store_walk_buffer(thread_idx);
+    if (walk == NULL) { /* a thread the store could not register: all its frames */
+        queue_alloc_unbuffered(&d, slot, lab, thread_idx, note, tsc, clock, stamp, limit);
+        return;
+    }
+    int depth = mvz_capture_frames(walk, limit);
+    queue_alloc(&d, slot, lab, thread_idx, note, tsc, clock, stamp, walk, depth);
+}
+
+/* Capture path, no GIL: record_body's allocation, queued from the stack
+ * f[0..depth) just walked (only this thread's buffers, the queue's room
+ * and its own TLS are written). */
+static void queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
+                        uint64_t note, int tsc, uint64_t clock, uint64_t stamp,
+                        const mvz_frame *f, int depth)
+{
+    decoded d = *dp;
     uint64_t pos;
-    mvz_capq_entry *e = mvz_store_enqueue(MVZ_CAPQ_UNITS(limit), &pos);
-    int depth = mvz_capture_frames(mvz_capq_frames(e), limit);
+    mvz_capq_entry *e = mvz_store_enqueue_alloc(thread_idx, f, depth, &pos);
     e->what = (uint8_t)(MVZ_CAPQ_ALLOC | (stamp ? MVZ_CAPQ_STAMPED : 0) | (tsc ? MVZ_CAPQ_TSC : 0));
     e->address = d.address;
     e->size = d.size;
     e->stream = d.stream;
     e->clock = clock;
-    e->label_id = lab;
-    e->thread_idx = thread_idx;
+    e->label_id = lab; /* thread_idx: set by the store with the frames */
     e->slot = (int8_t)(slot < 0 || slot >= MVZ_NSLOTS ? MVZ_HOST_SLOT : slot);
     e->op = (uint8_t)d.op; /* counted as the store applies it */
     e->kind = (uint8_t)d.kind;
     e->flags = tl_own ? MVZ_FLAG_MEMVIZ : 0;
-    e->depth = (uint16_t)depth;
     e->seq_note = depth > 0 ? note : 0;
     mvz_store_publish(e, pos);
+}
+
+/* Capture path, no GIL: as queue_alloc, for a thread past the store's
+ * thread table (rare): walked on this stack. */
+static __attribute__((noinline, cold)) void
+queue_alloc_unbuffered(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
+                       uint64_t note, int tsc, uint64_t clock, uint64_t stamp, int limit)
+{
+    mvz_frame frames[MVZ_MAX_DEPTH];
+    int depth = mvz_capture_frames(frames, limit);
+    queue_alloc(dp, slot, lab, thread_idx, note, tsc, clock, stamp, frames, depth);
 }
 
 static int (*ctx_get_current)(void **ctx); /* libcuda's cuCtxGetCurrent, when loaded */

@@ -628,6 +628,19 @@ static PyObject *core_drainer(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* _share_frames(on): whether an allocation's entry leaves out the frames it
+ * shares with its thread's previous stack (store.c; on by default). Tests
+ * that must fill the queue with large entries turn it off. Returns the
+ * setting before. */
+static PyObject *core_share_frames(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    return PyBool_FromLong(mvz_store_share_frames(on));
+}
+
 /* _capture_stack(depth): what the walk keeps here (tests of deep stacks). */
 static PyObject *core_capture_stack(PyObject *self, PyObject *arg)
 {
@@ -744,6 +757,8 @@ static PyMethodDef core_methods[] = {
     {"_clock", core_clock, METH_VARARGS,
      "_clock(on=None) -> (tsc, ns_per_tick): the capture path's clock (tests may switch it)."},
     {"_drainer", core_drainer, METH_O, "Pause (False) or run (True) the capture queue's drainer thread."},
+    {"_share_frames", core_share_frames, METH_O,
+     "Whether queued allocations leave out the frames shared with the thread's previous stack."},
     {"_capture_stack", core_capture_stack, METH_O,
      "_capture_stack(depth) -> ((code, offset), ...) the walker keeps here, innermost first."},
     {"_frame_rules", core_frame_rules, METH_O,

@@ -307,7 +307,7 @@ static PyObject *core_stats(PyObject *self, PyObject *unused)
     uint64_t prof_calls, prof_ns;
     mvz_capture_profile(&prof_calls, &prof_ns);
     return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:N,s:s,s:K,s:K,"
-                         "s:I,s:K,s:K,s:K,s:K,s:i,s:K,s:K,s:K}", "live", s.live, "stacks", s.stacks, "frames", s.frames, "threads", s.threads,
+                         "s:I,s:K,s:K,s:K,s:K,s:i,s:K,s:K,s:K,s:K,s:K,s:K}", "live", s.live, "stacks", s.stacks, "frames", s.frames, "threads", s.threads,
                          "unmatched_frees", s.unmatched_frees, "dropped_allocs", s.dropped_allocs,
                          "dropped_stacks", s.dropped_stacks, "dropped_threads", s.dropped_threads,
                          "timeline_points", s.timeline_points,
@@ -318,7 +318,9 @@ static PyObject *core_stats(PyObject *self, PyObject *unused)
                          "label_reclaims", mvz_label_reclaims(), "stream_frees", s.stream_frees,
                          "per_thread_counters", mvz_capture_per_thread_counters(),
                          "queue_events", s.queue_events, "queue_full", s.queue_full,
-                         "queue_kicks", s.queue_kicks);
+                         "queue_kicks", s.queue_kicks, "queue_frames_written", s.queue_frames_written,
+                         "queue_frames_kept", s.queue_frames_kept, "queue_kept_mismatch",
+                         s.queue_kept_mismatch);
 }
 
 /* A frame resolved when its code object died: (filename, lineno, name, call)

@@ -103,6 +103,28 @@ static __thread uint64_t tl_serial __attribute__((tls_model("initial-exec")));
 
 static void drain_locked(uint64_t limit);
 
+/* An allocation's frames, as far as they changed (mvz_store_enqueue_alloc):
+ * per registered thread, two buffers of MVZ_MAX_DEPTH frames that only that
+ * thread writes (its last stack and the one it walks now), and the last
+ * stack the store applied from it, which only the lock holder writes. Both
+ * are reserved once, untouched until used: a thread that allocates keeps
+ * 3 pages resident (12 KiB). */
+static mvz_region walked;  /* [MVZ_MAX_THREADS][2][MVZ_MAX_DEPTH] */
+static mvz_region applied; /* [MVZ_MAX_THREADS][MVZ_MAX_DEPTH] */
+static uint16_t applied_n[MVZ_MAX_THREADS];
+static uint8_t applied_reg[MVZ_MAX_THREADS]; /* the registration, as MVZ_CAPQ_KEPT's high bits */
+/* Lock held: frames applied from entries, and those joined from the
+ * thread's previous stack; entries whose kept frames could not be joined. */
+static uint64_t frames_written, frames_kept, kept_mismatch;
+/* This thread's side: which buffer holds its last stack, how deep, and
+ * under which registration (generation) it was queued. */
+static __thread int tl_walk_last __attribute__((tls_model("initial-exec")));
+static __thread uint16_t tl_walk_n __attribute__((tls_model("initial-exec")));
+static __thread uint32_t tl_walk_gen __attribute__((tls_model("initial-exec"))); /* 0: none */
+static __thread uint32_t tl_walk_idx __attribute__((tls_model("initial-exec")));
+_Static_assert(MVZ_THREAD_OVERFLOW <= UINT16_MAX, "a queue entry's thread index is 16 bits");
+_Static_assert(MVZ_MAX_DEPTH <= MVZ_CAPQ_KEPT_MASK, "kept frames fit their bits");
+
 /* Every holder of the lock applies the capture queue first: what the store
  * holds is then every event published before the lock was taken. */
 static inline void lock_store(void)
@@ -150,7 +172,9 @@ int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames)
         return 0;
     if (mvz_live_init(&live, max_live) || mvz_stacks_init(&stacks, max_stacks, max_frames) ||
         mvz_graves_init(&graves, max_live) || mvz_blocks_init(&blocks) ||
-        mvz_capq_init(&capq, CAPQ_UNITS))
+        mvz_capq_init(&capq, CAPQ_UNITS) ||
+        mvz_region_reserve(&walked, (size_t)MVZ_MAX_THREADS * 2 * MVZ_MAX_DEPTH * sizeof(mvz_frame), 0) ||
+        mvz_region_reserve(&applied, (size_t)MVZ_MAX_THREADS * MVZ_MAX_DEPTH * sizeof(mvz_frame), 0))
         return -1;
     initialized = 1;
     return 0;
@@ -572,6 +596,109 @@ void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
     kick_drainer(pos);
 }
 
+/* Capture path, no GIL: this thread's own buffer (see `walked`) to walk its
+ * next stack into, or NULL for a thread the store could not register. */
+mvz_frame *mvz_store_walk_buffer(uint32_t thread_idx)
+{
+    if (thread_idx >= MVZ_MAX_THREADS)
+        return NULL;
+    mvz_frame *mine = (mvz_frame *)walked.base + (size_t)thread_idx * 2 * MVZ_MAX_DEPTH;
+    return mine + (size_t)(!tl_walk_last) * MVZ_MAX_DEPTH;
+}
+
+static int share_frames = 1; /* atomic: mvz_store_share_frames */
+
+int mvz_store_share_frames(int on)
+{
+    return __atomic_exchange_n(&share_frames, on ? 1 : 0, __ATOMIC_RELAXED);
+}
+
+/* Capture path, no GIL: how many outermost frames f[] (innermost first)
+ * shares with last[], compared from the outer end. Both are this thread's
+ * own buffers. The usual case, the same depth and only the innermost frame
+ * moved, is one memcmp. */
+static inline int shared_outer(const mvz_frame *f, int n, const mvz_frame *last, int m)
+{
+    if (n == m && n > 0 && memcmp(f + 1, last + 1, (size_t)(n - 1) * sizeof *f) == 0)
+        return memcmp(f, last, sizeof *f) == 0 ? n : n - 1;
+    int k = 0;
+    while (k < n && k < m && f[n - 1 - k].code == last[m - 1 - k].code &&
+           f[n - 1 - k].offset == last[m - 1 - k].offset && f[n - 1 - k].flags == last[m - 1 - k].flags)
+        k++;
+    return k;
+}
+
+/* Capture path, no GIL, no lock held: an allocation's entry, claimed, with
+ * its stack f[0..depth) written in as far as it differs from the previous
+ * stack this thread queued (MVZ_CAPQ_KEPT): inside a step most allocations
+ * come from the same few lines, and their callers' frames, a cold cache
+ * line per four frames written into the queue, are the ones the thread
+ * queued just before. `f` is the buffer mvz_store_walk_buffer gave this
+ * thread (or the caller's own, for a thread with no index: then every
+ * frame is written). Only this thread's buffers and TLS are read. The
+ * caller fills the rest in and publishes it. */
+mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f, int depth,
+                                        uint64_t *pos)
+{
+    int kept = 0;
+    uint32_t gen = tl_generation; /* the registration thread_idx comes from */
+    int mine = thread_idx < MVZ_MAX_THREADS && f == mvz_store_walk_buffer(thread_idx);
+    if (mine && tl_walk_gen == gen && tl_walk_idx == thread_idx &&
+        __atomic_load_n(&share_frames, __ATOMIC_RELAXED)) {
+        const mvz_frame *last = (const mvz_frame *)walked.base +
+                                ((size_t)thread_idx * 2 + (size_t)tl_walk_last) * MVZ_MAX_DEPTH;
+        kept = shared_outer(f, depth, last, tl_walk_n);
+    }
+    int written = depth - kept;
+    mvz_capq_entry *e = mvz_store_enqueue(MVZ_CAPQ_UNITS(written), pos);
+    memcpy(mvz_capq_frames(e), f, (size_t)written * sizeof *f);
+    e->depth = (uint16_t)written;
+    e->kept = (uint16_t)((unsigned)kept | (gen & 127u) << MVZ_CAPQ_KEPT_SHIFT);
+    e->thread_idx = (uint16_t)(thread_idx < MVZ_MAX_THREADS ? thread_idx : MVZ_THREAD_OVERFLOW);
+    if (mine) { /* f is this thread's last stack now */
+        tl_walk_last = !tl_walk_last;
+        tl_walk_n = (uint16_t)depth;
+        tl_walk_gen = gen;
+        tl_walk_idx = thread_idx;
+    } else {
+        tl_walk_gen = 0; /* the store's last stack of this thread is not in its buffers */
+    }
+    return e;
+}
+
+/* Lock held: the whole stack of an allocation entry, joined from its frames
+ * and the kept ones of its thread's previous stack (in `applied`, where it
+ * stays as that thread's last). *depth: its depth. An entry whose kept
+ * frames cannot be joined (never, unless threads were registered anew
+ * while an allocation was being queued) keeps the frames it carries. */
+static const mvz_frame *entry_stack(const mvz_capq_entry *e, int *depth)
+{
+    const mvz_frame *f = mvz_capq_frames((mvz_capq_entry *)e);
+    unsigned idx = e->thread_idx, kept = e->kept & MVZ_CAPQ_KEPT_MASK;
+    unsigned reg = (unsigned)e->kept >> MVZ_CAPQ_KEPT_SHIFT, written = e->depth;
+    *depth = (int)written;
+    if (idx >= MVZ_MAX_THREADS) {
+        frames_written += written;
+        return f;
+    }
+    mvz_frame *last = (mvz_frame *)applied.base + (size_t)idx * MVZ_MAX_DEPTH;
+    unsigned m = applied_n[idx];
+    if (kept && (applied_reg[idx] != reg || kept > m || written + kept > MVZ_MAX_DEPTH)) {
+        kept_mismatch++;
+        kept = 0;
+    }
+    /* last[] becomes this stack: its outermost `kept` frames move to follow
+     * the `written` new ones (memmove: the ranges may overlap). */
+    memmove(last + written, last + (m - kept), (size_t)kept * sizeof *last);
+    memcpy(last, f, (size_t)written * sizeof *f);
+    applied_n[idx] = (uint16_t)(written + kept);
+    frames_written += written;
+    frames_kept += kept;
+    applied_reg[idx] = (uint8_t)reg;
+    *depth = (int)(written + kept);
+    return last;
+}
+
 /* Capture path, no GIL: a free, queued (its tick read before the claim). */
 void mvz_store_enqueue_free(uint64_t address, int kind, int op)
 {
@@ -603,8 +730,8 @@ static void drain_locked(uint64_t limit)
             if (!free_locked(e->address, e->kind, next_ts_from(clock)))
                 unmatched_frees++; /* allocated before tracking started */
         } else {
-            const mvz_frame *f = mvz_capq_frames(e);
-            int depth = e->depth;
+            int depth;
+            const mvz_frame *f = entry_stack(e, &depth);
             int slot = e->slot;
             if (slot < 0 || slot >= MVZ_NSLOTS)
                 slot = MVZ_HOST_SLOT;
@@ -969,6 +1096,9 @@ void mvz_store_get_stats(mvz_store_stats *o)
     o->queue_events = queue_events;
     o->queue_full = __atomic_load_n(&queue_full, __ATOMIC_RELAXED);
     o->queue_kicks = __atomic_load_n(&queue_kicks, __ATOMIC_RELAXED);
+    o->queue_frames_written = frames_written;
+    o->queue_frames_kept = frames_kept;
+    o->queue_kept_mismatch = kept_mismatch;
     o->dropped_allocs = dropped_allocs;
     o->dropped_stacks = stacks.dropped;
     o->dropped_threads = dropped_threads;

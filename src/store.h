@@ -63,6 +63,19 @@ void mvz_store_mark_stream(uint64_t address);
  * dropping); the caller fills it in and publishes it. */
 mvz_capq_entry *mvz_store_enqueue(unsigned units, uint64_t *pos);
 void mvz_store_publish(mvz_capq_entry *e, uint64_t pos);
+/* Capture path, no GIL: an allocation's stack goes into the queue as far as
+ * it changed since the calling thread's previous one (capq.h,
+ * MVZ_CAPQ_KEPT). The thread walks its stack into mvz_store_walk_buffer's
+ * buffer (NULL: a thread past the thread table, which walks into its own
+ * and writes every frame), then mvz_store_enqueue_alloc claims the entry,
+ * writes its frames, depth, kept and thread_idx; the caller fills the rest
+ * in and publishes it. */
+mvz_frame *mvz_store_walk_buffer(uint32_t thread_idx);
+/* Any thread: whether entries leave shared frames out (tests turn it off
+ * to fill the queue); returns the setting before. */
+int mvz_store_share_frames(int on);
+mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f, int depth,
+                                        uint64_t *pos);
 /* Capture path, no GIL: a free, queued; `op` is counted when it is
  * applied (mvz_store_op_counts). */
 void mvz_store_enqueue_free(uint64_t address, int kind, int op);

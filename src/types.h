@@ -100,6 +100,9 @@ typedef struct {
     uint64_t queue_events; /* events applied from the capture queue (capq.h) */
     uint64_t queue_full;   /* times an allocating thread found it full and applied it itself */
     uint64_t queue_kicks;  /* times an allocating thread woke the drainer early (a quarter full) */
+    uint64_t queue_frames_written, queue_frames_kept; /* an allocation's frames: in the entry, or
+                                                         its thread's previous stack's (capq.h) */
+    uint64_t queue_kept_mismatch; /* entries whose kept frames could not be joined (never, but counted) */
     uint32_t max_live;
 } mvz_store_stats;
 

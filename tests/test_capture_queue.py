@@ -5,6 +5,7 @@ written, whether the queue fills, readers race the writers, or the process
 forks while threads allocate."""
 
 import os
+import sys
 import threading
 import time
 
@@ -21,7 +22,17 @@ def at_depth(k, fn):
     return at_depth(k - 1, fn) if k > 0 else fn()
 
 
-def test_a_full_queue_is_applied_by_the_allocating_thread_and_nothing_is_lost(fake):
+@pytest.fixture
+def unshared():
+    """Every frame of every allocation written into the queue: a C loop
+    allocates from one stack, whose frames are else written once and then
+    left out (test_an_allocation_queues_only_the_frames_that_changed)."""
+    was = _core._share_frames(False)
+    yield
+    _core._share_frames(was)
+
+
+def test_a_full_queue_is_applied_by_the_allocating_thread_and_nothing_is_lost(fake, unshared):
     """256 frames an allocation take 65 of the queue's 65,536 units: 20,000
     allocations fill it many times over while its drainer thread is paused.
     The allocating thread then applies it itself."""
@@ -43,7 +54,7 @@ def test_a_full_queue_is_applied_by_the_allocating_thread_and_nothing_is_lost(fa
     assert _core.stats()["queue_events"] >= n
 
 
-def test_an_allocation_storm_wakes_the_drainer_before_its_period(fake):
+def test_an_allocation_storm_wakes_the_drainer_before_its_period(fake, unshared):
     """The drainer runs every 4 ms, but 256-frame allocations from a C loop
     fill a quarter of the queue (250 of them) far sooner: the allocating
     thread wakes it then (counted in queue_kicks), and every event is still
@@ -213,3 +224,154 @@ def test_event_times_are_the_monotonic_clock_whichever_tick_the_capture_path_rea
     got = sorted([(ts, "made") for ts in rises] + [(ts, "gone") for ts in falls])
     for (b, e, what), (ts, kind) in zip(order, got):
         assert kind == what and b - slack <= ts <= e + slack, (what, b, ts, e)
+
+
+# ---- an allocation's frames, as far as they changed (store.c) -------------------------
+
+def _descend(path, i, fn):
+    if i == len(path):
+        return fn()
+    return (_step_a if path[i] == "a" else _step_b)(path, i + 1, fn)
+
+
+def _step_a(path, i, fn):
+    return _descend(path, i, fn)  # a frame at this line
+
+
+def _step_b(path, i, fn):
+    return _descend(path, i, fn)  # and another at this one
+
+
+def _program(seed, n, base):
+    """n allocations, each of its own size (base + i pages), each from a call
+    path that keeps a random part of the previous one's outer end and
+    changes the rest: depths from 0 to 90 frames, the middle of the stack
+    changing as well as its depth. Some are freed along the way."""
+    import random
+
+    rnd = random.Random(seed)
+    path, steps = [], []
+    for i in range(n):
+        keep = rnd.randint(0, len(path))
+        path = path[:keep] + [rnd.choice("ab") for _ in range(rnd.randint(0, 6))]
+        if len(path) > 45:
+            path = path[:rnd.randint(0, 45)]
+        steps.append((list(path), base + (i + 1) * 4096, rnd.random() < 0.2))
+    return steps
+
+
+def _site(fake, size):
+    """The innermost Python frame, on one of two lines (the double's C entry
+    called directly): two stacks that differ in that frame alone."""
+    if size & (1 << 13):
+        return fake._c.fake_alloc(CBID_cuMemAlloc_v2, size, 0, 0)
+    return fake._c.fake_alloc(CBID_cuMemAlloc_v2, size, 0, 0)
+
+
+def _run(fake, steps):
+    live = []
+    for path, size, free_one in steps:
+        live.append(_descend(path, 0, lambda: _site(fake, size)))
+        if free_one and len(live) > 1:
+            fake.free(CBID_cuMemFree_v2, live.pop(0))
+    return live
+
+
+def _tracebacks(fake, programs, depth, share):
+    """Each program in its own thread, all at once; every live allocation's
+    traceback, by size."""
+    was = _core._share_frames(share)
+    try:
+        with memviz.track(depth=depth, torch=False) as t:
+            first = _core.stats()
+            threads = [threading.Thread(target=_run, args=(fake, p)) for p in programs]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            stats = _core.stats()
+            stats = {k: stats[k] - first[k] for k in stats if k.startswith("queue_")}
+            got = {a.size: tuple((f.filename, f.lineno, f.name) for f in a.traceback)
+                   for a in t.snapshot().allocations}
+    finally:
+        _core._share_frames(was)
+    return got, stats
+
+
+@pytest.mark.parametrize("depth", [8, 32, 256])
+def test_an_allocation_queues_only_the_frames_that_changed_and_reads_back_whole(fake, depth):
+    """The capture path writes into the queue only the innermost frames that
+    differ from the previous stack the same thread queued; the store joins
+    the rest back from that stack. Three threads at once, each allocating
+    from call paths that change at random in depth and in the middle
+    (stacks deeper than `depth` included, where the walk keeps the user's
+    outer frames): every allocation's traceback is the one read with every
+    frame written, and the Python call path it was made from."""
+    programs = [_program(seed, 400, base=k << 30) for k, seed in enumerate((1, 2, 3))]
+    whole, _ = _tracebacks(fake, programs, depth, share=False)
+    shared, stats = _tracebacks(fake, programs, depth, share=True)
+    assert shared == whole
+    assert stats["queue_kept_mismatch"] == 0, stats
+    assert stats["queue_frames_kept"] > 0, stats
+    # and the tracebacks are right, not only alike: the call path's lines, in order
+    line_a = _step_a.__code__.co_firstlineno + 1
+    line_b = _step_b.__code__.co_firstlineno + 1
+    for prog in programs:
+        alive = {size for _, size, _ in prog} & set(shared)
+        for path, size, _ in prog:
+            if size not in alive:
+                continue
+            steps = [ln for fn, ln, name in shared[size] if name in ("_step_a", "_step_b")]
+            want = [line_a if c == "a" else line_b for c in path]
+            if len(shared[size]) < depth:  # the whole stack kept
+                assert steps == want, (path, shared[size])
+            else:  # cut: the kept steps are a run of the path's (outer end first)
+                s = ",".join(map(str, steps))
+                assert s in ",".join(map(str, want)), (path, steps)
+
+
+def test_a_loop_on_one_line_writes_its_frames_into_the_queue_once(fake):
+    """1,000 allocations from one C loop at one Python stack: the first
+    writes its 32 frames, the others none, and every one reads back with
+    all 32."""
+    with memviz.track(depth=32, torch=False) as t:
+        first = _core.stats()
+        at_depth(40, lambda: fake.alloc_loop(1000, 4096))
+        stats = _core.stats()
+        allocs = t.snapshot().allocations
+    written = stats["queue_frames_written"] - first["queue_frames_written"]
+    kept = stats["queue_frames_kept"] - first["queue_frames_kept"]
+    assert (written, kept) == (32, 999 * 32)
+    assert len(allocs) == 1000 and {len(a.traceback) for a in allocs} == {32}
+    assert len({tuple(a.traceback) for a in allocs}) == 1
+
+
+def test_shared_frames_start_afresh_with_a_new_tracker(fake):
+    """A thread's previous stack is forgotten when the store registers
+    threads anew (a new tracker): the first allocation after writes all its
+    frames, and none is joined to the last tracker's stack; the next one,
+    from a shallower stack on another line, writes only the frames that
+    differ, and reads back whole."""
+    def deep(k, size):
+        return at_depth(k, lambda: fake.alloc(CBID_cuMemAlloc_v2, size))
+
+    with memviz.track(depth=256, torch=False):
+        deep(3, MiB)
+    with memviz.track(depth=256, torch=False) as t:
+        first = _core.stats()
+        deep(3, 3 * MiB)  # the same stack as the last tracker's allocation
+        deep(2, 5 * MiB)
+        now = _core.stats()
+        snap = {x.size: [f.name.rsplit(".", 1)[-1] for f in x.traceback]
+                for x in t.snapshot().allocations}
+    w = now["queue_frames_written"] - first["queue_frames_written"]
+    k = now["queue_frames_kept"] - first["queue_frames_kept"]
+    me = "test_shared_frames_start_afresh_with_a_new_tracker"
+    three = [me, "deep"] + ["at_depth"] * 4 + ["<lambda>", "alloc"]  # alloc: the double's
+    two = [me, "deep"] + ["at_depth"] * 3 + ["<lambda>", "alloc"]
+    outer = len(snap[3 * MiB]) - len(three)  # pytest's frames, the same for both
+    assert outer > 0 and snap[3 * MiB][outer:] == three and snap[5 * MiB][outer:] == two, snap
+    assert snap[3 * MiB][:outer] == snap[5 * MiB][:outer]
+    # all of the first, after a new tracker; of the second, only what is not pytest's
+    assert (w, k) == (outer + len(three) + len(two), outer), (w, k, outer)
+    assert now["queue_kept_mismatch"] == 0
