@@ -1,8 +1,9 @@
 /* The capture queue: what the capture path hands the store without taking
  * its lock (issue 27). A thread that allocates claims room in one bounded
  * multi-producer ring with a compare-and-swap, writes its event there (the
- * header below and the frames it walked straight into the room after it)
- * and publishes it with one release store; the store applies events in
+ * header below and, after it, the frames that changed since the thread's
+ * previous allocation: MVZ_CAPQ_KEPT) and publishes it with one release
+ * store; the store applies events in
  * the order they were claimed, with its lock held, whenever anything reads
  * it (every reader drains first, so it sees every event published before
  * it asked) and from its drainer thread between reads.
