@@ -43,7 +43,6 @@ static struct {
     void *table[2 + MAX_SLOTS]; /* the copy: offset to top, typeinfo, slots */
     int attached;            /* state == ST_ATTACHED, for the GIL side */
     int state;               /* ST_*: whose vtable the object uses, and why */
-    long outstanding;        /* blocks alive that carry memviz's deleter */
     int committed;           /* the layout below is known: wrappers record */
     int data_w, deleter_w, ctx_w, device_w; /* DataPtr words */
     deleter_fn orig_deleter; /* PyTorch's deleter for its blocks */
@@ -52,6 +51,16 @@ static struct {
     uintptr_t sample[4];     /* the first DataPtr allocate returned since reset */
     int sampled;             /* 0 empty, 1 being written, 2 full */
 } A = {.rs_slot = {-1, -1}, .raw_alloc_slot = -1, .raw_delete_slot = -1};
+
+/* Blocks alive that carry memviz's deleter: the one word of the route that
+ * every allocation and free writes (a locked add), on a cache line of its
+ * own, so that the wrappers' reads of A (the layout, the state, PyTorch's
+ * deleter) on another thread do not miss each time it is written. */
+static struct {
+    long n;
+    char pad[64 - sizeof(long)];
+} outstanding __attribute__((aligned(64)));
+#define OUTSTANDING (outstanding.n)
 
 /* Whose vtable the allocator object points at. Detaching with blocks still
  * alive that carry memviz's deleter keeps the copy (DRAINING), with PyTorch's
@@ -76,7 +85,7 @@ static void try_restore(void)
 /* Any thread, no GIL: one block with memviz's deleter fewer. */
 static inline void release_one(void)
 {
-    if (__atomic_sub_fetch(&A.outstanding, 1, __ATOMIC_SEQ_CST) == 0 &&
+    if (__atomic_sub_fetch(&OUTSTANDING, 1, __ATOMIC_SEQ_CST) == 0 &&
         __atomic_load_n(&A.state, __ATOMIC_SEQ_CST) == ST_DRAINING)
         try_restore();
 }
@@ -158,7 +167,7 @@ static void *wrap_allocate(void *sret, void *self, size_t n)
         /* Counted before the state is read (both sequentially consistent, as
          * in detach): either detach sees this block, or this sees the detach
          * and hands the block out as PyTorch would. */
-        __atomic_fetch_add(&A.outstanding, 1, __ATOMIC_SEQ_CST);
+        __atomic_fetch_add(&OUTSTANDING, 1, __ATOMIC_SEQ_CST);
         if (__atomic_load_n(&A.state, __ATOMIC_SEQ_CST) != ST_ATTACHED) {
             release_one();
             return r;
@@ -560,7 +569,7 @@ static PyObject *allocator_detach(PyObject *self, PyObject *unused)
         for (int i = 0; i < A.nslots; i++)
             if (i != A.rs_slot[0] && i != A.rs_slot[1])
                 set_slot(i, i == SLOT_ALLOCATE ? (void *)wrap_allocate : A.orig[i]);
-        if (__atomic_load_n(&A.outstanding, __ATOMIC_SEQ_CST) == 0)
+        if (__atomic_load_n(&OUTSTANDING, __ATOMIC_SEQ_CST) == 0)
             try_restore();
     }
     Py_RETURN_NONE;
@@ -580,6 +589,7 @@ static PyObject *allocator_reset(PyObject *self, PyObject *unused)
         return NULL;
     }
     memset(&A, 0, sizeof A);
+    __atomic_store_n(&OUTSTANDING, 0, __ATOMIC_SEQ_CST);
     A.rs_slot[0] = A.rs_slot[1] = A.raw_alloc_slot = A.raw_delete_slot = -1;
     Py_RETURN_NONE;
 }
@@ -594,7 +604,7 @@ static PyObject *allocator_state(PyObject *self, PyObject *unused)
     return Py_BuildValue("{s:O,s:O,s:s,s:l,s:O,s:i,s:(ii),s:i,s:i,s:(iiii),s:K,s:K}", "supported",
                          HAVE_ALLOCATOR ? Py_True : Py_False, "attached",
                          A.attached ? Py_True : Py_False, "vtable", states[st & 3], "outstanding",
-                         __atomic_load_n(&A.outstanding, __ATOMIC_SEQ_CST), "committed",
+                         __atomic_load_n(&OUTSTANDING, __ATOMIC_SEQ_CST), "committed",
                          A.committed ? Py_True : Py_False, "slots", A.nslots, "record_stream",
                          A.rs_slot[0], A.rs_slot[1], "raw_alloc_with_stream", A.raw_alloc_slot,
                          "raw_delete", A.raw_delete_slot, "words", A.data_w, A.deleter_w,
