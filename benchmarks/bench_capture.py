@@ -25,6 +25,13 @@ millisecond), so the capture queue's drainer thread (src/store.c) keeps up
 as it does inside a step; without it the loop makes events ten times
 faster than any step and the queue fills. Either way, ``process_*`` also
 gives the whole process's CPU time (every thread: the drainer's included).
+``--gap BYTES``: between one event and the next the loop writes that many
+bytes of a buffer of its own (a cache line every 64), as an operation's
+work would between two allocations, so that memviz's lines are cold as
+inside a step; the untracked loop does the same writes, so the difference
+is still memviz's. ``--against unshared``: this build again, with every
+frame written into the queue (``_core._share_frames(False)``), in
+alternating processes.
 ``--against DIR``: another checkout (its extension built): fresh processes
 of the two take turns, this one first in odd rounds, the other first in
 even ones, and the result is per checkout plus the per-round ratio.
@@ -52,7 +59,7 @@ def at_depth(k, fn):
 """
 
 
-def child(depth, n, reps, library=False, keep=32, cpu=False, root=ROOT, burst=0):
+def child(depth, n, reps, library=False, keep=32, cpu=False, root=ROOT, burst=0, gap=0, unshared=False):
     sys.path[:0] = [root, os.path.join(root, "tests")]
     from fake_cupti import FakeCupti, build
 
@@ -80,6 +87,13 @@ def child(depth, n, reps, library=False, keep=32, cpu=False, root=ROOT, burst=0)
                                  CBID_cuMemAlloc_v2, CBID_cuMemFree_v2, n, 4096)
         probe = functools.partial(memviz._core._capture_depth, 64)
         here -= 1  # the recursion is one frame deeper for want of the two Python wrappers
+    if unshared:  # every frame written into the queue, as before it left shared ones out
+        memviz._core._share_frames(False)
+    if gap:
+        from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
+
+        loop = functools.partial(fake._c.fake_alloc_free_loop_gap_cpu, CBID_cuMemAlloc_v2,  # noqa: F811
+                                 CBID_cuMemFree_v2, n, 4096, gap)
     if burst:
         import time
 
@@ -128,11 +142,13 @@ def child(depth, n, reps, library=False, keep=32, cpu=False, root=ROOT, burst=0)
                       "queue_full": full, "queue_kicks": kicks, "frames": frames}))
 
 
-def _run(root, a):
+def _run(root, a, unshared=False):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--depth", str(a.depth), "--n", str(a.n),
            "--reps", str(a.reps), "--keep", str(a.keep), "--root", root]
     cmd += (["--library"] if a.library else []) + (["--cpu"] if a.cpu else [])
     cmd += ["--burst", str(a.burst)] if a.burst else []
+    cmd += ["--gap", str(a.gap)] if a.gap else []
+    cmd += ["--unshared"] if unshared else []
     p = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -171,16 +187,22 @@ def main():
     ap.add_argument("--root", default=ROOT)
     ap.add_argument("--against", default=None)
     ap.add_argument("--burst", type=int, default=0)
+    ap.add_argument("--gap", type=int, default=0,
+                    help="bytes written between one event and the next (a line every 64), as an "
+                         "operation's work would: the capture path's lines are then cold, as in a step")
+    ap.add_argument("--unshared", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        return child(a.depth, a.n, a.reps, a.library, a.keep, a.cpu, a.root, a.burst)
-    roots = [ROOT] + ([os.path.abspath(a.against)] if a.against else [])
+        return child(a.depth, a.n, a.reps, a.library, a.keep, a.cpu, a.root, a.burst, a.gap, a.unshared)
+    # --against unshared: this build with every frame written (_core._share_frames(False))
+    unshared_run = a.against == "unshared"
+    roots = [ROOT] + (["unshared"] if unshared_run else [os.path.abspath(a.against)] if a.against else [])
     rows = {r: [] for r in roots}
     for k in range(a.procs):
         for r in (roots if k % 2 == 0 else roots[::-1]):
-            rows[r].append(_run(r, a))
+            rows[r].append(_run(ROOT, a, unshared=True) if r == "unshared" else _run(r, a))
     out = {"processes": a.procs, "depth": a.depth, "keep": a.keep, "library": a.library, "cpu_time": a.cpu,
-           "burst": a.burst}
+           "burst": a.burst, "gap_bytes": a.gap}
     out.update(_summary(rows[ROOT], a))
     if a.against:
         out["against"] = {"root": roots[1], **_summary(rows[roots[1]], a)}

@@ -273,6 +273,7 @@ _SIGNATURES = {
     "fake_alloc_in_native_thread_after": (c_uint64, [c_void_p, c_int, c_uint64, c_int, c_char_p]),
     "fake_alloc_free_loop": (c_uint64, [c_int, c_int, c_uint64, c_uint64]),
     "fake_alloc_free_loop_cpu": (c_uint64, [c_int, c_int, c_uint64, c_uint64]),
+    "fake_alloc_free_loop_gap_cpu": (c_uint64, [c_int, c_int, c_uint64, c_uint64, c_uint64]),
     "fake_alloc_loop": (c_uint64, [c_int, c_uint64, c_uint64]),
     "fake_alloc_at": (c_uint64, [c_int, c_uint64, c_uint64]),
     "fake_addresses_like_driver": (None, [c_int]),

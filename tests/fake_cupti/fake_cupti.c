@@ -635,6 +635,37 @@ API uint64_t fake_alloc_free_loop_cpu(int cbid_alloc, int cbid_free, uint64_t n,
     return alloc_free_loop_on(CLOCK_THREAD_CPUTIME_ID, cbid_alloc, cbid_free, n, size);
 }
 
+/* As fake_alloc_free_loop_cpu, with `gap` bytes of a buffer of the double's
+ * own written between one event and the next (a line of every 64 bytes),
+ * as a real operation's work between two allocations would: the capture
+ * path then finds its own lines evicted, as inside a step (benchmarks). The
+ * writes are timed too; the caller subtracts the untracked loop's time. */
+static volatile unsigned char *gap_buf;
+static uint64_t gap_len;
+static inline void gap_touch(uint64_t gap, uint64_t i) {
+    for (uint64_t k = 0; k < gap; k += 64)
+        gap_buf[k] = (unsigned char)(i + k);
+}
+API uint64_t fake_alloc_free_loop_gap_cpu(int cbid_alloc, int cbid_free, uint64_t n,
+                                          uint64_t size, uint64_t gap) {
+    if (gap > gap_len) {
+        free((void *)gap_buf);
+        gap_buf = calloc(1, gap);
+        gap_len = gap_buf ? gap : 0;
+        if (!gap_buf) return 0;
+    }
+    struct timespec a, b;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t addr = fake_alloc(cbid_alloc, size, 0, 0);
+        gap_touch(gap, i);
+        fake_free(cbid_free, addr, 0, 0);
+        gap_touch(gap, i + 1);
+    }
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    return (uint64_t)(b.tv_sec - a.tv_sec) * 1000000000ull + (uint64_t)(b.tv_nsec - a.tv_nsec);
+}
+
 /* n allocations kept live, from the caller's one Python line: a store of
  * millions of live allocations in seconds (benchmarks/bench_scale.py). */
 API uint64_t fake_alloc_loop(int cbid, uint64_t n, uint64_t size) {
