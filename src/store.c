@@ -113,6 +113,12 @@ static mvz_region walked;  /* [MVZ_MAX_THREADS][2][MVZ_MAX_DEPTH] */
 static mvz_region applied; /* [MVZ_MAX_THREADS][MVZ_MAX_DEPTH] */
 static uint16_t applied_n[MVZ_MAX_THREADS];
 static uint8_t applied_reg[MVZ_MAX_THREADS]; /* the registration, as MVZ_CAPQ_KEPT's high bits */
+/* The stack id that last stack was interned as, while no stack's frames
+ * have changed since (stacks_changed: a code object found dying, the table
+ * cleared): an entry with the very same stack takes it without a hash and
+ * a probe (entry_stack). 0: none. Lock held. */
+static uint32_t applied_sid[MVZ_MAX_THREADS], applied_sid_at[MVZ_MAX_THREADS];
+static uint32_t stacks_changed = 1;
 /* Lock held: frames applied from entries, and those joined from the
  * thread's previous stack; entries whose kept frames could not be joined. */
 static uint64_t frames_written, frames_kept, kept_mismatch;
@@ -193,6 +199,7 @@ void mvz_store_clear(void ***refs, size_t *nrefs)
     /* Without memory for the list the references leak, which is safe. */
     mvz_live_reset(&live);
     mvz_stacks_reset(&stacks);
+    stacks_changed++;
     mvz_graves_reset(&graves);
     mvz_windows_reset(&windows);
     memset(totals, 0, sizeof totals);
@@ -270,6 +277,8 @@ size_t mvz_store_mark_dying(void *code)
 {
     LOCK();
     size_t n = mvz_stacks_mark_dying(&stacks, code);
+    if (n)
+        stacks_changed++; /* a stack's frames change: no thread's last id is taken as is */
     UNLOCK();
     return n;
 }
@@ -291,6 +300,7 @@ void mvz_store_resolve_dying(void *code, void *(*resolve)(void *code, int32_t of
         LOCK();
         /* The store may have been cleared meanwhile only by this thread. */
         if (target->code == code && (target->flags & MVZ_FRAME_DYING)) {
+            stacks_changed++; /* as in mvz_store_mark_dying */
             if (tuple) {
                 target->code = tuple;
                 target->flags = MVZ_FRAME_RESOLVED;
@@ -377,7 +387,8 @@ static uint64_t blocks_on_alloc(uint64_t address, uint64_t size, uint64_t *reque
 static uint32_t record_alloc_locked(uint64_t stamp, uint64_t clock_now, uint64_t address,
                                     uint64_t size, uint64_t requested, uint64_t stream, int slot,
                                     int kind, uint32_t label_id, int flags, const mvz_frame *f,
-                                    int depth, uint64_t hash, uint32_t thread_idx)
+                                    int depth, uint64_t hash, uint32_t thread_idx,
+                                    uint32_t same_id)
 {
     /* Whatever this allocation shows was freed unseen is retired first, so
      * that nothing is live twice at any moment: an earlier allocation at
@@ -407,7 +418,9 @@ static uint32_t record_alloc_locked(uint64_t stamp, uint64_t clock_now, uint64_t
     }
     if (found || blocks_retired || room > 0) /* the index moved since the probe above */
         i = mvz_live_find(&live, address, kind, &found);
-    uint32_t stack_id = depth > 0 ? mvz_stacks_intern_hashed(&stacks, f, depth, hash) : 0;
+    uint32_t stack_id = same_id     ? same_id /* f is that stack (entry_stack) */
+                        : depth > 0 ? mvz_stacks_intern_hashed(&stacks, f, depth, hash)
+                                    : 0;
     mvz_alloc *a = mvz_live_insert(&live, i);
     memset(a, 0, sizeof *a);
     a->op = MVZ_EV_ALLOC;
@@ -465,7 +478,7 @@ uint32_t mvz_store_record_alloc(uint64_t stamp, uint64_t address, uint64_t size,
     uint64_t clock_now = stamp ? stamp : mvz_now_ns();
     LOCK();
     uint32_t id = record_alloc_locked(stamp, clock_now, address, size, requested, stream, slot,
-                                      kind, label_id, flags, f, depth, hash, thread_idx);
+                                      kind, label_id, flags, f, depth, hash, thread_idx, 0);
     UNLOCK();
     return id;
 }
@@ -671,12 +684,13 @@ mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f,
  * stays as that thread's last). *depth: its depth. An entry whose kept
  * frames cannot be joined (never, unless threads were registered anew
  * while an allocation was being queued) keeps the frames it carries. */
-static const mvz_frame *entry_stack(const mvz_capq_entry *e, int *depth)
+static const mvz_frame *entry_stack(const mvz_capq_entry *e, int *depth, uint32_t *same_id)
 {
     const mvz_frame *f = mvz_capq_frames((mvz_capq_entry *)e);
     unsigned idx = e->thread_idx, kept = e->kept & MVZ_CAPQ_KEPT_MASK;
     unsigned reg = (unsigned)e->kept >> MVZ_CAPQ_KEPT_SHIFT, written = e->depth;
     *depth = (int)written;
+    *same_id = 0;
     if (idx >= MVZ_MAX_THREADS) {
         frames_written += written;
         return f;
@@ -687,6 +701,9 @@ static const mvz_frame *entry_stack(const mvz_capq_entry *e, int *depth)
         kept_mismatch++;
         kept = 0;
     }
+    if (written == 0 && kept == m && applied_sid_at[idx] == stacks_changed)
+        *same_id = applied_sid[idx]; /* the thread's last stack again: its id, if it had one */
+    applied_sid[idx] = 0; /* until the caller says what this stack was interned as */
     /* last[] becomes this stack: its outermost `kept` frames move to follow
      * the `written` new ones (memmove: the ranges may overlap). */
     memmove(last + written, last + (m - kept), (size_t)kept * sizeof *last);
@@ -731,16 +748,21 @@ static void drain_locked(uint64_t limit)
                 unmatched_frees++; /* allocated before tracking started */
         } else {
             int depth;
-            const mvz_frame *f = entry_stack(e, &depth);
+            uint32_t same_id;
+            const mvz_frame *f = entry_stack(e, &depth, &same_id);
             int slot = e->slot;
             if (slot < 0 || slot >= MVZ_NSLOTS)
                 slot = MVZ_HOST_SLOT;
             size_t before = stacks.n;
-            uint64_t hash = depth > 0 ? mvz_stacks_hash(f, depth) : 0;
+            uint64_t hash = depth > 0 && !same_id ? mvz_stacks_hash(f, depth) : 0;
             uint64_t stamp = e->what & MVZ_CAPQ_STAMPED ? clock : 0;
             uint32_t id = record_alloc_locked(stamp, clock, e->address, e->size, 0, e->stream,
                                               slot, e->kind, e->label_id, e->flags, f, depth, hash,
-                                              e->thread_idx);
+                                              e->thread_idx, same_id);
+            if (e->thread_idx < MVZ_MAX_THREADS) {
+                applied_sid[e->thread_idx] = id;
+                applied_sid_at[e->thread_idx] = stacks_changed;
+            }
             if (e->seq_note)
                 mvz_seqmap_put(e->seq_note, id);
             if (stacks.n != before)
