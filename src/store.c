@@ -114,8 +114,8 @@ static mvz_region applied; /* [MVZ_MAX_THREADS][MVZ_MAX_DEPTH] */
 static uint16_t applied_n[MVZ_MAX_THREADS];
 static uint8_t applied_reg[MVZ_MAX_THREADS]; /* the registration, as MVZ_CAPQ_KEPT's high bits */
 /* The stack id that last stack was interned as, while no stack's frames
- * have changed since (stacks_changed: a code object found dying, the table
- * cleared): an entry with the very same stack takes it without a hash and
+ * have changed since (stacks_changed: a code object found dying, a frame
+ * resolved, the table cleared): an entry with the very same stack takes it without a hash and
  * a probe (entry_stack). 0: none. Lock held. */
 static uint32_t applied_sid[MVZ_MAX_THREADS], applied_sid_at[MVZ_MAX_THREADS];
 static uint32_t stacks_changed = 1;
