@@ -5,7 +5,6 @@ written, whether the queue fills, readers race the writers, or the process
 forks while threads allocate."""
 
 import os
-import sys
 import threading
 import time
 
