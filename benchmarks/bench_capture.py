@@ -92,8 +92,13 @@ def child(depth, n, reps, library=False, keep=32, cpu=False, root=ROOT, burst=0,
     if gap:
         from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
 
+        if burst:
+            raise SystemExit("--gap and --burst are two rhythms: give one")
         loop = functools.partial(fake._c.fake_alloc_free_loop_gap_cpu, CBID_cuMemAlloc_v2,  # noqa: F811
                                  CBID_cuMemFree_v2, n, 4096, gap)
+        if not library:  # a C-level callable, as the probe: both at the depth asked for
+            probe = functools.partial(memviz._core._capture_depth, 64)
+            here -= 1
     if burst:
         import time
 

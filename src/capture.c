@@ -459,7 +459,7 @@ static void queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thre
                         uint64_t note, int tsc, uint64_t clock, uint64_t stamp,
                         const mvz_frame *f, int depth)
 {
-    decoded d = *dp;
+    const decoded d = *dp;
     uint64_t pos;
     mvz_capq_entry *e = mvz_store_enqueue_alloc(thread_idx, f, depth, &pos);
     e->what = (uint8_t)(MVZ_CAPQ_ALLOC | (stamp ? MVZ_CAPQ_STAMPED : 0) | (tsc ? MVZ_CAPQ_TSC : 0));

@@ -71,11 +71,11 @@ void mvz_store_publish(mvz_capq_entry *e, uint64_t pos);
  * writes its frames, depth, kept and thread_idx; the caller fills the rest
  * in and publishes it. */
 mvz_frame *mvz_store_walk_buffer(uint32_t thread_idx);
+mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f, int depth,
+                                        uint64_t *pos);
 /* Any thread: whether entries leave shared frames out (tests turn it off
  * to fill the queue); returns the setting before. */
 int mvz_store_share_frames(int on);
-mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f, int depth,
-                                        uint64_t *pos);
 /* Capture path, no GIL: a free, queued; `op` is counted when it is
  * applied (mvz_store_op_counts). */
 void mvz_store_enqueue_free(uint64_t address, int kind, int op);
