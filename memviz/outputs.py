@@ -2,7 +2,7 @@
 report, the exports and the notebook display, for a live
 :class:`~memviz.tracker.Tracker` and a :class:`~memviz.loaded.LoadedTrace`
 alike. On the top floor: it reaches down to memviz/report and memviz/export
-when asked."""
+when asked. Writing the file itself, safely, is memviz/_output_files.py's."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ import pytest
 import memviz
 from fake_cupti import CBID_cuMemAlloc_v2
 from memviz.capture import cupti as _capture
-from memviz import _outputs
+from memviz import _output_files
 import memviz.report as html  # render and the notebook views
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,7 +195,7 @@ def test_temporary_files_are_created_exclusively(tmp_path, monkeypatch):
         return real_open(path, flags, *a, **kw)
 
     monkeypatch.setattr(os, "open", spy)
-    _outputs.write_output(tmp_path / "out.txt", "data", "the test output")
+    _output_files.write_output(tmp_path / "out.txt", "data", "the test output")
     monkeypatch.undo()
     temp, flags = seen[-1]
     assert os.path.dirname(temp) == str(tmp_path)

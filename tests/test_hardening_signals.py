@@ -26,7 +26,7 @@ import memviz
 import memviz.trace.flight as flight
 import memviz.trace.writer as writer
 from fake_cupti import CBID_cuMemAlloc_v2
-from memviz import _outputs
+from memviz import _output_files
 from memviz.report.summary import flight_sentences
 from memviz.trace import format as F
 
@@ -384,12 +384,12 @@ def test_stale_temporary_files_are_removed_and_live_ones_kept(tmp_path):
     fd = os.open(held, os.O_WRONLY)  # a live writer holds its lock
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        assert _outputs.remove_stale_temps(str(tmp_path)) == [str(stale)]
+        assert _output_files.remove_stale_temps(str(tmp_path)) == [str(stale)]
     finally:
         os.close(fd)
     assert sorted(os.listdir(tmp_path)) == sorted([".b.memviz.3c4d.memviz-tmp", ".c.memviz.5e6f.memviz-tmp",
                                                    "a.memviz-tmp", ".link.memviz-tmp", ".dir.memviz-tmp"])
-    assert _outputs.remove_stale_temps(str(tmp_path / "nowhere")) == []
+    assert _output_files.remove_stale_temps(str(tmp_path / "nowhere")) == []
 
 
 def test_a_dump_killed_midway_leaves_a_file_the_next_recorder_removes(fake_path, fake, tmp_path):

@@ -25,7 +25,7 @@ import memviz
 from fake_cupti import (CBID_cuMemAlloc_v2, CBID_cuMemFree_v2, CBID_cuMemHostAlloc,
                         CUDA_ERROR_OUT_OF_MEMORY)
 from memviz import _core
-from memviz.report import _source, findings_repr_html, render, snapshot_repr_html
+from memviz.report import findings_repr_html, read, render, snapshot_repr_html
 from memviz.report import tracker_repr_html, write
 from memviz.report.html import json_for_script
 from memviz.report.text import text_report
@@ -186,10 +186,10 @@ def test_downsample_keeps_maxima_ends_and_bounds_points():
     ts = list(range(100_000))
     vs = [(i * 7919) % 1000 for i in ts]
     vs[54_321] = 10**9
-    t2, v2 = _source.downsample(ts, vs, 4000)
+    t2, v2 = read.downsample(ts, vs, 4000)
     assert len(t2) <= 4002 and t2[0] == 0 and t2[-1] == 99_999
     assert 10**9 in v2 and t2 == sorted(t2)
-    assert _source.downsample([1, 2], [3, 4], 10) == ([1, 2], [3, 4])
+    assert read.downsample([1, 2], [3, 4], 10) == ([1, 2], [3, 4])
 
 
 # ---- duck-typed traces: categories, steps, findings, events ------------------
@@ -353,7 +353,7 @@ def test_diagnose_that_fails_or_is_missing_does_not_break_the_report(run):
 
     d = embedded_data(render(Broken(run)))
     assert d["findings"] is None and "not available" in d["findings_note"]
-    assert _source.findings(object())[0] is None
+    assert read.findings(object())[0] is None
 
 
 # ---- notebook views -----------------------------------------------------------

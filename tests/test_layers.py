@@ -19,7 +19,7 @@ PACKAGE = ROOT / "memviz"
 FLOORS = [
     ("memviz._core", 0), ("memviz._errors", 0), ("memviz._package", 0),
     ("memviz._progress", 0), ("memviz._interrupts", 0), ("memviz._units", 1),
-    ("memviz._args", 2), ("memviz._outputs", 3),
+    ("memviz._args", 2), ("memviz._output_files", 3),
     ("memviz.model", 4), ("memviz.capture", 5), ("memviz.torch", 6), ("memviz.trace", 7),
     ("memviz.analysis", 8), ("memviz.report", 9), ("memviz.export", 10),
     ("memviz.outputs", 11), ("memviz.loaded", 12), ("memviz.tracker", 13),

@@ -552,7 +552,7 @@ def test_the_most_compressible_traces_memviz_writes_still_load(fake, tmp_path):
 def test_events_of_a_loaded_trace_share_seq_with_the_tracker(fake, tmp_path):
     """Every alloc, free and failure, in order; ``seq`` names the allocation an
     event concerns with the number the tracker's own Allocation.seq gives it."""
-    from memviz.report import _source
+    from memviz.report import read
 
     path = tmp_path / "run.memviz"
     with memviz.track(trace=str(path), torch=False) as t:
@@ -590,7 +590,7 @@ def test_events_of_a_loaded_trace_share_seq_with_the_tracker(fake, tmp_path):
     # the readers of reports and exports get the same history from both
     def norm(obj):
         return [(e.op, e.timestamp_ns, e.device, e.address, e.size, e.kind, e.label)
-                for e in _source.events(obj)]
+                for e in read.events(obj)]
     assert norm(loaded) == norm(t) == [(e.op, e.timestamp_ns, e.device, e.address, e.size,
                                         e.kind, e.label) for e in evs]
 

@@ -53,8 +53,8 @@ class _File(_Sink):
             self.f.close()  # retries the flush once more; the file is closed either way
         except OSError:
             pass
-        from memviz._outputs import _error
-        err = _error(f"the {self.what} step file", self.path, e)
+        from memviz._output_files import output_error
+        err = output_error(f"the {self.what} step file", self.path, e)
         when = f"step {rec.index} and later steps" if rec is not None else "the steps"
         return OutputError(err.what, err.path, err.reason, errno=err.errno, hint=(
             f"{err.hint or 'free some disk space, or choose another path'}. {when.capitalize()} "
@@ -249,7 +249,7 @@ def _refuse_same_files(tracker, sinks: Dict[str, Any]) -> None:
     """Before anything is opened: a jsonl=/csv= path must not be the tracker's
     trace file, a step file the tracker writes already, or the other of the two
     (one file by device and inode, through links)."""
-    from memviz._outputs import own_files, refuse_inputs
+    from memviz._output_files import own_files, refuse_inputs
 
     taken = own_files(tracker) if tracker is not None else []
     st = tracker.__dict__.get("_memviz_steps") if tracker is not None else None

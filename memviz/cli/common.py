@@ -21,7 +21,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import memviz._progress as _progress
 from memviz._args import whole_option
 from memviz._errors import InvalidArgument, OutputError
-from memviz._outputs import refuse_inputs, write_output
+from memviz._output_files import refuse_inputs, write_output
 from memviz._units import json_finite
 from memviz.report.summary import device_name
 from memviz.trace.format import TraceWarning

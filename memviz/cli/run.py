@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import memviz._core as _core
 from memviz._args import whole_option
 from memviz._errors import CaptureConflict, CaptureUnavailable, MemvizError, OutputError
-from memviz._outputs import same_file, write_output
+from memviz._output_files import same_file, write_output
 from memviz._package import PACKAGE_DIR
 from memviz.capture import callsite as _callsite
 from memviz.capture.ranks import rank_glob, rank_of, rank_path

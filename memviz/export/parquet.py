@@ -630,7 +630,7 @@ class Pool:
 
 def write_manifest(out: str) -> str:
     """``OUT/memviz_parquet.json``: the schema version and the tables."""
-    from memviz._outputs import write_output
+    from memviz._output_files import write_output
     from memviz._package import __version__
 
     path = os.path.join(out, "memviz_parquet.json")

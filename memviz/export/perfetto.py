@@ -32,7 +32,7 @@ from typing import Any, Dict, Iterator, List, Optional, TextIO
 
 from memviz._units import escape_surrogates, format_size
 from memviz.model.traceback import innermost_first
-from memviz.report import _source as src
+from memviz.report import read
 from memviz.report._categories import TENSORS, memory_series
 
 __all__ = ["write", "events"]
@@ -54,7 +54,7 @@ def _alloc_args(a: Any, size: int) -> Dict[str, Any]:
     args: Dict[str, Any] = {
         "size": size, "size_str": format_size(size), "kind": getattr(a, "kind", "device"),
         "address": hex(getattr(a, "address", 0) or 0), "stream": getattr(a, "stream", 0) or 0,
-        "line": src.where(a),
+        "line": read.where(a),
     }
     thread = getattr(a, "thread", None)
     if thread is not None:
@@ -72,7 +72,7 @@ def _meta_events(devices: List[int]) -> Iterator[Dict[str, Any]]:
     for i, dev in enumerate(sorted(devices, key=lambda d: (d < 0, d))):
         pid = _pid(dev)
         yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-               "args": {"name": f"{src.device_name(dev)} (memviz)"}}
+               "args": {"name": f"{read.device_name(dev)} (memviz)"}}
         yield {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": i}}
 
 
@@ -80,7 +80,7 @@ def events(obj: Any) -> Iterator[Dict[str, Any]]:
     """The trace events of a Tracker or a loaded trace, one dict each."""
     totals = {int(d): t for d, t in obj.totals().items()}
     timeline = list(obj.timeline())
-    t0, t1 = src.time_range(obj, timeline, totals)
+    t0, t1 = read.time_range(obj, timeline, totals)
     devices = sorted(set(totals) | {p[1] for p in timeline})
     yield from _meta_events(devices)
     yield {"ph": "M", "name": "process_name", "pid": _META_PID, "tid": 0,
@@ -119,7 +119,7 @@ def events(obj: Any) -> Iterator[Dict[str, Any]]:
             for ts, v in zip(ts_list, values):
                 yield {"ph": "C", "name": name, "pid": _pid(dev), "ts": _us(ts, t0),
                        "args": {"bytes": v}}
-    history = src.events(obj)
+    history = read.events(obj)
     if history is not None:
         yield from _from_history(history, known, t0)
     else:
@@ -169,7 +169,7 @@ def _from_history(history: Iterator[Any], known: Dict[tuple, Any], t0: int
         if e.op == "alloc":
             uid += 1
             a = known.get((e.device, e.address, e.timestamp_ns), e.allocation)  # (op: the call, not "alloc")
-            open_[(e.device, e.address, e.kind)] = (uid, src.where(a))
+            open_[(e.device, e.address, e.kind)] = (uid, read.where(a))
             yield from _span(a, e.size, e.timestamp_ns, None, uid, t0)
         elif e.op == "free":
             got = open_.pop((e.device, e.address, e.kind), None)  # a block may start its segment
@@ -182,7 +182,7 @@ def _from_history(history: Iterator[Any], known: Dict[tuple, Any], t0: int
 
 
 def _steps(obj: Any, t0: int) -> Iterator[Dict[str, Any]]:
-    for s in src.steps(obj):
+    for s in read.steps(obj):
         ts = s["timestamp_ns"]
         if ts is None:
             continue
@@ -214,7 +214,7 @@ def write(tracker: Any, path: "str | os.PathLike[str]") -> int:
     Open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing.
     Returns the number of trace events written. Raises :class:`memviz.OutputError`
     (an OSError) when ``path`` cannot be written; an existing file stays as it was."""
-    from memviz._outputs import output_file, own_files
+    from memviz._output_files import output_file, own_files
 
     with output_file(path, "the Perfetto trace", inputs=own_files(tracker)) as f:
         return _dump(tracker, f)

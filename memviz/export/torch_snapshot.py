@@ -30,7 +30,7 @@ import os
 import pickle
 from typing import Any, Dict, List, Mapping, Tuple
 
-from memviz.report import _source as src
+from memviz.report import read
 
 __all__ = ["build", "write"]
 
@@ -70,7 +70,7 @@ def _frame_list(a: Any) -> List[Dict[str, Any]]:
                 filename, line, name = (tuple(f) + ("?", 0, "?"))[:3]
                 out.append({"filename": str(filename), "line": int(line or 0), "name": str(name)})
         return out
-    return src.frame_dicts(a)
+    return read.frame_dicts(a)
 
 
 def _segment(a: Any, frames: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -133,7 +133,7 @@ def build(tracker: Any) -> Dict[str, Any]:
     def cat(a: Any) -> Any:
         return (getattr(a, "category", None) or "unknown") if with_categories else None
 
-    history = src.events(tracker)
+    history = read.events(tracker)
     if history is None:
         for a in sorted(live, key=lambda a: a.timestamp_ns):
             fr, c = frames_of(a), cat(a)
@@ -189,7 +189,7 @@ def write(tracker: Any, path: "str | os.PathLike[str]") -> Dict[str, Any]:
     page, or ``python -m torch.cuda._memory_viz trace_plot FILE -o out.html``).
     Returns what :func:`build` returned. Raises :class:`memviz.OutputError`
     (an OSError) when ``path`` cannot be written; an existing file stays as it was."""
-    from memviz._outputs import output_file, own_files
+    from memviz._output_files import output_file, own_files
 
     data = build(tracker)
     with output_file(path, "the torch snapshot", binary=True, inputs=own_files(tracker)) as f:

@@ -368,7 +368,7 @@ class _Runner:
         ok, why = self.capture()
         data = {"capture_available": ok, "capture_reason": why or None, "tests": self.results}
         from memviz._errors import OutputError
-        from memviz._outputs import write_output
+        from memviz._output_files import write_output
 
         try:  # through a temporary file renamed over the path
             write_output(path, json.dumps(data, indent=1), "the --memviz-report file")

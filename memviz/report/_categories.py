@@ -26,7 +26,7 @@ recording without events (a tracker without a trace) gets the two
 snapshots' allocations instead: exact at the peak and at the end, a lower
 bound elsewhere.
 
-Imports the model floor and below and memviz.report._source
+Imports the model floor and below and memviz.report.read
 (docs/architecture.md).
 """
 
@@ -37,7 +37,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 import memviz._core as _core
 from memviz.model.segments import TENSORS, UNUSED_POOL
-from memviz.report import _source as src
+from memviz.report import read
 
 __all__ = ["category_series", "memory_series", "known_categories", "known_in_trace", "MemorySeries",
            "TENSORS", "UNKNOWN", "POOL"]
@@ -95,7 +95,7 @@ def memory_series(obj: Any, end_allocs: List[Any], peak_allocs: List[Any], peak_
         if out is not None:
             tensors = {dev: cats.pop(TENSORS) for dev, cats in out.items() if TENSORS in cats}
             return MemorySeries({d: c for d, c in out.items() if c}, tensors, EXACT)
-    evs = src.events(obj)
+    evs = read.events(obj)
     if evs is not None:
         cats, tensors = _from_events(evs, known)
         return MemorySeries(_levels(cats, end_ns), _levels(tensors, end_ns).get(TENSORS, {}), EXACT)

@@ -18,7 +18,7 @@ from memviz.capture.hints import sources_line
 from memviz.model.lines import location
 from memviz.model.statistics import _SIMPLE_KEYS
 from memviz.model.traceback import innermost_first
-from memviz.report import _source as src
+from memviz.report import read
 from memviz.report._categories import TENSORS, MemorySeries, memory_series
 from memviz.report.outside import held_by_process, outside_section
 from memviz.report.summary import before_tracking_allocations, recorded_source, sample_of, sample_sentence
@@ -55,7 +55,7 @@ def _at(ts: List[int], vs: List[float], t: Optional[int]) -> Optional[int]:
 
 def _series(name: str, kind: str, ts: List[int], vs: List[float], t0: int,
             points: int, note: str = "") -> Dict[str, Any]:
-    ts, vs = src.downsample(ts, vs, points)
+    ts, vs = read.downsample(ts, vs, points)
     return {"name": name, "kind": kind, "t": [(t - t0) // 1000 for t in ts],
             "v": [int(v) for v in vs], "note": note}
 
@@ -102,7 +102,7 @@ def _timeline(obj: Any, totals: Dict[int, Dict[str, int]], timeline: List[tuple]
         for cat, (cts, cvs) in sorted(mem.categories.get(dev, {}).items()):
             series.append(_series(cat, "category", cts, cvs, t0, points, mem.note))
             at_peak[cat] = _at(cts, cvs, peak_ts.get(dev))
-        for name, _keys, _dev_key in src.STEP_SERIES:
+        for name, _keys, _dev_key in read.STEP_SERIES:
             for key, label in ((dev, name), (None, f"{name} (all devices)")):
                 if key is None and (not gpus or dev != gpus[0]):
                     continue
@@ -112,7 +112,7 @@ def _timeline(obj: Any, totals: Dict[int, Dict[str, int]], timeline: List[tuple]
                     series.append(_series(label, "step", [p[0] for p in pts],
                                           [p[1] for p in pts], t0, points))
         peak_v = tot.get("peak", max(vs))
-        charts.append({"device": dev, "name": src.device_name(dev),
+        charts.append({"device": dev, "name": read.device_name(dev),
                        "peak": {"t": _us(peak_ts.get(dev), t0), "v": peak_v,
                                 "values": {k: v for k, v in at_peak.items() if v is not None}},
                        # the most the chart holds: its height follows it
@@ -383,7 +383,7 @@ def _line_table(snap: Any, total: int, rows: int) -> Dict[str, Any]:
         row = [shown, f.name, source_line(f.filename, lineno, 120), s.size, s.count,
                s.size // max(s.count, 1), round(100.0 * s.size / total, 2) if total else 0.0]
         if len(per_dev) > 1:
-            row.insert(1, src.device_name(dev))
+            row.insert(1, read.device_name(dev))
         data.append(row + [f.filename])
     return {"columns": cols, "rows": data, "more": max(len(stats) - rows, 0),
             "title_col": len(cols)}
@@ -415,8 +415,8 @@ def _failures(obj: Any, t0: int) -> List[list]:
     for f in list(getattr(obj, "failures", None) or ())[-TABLE_ROWS:]:
         frame = f.traceback.user_frame if f.traceback else None
         source = source_line(frame.filename, frame.lineno or 0, 120) if frame is not None else ""
-        rows.append([_us(f.timestamp_ns, t0), f.size, src.device_name(f.device), f.kind,
-                     src.where(f), source, f"CUDA error {getattr(f, 'result', '?')}",
+        rows.append([_us(f.timestamp_ns, t0), f.size, read.device_name(f.device), f.kind,
+                     read.where(f), source, f"CUDA error {getattr(f, 'result', '?')}",
                      getattr(f.thread, "name", str(f.thread)), f.label or "",
                      "\n".join(f.traceback.format()) if f.traceback else ""])
     return rows
@@ -440,8 +440,8 @@ def _steps_table(steps: List[Dict[str, Any]], t0: int) -> Dict[str, Any]:
 
 
 STEP_PLOT_POINTS = 2000
-#: the timeline's step series (memviz.report._source.STEP_SERIES) as the step plot names them
-_PLOT_NAMES = {src.STEP_CURRENT: "current", "device total": "device total", "torch allocated": "allocated",
+#: the timeline's step series (memviz.report.read.STEP_SERIES) as the step plot names them
+_PLOT_NAMES = {read.STEP_CURRENT: "current", "device total": "device total", "torch allocated": "allocated",
                "torch reserved": "reserved"}
 
 
@@ -467,7 +467,7 @@ def _step_plot(obj: Any, rows: List[Dict[str, Any]], points: int = STEP_PLOT_POI
                 if any(v is not None for v in vals):
                     series[name] = vals
             if series:
-                devices.append({"device": dev, "name": src.device_name(dev), "series": series})
+                devices.append({"device": dev, "name": read.device_name(dev), "series": series})
     elif rows:  # steps of another kind of recorder: what the timeline draws of them
         ints = all(isinstance(r["index"], int) and not isinstance(r["index"], bool) for r in rows)
         index = [r["index"] if ints else i for i, r in enumerate(rows)]
@@ -478,7 +478,7 @@ def _step_plot(obj: Any, rows: List[Dict[str, Any]], points: int = STEP_PLOT_POI
                     vals = per.setdefault(dev, {}).setdefault(name, [None] * len(rows))
                     vals[i] = int(v)
         for dev in sorted(per, key=lambda d: (d is None, d is not None and d < 0, d or 0)):
-            devices.append({"device": dev, "name": "all devices" if dev is None else src.device_name(dev),
+            devices.append({"device": dev, "name": "all devices" if dev is None else read.device_name(dev),
                             "series": per[dev]})
     else:
         return None
@@ -500,7 +500,7 @@ def _step_plot(obj: Any, rows: List[Dict[str, Any]], points: int = STEP_PLOT_POI
 
 def _meta(obj: Any, title: Optional[str], t0: int, t1: int) -> Dict[str, Any]:
     try:
-        info = src.call(obj, "capture_info", default={}) or {}
+        info = read.call(obj, "capture_info", default={}) or {}
     except Exception:  # noqa: BLE001 - the header must not break the report
         info = {}
     gpu = getattr(obj, "gpu_enabled", info.get("gpu_enabled"))
@@ -571,14 +571,14 @@ def _collect(obj: Any, title: Optional[str], *, points: int, rows: int, live_at_
              before_tracking: Optional[Dict[int, Dict[str, int]]]) -> Dict[str, Any]:
     totals = {int(d): dict(t) for d, t in obj.totals().items()}
     timeline = list(obj.timeline())
-    t0, t1 = src.time_range(obj, timeline, totals)
+    t0, t1 = read.time_range(obj, timeline, totals)
     peak = obj.peak_snapshot()
     end = obj.snapshot() if live_at_end else None
     buckets = _buckets(peak.allocations)
     total = sum(b[0] for b in buckets)
     allocs = list(end.allocations) if end is not None else []
-    steps = src.steps(obj)
-    found, why_none = src.findings(obj)
+    steps = read.steps(obj)
+    found, why_none = read.findings(obj)
     names = _Names()
     by_dev: Dict[int, List[list]] = {}
     for b in buckets:
@@ -587,14 +587,14 @@ def _collect(obj: Any, title: Optional[str], *, points: int, rows: int, live_at_
     flames = []
     for d in sorted(by_dev, key=lambda d: (d < 0, d)):
         launchers: List[str] = []
-        flames.append({"device": d, "name": src.device_name(d),
+        flames.append({"device": d, "name": read.device_name(d),
                        "tree": _flame(by_dev[d], names, depth, launchers), "launchers": launchers})
     if sample_of(obj) is not None:  # no path of the machine the sample was recorded on
         for entry in names.table:
             entry[1] = _no_machine_path(entry[1])
     return {
         "meta": _meta(obj, title, t0, t1),
-        "devices": [dict(device=d, name=src.device_name(d), peak_t=_us(t.get("peak_timestamp_ns"), t0),
+        "devices": [dict(device=d, name=read.device_name(d), peak_t=_us(t.get("peak_timestamp_ns"), t0),
                          **{k: t.get(k, 0) for k in ("current", "peak", "allocs", "frees", "failed")})
                     for d, t in sorted(totals.items(), key=lambda kv: (kv[0] < 0, kv[0]))],
         "timeline": _timeline(obj, totals, timeline, t0, t1, steps, allocs, list(peak.allocations), points,
@@ -645,7 +645,7 @@ def _segments(snap: Any, when: str) -> Optional[Dict[str, Any]]:
         made = "before tracking" if seg.before_tracking else (f"{uf.filename}:{uf.lineno}" if uf else None)
         blocks = []
         for b in sorted(seg.blocks, key=lambda b: -b.size)[:BLOCKS_PER_SEGMENT]:
-            where = "before tracking" if b.before_tracking else src.where(b)
+            where = "before tracking" if b.before_tracking else read.where(b)
             blocks.append([b.address - seg.address, b.size, where, b.category])
         rows.append([seg.device, f"{seg.address:#x}", seg.size, seg.unused, seg.largest_free, seg.free_gaps,
                      made, blocks, max(0, len(seg.blocks) - BLOCKS_PER_SEGMENT)])

@@ -244,7 +244,7 @@ def write(tracker_or_trace: Any, path: "str | os.PathLike[str]", title: Optional
     Written to a temporary file in the same folder, then renamed over
     ``path``; raises :class:`memviz.OutputError` (an OSError) saying why and
     what to do when it cannot be written, leaving an existing file as it was."""
-    from memviz._outputs import own_files, write_output
+    from memviz._output_files import own_files, write_output
 
     page = render(tracker_or_trace, title)
     write_output(path, page, "the HTML report", inputs=own_files(tracker_or_trace))

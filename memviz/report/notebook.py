@@ -17,7 +17,7 @@ from memviz._args import given
 from memviz._errors import InvalidArgument
 from memviz._units import escape_controls, format_size
 from memviz.model.lines import location
-from memviz.report import _data, _source as src
+from memviz.report import _data, read
 from memviz.report.summary import (STEP_SERIES, before_tracking, short_path as _short_path, source_line,
                                    step_series_label, step_summary, tensor_peaks)
 
@@ -46,7 +46,7 @@ def _sparkline(points: List[tuple], peak: int, peak_ts: Optional[int], t0: int, 
     a training loop show as a sawtooth."""
     if not points or peak <= 0 or t1 <= t0:
         return ""
-    ts, vs = src.downsample([p[0] for p in points], [p[1] for p in points], 200, low=True)
+    ts, vs = read.downsample([p[0] for p in points], [p[1] for p in points], 200, low=True)
     span, top = t1 - t0, peak * 1.08
 
     def xy(t: int, v: float) -> str:
@@ -110,7 +110,7 @@ def tracker_repr_html(tracker: Any, top: int = 10, name: str = "t") -> str:
                 "use <code>with memviz.track() as t:</code> and run your code in the block</span></div>")
     totals = tracker.totals()
     timeline = list(tracker.timeline())
-    t0, t1 = src.time_range(tracker, timeline, totals)
+    t0, t1 = read.time_range(tracker, timeline, totals)
     state = "running" if getattr(tracker, "running", False) else "stopped"
     if getattr(tracker, "gpu_enabled", True):
         gpu = "GPU capture on"
@@ -128,7 +128,7 @@ def tracker_repr_html(tracker: Any, top: int = 10, name: str = "t") -> str:
             t = totals[dev]
             pts = [(ts, live) for ts, d, live in timeline if d == dev]
             spark = _sparkline(pts, t.get("peak", 0), t.get("peak_timestamp_ns"), t0, t1)
-            rows.append(f'<tr><td>{_e(src.device_name(dev))}</td><td class="n">'
+            rows.append(f'<tr><td>{_e(read.device_name(dev))}</td><td class="n">'
                         f'{_e(format_size(t["current"]))}</td><td class="n">{_e(format_size(t["peak"]))}'
                         f'</td><td class="n">{t["allocs"]:,}</td><td class="n">{t["frees"]:,}</td>'
                         f'<td class="n">{t.get("failed", 0):,}</td><td>{spark}</td></tr>')
@@ -148,7 +148,7 @@ def tracker_repr_html(tracker: Any, top: int = 10, name: str = "t") -> str:
             parts.append(_lines_table(tensor.statistics("lineno"), top, tensor.total_bytes()))
         before = before_tracking(tracker)
         if before:
-            said = "; ".join(f"{src.device_name(d)}: {format_size(v['bytes'])}" for d, v in sorted(before.items())
+            said = "; ".join(f"{read.device_name(d)}: {format_size(v['bytes'])}" for d, v in sorted(before.items())
                              if v["bytes"])
             if said:
                 parts.append(f'<p class="m">Held by PyTorch when tracking started: {_e(said)} '
@@ -158,7 +158,7 @@ def tracker_repr_html(tracker: Any, top: int = 10, name: str = "t") -> str:
     if failures:
         last = failures[-1]
         parts.append(f'<p class="bad">{len(failures):,} failed allocation(s); the last: '
-                     f'{_e(format_size(last.size))} at {_e(src.where(last))}</p>')
+                     f'{_e(format_size(last.size))} at {_e(read.where(last))}</p>')
     # a method of the tracker: runs as written where the tracker is, with no import
     parts.append(f'<p class="m">Full report: <code>{name}.to_html("report.html")</code></p></div>')
     return "".join(parts)
@@ -208,10 +208,10 @@ def _steps_view(obj: Any) -> str:
     """The notebook view's steps (a summary table, memory per step with the
     findings' steps shaded) and findings; "" when there are no steps."""
     summary = step_summary(obj)
-    rows = src.steps(obj)
+    rows = read.steps(obj)
     if summary is None and not rows:
         return ""
-    found, why = src.findings(obj)
+    found, why = read.findings(obj)
     parts = []
     plot = _data._step_plot(obj, rows, points=200)
     if summary is not None:
@@ -264,7 +264,7 @@ def _finding_cards(items: List[dict]) -> str:
 def snapshot_repr_html(snapshot: Any, top: int = 10) -> str:
     """Compact HTML of a Snapshot: size per device and the top lines."""
     total = snapshot.total_bytes()
-    devs = ", ".join(f"{src.device_name(d)} {format_size(s.total_bytes())}"
+    devs = ", ".join(f"{read.device_name(d)} {format_size(s.total_bytes())}"
                      for d, s in snapshot.by_device().items())
     return (f'{_NB_STYLE}<div class="mvz-nb"><div><b>memviz snapshot</b> <span class="m">'
             f"{len(snapshot):,} allocation(s), {_e(format_size(total))}"
@@ -274,7 +274,7 @@ def snapshot_repr_html(snapshot: Any, top: int = 10) -> str:
 
 def findings_repr_html(findings: Iterable[Any]) -> str:
     """Compact HTML of diagnose() findings: kind, message, numbers, lines, fix."""
-    items = [src.normalize_finding(f) for f in findings or ()]
+    items = [read.normalize_finding(f) for f in findings or ()]
     if not items:
         return f'{_NB_STYLE}<div class="mvz-nb"><b>memviz</b> <span class="m">no problem found</span></div>'
     return f'{_NB_STYLE}<div class="mvz-nb"><b>memviz findings</b> ({len(items)}){_finding_cards(items)}</div>'

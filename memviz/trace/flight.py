@@ -25,7 +25,7 @@ A dump that cannot be written says so on stderr at most once a minute
 (``_WARN_GAP_S``, with the count of the failures not said), and never
 raises into the program. Hidden temporary files that dumps of killed
 processes left in the recorder's folder are removed when a recorder starts
-and before each dump, once no process holds them (memviz._outputs.remove_stale_temps).
+and before each dump, once no process holds them (memviz._output_files.remove_stale_temps).
 
 A dump's file name carries the time, the pid and the rank
 (``memviz-flight-20261201T142800123Z-pid4242-rank0.memviz``); its END
@@ -51,7 +51,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import memviz._core as _core
 from memviz._errors import InvalidArgument, TraceError
 from memviz._interrupts import deferred_interrupt
-from memviz._outputs import output_file, remove_stale_temps
+from memviz._output_files import output_file, remove_stale_temps
 from memviz._units import format_size, parse_size
 from memviz.capture.ranks import timestamped_name
 from memviz.trace.format import END, EVENT_LEVEL, META, chunk, header, json_bytes

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 import memviz._args as _args
 import memviz._core as _core
 from memviz._errors import OutputError, TraceError
-from memviz._outputs import own_files, refuse_inputs, write_output
+from memviz._output_files import own_files, refuse_inputs, write_output
 from memviz.capture import callsite as _callsite
 from memviz.capture.ranks import rank_path
 from memviz.trace.format import (END, EVENT, EVENT_LEVEL, EVENTS, FLAG_SYNTHETIC, META, OP_FAILED, OP_FREE,

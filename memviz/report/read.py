@@ -9,7 +9,10 @@ optional extras when they exist:
   trace, or a stopped Tracker that streamed one): see :func:`events`.
 * ``started_ns`` / ``stopped_ns``: the time range of the run.
 
-Nothing here changes the object it reads.
+Nothing here changes the object it reads. Imported as ``read``
+(``read.events(obj)``, ``read.steps(obj)``) by the HTML and notebook reports
+(``_data.py``, ``notebook.py``), the category series (``_categories.py``) and
+the exports (memviz/export/).
 """
 
 from __future__ import annotations

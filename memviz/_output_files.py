@@ -1,5 +1,15 @@
-"""What a live Tracker and a loaded trace both write: exports and HTML; and
-how memviz writes any output file (:func:`output_file`)."""
+"""How memviz writes an output file (a report, an export, a trace) without
+losing the old one: :func:`output_file` and :func:`write_output` write
+through a temporary file in the target's folder, locked while written, that
+replaces the target only once complete; :func:`remove_stale_temps` removes
+the ones a killed process left. :func:`refuse_inputs`, :func:`same_file`
+and :func:`own_files` refuse an output path that is a file being read (the
+trace a Tracker streams to or a loaded trace came from); :func:`output_error`
+turns an OSError into an OutputError with a hint (also for the step files,
+which are written as steps come, not through here). What a recording is
+turned into (to_html, to_perfetto, ...) is memviz/outputs.py's.
+
+Imports the bottom floor and memviz/_args.py only (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +29,8 @@ except ImportError:  # not POSIX: temporary files are neither locked nor cleaned
 from memviz._args import path as _path_arg
 from memviz._errors import OutputError
 
-__all__ = ["output_file", "write_output", "same_file", "refuse_inputs", "own_files", "remove_stale_temps"]
+__all__ = ["output_file", "write_output", "same_file", "refuse_inputs", "own_files", "remove_stale_temps",
+           "output_error"]
 
 #: the end of a temporary file's name (".<target>.<random>.memviz-tmp")
 TEMP_SUFFIX = ".memviz-tmp"
@@ -58,7 +69,10 @@ def own_files(obj: Any) -> List[tuple]:
     return out
 
 
-def _error(what: str, path: str, e: OSError, hint: Optional[str] = None) -> OutputError:
+def output_error(what: str, path: str, e: OSError, hint: Optional[str] = None) -> OutputError:
+    """The OutputError for writing ``what`` at ``path`` that failed with ``e``,
+    with a hint for the usual causes (a full disk, a file too large, no
+    permission, a folder, a missing folder) unless ``hint`` is given."""
     reason = e.strerror or str(e)
     if hint is None:
         if e.errno in (_errno.ENOSPC, _errno.EDQUOT):
@@ -164,7 +178,7 @@ def output_file(path: Any, what: str, *, binary: bool = False, inputs: Iterable[
     except FileNotFoundError:
         st = None
     except OSError as e:
-        raise _error(what, path, e, hint) from e
+        raise output_error(what, path, e, hint) from e
     mode = ("w" if not binary else "wb")
     text_kw = {} if binary else {"encoding": "utf-8"}
     if st is not None and stat.S_ISDIR(st.st_mode):
@@ -187,7 +201,7 @@ def output_file(path: Any, what: str, *, binary: bool = False, inputs: Iterable[
         if st is not None and e.errno in (_errno.EACCES, _errno.EPERM) and os.access(real, os.W_OK):
             yield from _in_place(real, path, mode, text_kw, what, hint)  # a writable file in a locked folder
             return
-        raise _error(what, path, e, hint) from e
+        raise output_error(what, path, e, hint) from e
     f = None
     try:
         if st is not None:
@@ -207,7 +221,7 @@ def output_file(path: Any, what: str, *, binary: bool = False, inputs: Iterable[
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(e, OSError) and not isinstance(e, OutputError):
-            raise _error(what, path, e, hint) from e
+            raise output_error(what, path, e, hint) from e
         raise
 
 
@@ -216,14 +230,14 @@ def _in_place(real: str, path: str, mode: str, text_kw: dict, what: str,
     try:
         f = open(real, mode, **text_kw)
     except OSError as e:
-        raise _error(what, path, e, hint) from e
+        raise output_error(what, path, e, hint) from e
     try:
         yield f
         f.close()
     except OutputError:
         raise
     except OSError as e:
-        raise _error(what, path, e, hint) from e
+        raise output_error(what, path, e, hint) from e
     finally:
         _close_quietly(f)
 
