@@ -915,7 +915,12 @@ def test_replay_matches_the_loaded_trace(fake, tmp_path):
         fake.free(CBID_cuMemFreeHost, host)
         fake.alloc(CBID_cuMemAlloc_v2, 9 * MiB)
     loaded = memviz.load(path)
-    cols = loaded._columns()  # the reader keeps none: it reads the file again
+    from memviz.model.snapshot import KIND_NAMES
+
+    ops, kinds = {"alloc": 1, "free": 2, "failed": 3}, {k: i for i, k in enumerate(KIND_NAMES)}
+    cols = _columns([(ops[e.op], e.address, e.size if e.op != "free" else 0, kinds[e.kind], e.device)
+                     for e in loaded.events()])
+    assert cols[0].count(1) == 8 and cols[0].count(2) == 4 and cols[0].count(3) == 1
     got = _core.replay(*cols)
     want = _replay_oracle(*cols)
     # the loaded trace's own (streaming) replay says the same

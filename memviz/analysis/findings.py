@@ -39,9 +39,6 @@ CHURN_SHARE = 0.6
 OUTSIDE_REL, OUTSIDE_ABS = 0.25, 256 * MiB
 
 
-KINDS = ("growth", "fragmentation", "spike", "cache_churn", "outside_pytorch")
-
-
 GRAPH_FIX = ("Keep loss.item() (or loss.detach()) instead of the tensor, and evaluate under "
              "torch.no_grad(), so each step's autograd graph is freed.")
 

@@ -174,12 +174,6 @@ def _dumps(data: Any, heights: dict) -> str:
 _END = object()
 
 
-def _finite(data: Any) -> Any:
-    """The data with NaN and infinities as None (JSON has no spelling for them)
-    and lone surrogates escaped (UTF-8 has none)."""
-    return _clean(data)[0]
-
-
 _PAGE = """<!DOCTYPE html>
 <html lang="en">
 <head>

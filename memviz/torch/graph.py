@@ -436,8 +436,3 @@ def _local_owner(container):
                                 code.co_firstlineno, None)
             frame = frame.f_back
     return None
-
-
-def _owner_name(container) -> str:
-    owner = _owner(container)
-    return owner[0] if owner is not None else ""

@@ -120,19 +120,6 @@ def event_width(version: int) -> int:
     return _core.EVENT_V1_SIZE if version == 1 else EVENT.size
 
 
-def event_struct(width: int) -> struct.Struct:
-    """The struct of records ``width`` bytes wide: the fields that fit."""
-    if width == EVENT.size:
-        return EVENT
-    fmt, size = "<", 0
-    for code in _core.EVENT_FORMAT[1:]:
-        step = struct.calcsize("<" + code)
-        if size + step > width:
-            break
-        fmt, size = fmt + code, size + step
-    return struct.Struct(fmt)
-
-
 def pack_event(**fields: int) -> bytes:
     """One record from its fields by name; the rest are 0."""
     values = [0] * len(EVENT_FIELDS)

@@ -445,27 +445,6 @@ class TraceReader(TraceFile, TotalsReads):
             self._blocks_cache = self._rp.blocks()
         return self._blocks_cache
 
-    def _columns(self) -> Tuple[bytes, Any, Any, bytes, Any]:
-        """(op, address, size, kind, device) of every event, as columns
-        (``_core.replay``'s arguments), read again from the file: for
-        tests and benchmarks that check the replay against its rules; the
-        reader itself keeps no columns."""
-        from array import array
-
-        op, addr, size, kind, dev = bytearray(), array("Q"), array("Q"), bytearray(), array("b")
-        for _rp, payload, count, layout in self._again("reading again"):
-            data, width = memoryview(payload)[F.EVENTS_HEAD.size:], self.event_width
-            if layout == F.LAYOUT_ROWS:
-                rows: Any = bytes(data)
-            else:  # byte planes: byte k of every record, then byte k + 1, ...
-                rows = bytearray(count * width)
-                for k in range(width):
-                    rows[k::width] = data[k * count:(k + 1) * count]
-            for r in F.event_struct(width).iter_unpack(rows):
-                op.append(r[1]), kind.append(r[2]), dev.append(r[3]), addr.append(r[8])
-                size.append(r[9])
-        return bytes(op), addr, size, bytes(kind), dev
-
     # -- the Tracker reading API ------------------------------------------
 
     def snapshot(self, at_ns: Optional[int] = None) -> Snapshot:

@@ -274,12 +274,6 @@ class TraceWriter:
         return self._events_written
 
     @property
-    def bytes_written(self) -> int:
-        if self.native:
-            return self._python_bytes + _core.trace_writer_stats()["bytes"]
-        return self._python_bytes
-
-    @property
     def dropped(self) -> int:
         """Events lost because the ring was full (GAP records)."""
         if self.native:
