@@ -38,10 +38,11 @@ def _part(module: str) -> str:
     return best
 
 
-def _modules():
+def _modules(package=PACKAGE):
+    """{dotted name: path} of every module of ``package`` (a folder)."""
     out = {}
-    for p in sorted(PACKAGE.rglob("*.py")):
-        parts = list(p.relative_to(ROOT).with_suffix("").parts)
+    for p in sorted(package.rglob("*.py")):
+        parts = list(p.relative_to(package.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
         out[".".join(parts)] = p
@@ -122,27 +123,60 @@ def test_the_import_graph_has_no_loop():
     assert not loops, "import loops:\n" + "\n".join(detail)
 
 
-def test_every_import_goes_down_or_stays_in_its_folder():
+def _upward(graph):
+    """Each import of ``graph`` that does not go down a floor or stay in its
+    own part (FLOORS), as text."""
     floor = dict(FLOORS)
-    graph = _imports(_modules())
     upward = []
-    for mod, edges in graph.items():
+    for mod, edges in sorted(graph.items()):
         here = _part(mod)
-        for target, line in edges.items():
+        for target, line in sorted(edges.items()):
             there = _part(target)
             if there != here and floor[there] >= floor[here]:
                 upward.append(f"{mod} (line {line}) imports {target}: {here} is floor {floor[here]}, "
                               f"{there} floor {floor[there]}")
+    return upward
+
+
+def test_every_import_goes_down_or_stays_in_its_folder():
+    upward = _upward(_imports(_modules()))
     assert not upward, "imports that do not go down:\n" + "\n".join(upward)
 
 
 def test_the_checks_see_a_loop_and_an_upward_import(tmp_path):
-    """The two checks above can fail: a made-up pair of modules that import
-    each other, one of them from a lower floor."""
-    graph = {"memviz.model.a": {"memviz.tracker": 3}, "memviz.tracker": {"memviz.model.a": 9}}
+    """The two checks above can fail: a made-up memviz package, read by the
+    same functions, whose model imports the tracker (a floor above it)
+    inside a function, and whose analysis imports the report (above it)
+    at module level by a relative import; the tracker imports the model
+    back, which closes a loop. Imports that go down or stay in their folder
+    are not reported."""
+    pkg = tmp_path / "memviz"
+    for folder in ("model", "analysis", "report"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_units.py").write_text("X = 1\n")
+    (pkg / "model" / "a.py").write_text(
+        "from memviz._units import X  # down: fine\n"
+        "from memviz.model import b  # its own folder: fine\n"
+        "\n"
+        "def f():\n"
+        "    import memviz.tracker  # up\n"
+        "    return memviz.tracker\n")
+    (pkg / "model" / "b.py").write_text("")
+    (pkg / "analysis" / "c.py").write_text("from ..report import html  # up\nfrom ..model import a  # down\n")
+    (pkg / "report" / "html.py").write_text("")
+    (pkg / "tracker.py").write_text("from memviz.model.a import f  # down\n")
+
+    graph = _imports(_modules(pkg))
+    assert graph["memviz.model.a"] == {"memviz._units": 1, "memviz.model.b": 2, "memviz.tracker": 5}
     assert _cycles(graph) == [["memviz.model.a", "memviz.tracker"]]
     floor = dict(FLOORS)
-    assert floor[_part("memviz.model.a")] < floor[_part("memviz.tracker")]
+    assert _upward(graph) == [
+        f"memviz.analysis.c (line 1) imports memviz.report.html: memviz.analysis is floor "
+        f"{floor['memviz.analysis']}, memviz.report floor {floor['memviz.report']}",
+        f"memviz.model.a (line 5) imports memviz.tracker: memviz.model is floor {floor['memviz.model']}, "
+        f"memviz.tracker floor {floor['memviz.tracker']}"]
 
 
 def test_every_module_imports_alone():
