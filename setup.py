@@ -68,6 +68,7 @@ core = Extension(
         "src/frames.h",
         "src/region.h",
         "src/store.h",
+        "src/store_types.h",
         "src/trace_ring.h",
         "src/capq.h",
         "src/window.h",

@@ -7,16 +7,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "store.h"
+/* No store.h here: module_heap.c and module_replay.c read no store. */
 
-/* 0 when the store is ready, else -1 with RuntimeError set. */
-static inline int mvz_ensure_store(void)
-{
-    if (mvz_store_ready())
-        return 0;
-    PyErr_SetString(PyExc_RuntimeError, "memviz._core.init() was not called");
-    return -1;
-}
+/* 0 when the store is ready, else -1 with RuntimeError set (module_store.c). */
+int mvz_ensure_store(void);
 
 /* The store's readers and window bindings (module_store.c). */
 extern PyMethodDef mvz_store_bindings[];

@@ -4,7 +4,7 @@
  * while it replays (the replayer is touched by one call at a time: a call
  * made while another runs is refused).
  *
- * Calls down only: replay, replay_categories (and the livetab and store
+ * Calls down only: replay, replay_categories (and the livetab and record
  * types they use).
  * module.c adds the type to the module (mvz_replay_bindings_init).
  */

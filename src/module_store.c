@@ -25,6 +25,14 @@
 #include "replay.h"
 #include "store.h"
 
+int mvz_ensure_store(void)
+{
+    if (mvz_store_ready())
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "memviz._core.init() was not called");
+    return -1;
+}
+
 static PyObject *core_live(PyObject *self, PyObject *unused)
 {
     (void)self;

@@ -9,14 +9,16 @@
  * them take one leaf mutex, `store lock`, for a bounded time: nothing that
  * holds it calls Python, CUDA, CUPTI or malloc, or takes another lock, so it
  * cannot take part in a deadlock (docs/architecture.md, rule 1).
+ *
+ * Its functions only: the types its readers fill are store_types.h's, at
+ * the bottom floor, for a file that needs them but calls nothing here.
  */
 #ifndef MEMVIZ_STORE_H
 #define MEMVIZ_STORE_H
 
 #include "blocks.h"
-#include "record.h"
 #include "capq.h"
-#include "types.h"
+#include "store_types.h"
 
 /* Lifetime (with the GIL). */
 int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames);
@@ -80,9 +82,9 @@ int mvz_store_share_frames(int on);
  * applied (mvz_store_op_counts). */
 void mvz_store_enqueue_free(uint64_t address, int kind, int op);
 /* Operations the queue has applied, by the capture path's numbers
- * (capture.h, under MVZ_STORE_OPS): the capture path counts them without
- * a locked add. Any thread, no store lock held (it applies the queue). */
-#define MVZ_STORE_OPS 32
+ * (capture.h, under MVZ_STORE_OPS, store_types.h): the capture path counts
+ * them without a locked add. Any thread, no store lock held (it applies the
+ * queue). */
 void mvz_store_op_counts(uint64_t out[MVZ_STORE_OPS]);
 void mvz_store_forget_op_counts(void);
 /* Any thread, no store lock held: apply the queue now (every reader below
@@ -189,16 +191,7 @@ long mvz_store_window_step_mark(int w, mvz_totals out[MVZ_NSLOTS], mvz_site_chan
  * w = -1. With `close`, window w closes in the same instant. The buffers are
  * malloc'd (the caller frees them); returns 0, or -1 when out of memory or w
  * is not open. */
-typedef struct {
-    mvz_alloc *live;     /* the window's live allocations */
-    mvz_alloc *peaks;    /* the allocations live at their device's peak, every device */
-    mvz_alloc *tpeaks;   /* ... at the peak of PyTorch's blocks there (the tensor peak) */
-    mvz_point *timeline;
-    size_t nlive, npeaks, ntpeaks, ntimeline;
-    mvz_totals totals[MVZ_NSLOTS];
-    mvz_totals btotals[MVZ_NSLOTS]; /* PyTorch's blocks */
-    uint64_t when; /* the store timestamp of the copy */
-} mvz_store_copy_t;
+/* mvz_store_copy_t: store_types.h. */
 int mvz_store_copy(int w, int close, mvz_store_copy_t *out);
 
 /* Fork support: the child starts with the lock free and the store empty of
