@@ -47,7 +47,7 @@ core = Extension(
         "src/module_replay.c",
         "src/module_whatif.c",
         "src/module_trace.c",
-        "src/records.c",
+        "src/rows.c",
         "src/codeobj.c",
     ],
     depends=[
@@ -83,7 +83,7 @@ core = Extension(
         "src/replay_categories.h",
         "src/hash.h",
         "src/bind.h",
-        "src/records.h",
+        "src/rows.h",
         "src/codeobj.h",
     ],
     extra_compile_args=extra,

@@ -31,7 +31,7 @@ enum mvz_op {
     MVZ_OP_BLOCK_FREE,
     MVZ_OP_COUNT
 };
-extern const char *const mvz_op_names[MVZ_OP_COUNT];
+extern const char *const mvz_capture_op_names[MVZ_OP_COUNT];
 
 /* Each call below is made with the GIL by the module. */
 typedef struct {

@@ -273,8 +273,8 @@ uint32_t mvz_nodes_label(const void *node)
     pthread_mutex_lock(&cache_lock);
     id = cached(key, stack, pyname);
     if (!id) {
-        id = mvz_label_intern(label);
-        const char *interned = id ? mvz_label_name(id) : NULL; /* never freed */
+        id = mvz_labels_intern(label);
+        const char *interned = id ? mvz_labels_name(id) : NULL; /* never freed */
         uint32_t s = slot_of(key, stack);
         for (uint32_t i = 0; interned && i < PROBES; i++) {
             entry *e = &cache[(s + i) & (CACHE - 1)];
@@ -307,7 +307,7 @@ int mvz_nodes_module(const char *suffix, size_t *modid, size_t *memsz)
 {
     struct dl_phdr_info info;
     *modid = *memsz = 0;
-    if (!mvz_find_library(suffix, &info) || !info.dlpi_tls_modid)
+    if (!mvz_libfind_loaded(suffix, &info) || !info.dlpi_tls_modid)
         return 0;
     for (int i = 0; i < info.dlpi_phnum; i++)
         if (info.dlpi_phdr[i].p_type == PT_TLS) {

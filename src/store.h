@@ -101,7 +101,7 @@ int mvz_store_drainer(int on);
  * stacks, when set: codeobj.c uses it on Python < 3.12 to schedule keeping
  * their code objects alive (Py_AddPendingCall, which CPython documents as
  * callable without the GIL from any thread). */
-extern void (*mvz_new_stack_hook)(void);
+extern void (*mvz_store_new_stack_hook)(void);
 
 /* With the GIL: PyTorch's allocator settings, for sizing its blocks (blocks.h). */
 void mvz_store_set_rules(const mvz_rules *r);
