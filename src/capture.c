@@ -920,4 +920,5 @@ void mvz_capture_atfork_child(void)
     activity_on = 0;
     cupti_held = 0;
     mvz_labels_atfork_child();
+    mvz_nodes_atfork_child();
 }

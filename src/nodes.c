@@ -301,6 +301,8 @@ void mvz_nodes_forget_labels(void)
     pthread_mutex_unlock(&cache_lock);
 }
 
+void mvz_nodes_atfork_child(void) { pthread_mutex_init(&cache_lock, NULL); }
+
 /* ---- probing ----------------------------------------------------------- */
 
 int mvz_nodes_module(const char *suffix, size_t *modid, size_t *memsz)

@@ -55,6 +55,9 @@ uint32_t mvz_nodes_label(const void *node);
 /* With the GIL, nothing capturing: forget the cached node labels (their
  * ids and texts), after mvz_labels_reclaim freed ids. */
 void mvz_nodes_forget_labels(void);
+/* After fork, in the child: the cache's lock is fresh (a parent's thread
+ * may have held it on a miss). */
+void mvz_nodes_atfork_child(void);
 
 /* Probing, with the GIL ------------------------------------------------- */
 
