@@ -85,13 +85,17 @@ static int activity_on;
 /* 1 while CUPTI's callbacks record: the segment wrappers stay quiet then. */
 static int cupti_held;
 
-/* Benchmark-only self-measurement (MEMVIZ_CALLBACK_PROFILE=time|noop, read
- * at start): "time" adds the callback's own wall time to a counter, "noop"
- * returns at once so that CUPTI's cost can be told from memviz's, and
- * "noasync" leaves the stream-ordered cbids off (precise-mode allocations go
- * unseen) to tell CUPTI's per-callback cost from its subscription's. */
-enum { PROFILE_OFF, PROFILE_TIME, PROFILE_NOOP };
-static int profile_mode;
+/* Benchmark-only self-measurement, asked for only through the test hook
+ * _core._callback_profile (mvz_capture_set_profile; no environment variable
+ * reaches it) and read at the next start: MVZ_PROFILE_TIME adds the
+ * callback's own wall time to a counter, MVZ_PROFILE_NOOP returns at once so
+ * that CUPTI's cost can be told from memviz's, and MVZ_PROFILE_NOASYNC
+ * leaves the stream-ordered cbids off (precise-mode allocations go unseen)
+ * to tell CUPTI's per-callback cost from its subscription's. Not on the
+ * capture path: start subscribes the plain callback (on_driver_call) unless
+ * a mode that times or skips it was asked for. */
+static int profile_request; /* with the GIL: the hook's, for the next start */
+static int profile_mode;    /* this capture's, set at start */
 static uint64_t profile_calls, profile_ns;
 
 /* ---- this thread's label (labels.h has the table) ---------------------- */
@@ -307,13 +311,17 @@ static void record_call(int domain, uint32_t cbid, const void *data);
 static void on_driver_call(void *userdata, int domain, uint32_t cbid, const void *data)
 {
     (void)userdata;
-    int mode = __atomic_load_n(&profile_mode, __ATOMIC_RELAXED);
-    if (mode == PROFILE_OFF) {
-        record_call(domain, cbid, data);
-        return;
-    }
+    record_call(domain, cbid, data);
+}
+
+/* The entry point under a benchmark's profile (MVZ_PROFILE_TIME or _NOOP,
+ * subscribed instead of on_driver_call): GIL-free as record_call is, plus
+ * relaxed atomic adds and a clock read (no lock, no allocation). */
+static void on_driver_call_profiled(void *userdata, int domain, uint32_t cbid, const void *data)
+{
+    (void)userdata;
     __atomic_fetch_add(&profile_calls, 1, __ATOMIC_RELAXED);
-    if (mode == PROFILE_NOOP)
+    if (__atomic_load_n(&profile_mode, __ATOMIC_RELAXED) == MVZ_PROFILE_NOOP)
         return;
     uint64_t t0 = mvz_now_ns();
     record_call(domain, cbid, data);
@@ -687,6 +695,9 @@ void mvz_capture_configure(int depth)
 static int subscribe(int allow_shared, mvz_start_status *st)
 {
     mvz_CUptiResult r;
+    mvz_CUpti_CallbackFunc cb = profile_mode == MVZ_PROFILE_TIME || profile_mode == MVZ_PROFILE_NOOP
+                                    ? on_driver_call_profiled
+                                    : on_driver_call;
     if (mvz_cupti_api.Subscribe_v2) {
         char old[MVZ_CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN * 2] = {0};
         mvz_CUpti_SubscriberParams params = {sizeof params, "memviz", old, sizeof old, 0, {0}};
@@ -700,14 +711,14 @@ static int subscribe(int allow_shared, mvz_start_status *st)
         } else {
             params.structSize = MVZ_CUPTI_SUBSCRIBER_PARAMS_V1_SIZE;
         }
-        r = mvz_cupti_api.Subscribe_v2(&subscriber, on_driver_call, NULL, &params);
+        r = mvz_cupti_api.Subscribe_v2(&subscriber, cb, NULL, &params);
         old[sizeof old - 1] = '\0';
         if (r != MVZ_CUPTI_SUCCESS)
             snprintf(st->holder, sizeof st->holder, "%s", old);
         else if (shared && old[0] && strstr(old, "memviz") == NULL)
             snprintf(st->shared_with, sizeof st->shared_with, "%s", old); /* the first subscriber */
     } else {
-        r = mvz_cupti_api.Subscribe(&subscriber, on_driver_call, NULL);
+        r = mvz_cupti_api.Subscribe(&subscriber, cb, NULL);
     }
     if (r != MVZ_CUPTI_SUCCESS) {
         st->result = r;
@@ -715,8 +726,7 @@ static int subscribe(int allow_shared, mvz_start_status *st)
         subscriber = NULL;
         return -1;
     }
-    const char *prof = getenv("MEMVIZ_CALLBACK_PROFILE");
-    int noasync = prof && !strcmp(prof, "noasync");
+    int noasync = profile_mode == MVZ_PROFILE_NOASYNC;
     for (size_t i = 0; i < N_CBIDS; i++) {
         uint32_t cbid = memory_cbids[i];
         if (noasync && (cbid == MVZ_CBID_cuMemAllocAsync || cbid == MVZ_CBID_cuMemAllocAsync_ptsz ||
@@ -798,10 +808,7 @@ int mvz_capture_start(int want_cupti, int want_activity, int allow_shared, mvz_s
 {
     memset(st, 0, sizeof *st);
     register_barrier();
-    const char *prof = getenv("MEMVIZ_CALLBACK_PROFILE");
-    __atomic_store_n(&profile_mode, !prof ? PROFILE_OFF : !strcmp(prof, "time") ? PROFILE_TIME
-                                    : !strcmp(prof, "noop") ? PROFILE_NOOP : PROFILE_OFF,
-                     __ATOMIC_RELAXED);
+    __atomic_store_n(&profile_mode, profile_request, __ATOMIC_RELAXED); /* before subscribing */
     if (want_cupti) {
         if (subscribe(allow_shared, st) != 0)
             return -1;
@@ -890,6 +897,13 @@ void mvz_capture_counts(uint64_t out[MVZ_OP_COUNT])
     mvz_store_op_counts(applied);
     for (int i = 0; i < MVZ_OP_COUNT; i++)
         out[i] = __atomic_load_n(&counts[i], __ATOMIC_RELAXED) + applied[i];
+}
+
+int mvz_capture_set_profile(int mode)
+{
+    int before = profile_request;
+    profile_request = mode;
+    return before;
 }
 
 void mvz_capture_profile(uint64_t *calls, uint64_t *ns)

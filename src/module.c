@@ -641,6 +641,25 @@ static PyObject *core_share_frames(PyObject *self, PyObject *arg)
     return PyBool_FromLong(mvz_store_share_frames(on));
 }
 
+/* _callback_profile(mode) -> the mode before: a benchmark's hook, never a
+ * user's setting. From the next start, "time" times the CUPTI callback
+ * (stats()'s profile_calls and profile_ns), "noop" returns from it at once
+ * and records nothing (CUPTI's own dispatch cost, alone), "noasync" leaves
+ * the stream-ordered cbids off; "off" (the default) records as always. */
+static const char *const profile_names[] = {"off", "time", "noop", "noasync"};
+
+static PyObject *core_callback_profile(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name)
+        return NULL;
+    for (int m = 0; m < (int)(sizeof profile_names / sizeof *profile_names); m++)
+        if (!strcmp(name, profile_names[m]))
+            return PyUnicode_FromString(profile_names[mvz_capture_set_profile(m)]);
+    return PyErr_Format(PyExc_ValueError, "_callback_profile: %R is not off, time, noop or noasync", arg);
+}
+
 /* _capture_stack(depth): what the walk keeps here (tests of deep stacks). */
 static PyObject *core_capture_stack(PyObject *self, PyObject *arg)
 {
@@ -757,6 +776,10 @@ static PyMethodDef core_methods[] = {
     {"_clock", core_clock, METH_VARARGS,
      "_clock(on=None) -> (tsc, ns_per_tick): the capture path's clock (tests may switch it)."},
     {"_drainer", core_drainer, METH_O, "Pause (False) or run (True) the capture queue's drainer thread."},
+    {"_callback_profile", core_callback_profile, METH_O,
+     "_callback_profile(mode) -> the mode before: benchmarks only; from the next start "
+     "'time' times the CUPTI callback, 'noop' returns from it at once (recording nothing), "
+     "'noasync' leaves the stream-ordered callbacks off, 'off' records as always."},
     {"_share_frames", core_share_frames, METH_O,
      "Whether queued allocations leave out the frames shared with the thread's previous stack."},
     {"_capture_stack", core_capture_stack, METH_O,
