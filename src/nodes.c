@@ -52,8 +52,6 @@ void mvz_nodes_attach(const mvz_node_layout *layout)
     __atomic_store_n(&current_layout, use, __ATOMIC_RELEASE);
 }
 
-int mvz_nodes_attached(void) { return __atomic_load_n(&current_layout, __ATOMIC_ACQUIRE) != NULL; }
-
 #if HAVE_TLS_READ
 /* This thread's address of libtorch's slot, and the layout it was found
  * by: a module's TLS block never moves for the life of a thread, and a

@@ -40,7 +40,6 @@ int mvz_nodes_supported(void);
 
 /* With the GIL. NULL detaches. */
 void mvz_nodes_attach(const mvz_node_layout *layout);
-int mvz_nodes_attached(void);
 
 /* Hot path (any thread, no GIL): the node this thread is evaluating, or NULL
  * when not attached or not inside a node. */

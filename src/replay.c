@@ -239,11 +239,6 @@ static size_t peak_set_of(const mvz_replayer *r, int d, int tensor, mvz_alloc *o
     return m;
 }
 
-long mvz_replay_peak_set(const mvz_replayer *r, int slot, mvz_alloc **out)
-{
-    return mvz_replay_peak_set_of(r, slot, 0, out);
-}
-
 long mvz_replay_peak_set_of(const mvz_replayer *r, int slot, int tensor, mvz_alloc **out)
 {
     size_t room = r->live.count + r->ngraves + MVZ_REPLAY_SLOTS + 1;

@@ -143,7 +143,6 @@ int mvz_replay_chunk(mvz_replayer *r, const uint8_t *records, size_t count, size
  * by their ALLOC events (a slot's block found after its peak last in its
  * slot's share). Returns the count or -1. */
 long mvz_replay_peak_set_of(const mvz_replayer *r, int slot, int tensor, mvz_alloc **out);
-long mvz_replay_peak_set(const mvz_replayer *r, int slot, mvz_alloc **out);
 /* The live allocations, ordered by their ALLOC events (malloc'd). */
 long mvz_replay_live(const mvz_replayer *r, mvz_alloc **out);
 /* Flush the open bucket of each timeline (once, when the events are over). */

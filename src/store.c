@@ -347,14 +347,6 @@ uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int s
  * which only keeps it in that peak's set, where it belongs. */
 uint64_t mvz_store_stamp(void) { return mvz_tick_as(mvz_tick_is_tsc()); }
 
-/* Capture path, no GIL: as mvz_store_record_alloc, which it calls. */
-uint32_t mvz_store_alloc_at(uint64_t stamp, uint64_t address, uint64_t size, uint64_t stream,
-                            int slot, int kind, uint32_t label_id, const mvz_frame *f, int depth)
-{
-    return mvz_store_record_alloc(stamp, address, size, 0, stream, slot, kind, label_id, 0, f,
-                                  depth);
-}
-
 static int free_locked(uint64_t address, int kind, uint64_t ts);
 
 /* Capture path, no GIL, lock held: what a new allocation does to PyTorch's
@@ -1098,13 +1090,6 @@ void mvz_store_totals(mvz_totals out[MVZ_NSLOTS])
     UNLOCK();
 }
 
-void mvz_store_block_totals(mvz_totals out[MVZ_NSLOTS])
-{
-    LOCK();
-    memcpy(out, btotals, sizeof btotals);
-    UNLOCK();
-}
-
 void mvz_store_get_stats(mvz_store_stats *o)
 {
     memset(o, 0, sizeof *o);
@@ -1310,7 +1295,8 @@ long mvz_store_window_timeline(int w, mvz_point **out)
     return n;
 }
 
-/* ---- the trace ring (with the GIL; trace_ring.c holds it) ------------------ */
+/* ---- the trace ring (trace_ring.c holds it): enabled and drained by the
+ * bindings with the GIL, taken by the native writer's thread without it --- */
 
 int mvz_store_trace_enable(size_t capacity)
 {

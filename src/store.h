@@ -38,15 +38,12 @@ uint64_t mvz_store_thread_serial(void);
 /* Returns the allocation's stack id (0: no frames, or not recorded). */
 uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int slot,
                          int kind, uint32_t label_id, const mvz_frame *frames, int depth);
-/* As mvz_store_alloc, dated `stamp` (a value mvz_store_stamp returned
- * earlier on this thread; 0: now). A block is dated when it was asked for,
- * so that the segment the allocator created for it, recorded in between,
- * never makes a peak the block is missing from. Such dates are not unique
- * (store timestamps otherwise are). */
-uint32_t mvz_store_alloc_at(uint64_t stamp, uint64_t address, uint64_t size, uint64_t stream,
-                            int slot, int kind, uint32_t label_id, const mvz_frame *frames,
-                            int depth);
-/* The whole form, which the others call: `requested`, when not 0, says the
+/* The whole form, which mvz_store_alloc calls: dated `stamp` (a value
+ * mvz_store_stamp returned earlier on this thread; 0: now). A block is
+ * dated when it was asked for, so that the segment the allocator created
+ * for it, recorded in between, never makes a peak the block is missing
+ * from. Such dates are not unique (store timestamps otherwise are).
+ * `requested`, when not 0, says the
  * allocation's size is known and what was asked for (a block read from
  * PyTorch at attach); else a block's `size` is the request, and its size is
  * worked out by PyTorch's rules (blocks.h). `flags`: MVZ_FLAG_* (record.h). */
@@ -119,8 +116,6 @@ long mvz_store_failures(mvz_failure **out);
 long mvz_store_timeline(mvz_point **out);
 long mvz_store_threads(mvz_thread **out);
 void mvz_store_totals(mvz_totals out[MVZ_NSLOTS]);
-/* The same figures for PyTorch's blocks alone (kind MVZ_KIND_BLOCK). */
-void mvz_store_block_totals(mvz_totals out[MVZ_NSLOTS]);
 void mvz_store_get_stats(mvz_store_stats *out);
 
 /* Stacks (with the GIL). `adopt` receives each code object of stacks seen

@@ -354,6 +354,31 @@ def test_every_exported_name_takes_its_files_prefix(core_symbols):
     assert not bad, "exported names without their file's prefix (mvz_<file>_ or the doc's short form):\n" + "\n".join(bad)
 
 
+# Exported names no other file needs, and why each stays exported.
+USED_ALONE = {
+    "PyInit__core": "Python looks it up",
+    "mvz_allocator_trip_hits": "the tripwires' assembly reads it",
+    "mvz_allocator_trip_table": "defined in assembly, read by name",
+    "mvz_allocator_trip_targets": "the tripwires' assembly jumps through it",
+    "mvz_store_enqueue": "store.h's documented way into the queue; store.c calls it",
+    "mvz_replay_event": "replay.h's one-event step; replay.c's chunk and column replays call it",
+    "mvz_tw_write": "trace_writer.h's plain write (trace_writer.c is another change's file)",
+}
+
+
+def test_no_exported_name_is_dead(core_symbols):
+    """Dead code stays removed (nodes.c's mvz_nodes_attached, store.c's
+    mvz_store_alloc_at and mvz_store_block_totals, replay.c's
+    mvz_replay_peak_set): every name a file exports is needed by another,
+    or is in USED_ALONE with its reason."""
+    needed = set().union(*(undefined for _, undefined in core_symbols.values()))
+    dead = sorted(f"{f}: {s}" for f, (defined, _) in core_symbols.items()
+                  for s in defined if s not in needed and s not in USED_ALONE)
+    assert not dead, "exported names nothing else uses (make them static, or remove them):\n" + "\n".join(dead)
+    exported = set().union(*(defined for defined, _ in core_symbols.values()))
+    assert set(USED_ALONE) <= exported, sorted(set(USED_ALONE) - exported)
+
+
 def test_the_lock_table_names_every_mutex_and_the_order_holds():
     locks = doc_locks(DOC.read_text())
     in_src = source_locks(SRC)
