@@ -38,7 +38,7 @@ even ones, and the result is per checkout plus the per-round ratio.
 Per event: a pair is two events (the allocation walks the stack, the free
 does not). ``memviz_own_ns_per_event`` leaves the double's own callback
 dispatch out (measured in the same process, subscribed with the callback
-returning at once: MEMVIZ_CALLBACK_PROFILE=noop), which is CUPTI's part on a
+returning at once: ``_core._callback_profile("noop")``), which is CUPTI's part on a
 real GPU; ``memviz_added_ns_per_event`` keeps it in.
 """
 
@@ -57,6 +57,19 @@ _RECURSE = """
 def at_depth(k, fn):
     return at_depth(k - 1, fn) if k > 0 else fn()
 """
+
+
+def _callback_profile(memviz, mode):
+    """The callback's profile for the next start: the _core hook, or in a
+    checkout built before it (--against DIR), the environment variable
+    that build read."""
+    hook = getattr(memviz._core, "_callback_profile", None)
+    if hook is not None:
+        hook(mode)
+    elif mode == "off":
+        os.environ.pop("MEMVIZ_CALLBACK_PROFILE", None)
+    else:
+        os.environ["MEMVIZ_CALLBACK_PROFILE"] = mode
 
 
 def child(depth, n, reps, library=False, keep=32, cpu=False, root=ROOT, burst=0, gap=0, unshared=False):
@@ -127,11 +140,13 @@ def child(depth, n, reps, library=False, keep=32, cpu=False, root=ROOT, burst=0,
         pbase.append(p / n)
         # The double's callback dispatch alone (CUPTI's part, not memviz's):
         # subscribed, the callback returning at once (src/capture.c).
-        os.environ["MEMVIZ_CALLBACK_PROFILE"] = "noop"
-        with memviz.track(depth=keep):
-            r, p = timed(lambda: at_depth(depth - here - 1, loop))
-            noop.append(r / n)
-        os.environ.pop("MEMVIZ_CALLBACK_PROFILE")
+        _callback_profile(memviz, "noop")
+        try:
+            with memviz.track(depth=keep):
+                r, p = timed(lambda: at_depth(depth - here - 1, loop))
+                noop.append(r / n)
+        finally:
+            _callback_profile(memviz, "off")
         with memviz.track(depth=keep) as t:
             frames = at_depth(depth - here - 1, probe)
             r, p = timed(lambda: at_depth(depth - here - 1, loop))

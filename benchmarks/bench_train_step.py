@@ -95,8 +95,8 @@ def main():
         import memviz  # started before `import torch` so precise mode can choose the allocator
         no_autograd = a.mode.endswith(("noautograd", "cbnoop", "noasync"))
         if no_autograd:  # split the precise cost: memviz's callback timed, CUPTI alone, or subscribed only
-            os.environ["MEMVIZ_CALLBACK_PROFILE"] = ("noop" if a.mode.endswith("cbnoop") else "noasync"
-                                                     if a.mode.endswith("noasync") else "time")
+            memviz._core._callback_profile("noop" if a.mode.endswith("cbnoop") else "noasync"
+                                           if a.mode.endswith("noasync") else "time")
         if a.mode.endswith("_cupti"):  # precise mode's allocations through CUPTI's callbacks, not the wrappers
             os.environ["MEMVIZ_PRECISE_CAPTURE"] = "cupti"
         if a.mode.endswith("_hooks"):  # labels from per-node pre-hooks, as before the callback named nodes

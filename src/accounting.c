@@ -4,14 +4,14 @@
  * caller holds. */
 #include "accounting.h"
 
-void mvz_series_init(mvz_series *s, mvz_point *points, size_t cap)
+void mvz_accounting_series_init(mvz_series *s, mvz_point *points, size_t cap)
 {
     s->points = points;
     s->cap = cap;
-    mvz_series_reset(s);
+    mvz_accounting_series_reset(s);
 }
 
-void mvz_series_reset(mvz_series *s)
+void mvz_accounting_series_reset(mvz_series *s)
 {
     s->n = 0;
     s->stride = 1;
@@ -20,7 +20,7 @@ void mvz_series_reset(mvz_series *s)
 
 /* Capture path, no GIL: writes one point into the caller's preallocated
  * array (halving it in place when full), under the store lock. */
-void mvz_series_keep(mvz_series *s, uint64_t ts, uint64_t total, int slot)
+void mvz_accounting_series_keep(mvz_series *s, uint64_t ts, uint64_t total, int slot)
 {
     if (s->n == s->cap) {
         for (size_t k = 0; k < s->cap / 2; k++) {

@@ -23,7 +23,7 @@
  * ts, with the live count then) and window peak. Returns 1 when it made a
  * new peak. Capture path, no GIL: field updates of the caller's struct,
  * under the store lock the caller holds. */
-static inline int mvz_totals_alloc(mvz_totals *t, uint64_t size, uint64_t ts)
+static inline int mvz_accounting_alloc(mvz_totals *t, uint64_t size, uint64_t ts)
 {
     int peak = 0;
     t->current += size;
@@ -41,8 +41,8 @@ static inline int mvz_totals_alloc(mvz_totals *t, uint64_t size, uint64_t ts)
     return peak;
 }
 
-/* A free of `size` bytes. Capture path, no GIL: as mvz_totals_alloc. */
-static inline void mvz_totals_free(mvz_totals *t, uint64_t size)
+/* A free of `size` bytes. Capture path, no GIL: as mvz_accounting_alloc. */
+static inline void mvz_accounting_free(mvz_totals *t, uint64_t size)
 {
     t->current -= size;
     t->live_count--;
@@ -58,25 +58,25 @@ typedef struct {
     uint64_t stride, tick;
 } mvz_series;
 
-void mvz_series_init(mvz_series *s, mvz_point *points, size_t cap);
+void mvz_accounting_series_init(mvz_series *s, mvz_point *points, size_t cap);
 /* Forget the points; the stride restarts at 1. */
-void mvz_series_reset(mvz_series *s);
+void mvz_accounting_series_reset(mvz_series *s);
 /* Keeps one point (halving the series first when it is full). */
-void mvz_series_keep(mvz_series *s, uint64_t ts, uint64_t total, int slot);
+void mvz_accounting_series_keep(mvz_series *s, uint64_t ts, uint64_t total, int slot);
 
 /* The next push is kept whatever the stride (a new peak). Capture path, no
  * GIL: one field write, under the store lock. */
-static inline void mvz_series_force_next(mvz_series *s) { s->tick = s->stride; }
+static inline void mvz_accounting_series_force_next(mvz_series *s) { s->tick = s->stride; }
 
 /* A change: slot's total is now `total` at `ts` (kept or skipped). Capture
  * path, no GIL: a counter, and every stride-th time one point written into
  * the caller's preallocated array, under the store lock. */
-static inline void mvz_series_push(mvz_series *s, uint64_t ts, uint64_t total, int slot)
+static inline void mvz_accounting_series_push(mvz_series *s, uint64_t ts, uint64_t total, int slot)
 {
     if (++s->tick < s->stride)
         return;
     s->tick = 0;
-    mvz_series_keep(s, ts, total, slot);
+    mvz_accounting_series_keep(s, ts, total, slot);
 }
 
 #endif

@@ -97,15 +97,15 @@ static inline void release_one(void)
  * call is the same call. The trampoline has no frame, so an exception or a
  * profiler's unwinding passes it by. */
 #if HAVE_ALLOCATOR
-__attribute__((visibility("hidden"))) uint64_t mvz_trip_hits[MAX_SLOTS];
-__attribute__((visibility("hidden"))) void *mvz_trip_targets[MAX_SLOTS];
-extern void *const mvz_trip_table[MAX_SLOTS] __attribute__((visibility("hidden")));
+__attribute__((visibility("hidden"))) uint64_t mvz_allocator_trip_hits[MAX_SLOTS];
+__attribute__((visibility("hidden"))) void *mvz_allocator_trip_targets[MAX_SLOTS];
+extern void *const mvz_allocator_trip_table[MAX_SLOTS] __attribute__((visibility("hidden")));
 
 #define TRIP_ONE(b, k)                                                                   \
     ".p2align 4\n"                                                                       \
     "mvz_trip_" #b "_" #k ":\n"                                                          \
-    "  lock incq mvz_trip_hits+8*(8*" #b "+" #k ")(%rip)\n"                              \
-    "  jmp *mvz_trip_targets+8*(8*" #b "+" #k ")(%rip)\n"
+    "  lock incq mvz_allocator_trip_hits+8*(8*" #b "+" #k ")(%rip)\n"                              \
+    "  jmp *mvz_allocator_trip_targets+8*(8*" #b "+" #k ")(%rip)\n"
 #define TRIP_EIGHT(b)                                                                    \
     TRIP_ONE(b, 0) TRIP_ONE(b, 1) TRIP_ONE(b, 2) TRIP_ONE(b, 3) TRIP_ONE(b, 4)           \
     TRIP_ONE(b, 5) TRIP_ONE(b, 6) TRIP_ONE(b, 7)
@@ -119,9 +119,9 @@ __asm__(".text\n"
         TRIP_EIGHT(12) TRIP_EIGHT(13) TRIP_EIGHT(14) TRIP_EIGHT(15)
         ".section .data.rel.ro,\"aw\"\n"
         ".p2align 3\n"
-        ".globl mvz_trip_table\n"
-        ".hidden mvz_trip_table\n"
-        "mvz_trip_table:\n"
+        ".globl mvz_allocator_trip_table\n"
+        ".hidden mvz_allocator_trip_table\n"
+        "mvz_allocator_trip_table:\n"
         TRIP_ADDR_EIGHT(0) TRIP_ADDR_EIGHT(1) TRIP_ADDR_EIGHT(2) TRIP_ADDR_EIGHT(3)
         TRIP_ADDR_EIGHT(4) TRIP_ADDR_EIGHT(5) TRIP_ADDR_EIGHT(6) TRIP_ADDR_EIGHT(7)
         TRIP_ADDR_EIGHT(8) TRIP_ADDR_EIGHT(9) TRIP_ADDR_EIGHT(10) TRIP_ADDR_EIGHT(11)
@@ -388,7 +388,7 @@ static PyObject *allocator_attach(PyObject *self, PyObject *arg)
         for (int i = 0; i < n; i++) {
             A.orig[i] = vptr[i];
             A.table[2 + i] = vptr[i];
-            mvz_trip_targets[i] = vptr[i];
+            mvz_allocator_trip_targets[i] = vptr[i];
         }
         A.nslots = n;
         A.object = object;
@@ -446,7 +446,7 @@ static PyObject *allocator_trip(PyObject *self, PyObject *args)
     for (int i = lo; i < hi; i++) {
         if (i == SLOT_ALLOCATE || slot_entry(i) != A.orig[i])
             continue;
-        set_slot(i, on ? mvz_trip_table[i] : A.orig[i]);
+        set_slot(i, on ? mvz_allocator_trip_table[i] : A.orig[i]);
     }
 #else
     (void)lo, (void)hi, (void)on;
@@ -462,7 +462,7 @@ static PyObject *allocator_hits(PyObject *self, PyObject *unused)
     PyObject *out = PyList_New(A.nslots);
     for (int i = 0; out && i < A.nslots; i++) {
 #if HAVE_ALLOCATOR
-        uint64_t h = __atomic_load_n(&mvz_trip_hits[i], __ATOMIC_RELAXED);
+        uint64_t h = __atomic_load_n(&mvz_allocator_trip_hits[i], __ATOMIC_RELAXED);
 #else
         uint64_t h = 0;
 #endif

@@ -17,7 +17,7 @@
 #define END_TAG 1u
 #define VALUE(at) ((at) & ~(uint64_t)END_TAG)
 
-void mvz_rules_default(mvz_rules *r)
+void mvz_blocks_rules_default(mvz_rules *r)
 {
     memset(r, 0, sizeof *r);
     r->max_split = UINT64_MAX;
@@ -39,7 +39,7 @@ static uint64_t next_division(uint64_t size, uint64_t divisions)
     return down == size ? size : down + step;
 }
 
-uint64_t mvz_rules_round(const mvz_rules *r, uint64_t n)
+uint64_t mvz_blocks_rules_round(const mvz_rules *r, uint64_t n)
 {
     if (n < MVZ_MIN_BLOCK)
         return MVZ_MIN_BLOCK;
@@ -53,7 +53,7 @@ uint64_t mvz_rules_round(const mvz_rules *r, uint64_t n)
     return (n + MVZ_MIN_BLOCK - 1) / MVZ_MIN_BLOCK * MVZ_MIN_BLOCK;
 }
 
-uint64_t mvz_rules_segment(uint64_t rounded)
+uint64_t mvz_blocks_rules_segment(uint64_t rounded)
 {
     if (rounded <= MVZ_SMALL_SIZE)
         return MVZ_SMALL_BUFFER;
@@ -62,7 +62,7 @@ uint64_t mvz_rules_segment(uint64_t rounded)
     return (rounded + MVZ_ROUND_LARGE - 1) / MVZ_ROUND_LARGE * MVZ_ROUND_LARGE;
 }
 
-int mvz_rules_split(const mvz_rules *r, uint64_t rounded, uint64_t block)
+int mvz_blocks_rules_split(const mvz_rules *r, uint64_t rounded, uint64_t block)
 {
     uint64_t remaining = block - rounded;
     if (rounded <= MVZ_SMALL_SIZE || r->expandable)
@@ -86,7 +86,7 @@ static inline size_t home(uint64_t key, size_t cap)
 int mvz_blocks_init(mvz_blocks *b)
 {
     memset(b, 0, sizeof *b);
-    mvz_rules_default(&b->rules);
+    mvz_blocks_rules_default(&b->rules);
     if (mvz_region_reserve(&b->a, MAX_CAP * sizeof(mvz_bucket), INITIAL_CAP * sizeof(mvz_bucket)) ||
         mvz_region_reserve(&b->b, MAX_CAP * sizeof(mvz_bucket), 0))
         return -1;
@@ -254,7 +254,7 @@ void mvz_blocks_inexact(mvz_blocks *b, int slot)
 uint64_t mvz_blocks_alloc(mvz_blocks *b, int slot, uint64_t address, uint64_t requested,
                           uint8_t *flags)
 {
-    uint64_t rounded = mvz_rules_round(&b->rules, requested);
+    uint64_t rounded = mvz_blocks_rules_round(&b->rules, requested);
     if (slot < 0 || slot >= MVZ_NSLOTS)
         return rounded;
     if (b->inexact[slot] || b->rules.expandable)
@@ -288,7 +288,7 @@ uint64_t mvz_blocks_alloc(mvz_blocks *b, int slot, uint64_t address, uint64_t re
             *flags |= MVZ_FLAG_ESTIMATED;
     } else {
         uint64_t next = first_in(b, slot, end, end + MVZ_SMALL_SIZE);
-        if (next && !mvz_rules_split(&b->rules, rounded, next - address))
+        if (next && !mvz_blocks_rules_split(&b->rules, rounded, next - address))
             size = next - address;
     }
     add(b, slot, address);

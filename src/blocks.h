@@ -56,13 +56,13 @@ typedef struct {
 } mvz_rules;
 
 /* The default settings. */
-void mvz_rules_default(mvz_rules *r);
+void mvz_blocks_rules_default(mvz_rules *r);
 /* A request of n bytes, rounded as PyTorch rounds it. */
-uint64_t mvz_rules_round(const mvz_rules *r, uint64_t n);
+uint64_t mvz_blocks_rules_round(const mvz_rules *r, uint64_t n);
 /* The segment PyTorch asks the driver for when no free block fits. */
-uint64_t mvz_rules_segment(uint64_t rounded);
+uint64_t mvz_blocks_rules_segment(uint64_t rounded);
 /* Whether a free block of `block` bytes is split for a rounded request. */
-int mvz_rules_split(const mvz_rules *r, uint64_t rounded, uint64_t block);
+int mvz_blocks_rules_split(const mvz_rules *r, uint64_t rounded, uint64_t block);
 
 typedef struct {
     uint64_t key;   /* slot and MiB number, plus one (0: empty) */

@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *const mvz_op_names[MVZ_OP_COUNT] = {
+const char *const mvz_capture_op_names[MVZ_OP_COUNT] = {
     "alloc",  "alloc_async", "alloc_managed", "alloc_host",   "create",
     "free",   "free_async",  "free_host",     "release",      "map",
     "unmap",  "reserve",     "address_free",  "pool_trim",    "failed",
@@ -85,13 +85,17 @@ static int activity_on;
 /* 1 while CUPTI's callbacks record: the segment wrappers stay quiet then. */
 static int cupti_held;
 
-/* Benchmark-only self-measurement (MEMVIZ_CALLBACK_PROFILE=time|noop, read
- * at start): "time" adds the callback's own wall time to a counter, "noop"
- * returns at once so that CUPTI's cost can be told from memviz's, and
- * "noasync" leaves the stream-ordered cbids off (precise-mode allocations go
- * unseen) to tell CUPTI's per-callback cost from its subscription's. */
-enum { PROFILE_OFF, PROFILE_TIME, PROFILE_NOOP };
-static int profile_mode;
+/* Benchmark-only self-measurement, asked for only through the test hook
+ * _core._callback_profile (mvz_capture_set_profile; no environment variable
+ * reaches it) and read at the next start: MVZ_PROFILE_TIME adds the
+ * callback's own wall time to a counter, MVZ_PROFILE_NOOP returns at once so
+ * that CUPTI's cost can be told from memviz's, and MVZ_PROFILE_NOASYNC
+ * leaves the stream-ordered cbids off (precise-mode allocations go unseen)
+ * to tell CUPTI's per-callback cost from its subscription's. Not on the
+ * capture path: start subscribes the plain callback (on_driver_call) unless
+ * a mode that times or skips it was asked for. */
+static int profile_request; /* with the GIL: the hook's, for the next start */
+static int profile_mode;    /* this capture's, set at start */
 static uint64_t profile_calls, profile_ns;
 
 /* ---- this thread's label (labels.h has the table) ---------------------- */
@@ -116,7 +120,7 @@ static __thread uint64_t tl_label_seq __attribute__((tls_model("initial-exec")))
 void mvz_capture_label_set(uint32_t id)
 {
     tl_label = id;
-    const void *node = mvz_label_is_node(id) ? mvz_nodes_current() : NULL;
+    const void *node = mvz_labels_is_node(id) ? mvz_nodes_current() : NULL;
     tl_label_node = node;
     tl_label_seq = mvz_nodes_seq(node);
 }
@@ -129,7 +133,7 @@ static uint32_t current_label(const void *node)
     uint32_t lab = tl_label;
     if (!node)
         return lab;
-    if (lab && mvz_label_is_node(lab) && tl_label_node == node &&
+    if (lab && mvz_labels_is_node(lab) && tl_label_node == node &&
         tl_label_seq == mvz_nodes_seq(node))
         return lab;
     uint32_t id = mvz_nodes_label(node);
@@ -159,7 +163,7 @@ static int device_of(void *ctx)
             break;
     }
     uint32_t dev = 0;
-    if (!mvz_api.GetDeviceId || mvz_api.GetDeviceId(ctx, &dev) != MVZ_CUPTI_SUCCESS)
+    if (!mvz_cupti_api.GetDeviceId || mvz_cupti_api.GetDeviceId(ctx, &dev) != MVZ_CUPTI_SUCCESS)
         return 0;
     /* Claim an empty slot with a sentinel, fill in the device, then publish
      * the key, so a reader that sees the key also sees its device. */
@@ -307,13 +311,17 @@ static void record_call(int domain, uint32_t cbid, const void *data);
 static void on_driver_call(void *userdata, int domain, uint32_t cbid, const void *data)
 {
     (void)userdata;
-    int mode = __atomic_load_n(&profile_mode, __ATOMIC_RELAXED);
-    if (mode == PROFILE_OFF) {
-        record_call(domain, cbid, data);
-        return;
-    }
+    record_call(domain, cbid, data);
+}
+
+/* The entry point under a benchmark's profile (MVZ_PROFILE_TIME or _NOOP,
+ * subscribed instead of on_driver_call): GIL-free as record_call is, plus
+ * relaxed atomic adds and a clock read (no lock, no allocation). */
+static void on_driver_call_profiled(void *userdata, int domain, uint32_t cbid, const void *data)
+{
+    (void)userdata;
     __atomic_fetch_add(&profile_calls, 1, __ATOMIC_RELAXED);
-    if (mode == PROFILE_NOOP)
+    if (__atomic_load_n(&profile_mode, __ATOMIC_RELAXED) == MVZ_PROFILE_NOOP)
         return;
     uint64_t t0 = mvz_now_ns();
     record_call(domain, cbid, data);
@@ -426,7 +434,7 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
     uint32_t lab = current_label(node);
     if (result != 0 || d.address == 0) { /* rare, and read at once: recorded under the lock */
         mvz_frame frames[MVZ_MAX_DEPTH];
-        int depth = mvz_capture_frames(frames, limit);
+        int depth = mvz_frames_capture(frames, limit);
         count(MVZ_OP_FAILED);
         mvz_store_failure(d.size, d.stream, slot, d.kind, lab, result, frames, depth);
         return;
@@ -434,7 +442,7 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
     uint32_t thread_idx = mvz_store_thread_index();
     /* not inside a backward node: the autograd node this line may have just
      * made (noted once the store has interned the stack, seqmap.h) */
-    uint64_t note = !node && !mvz_label_is_node(lab) ? mvz_seqmap_next() : 0;
+    uint64_t note = !node && !mvz_labels_is_node(lab) ? mvz_seqmap_next() : 0;
     int tsc = mvz_tick_is_tsc(); /* the stamp's kind too (clock.h) */
     uint64_t clock = stamp ? stamp : mvz_tick_as(tsc);
     /* Everything that may take a lock is done. The stack is walked into
@@ -448,7 +456,7 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
         queue_alloc_unbuffered(&d, slot, lab, thread_idx, note, tsc, clock, stamp, limit);
         return;
     }
-    int depth = mvz_capture_frames(walk, limit);
+    int depth = mvz_frames_capture(walk, limit);
     queue_alloc(&d, slot, lab, thread_idx, note, tsc, clock, stamp, walk, depth);
 }
 
@@ -483,7 +491,7 @@ queue_alloc_unbuffered(const decoded *dp, int slot, uint32_t lab, uint32_t threa
                        uint64_t note, int tsc, uint64_t clock, uint64_t stamp, int limit)
 {
     mvz_frame frames[MVZ_MAX_DEPTH];
-    int depth = mvz_capture_frames(frames, limit);
+    int depth = mvz_frames_capture(frames, limit);
     queue_alloc(dp, slot, lab, thread_idx, note, tsc, clock, stamp, frames, depth);
 }
 
@@ -501,7 +509,7 @@ static int current_slot(void)
     int (*get)(void **) = __atomic_load_n(&ctx_get_current, __ATOMIC_ACQUIRE);
     if (get && get(&ctx) == 0 && ctx)
         return device_of(ctx);
-    if (mvz_api.GetDeviceId && mvz_api.GetDeviceId(NULL, &dev) == MVZ_CUPTI_SUCCESS)
+    if (mvz_cupti_api.GetDeviceId && mvz_cupti_api.GetDeviceId(NULL, &dev) == MVZ_CUPTI_SUCCESS)
         return (int)dev;
     return 0;
 }
@@ -588,13 +596,13 @@ void mvz_capture_prepare_wrappers(void) { load_ctx_get_current(); }
  * (off while the wrappers record PyTorch's). Returns 0, or CUPTI's error. */
 int mvz_capture_async_callbacks(int on)
 {
-    if (!subscriber || !mvz_api.EnableCallback)
+    if (!subscriber || !mvz_cupti_api.EnableCallback)
         return -1;
     if (!on)
         load_ctx_get_current();
     static const uint32_t cbids[] = {MVZ_CBID_cuMemAllocAsync, MVZ_CBID_cuMemFreeAsync};
     for (size_t i = 0; i < 2; i++) {
-        mvz_CUptiResult r = mvz_api.EnableCallback(on ? 1 : 0, subscriber, MVZ_CUPTI_CB_DOMAIN_DRIVER_API, cbids[i]);
+        mvz_CUptiResult r = mvz_cupti_api.EnableCallback(on ? 1 : 0, subscriber, MVZ_CUPTI_CB_DOMAIN_DRIVER_API, cbids[i]);
         if (r != MVZ_CUPTI_SUCCESS)
             return (int)r;
     }
@@ -604,7 +612,7 @@ int mvz_capture_async_callbacks(int on)
 void mvz_capture_synthetic(uint64_t address, uint64_t size, int free_it)
 {
     mvz_frame frames[MVZ_MAX_DEPTH];
-    int depth = mvz_capture_frames(frames, __atomic_load_n(&depth_limit, __ATOMIC_RELAXED));
+    int depth = mvz_frames_capture(frames, __atomic_load_n(&depth_limit, __ATOMIC_RELAXED));
     mvz_store_alloc(address, size, 0, 0, MVZ_KIND_DEVICE, tl_label, frames, depth);
     if (free_it)
         mvz_store_free(address, MVZ_KIND_DEVICE);
@@ -629,7 +637,7 @@ static void on_buffer_requested(uint8_t **buffer, size_t *size, size_t *max_reco
 static uint32_t static_label(const mvz_CUpti_ActivityMemory3 *r)
 {
     const char *source = NULL;
-    if (mvz_api.version >= MVZ_CUPTI_VERSION_13)
+    if (mvz_cupti_api.version >= MVZ_CUPTI_VERSION_13)
         source = ((const mvz_CUpti_ActivityMemory4 *)r)->source;
     char name[256];
     if (source && source[0]) {
@@ -638,7 +646,7 @@ static uint32_t static_label(const mvz_CUpti_ActivityMemory3 *r)
     } else {
         snprintf(name, sizeof name, "CUDA module globals");
     }
-    return mvz_label_intern(name);
+    return mvz_labels_intern(name);
 }
 
 /* Called by CUPTI on its worker thread or inside cuptiActivityFlushAll;
@@ -650,8 +658,8 @@ static void on_buffer_completed(mvz_CUcontext ctx, uint32_t stream, uint8_t *buf
     (void)stream;
     (void)size;
     void *rec = NULL;
-    while (buffer && mvz_api.ActivityGetNextRecord &&
-           mvz_api.ActivityGetNextRecord(buffer, valid, &rec) == MVZ_CUPTI_SUCCESS) {
+    while (buffer && mvz_cupti_api.ActivityGetNextRecord &&
+           mvz_cupti_api.ActivityGetNextRecord(buffer, valid, &rec) == MVZ_CUPTI_SUCCESS) {
         count(MVZ_OP_ACTIVITY_RECORDS);
         const mvz_CUpti_ActivityMemory3 *r = rec;
         if (r->kind != MVZ_CUPTI_ACTIVITY_KIND_MEMORY2 ||
@@ -687,27 +695,30 @@ void mvz_capture_configure(int depth)
 static int subscribe(int allow_shared, mvz_start_status *st)
 {
     mvz_CUptiResult r;
-    if (mvz_api.Subscribe_v2) {
+    mvz_CUpti_CallbackFunc cb = profile_mode == MVZ_PROFILE_TIME || profile_mode == MVZ_PROFILE_NOOP
+                                    ? on_driver_call_profiled
+                                    : on_driver_call;
+    if (mvz_cupti_api.Subscribe_v2) {
         char old[MVZ_CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN * 2] = {0};
         mvz_CUpti_SubscriberParams params = {sizeof params, "memviz", old, sizeof old, 0, {0}};
         /* allowMultipleSubscribers is only passed to a CUPTI that knows it:
          * an older one would be handed a struct size it has not seen. */
         uint32_t version = 0;
-        int shared = allow_shared && mvz_api.GetVersion && mvz_api.GetVersion(&version) == MVZ_CUPTI_SUCCESS &&
+        int shared = allow_shared && mvz_cupti_api.GetVersion && mvz_cupti_api.GetVersion(&version) == MVZ_CUPTI_SUCCESS &&
                      version >= MVZ_CUPTI_MULTI_SUBSCRIBER_VERSION;
         if (shared) {
             params.allowMultipleSubscribers = 1;
         } else {
             params.structSize = MVZ_CUPTI_SUBSCRIBER_PARAMS_V1_SIZE;
         }
-        r = mvz_api.Subscribe_v2(&subscriber, on_driver_call, NULL, &params);
+        r = mvz_cupti_api.Subscribe_v2(&subscriber, cb, NULL, &params);
         old[sizeof old - 1] = '\0';
         if (r != MVZ_CUPTI_SUCCESS)
             snprintf(st->holder, sizeof st->holder, "%s", old);
         else if (shared && old[0] && strstr(old, "memviz") == NULL)
             snprintf(st->shared_with, sizeof st->shared_with, "%s", old); /* the first subscriber */
     } else {
-        r = mvz_api.Subscribe(&subscriber, on_driver_call, NULL);
+        r = mvz_cupti_api.Subscribe(&subscriber, cb, NULL);
     }
     if (r != MVZ_CUPTI_SUCCESS) {
         st->result = r;
@@ -715,18 +726,17 @@ static int subscribe(int allow_shared, mvz_start_status *st)
         subscriber = NULL;
         return -1;
     }
-    const char *prof = getenv("MEMVIZ_CALLBACK_PROFILE");
-    int noasync = prof && !strcmp(prof, "noasync");
+    int noasync = profile_mode == MVZ_PROFILE_NOASYNC;
     for (size_t i = 0; i < N_CBIDS; i++) {
         uint32_t cbid = memory_cbids[i];
         if (noasync && (cbid == MVZ_CBID_cuMemAllocAsync || cbid == MVZ_CBID_cuMemAllocAsync_ptsz ||
                         cbid == MVZ_CBID_cuMemFreeAsync || cbid == MVZ_CBID_cuMemFreeAsync_ptsz))
             continue;
-        r = mvz_api.EnableCallback(1, subscriber, MVZ_CUPTI_CB_DOMAIN_DRIVER_API, memory_cbids[i]);
+        r = mvz_cupti_api.EnableCallback(1, subscriber, MVZ_CUPTI_CB_DOMAIN_DRIVER_API, memory_cbids[i]);
         if (r != MVZ_CUPTI_SUCCESS) {
             st->result = r;
             st->step = "cuptiEnableCallback";
-            mvz_api.Unsubscribe(subscriber);
+            mvz_cupti_api.Unsubscribe(subscriber);
             subscriber = NULL;
             return -1;
         }
@@ -737,7 +747,7 @@ static int subscribe(int allow_shared, mvz_start_status *st)
 
 static void start_activity(mvz_start_status *st)
 {
-    if (!mvz_api.ActivityRegisterCallbacks || !mvz_api.ActivityEnable || !mvz_api.ActivityGetNextRecord) {
+    if (!mvz_cupti_api.ActivityRegisterCallbacks || !mvz_cupti_api.ActivityEnable || !mvz_cupti_api.ActivityGetNextRecord) {
         snprintf(st->activity_error, sizeof st->activity_error, "this libcupti has no activity API");
         return;
     }
@@ -750,14 +760,14 @@ static void start_activity(mvz_start_status *st)
     }
     /* Registered at every start: another tool (torch.profiler) may have put
      * its own buffer callbacks in place since. */
-    mvz_CUptiResult r = mvz_api.ActivityRegisterCallbacks(on_buffer_requested, on_buffer_completed);
+    mvz_CUptiResult r = mvz_cupti_api.ActivityRegisterCallbacks(on_buffer_requested, on_buffer_completed);
     if (r == MVZ_CUPTI_SUCCESS)
-        r = mvz_api.ActivityEnable(MVZ_CUPTI_ACTIVITY_KIND_MEMORY2);
+        r = mvz_cupti_api.ActivityEnable(MVZ_CUPTI_ACTIVITY_KIND_MEMORY2);
     if (r == MVZ_CUPTI_SUCCESS) {
         activity_on = 1;
         st->activity = 1;
-        if (mvz_api.ActivityFlushPeriod)
-            mvz_api.ActivityFlushPeriod(1000); /* static memory shows within 1 s */
+        if (mvz_cupti_api.ActivityFlushPeriod)
+            mvz_cupti_api.ActivityFlushPeriod(1000); /* static memory shows within 1 s */
     } else {
         snprintf(st->activity_error, sizeof st->activity_error, "MEMORY2 activity records are off: %s",
                  mvz_cupti_result_string(r));
@@ -798,10 +808,7 @@ int mvz_capture_start(int want_cupti, int want_activity, int allow_shared, mvz_s
 {
     memset(st, 0, sizeof *st);
     register_barrier();
-    const char *prof = getenv("MEMVIZ_CALLBACK_PROFILE");
-    __atomic_store_n(&profile_mode, !prof ? PROFILE_OFF : !strcmp(prof, "time") ? PROFILE_TIME
-                                    : !strcmp(prof, "noop") ? PROFILE_NOOP : PROFILE_OFF,
-                     __ATOMIC_RELAXED);
+    __atomic_store_n(&profile_mode, profile_request, __ATOMIC_RELAXED); /* before subscribing */
     if (want_cupti) {
         if (subscribe(allow_shared, st) != 0)
             return -1;
@@ -831,31 +838,31 @@ int mvz_capture_release_cupti(void)
     __atomic_store_n(&cupti_held, 0, __ATOMIC_SEQ_CST);
     if (activity_on) {
         mvz_capture_flush();
-        if (mvz_api.ActivityDisable)
-            mvz_api.ActivityDisable(MVZ_CUPTI_ACTIVITY_KIND_MEMORY2);
-        if (mvz_api.ActivityFlushPeriod)
-            mvz_api.ActivityFlushPeriod(0);
+        if (mvz_cupti_api.ActivityDisable)
+            mvz_cupti_api.ActivityDisable(MVZ_CUPTI_ACTIVITY_KIND_MEMORY2);
+        if (mvz_cupti_api.ActivityFlushPeriod)
+            mvz_cupti_api.ActivityFlushPeriod(0);
         activity_on = 0;
     }
-    mvz_api.Unsubscribe(subscriber);
+    mvz_cupti_api.Unsubscribe(subscriber);
     subscriber = NULL;
     return 1;
 }
 
 void mvz_capture_flush(void)
 {
-    if (activity_on && mvz_api.ActivityFlushAll)
-        mvz_api.ActivityFlushAll(MVZ_CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    if (activity_on && mvz_cupti_api.ActivityFlushAll)
+        mvz_cupti_api.ActivityFlushAll(MVZ_CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
 }
 
 void mvz_capture_stop(void)
 {
     if (activity_on) {
         mvz_capture_flush(); /* static records still count: capturing is on */
-        if (mvz_api.ActivityDisable)
-            mvz_api.ActivityDisable(MVZ_CUPTI_ACTIVITY_KIND_MEMORY2);
-        if (mvz_api.ActivityFlushPeriod)
-            mvz_api.ActivityFlushPeriod(0);
+        if (mvz_cupti_api.ActivityDisable)
+            mvz_cupti_api.ActivityDisable(MVZ_CUPTI_ACTIVITY_KIND_MEMORY2);
+        if (mvz_cupti_api.ActivityFlushPeriod)
+            mvz_cupti_api.ActivityFlushPeriod(0);
         activity_on = 0;
     }
     __atomic_store_n(&capturing, 0, __ATOMIC_SEQ_CST);
@@ -871,7 +878,7 @@ void mvz_capture_stop(void)
             sched_yield();
     mvz_store_drainer(0); /* and what the queue holds is applied */
     if (subscriber) {
-        mvz_api.Unsubscribe(subscriber); /* lets torch.profiler subscribe later */
+        mvz_cupti_api.Unsubscribe(subscriber); /* lets torch.profiler subscribe later */
         subscriber = NULL;
     }
     __atomic_store_n(&cupti_held, 0, __ATOMIC_RELEASE);
@@ -890,6 +897,13 @@ void mvz_capture_counts(uint64_t out[MVZ_OP_COUNT])
     mvz_store_op_counts(applied);
     for (int i = 0; i < MVZ_OP_COUNT; i++)
         out[i] = __atomic_load_n(&counts[i], __ATOMIC_RELAXED) + applied[i];
+}
+
+int mvz_capture_set_profile(int mode)
+{
+    int before = profile_request;
+    profile_request = mode;
+    return before;
 }
 
 void mvz_capture_profile(uint64_t *calls, uint64_t *ns)
@@ -920,4 +934,5 @@ void mvz_capture_atfork_child(void)
     activity_on = 0;
     cupti_held = 0;
     mvz_labels_atfork_child();
+    mvz_nodes_atfork_child();
 }

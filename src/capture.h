@@ -31,7 +31,7 @@ enum mvz_op {
     MVZ_OP_BLOCK_FREE,
     MVZ_OP_COUNT
 };
-extern const char *const mvz_op_names[MVZ_OP_COUNT];
+extern const char *const mvz_capture_op_names[MVZ_OP_COUNT];
 
 /* Each call below is made with the GIL by the module. */
 typedef struct {
@@ -70,7 +70,13 @@ void mvz_capture_stop(void);
 void mvz_capture_flush(void);
 int mvz_capture_active(void);
 void mvz_capture_counts(uint64_t out[MVZ_OP_COUNT]);
-/* MEMVIZ_CALLBACK_PROFILE counters: callbacks seen and ns spent in them. */
+/* Benchmarks only (capture.c), through the test hook _core._callback_profile:
+ * from the next start, time the CUPTI callback (TIME), return from it at
+ * once, recording nothing (NOOP), or leave the stream-ordered cbids off
+ * (NOASYNC). With the GIL, while nothing captures; returns the mode before. */
+enum { MVZ_PROFILE_OFF, MVZ_PROFILE_TIME, MVZ_PROFILE_NOOP, MVZ_PROFILE_NOASYNC };
+int mvz_capture_set_profile(int mode);
+/* The profile's counters: callbacks seen and ns spent in them. */
 void mvz_capture_profile(uint64_t *calls, uint64_t *ns);
 void mvz_capture_forget_counts(void);
 /* After fork, in the child: capture is off and CUPTI is not touched. */

@@ -91,7 +91,7 @@ void mvz_clock_init(void)
 
 double mvz_clock_ns_per_tick(void) { return init_rate; }
 
-void mvz_tickmap_anchor(mvz_tickmap *m)
+void mvz_clock_tickmap_anchor(mvz_tickmap *m)
 {
     if (!HAVE_TSC || init_rate == 0)
         return;
@@ -120,7 +120,7 @@ void mvz_tickmap_anchor(mvz_tickmap *m)
     m->ns1 = n;
 }
 
-uint64_t mvz_tickmap_ns(const mvz_tickmap *m, uint64_t tick)
+uint64_t mvz_clock_tickmap_ns(const mvz_tickmap *m, uint64_t tick)
 {
     int64_t d = (int64_t)(tick - m->tick1);
     double ns = (double)d * m->ns_per_tick;

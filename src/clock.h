@@ -68,11 +68,11 @@ typedef struct {
 
 /* The owner's serialization: take an anchor now (three paired reads, the
  * tightest kept). No-op where there is no TSC. */
-void mvz_tickmap_anchor(mvz_tickmap *m);
+void mvz_clock_tickmap_anchor(mvz_tickmap *m);
 /* The owner's serialization: nanoseconds of a TSC tick, from the latest
  * anchor (the store anchors before it applies any entry: a TSC tick exists
  * only where mvz_clock_init measured a rate, so an anchor always lands). */
-uint64_t mvz_tickmap_ns(const mvz_tickmap *m, uint64_t tick);
+uint64_t mvz_clock_tickmap_ns(const mvz_tickmap *m, uint64_t tick);
 /* The rate mvz_clock_init measured (nanoseconds a tick), 0 without a TSC. */
 double mvz_clock_ns_per_tick(void);
 

@@ -198,7 +198,7 @@ int mvz_codeobj_watch(void)
     if (watch_code_deaths() != 0)
         return -1;
 #if PY_VERSION_HEX < 0x030C0000
-    mvz_new_stack_hook = schedule_adopt;
+    mvz_store_new_stack_hook = schedule_adopt;
 #endif
     return 0;
 }

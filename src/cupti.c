@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-mvz_cupti mvz_api;
+mvz_cupti mvz_cupti_api;
 
 static const char *sonames[] = {"libcupti.so.13", "libcupti.so.12", "libcupti.so", NULL};
 
@@ -34,8 +34,8 @@ int mvz_cupti_find_mapped(char *path, size_t len)
 
 #define SYM(field, name, required)                                                          \
     do {                                                                                    \
-        *(void **)(&mvz_api.field) = dlsym(h, name);                                        \
-        if (required && !mvz_api.field) {                                                   \
+        *(void **)(&mvz_cupti_api.field) = dlsym(h, name);                                        \
+        if (required && !mvz_cupti_api.field) {                                                   \
             snprintf(err, errlen, "%s has no %s; it is not a usable libcupti", path ? path : \
                      "the mapped libcupti", name);                                          \
             goto fail;                                                                      \
@@ -44,8 +44,8 @@ int mvz_cupti_find_mapped(char *path, size_t len)
 
 int mvz_cupti_load(const char *path, char *err, size_t errlen)
 {
-    if (mvz_api.handle) {
-        snprintf(err, errlen, "libcupti is already loaded from %s", mvz_api.path);
+    if (mvz_cupti_api.handle) {
+        snprintf(err, errlen, "libcupti is already loaded from %s", mvz_cupti_api.path);
         return -1;
     }
     void *h = NULL;
@@ -64,7 +64,7 @@ int mvz_cupti_load(const char *path, char *err, size_t errlen)
             return -1;
         }
     }
-    memset(&mvz_api, 0, sizeof mvz_api);
+    memset(&mvz_cupti_api, 0, sizeof mvz_cupti_api);
     SYM(GetVersion, "cuptiGetVersion", 1);
     SYM(Subscribe, "cuptiSubscribe", 1);
     SYM(Subscribe_v2, "cuptiSubscribe_v2", 0);
@@ -80,17 +80,17 @@ int mvz_cupti_load(const char *path, char *err, size_t errlen)
     SYM(ActivityFlushPeriod, "cuptiActivityFlushPeriod", 0);
     SYM(ActivityGetNextRecord, "cuptiActivityGetNextRecord", 0);
     uint32_t v = 0;
-    mvz_CUptiResult r = mvz_api.GetVersion(&v);
+    mvz_CUptiResult r = mvz_cupti_api.GetVersion(&v);
     if (r != MVZ_CUPTI_SUCCESS) {
         snprintf(err, errlen, "cuptiGetVersion failed: %s", mvz_cupti_result_string(r));
         goto fail;
     }
-    mvz_api.version = v;
-    mvz_api.handle = h;
-    path_of(*(void **)&mvz_api.GetVersion, mvz_api.path, sizeof mvz_api.path);
+    mvz_cupti_api.version = v;
+    mvz_cupti_api.handle = h;
+    path_of(*(void **)&mvz_cupti_api.GetVersion, mvz_cupti_api.path, sizeof mvz_cupti_api.path);
     return 0;
 fail:
-    memset(&mvz_api, 0, sizeof mvz_api);
+    memset(&mvz_cupti_api, 0, sizeof mvz_cupti_api);
     dlclose(h);
     return -1;
 }
@@ -98,7 +98,7 @@ fail:
 const char *mvz_cupti_result_string(mvz_CUptiResult r)
 {
     const char *s = NULL;
-    if (mvz_api.GetResultString && mvz_api.GetResultString(r, &s) == MVZ_CUPTI_SUCCESS && s)
+    if (mvz_cupti_api.GetResultString && mvz_cupti_api.GetResultString(r, &s) == MVZ_CUPTI_SUCCESS && s)
         return s;
     switch (r) {
     case MVZ_CUPTI_SUCCESS: return "CUPTI_SUCCESS";

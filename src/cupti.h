@@ -29,7 +29,7 @@ typedef struct {
     mvz_CUptiResult (*ActivityGetNextRecord)(uint8_t *, size_t, void **);
 } mvz_cupti;
 
-extern mvz_cupti mvz_api;
+extern mvz_cupti mvz_cupti_api;
 
 /* Whether a libcupti is already mapped into the process under one of the
  * usual sonames; fills `path` with its file. */

@@ -296,7 +296,7 @@ static inline int read_frame(pyframe *f, mvz_frame *out)
  * framework or a recursion below the user's line still yields the line.
  * Stacks no deeper than max_depth read as before, and no file name is read
  * for them. */
-int mvz_capture_frames(mvz_frame *out, int max_depth)
+int mvz_frames_capture(mvz_frame *out, int max_depth)
 {
     PyThreadState *tstate = PyGILState_GetThisThreadState();
     if (tstate == NULL)

@@ -13,7 +13,7 @@
  * stack keeps its innermost frames and, in the last quarter, the first
  * frame beyond them whose file is not a library's with its callers (the
  * rules below; frames.c says how). */
-int mvz_capture_frames(mvz_frame *out, int max_depth);
+int mvz_frames_capture(mvz_frame *out, int max_depth);
 
 /* Kinds of the rules Python hands down (memviz/model/frame_filter.py). */
 enum {

@@ -167,7 +167,7 @@ int mvz_interpose_attach(const char *suffix, int set, char *err, size_t errlen)
     return 0;
 #else
     struct dl_phdr_info info;
-    if (!mvz_find_library(suffix, &info)) {
+    if (!mvz_libfind_loaded(suffix, &info)) {
         snprintf(err, errlen, "no loaded library ends with %s", suffix);
         return 0;
     }

@@ -14,11 +14,11 @@
 static const char overflow_name[] = MVZ_LABEL_OVERFLOW_NAME;
 /* labels[id]: the text of label `id`, NULL for a free id. */
 static const char *labels[MAX_LABELS] = {[LABEL_OVERFLOW] = overflow_name};
-/* mvz_label_node[i] (labels.h): labels[i] names an autograd node ("\x01...");
+/* mvz_labels_node[i] (labels.h): labels[i] names an autograd node ("\x01...");
  * written before the id is published to anyone, read lock-free in the
  * callback. */
-uint8_t mvz_label_node[MVZ_MAX_LABELS];
-/* pins[id]: label contexts that hold `id` on some thread now (mvz_label_pin);
+uint8_t mvz_labels_node[MVZ_MAX_LABELS];
+/* pins[id]: label contexts that hold `id` on some thread now (mvz_labels_pin);
  * a pinned id outlives mvz_labels_reclaim. */
 static uint32_t pins[MAX_LABELS];
 static uint32_t next_id = 1;  /* the next id to try; 0 means "no label" */
@@ -54,7 +54,7 @@ static uint32_t free_id(void)
  * work (one hash probe sequence in a table kept at most half full, a scan
  * for a free id that only moves forward, and a copy into the static arena):
  * no malloc, no Python, no other lock. */
-uint32_t mvz_label_intern(const char *name)
+uint32_t mvz_labels_intern(const char *name)
 {
     if (name == NULL)
         return 0;
@@ -75,7 +75,7 @@ uint32_t mvz_label_intern(const char *name)
             arena_used += len + 1;
             id = fresh;
             labels[id] = copy;
-            mvz_label_node[id] = name[0] == '\x01';
+            mvz_labels_node[id] = name[0] == '\x01';
             label_slots[i] = id;
             next_id = id + 1;
             if (high <= id)
@@ -91,7 +91,7 @@ uint32_t mvz_label_intern(const char *name)
 }
 
 /* With the GIL (memviz.label's enter and exit), never on the capture path. */
-void mvz_label_pin(uint32_t id, int delta)
+void mvz_labels_pin(uint32_t id, int delta)
 {
     if (id == 0 || id >= LABEL_OVERFLOW)
         return;
@@ -134,7 +134,7 @@ int mvz_labels_reclaim(int force)
             kept_ids[n++] = id;
         } else {
             labels[id] = NULL;
-            mvz_label_node[id] = 0;
+            mvz_labels_node[id] = 0;
         }
     }
     qsort(kept_ids, n, sizeof kept_ids[0], by_address);
@@ -166,7 +166,7 @@ int mvz_labels_reclaim(int force)
     return 1;
 }
 
-void mvz_label_stats(uint32_t *count, uint64_t *overflowed, uint64_t *bytes)
+void mvz_labels_stats(uint32_t *count, uint64_t *overflowed, uint64_t *bytes)
 {
     pthread_mutex_lock(&label_lock);
     *count = nlive;
@@ -175,7 +175,7 @@ void mvz_label_stats(uint32_t *count, uint64_t *overflowed, uint64_t *bytes)
     pthread_mutex_unlock(&label_lock);
 }
 
-uint32_t mvz_label_high(void)
+uint32_t mvz_labels_high(void)
 {
     pthread_mutex_lock(&label_lock);
     uint32_t h = high - 1;
@@ -183,7 +183,7 @@ uint32_t mvz_label_high(void)
     return h;
 }
 
-uint64_t mvz_label_reclaims(void)
+uint64_t mvz_labels_reclaims(void)
 {
     pthread_mutex_lock(&label_lock);
     uint64_t n = reclaims;
@@ -191,7 +191,7 @@ uint64_t mvz_label_reclaims(void)
     return n;
 }
 
-const char *mvz_label_name(uint32_t id)
+const char *mvz_labels_name(uint32_t id)
 {
     const char *s = NULL;
     pthread_mutex_lock(&label_lock);

@@ -23,7 +23,7 @@ static int match(struct dl_phdr_info *info, size_t size, void *data)
     return 1;
 }
 
-int mvz_find_library(const char *suffix, struct dl_phdr_info *out)
+int mvz_libfind_loaded(const char *suffix, struct dl_phdr_info *out)
 {
     lookup l = {suffix, out, 0};
     dl_iterate_phdr(match, &l);

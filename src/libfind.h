@@ -10,6 +10,6 @@
 /* The loaded library whose path ends with `suffix` (the first one), copied
  * into *out (its pointers stay valid while the library is loaded); 0 when
  * none. Takes the loader's lock: never on the capture path. */
-int mvz_find_library(const char *suffix, struct dl_phdr_info *out);
+int mvz_libfind_loaded(const char *suffix, struct dl_phdr_info *out);
 
 #endif

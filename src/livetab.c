@@ -25,7 +25,7 @@ static inline int key_eq(const mvz_alloc *a, uint64_t address, int kind)
     return a->address == address && key_space(a->kind) == key_space(kind);
 }
 
-int mvz_live_init(mvz_livetab *t, size_t max_live)
+int mvz_livetab_init(mvz_livetab *t, size_t max_live)
 {
     t->max = max_live;
     /* The index holds at most half-full max_live entries. */
@@ -44,7 +44,7 @@ int mvz_live_init(mvz_livetab *t, size_t max_live)
     return 0;
 }
 
-void mvz_live_reset(mvz_livetab *t)
+void mvz_livetab_reset(mvz_livetab *t)
 {
     t->count = 0;
     memset(t->index, 0, t->index_cap * sizeof(uint32_t));
@@ -52,7 +52,7 @@ void mvz_live_reset(mvz_livetab *t)
     mvz_region_ensure(&t->index_a_r, t->index_in_a ? t->index_cap * 4 : 0);
 }
 
-void mvz_live_release(mvz_livetab *t)
+void mvz_livetab_release(mvz_livetab *t)
 {
     mvz_region_release(&t->allocs_r);
     mvz_region_release(&t->index_a_r);
@@ -62,7 +62,7 @@ void mvz_live_release(mvz_livetab *t)
 
 /* Capture path, no GIL, store lock held: a probe sequence in an index kept
  * at most half full; reads only. */
-size_t mvz_live_find(const mvz_livetab *t, uint64_t address, int kind, int *found)
+size_t mvz_livetab_find(const mvz_livetab *t, uint64_t address, int kind, int *found)
 {
     size_t mask = t->index_cap - 1;
     size_t i = key_hash(address, kind) & mask;
@@ -102,7 +102,7 @@ static int index_grow(mvz_livetab *t)
 
 /* Capture path, no GIL, store lock held: arithmetic on the reservations,
  * and at most one index rebuild (index_grow). */
-int mvz_live_make_room(mvz_livetab *t)
+int mvz_livetab_make_room(mvz_livetab *t)
 {
     if (t->count >= t->max || mvz_region_ensure(&t->allocs_r, (t->count + 1) * sizeof(mvz_alloc)))
         return -1;
@@ -113,7 +113,7 @@ int mvz_live_make_room(mvz_livetab *t)
 
 /* Capture path, no GIL, store lock held: two writes into preallocated
  * memory. */
-mvz_alloc *mvz_live_insert(mvz_livetab *t, size_t i)
+mvz_alloc *mvz_livetab_insert(mvz_livetab *t, size_t i)
 {
     mvz_alloc *a = &t->allocs[t->count];
     t->index[i] = (uint32_t)t->count + 1;
@@ -145,7 +145,7 @@ static void index_delete(mvz_livetab *t, size_t i)
 }
 
 /* Capture path, no GIL, store lock held: in-place moves only. */
-void mvz_live_remove(mvz_livetab *t, size_t i)
+void mvz_livetab_remove(mvz_livetab *t, size_t i)
 {
     uint32_t k = t->index[i] - 1;
     index_delete(t, i);
@@ -153,7 +153,7 @@ void mvz_live_remove(mvz_livetab *t, size_t i)
     if (k != last) {
         /* Move the last entry into the hole and repoint its index slot. */
         int f2;
-        size_t j = mvz_live_find(t, t->allocs[last].address, t->allocs[last].kind, &f2);
+        size_t j = mvz_livetab_find(t, t->allocs[last].address, t->allocs[last].kind, &f2);
         t->allocs[k] = t->allocs[last];
         t->index[j] = k + 1;
     }

@@ -24,25 +24,25 @@ typedef struct {
 } mvz_livetab;
 
 /* With the GIL, once: reserve room for max_live allocations. 0 or -1. */
-int mvz_live_init(mvz_livetab *t, size_t max_live);
+int mvz_livetab_init(mvz_livetab *t, size_t max_live);
 /* Forget every allocation. */
-void mvz_live_reset(mvz_livetab *t);
+void mvz_livetab_reset(mvz_livetab *t);
 /* Give the reservations back (a table made for one job: replay.c). */
-void mvz_live_release(mvz_livetab *t);
+void mvz_livetab_release(mvz_livetab *t);
 /* The index slot holding (address, kind), *found = 1; else the empty slot
  * where it would go, *found = 0. */
-size_t mvz_live_find(const mvz_livetab *t, uint64_t address, int kind, int *found);
+size_t mvz_livetab_find(const mvz_livetab *t, uint64_t address, int kind, int *found);
 /* Room for one more allocation: -1 when the table is full, 1 when the index
- * was rebuilt (slots from mvz_live_find are stale), else 0. */
-int mvz_live_make_room(mvz_livetab *t);
-/* The entry for index slot i (empty, from mvz_live_find after room was
+ * was rebuilt (slots from mvz_livetab_find are stale), else 0. */
+int mvz_livetab_make_room(mvz_livetab *t);
+/* The entry for index slot i (empty, from mvz_livetab_find after room was
  * made), to be filled in by the caller. */
-mvz_alloc *mvz_live_insert(mvz_livetab *t, size_t i);
+mvz_alloc *mvz_livetab_insert(mvz_livetab *t, size_t i);
 /* Remove the allocation at index slot i (found); its entry's place is
  * taken by the last one. */
-void mvz_live_remove(mvz_livetab *t, size_t i);
+void mvz_livetab_remove(mvz_livetab *t, size_t i);
 /* The allocation at index slot i (found). */
-static inline mvz_alloc *mvz_live_at(const mvz_livetab *t, size_t i)
+static inline mvz_alloc *mvz_livetab_at(const mvz_livetab *t, size_t i)
 {
     return &t->allocs[t->index[i] - 1];
 }

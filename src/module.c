@@ -1,7 +1,7 @@
 /* memviz._core: the module, and its bindings for capture control (CUPTI,
  * start/stop, clearing), labels, precise mode's wrappers, autograd nodes and
  * the forward-line map. The store's readers are in module_store.c, the
- * record types in records.c, code-object lifetimes in codeobj.c.
+ * row types (struct sequences) in rows.c, code-object lifetimes in codeobj.c.
  *
  * Every function here runs with the GIL; none of them holds the store lock
  * while calling Python, so a garbage collection or a finalizer that
@@ -26,7 +26,7 @@
 #include "interpose.h"
 #include "labels.h"
 #include "nodes.h"
-#include "records.h"
+#include "rows.h"
 #include "seqmap.h"
 #include "store.h"
 #include "trace_writer.h"
@@ -81,17 +81,17 @@ static PyObject *core_cupti_load(PyObject *self, PyObject *arg)
         PyErr_SetString(PyExc_OSError, err);
         return NULL;
     }
-    return Py_BuildValue("(sI)", mvz_api.path, mvz_api.version);
+    return Py_BuildValue("(sI)", mvz_cupti_api.path, mvz_cupti_api.version);
 }
 
 static PyObject *core_cupti_info(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    if (!mvz_api.handle)
+    if (!mvz_cupti_api.handle)
         Py_RETURN_NONE;
-    return Py_BuildValue("{s:s,s:I,s:O}", "path", mvz_api.path, "version", mvz_api.version,
-                         "subscribe_v2", mvz_api.Subscribe_v2 ? Py_True : Py_False);
+    return Py_BuildValue("{s:s,s:I,s:O}", "path", mvz_cupti_api.path, "version", mvz_cupti_api.version,
+                         "subscribe_v2", mvz_cupti_api.Subscribe_v2 ? Py_True : Py_False);
 }
 
 static PyObject *core_start(PyObject *self, PyObject *args, PyObject *kw)
@@ -101,9 +101,9 @@ static PyObject *core_start(PyObject *self, PyObject *args, PyObject *kw)
     int depth = 32, activity = 1, cupti = 1, shared = 1;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|ippp", kwlist, &depth, &activity, &cupti, &shared))
         return NULL;
-    if (mvz_ensure_store())
+    if (mvz_module_store_ensure())
         return NULL;
-    if (cupti && !mvz_api.handle) {
+    if (cupti && !mvz_cupti_api.handle) {
         PyErr_SetString(PyExc_RuntimeError, "libcupti is not loaded");
         return NULL;
     }
@@ -119,9 +119,9 @@ static PyObject *core_start(PyObject *self, PyObject *args, PyObject *kw)
     Py_BEGIN_ALLOW_THREADS rc = mvz_capture_start(cupti, activity, shared, &st);
     Py_END_ALLOW_THREADS
     if (rc != 0)
-        return mvz_start_result(st.result, st.step ? st.step : "",
+        return mvz_rows_start(st.result, st.step ? st.step : "",
                                 mvz_cupti_result_string(st.result), st.holder, 0, "", 0, "");
-    return mvz_start_result(0, "", "", "", st.activity, st.activity_error, st.cupti, st.shared_with);
+    return mvz_rows_start(0, "", "", "", st.activity, st.activity_error, st.cupti, st.shared_with);
 }
 
 static PyObject *core_release_cupti(PyObject *self, PyObject *unused)
@@ -172,7 +172,7 @@ static PyObject *core_clear(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    if (mvz_ensure_store())
+    if (mvz_module_store_ensure())
         return NULL;
     if (mvz_capture_active()) {
         PyErr_SetString(PyExc_RuntimeError, "cannot clear while capturing");
@@ -223,7 +223,7 @@ static PyObject *core_label_intern(PyObject *self, PyObject *arg)
     PyObject *b = label_bytes(arg, "label_intern");
     if (!b)
         return NULL;
-    uint32_t id = mvz_label_intern(PyBytes_AS_STRING(b)); /* never 0: full tables overflow */
+    uint32_t id = mvz_labels_intern(PyBytes_AS_STRING(b)); /* never 0: full tables overflow */
     Py_DECREF(b);
     return PyLong_FromUnsignedLong(id);
 }
@@ -241,16 +241,16 @@ static PyObject *core_label_enter(PyObject *self, PyObject *args)
     unsigned long long gen;
     if (!PyArg_ParseTuple(args, "UkK", &name, &id, &gen))
         return NULL;
-    uint64_t now = mvz_label_reclaims(); /* reclaims run with the GIL: none meanwhile */
+    uint64_t now = mvz_labels_reclaims(); /* reclaims run with the GIL: none meanwhile */
     if (gen != now || id == 0 || id > 0xffff) {
         PyObject *b = label_bytes(name, "label_enter");
         if (!b)
             return NULL;
-        id = mvz_label_intern(PyBytes_AS_STRING(b));
+        id = mvz_labels_intern(PyBytes_AS_STRING(b));
         Py_DECREF(b);
     }
     uint32_t prev = mvz_capture_label_get();
-    mvz_label_pin((uint32_t)id, 1);
+    mvz_labels_pin((uint32_t)id, 1);
     mvz_capture_label_set((uint32_t)id);
     return Py_BuildValue("(kkK)", id, (unsigned long)prev, (unsigned long long)now);
 }
@@ -260,7 +260,7 @@ static PyObject *core_label_generation(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    return PyLong_FromUnsignedLongLong(mvz_label_reclaims());
+    return PyLong_FromUnsignedLongLong(mvz_labels_reclaims());
 }
 
 /* label_exit(id, previous id): memviz.label's exit (label_enter's pair). */
@@ -275,7 +275,7 @@ static PyObject *core_label_exit(PyObject *self, PyObject *args)
         return NULL;
     }
     mvz_capture_label_set((uint32_t)prev);
-    mvz_label_pin((uint32_t)id, -1);
+    mvz_labels_pin((uint32_t)id, -1);
     Py_RETURN_NONE;
 }
 
@@ -304,7 +304,7 @@ static PyObject *core_label_count(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    return PyLong_FromUnsignedLong(mvz_label_high());
+    return PyLong_FromUnsignedLong(mvz_labels_high());
 }
 
 static PyObject *core_label_name(PyObject *self, PyObject *arg)
@@ -313,7 +313,7 @@ static PyObject *core_label_name(PyObject *self, PyObject *arg)
     unsigned long id = PyLong_AsUnsignedLong(arg);
     if (PyErr_Occurred())
         return NULL;
-    return mvz_label_obj((uint32_t)id);
+    return mvz_rows_label((uint32_t)id);
 }
 
 /* ---- precise mode's wrappers (interpose.h) ------------------------------ */
@@ -480,7 +480,7 @@ static PyObject *core_nodes_current(PyObject *self, PyObject *unused)
     const void *node = mvz_nodes_current();
     if (!node)
         Py_RETURN_NONE;
-    const char *label = mvz_label_name(mvz_nodes_label(node));
+    const char *label = mvz_labels_name(mvz_nodes_label(node));
     return Py_BuildValue("(Kz)", (unsigned long long)mvz_nodes_seq(node), label);
 }
 
@@ -544,7 +544,7 @@ static PyObject *core_synthetic(PyObject *self, PyObject *args)
     int free_it = 1;
     if (!PyArg_ParseTuple(args, "KK|pK", &address, &size, &free_it, &count))
         return NULL;
-    if (mvz_ensure_store())
+    if (mvz_module_store_ensure())
         return NULL;
     for (unsigned long long i = 0; i < count; i++)
         mvz_capture_synthetic(address + i * 256, size, free_it);
@@ -598,7 +598,7 @@ static int walk_here(PyObject *arg, mvz_frame *f)
         return -1;
     if (max < 0 || max > MVZ_MAX_DEPTH)
         max = MVZ_MAX_DEPTH;
-    return mvz_capture_frames(f, (int)max);
+    return mvz_frames_capture(f, (int)max);
 }
 
 static PyObject *core_capture_depth(PyObject *self, PyObject *arg)
@@ -639,6 +639,25 @@ static PyObject *core_share_frames(PyObject *self, PyObject *arg)
     if (on < 0)
         return NULL;
     return PyBool_FromLong(mvz_store_share_frames(on));
+}
+
+/* _callback_profile(mode) -> the mode before: a benchmark's hook, never a
+ * user's setting. From the next start, "time" times the CUPTI callback
+ * (stats()'s profile_calls and profile_ns), "noop" returns from it at once
+ * and records nothing (CUPTI's own dispatch cost, alone), "noasync" leaves
+ * the stream-ordered cbids off; "off" (the default) records as always. */
+static const char *const profile_names[] = {"off", "time", "noop", "noasync"};
+
+static PyObject *core_callback_profile(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name)
+        return NULL;
+    for (int m = 0; m < (int)(sizeof profile_names / sizeof *profile_names); m++)
+        if (!strcmp(name, profile_names[m]))
+            return PyUnicode_FromString(profile_names[mvz_capture_set_profile(m)]);
+    return PyErr_Format(PyExc_ValueError, "_callback_profile: %R is not off, time, noop or noasync", arg);
 }
 
 /* _capture_stack(depth): what the walk keeps here (tests of deep stacks). */
@@ -757,6 +776,10 @@ static PyMethodDef core_methods[] = {
     {"_clock", core_clock, METH_VARARGS,
      "_clock(on=None) -> (tsc, ns_per_tick): the capture path's clock (tests may switch it)."},
     {"_drainer", core_drainer, METH_O, "Pause (False) or run (True) the capture queue's drainer thread."},
+    {"_callback_profile", core_callback_profile, METH_O,
+     "_callback_profile(mode) -> the mode before: benchmarks only; from the next start "
+     "'time' times the CUPTI callback, 'noop' returns from it at once (recording nothing), "
+     "'noasync' leaves the stream-ordered callbacks off, 'off' records as always."},
     {"_share_frames", core_share_frames, METH_O,
      "Whether queued allocations leave out the frames shared with the thread's previous stack."},
     {"_capture_stack", core_capture_stack, METH_O,
@@ -834,10 +857,10 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "KIND_PHYSICAL", MVZ_KIND_PHYSICAL) ||
         PyModule_AddIntConstant(m, "KIND_BLOCK", MVZ_KIND_BLOCK) ||
         PyModule_AddFunctions(m, mvz_allocator_methods) ||
-        PyModule_AddFunctions(m, mvz_store_bindings) || PyModule_AddFunctions(m, mvz_seed_bindings) ||
-        PyModule_AddFunctions(m, mvz_heap_bindings) ||
-        PyModule_AddFunctions(m, mvz_trace_bindings) || mvz_replay_bindings_init(m) || mvz_whatif_bindings_init(m) ||
-        PyModule_AddFunctions(m, mvz_codeobj_methods) || mvz_records_init(m) ||
+        PyModule_AddFunctions(m, mvz_module_store_bindings) || PyModule_AddFunctions(m, mvz_module_seed_bindings) ||
+        PyModule_AddFunctions(m, mvz_module_heap_bindings) ||
+        PyModule_AddFunctions(m, mvz_module_trace_bindings) || mvz_module_replay_init(m) || mvz_module_whatif_init(m) ||
+        PyModule_AddFunctions(m, mvz_codeobj_methods) || mvz_rows_init(m) ||
         add_record_schema(m) ||
         PyModule_AddIntConstant(m, "MAX_DEPTH", MVZ_MAX_DEPTH) ||
         PyModule_AddIntConstant(m, "MAX_WINDOWS", MVZ_MAX_WINDOWS) ||

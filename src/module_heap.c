@@ -133,7 +133,7 @@ done:
     return result;
 }
 
-PyMethodDef mvz_heap_bindings[] = {
+PyMethodDef mvz_module_heap_bindings[] = {
     {"heap_kinds", core_heap_kinds, METH_VARARGS,
      "heap_kinds(objects, tensor, optimizer, graph) -> (tensors, optimizers, graphs): the objects "
      "whose type is a subclass of tensor, of optimizer, or exactly graph (each a type or None)."},

@@ -4,9 +4,9 @@
  * while it replays (the replayer is touched by one call at a time: a call
  * made while another runs is refused).
  *
- * Calls down only: replay, replay_categories (and the livetab and store
+ * Calls down only: replay, replay_categories (and the livetab and record
  * types they use).
- * module.c adds the type to the module (mvz_replay_bindings_init).
+ * module.c adds the type to the module (mvz_module_replay_init).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -72,7 +72,7 @@ static int replayer_init(Replayer *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "Replayer: already initialised");
         return -1;
     }
-    if (mvz_replayer_init(&self->r, start, summary)) {
+    if (mvz_replay_init(&self->r, start, summary)) {
         PyErr_NoMemory();
         return -1;
     }
@@ -83,7 +83,7 @@ static int replayer_init(Replayer *self, PyObject *args, PyObject *kwds)
 static void replayer_dealloc(Replayer *self)
 {
     if (self->ready)
-        mvz_replayer_release(&self->r);
+        mvz_replay_release(&self->r);
     free(self->at_rows);
     free(self->idkeys);
     free(self->idvals);
@@ -1008,7 +1008,7 @@ static PyTypeObject ReplayerType = {
     .tp_getset = replayer_getset,
 };
 
-int mvz_replay_bindings_init(PyObject *m)
+int mvz_module_replay_init(PyObject *m)
 {
     if (PyType_Ready(&ReplayerType) < 0)
         return -1;

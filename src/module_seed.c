@@ -27,7 +27,7 @@ static PyObject *core_seed(PyObject *self, PyObject *args)
     (void)self;
     PyObject *rows;
     int flags;
-    if (!PyArg_ParseTuple(args, "Oi", &rows, &flags) || mvz_ensure_store())
+    if (!PyArg_ParseTuple(args, "Oi", &rows, &flags) || mvz_module_store_ensure())
         return NULL;
     PyObject *seq = PySequence_Fast(rows, "seed() takes a sequence of rows");
     if (!seq)
@@ -85,10 +85,10 @@ static PyObject *core_block_rules(PyObject *self, PyObject *args)
     unsigned long long max_split;
     PyObject *divs;
     int expandable;
-    if (!PyArg_ParseTuple(args, "KOp", &max_split, &divs, &expandable) || mvz_ensure_store())
+    if (!PyArg_ParseTuple(args, "KOp", &max_split, &divs, &expandable) || mvz_module_store_ensure())
         return NULL;
     mvz_rules r;
-    mvz_rules_default(&r);
+    mvz_blocks_rules_default(&r);
     if (max_split)
         r.max_split = max_split;
     r.expandable = expandable;
@@ -120,7 +120,7 @@ static PyObject *core_retire(PyObject *self, PyObject *args)
     (void)self;
     int kind;
     PyObject *items;
-    if (!PyArg_ParseTuple(args, "iO", &kind, &items) || mvz_ensure_store())
+    if (!PyArg_ParseTuple(args, "iO", &kind, &items) || mvz_module_store_ensure())
         return NULL;
     PyObject *seq = PySequence_Fast(items, "retire() takes a sequence of (address, timestamp_ns)");
     if (!seq)
@@ -138,7 +138,7 @@ static PyObject *core_retire(PyObject *self, PyObject *args)
     return PyLong_FromLong(done);
 }
 
-PyMethodDef mvz_seed_bindings[] = {
+PyMethodDef mvz_module_seed_bindings[] = {
     {"block_rules", core_block_rules, METH_VARARGS,
      "block_rules(max_split, divisions, expandable): PyTorch's allocator settings for sizing blocks."},
     {"retire", core_retire, METH_VARARGS,

@@ -6,7 +6,7 @@
  * built), so a garbage collection or a finalizer that allocates GPU memory
  * cannot deadlock against the capture callback.
  *
- * Calls down only: store, replay, records, codeobj, capture and labels
+ * Calls down only: store, replay, rows, codeobj, capture and labels
  * (counters for stats), frames (its ABI name). module.c adds the table at the end to
  * the module.
  */
@@ -21,19 +21,27 @@
 #include "codeobj.h"
 #include "frames.h"
 #include "labels.h"
-#include "records.h"
+#include "rows.h"
 #include "replay.h"
 #include "store.h"
+
+int mvz_module_store_ensure(void)
+{
+    if (mvz_store_ready())
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "memviz._core.init() was not called");
+    return -1;
+}
 
 static PyObject *core_live(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    if (mvz_ensure_store())
+    if (mvz_module_store_ensure())
         return NULL;
     mvz_alloc *rows = NULL;
     long n = mvz_store_live(&rows);
-    return mvz_alloc_rows(rows, n);
+    return mvz_rows_allocs(rows, n);
 }
 
 /* live_groups() -> [(row, count)]: the live allocations grouped by what a
@@ -62,7 +70,7 @@ static PyObject *core_live_groups(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    if (mvz_ensure_store())
+    if (mvz_module_store_ensure())
         return NULL;
     mvz_alloc *rows = NULL;
     long n = mvz_store_live(&rows);
@@ -80,7 +88,7 @@ static PyObject *core_live_groups(PyObject *self, PyObject *unused)
         const mvz_alloc *a = &rows[i];
         PyObject *g = Py_BuildValue(
             "((iKliiKNiKiKi)l)", 0, size, a->slot == MVZ_HOST_SLOT ? -1L : (long)a->slot, (int)a->kind, 0,
-            (unsigned long long)a->thread_idx, mvz_label_obj(a->label_id), 0, (unsigned long long)a->stack_id,
+            (unsigned long long)a->thread_idx, mvz_rows_label(a->label_id), 0, (unsigned long long)a->stack_id,
             0, requested, (int)a->flags, j - i);
         if (!g || PyList_Append(out, g) < 0)
             Py_CLEAR(out);
@@ -102,7 +110,7 @@ static int parse_window(PyObject *args, const char *fmt, long *dev, int *window)
         PyErr_Format(PyExc_ValueError, "window must be -1 or below %d", MVZ_MAX_WINDOWS);
         return -1;
     }
-    return mvz_ensure_store();
+    return mvz_module_store_ensure();
 }
 
 static PyObject *window_closed(void)
@@ -136,7 +144,7 @@ static PyObject *peak_rows(PyObject *args, int tensor)
     int slot = dev < 0 ? MVZ_HOST_SLOT : (int)dev;
     mvz_alloc *rows = NULL;
     long n = mvz_store_window_peak_live(window, slot, tensor, &rows);
-    return mvz_alloc_rows(rows, n);
+    return mvz_rows_allocs(rows, n);
 }
 
 /* peak_live(device, window=-1): at the device's peak. */
@@ -162,7 +170,7 @@ static PyObject *core_block_totals(PyObject *self, PyObject *args)
 {
     (void)self;
     int window = -1;
-    if (!PyArg_ParseTuple(args, "|i", &window) || mvz_ensure_store())
+    if (!PyArg_ParseTuple(args, "|i", &window) || mvz_module_store_ensure())
         return NULL;
     mvz_totals t[MVZ_NSLOTS];
     if (mvz_store_window_block_totals(window, t))
@@ -210,22 +218,22 @@ static PyObject *core_sites(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    if (mvz_ensure_store())
+    if (mvz_module_store_ensure())
         return NULL;
     mvz_site *rows = NULL;
     long n = mvz_store_sites(&rows);
-    return mvz_site_rows(rows, n);
+    return mvz_rows_sites(rows, n);
 }
 
 static PyObject *core_failures(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    if (mvz_ensure_store())
+    if (mvz_module_store_ensure())
         return NULL;
     mvz_failure *rows = NULL;
     long n = mvz_store_failures(&rows);
-    return mvz_failure_rows(rows, n);
+    return mvz_rows_failures(rows, n);
 }
 
 static PyObject *core_timeline(PyObject *self, PyObject *args)
@@ -238,14 +246,14 @@ static PyObject *core_timeline(PyObject *self, PyObject *args)
         return NULL;
     mvz_point *rows = NULL;
     long n = window < 0 ? mvz_store_timeline(&rows) : mvz_store_window_timeline(window, &rows);
-    return mvz_timeline_rows(rows, n);
+    return mvz_rows_timeline(rows, n);
 }
 
 static PyObject *core_threads(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    if (mvz_ensure_store())
+    if (mvz_module_store_ensure())
         return NULL;
     mvz_thread *rows = NULL;
     long n = mvz_store_threads(&rows);
@@ -254,7 +262,7 @@ static PyObject *core_threads(PyObject *self, PyObject *unused)
     PyObject *d = PyDict_New();
     for (long i = 0; d && i < n; i++) {
         PyObject *k = PyLong_FromLong(i);
-        PyObject *v = mvz_thread_row(&rows[i]);
+        PyObject *v = mvz_rows_thread(&rows[i]);
         if (!k || !v || PyDict_SetItem(d, k, v) < 0)
             Py_CLEAR(d);
         Py_XDECREF(k);
@@ -265,7 +273,7 @@ static PyObject *core_threads(PyObject *self, PyObject *unused)
     mvz_store_get_stats(&st);
     if (d && st.dropped_threads) { /* the row that threads past the table share */
         PyObject *k = PyLong_FromLong(MVZ_THREAD_OVERFLOW);
-        PyObject *v = mvz_thread_overflow_row("<threads past the first "
+        PyObject *v = mvz_rows_thread_overflow("<threads past the first "
                                               Py_STRINGIFY(MVZ_MAX_THREADS) ">");
         if (!k || !v || PyDict_SetItem(d, k, v) < 0)
             Py_CLEAR(d);
@@ -286,19 +294,19 @@ static PyObject *core_stats(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    if (mvz_ensure_store())
+    if (mvz_module_store_ensure())
         return NULL;
     mvz_store_stats s;
     mvz_store_get_stats(&s);
     uint32_t nlabels;
     uint64_t labels_overflowed, label_bytes;
-    mvz_label_stats(&nlabels, &labels_overflowed, &label_bytes);
+    mvz_labels_stats(&nlabels, &labels_overflowed, &label_bytes);
     uint64_t c[MVZ_OP_COUNT];
     mvz_capture_counts(c);
     PyObject *calls = PyDict_New();
     for (int i = 0; calls && i < MVZ_OP_COUNT; i++) {
         PyObject *v = PyLong_FromUnsignedLongLong(c[i]);
-        if (!v || PyDict_SetItemString(calls, mvz_op_names[i], v) < 0)
+        if (!v || PyDict_SetItemString(calls, mvz_capture_op_names[i], v) < 0)
             Py_CLEAR(calls);
         Py_XDECREF(v);
     }
@@ -315,7 +323,7 @@ static PyObject *core_stats(PyObject *self, PyObject *unused)
                          "max_live", s.max_live, "calls", calls, "frames_abi", mvz_frames_abi,
                          "profile_calls", prof_calls, "profile_ns", prof_ns, "labels", nlabels,
                          "labels_overflowed", labels_overflowed, "label_bytes", label_bytes,
-                         "label_reclaims", mvz_label_reclaims(), "stream_frees", s.stream_frees,
+                         "label_reclaims", mvz_labels_reclaims(), "stream_frees", s.stream_frees,
                          "per_thread_counters", mvz_capture_per_thread_counters(),
                          "queue_events", s.queue_events, "queue_full", s.queue_full,
                          "queue_kicks", s.queue_kicks, "queue_frames_written", s.queue_frames_written,
@@ -334,7 +342,7 @@ static PyObject *resolved_frame(PyObject *t)
     int line = PyLong_AsLong(PyTuple_GET_ITEM(t, 1));
     if (line == -1 && PyErr_Occurred())
         return NULL;
-    return mvz_frame_row(PyTuple_GET_ITEM(t, 0), line, PyTuple_GET_ITEM(t, 2));
+    return mvz_rows_frame(PyTuple_GET_ITEM(t, 0), line, PyTuple_GET_ITEM(t, 2));
 }
 
 /* resolve(ids, limit=0) -> {id: (Frame(filename, lineno, name), ...)}
@@ -347,7 +355,7 @@ static PyObject *core_resolve(PyObject *self, PyObject *args)
     int limit = 0;
     if (!PyArg_ParseTuple(args, "O|i", &ids, &limit))
         return NULL;
-    if (mvz_ensure_store())
+    if (mvz_module_store_ensure())
         return NULL;
     mvz_codeobj_adopt_pending(); /* every code object we are about to read is kept alive */
     PyObject *it = PyObject_GetIter(ids);
@@ -380,7 +388,7 @@ static PyObject *core_resolve(PyObject *self, PyObject *args)
             if (buf[i].flags & MVZ_FRAME_RESOLVED) {
                 PyObject *t = (PyObject *)buf[i].code;
                 if (!t || t == Py_None)
-                    fr = mvz_frame_row_unknown();
+                    fr = mvz_rows_frame_unknown();
                 else /* (filename, lineno, name[, call]): frames are the first three */
                     fr = resolved_frame(t);
             } else {
@@ -396,7 +404,7 @@ static PyObject *core_resolve(PyObject *self, PyObject *args)
 #else
                     PyObject *name = co->co_name;
 #endif
-                    fr = mvz_frame_row(co->co_filename, line, name);
+                    fr = mvz_rows_frame(co->co_filename, line, name);
                     if (fr && PyDict_SetItem(cache, key, fr) < 0)
                         Py_CLEAR(fr);
                 }
@@ -436,7 +444,7 @@ error:
 static PyObject *core_call_sites(PyObject *self, PyObject *ids)
 {
     (void)self;
-    if (mvz_ensure_store())
+    if (mvz_module_store_ensure())
         return NULL;
     mvz_codeobj_adopt_pending(); /* every code object we are about to hand out is kept alive */
     PyObject *it = PyObject_GetIter(ids);
@@ -505,19 +513,19 @@ static PyObject *core_step_mark(PyObject *self, PyObject *args)
         if (!t[s].allocs)
             continue;
         PyObject *k = PyLong_FromLong(s == MVZ_HOST_SLOT ? -1 : s);
-        PyObject *v = mvz_step_totals_row(&t[s]);
+        PyObject *v = mvz_rows_step_totals(&t[s]);
         if (!k || !v || PyDict_SetItem(dev, k, v) < 0)
             Py_CLEAR(dev);
         Py_XDECREF(k);
         Py_XDECREF(v);
     }
-    PyObject *list = mvz_step_change_rows(ch, n); /* frees ch */
+    PyObject *list = mvz_rows_step_changes(ch, n); /* frees ch */
     if (!dev || !list) {
         Py_XDECREF(dev);
         Py_XDECREF(list);
         return NULL;
     }
-    return mvz_step_mark_result(dev, list);
+    return mvz_rows_step_mark(dev, list);
 }
 
 /* reset_peak(window=-1): the peaks (and peak sets) of the store or of an
@@ -539,7 +547,7 @@ static PyObject *core_copy(PyObject *self, PyObject *args)
 {
     (void)self;
     int window = -1, close = 0;
-    if (!PyArg_ParseTuple(args, "|ip", &window, &close) || mvz_ensure_store())
+    if (!PyArg_ParseTuple(args, "|ip", &window, &close) || mvz_module_store_ensure())
         return NULL;
     if (window < -1 || window >= MVZ_MAX_WINDOWS)
         return window_closed();
@@ -548,13 +556,13 @@ static PyObject *core_copy(PyObject *self, PyObject *args)
     mvz_store_copy_t c;
     if (mvz_store_copy(window, close, &c))
         return PyErr_NoMemory();
-    PyObject *live = mvz_alloc_rows(c.live, (long)c.nlive);
-    PyObject *peaks = mvz_alloc_rows(c.peaks, (long)c.npeaks);
-    PyObject *tpeaks = mvz_alloc_rows(c.tpeaks, (long)c.ntpeaks);
-    PyObject *points = mvz_timeline_rows(c.timeline, (long)c.ntimeline);
+    PyObject *live = mvz_rows_allocs(c.live, (long)c.nlive);
+    PyObject *peaks = mvz_rows_allocs(c.peaks, (long)c.npeaks);
+    PyObject *tpeaks = mvz_rows_allocs(c.tpeaks, (long)c.ntpeaks);
+    PyObject *points = mvz_rows_timeline(c.timeline, (long)c.ntimeline);
     PyObject *tot = totals_dict(c.totals);
     PyObject *btot = totals_dict(c.btotals);
-    return mvz_copy_result(live, tot, peaks, points, c.when, tpeaks, btot); /* NULLs: released, NULL */
+    return mvz_rows_copy(live, tot, peaks, points, c.when, tpeaks, btot); /* NULLs: released, NULL */
 }
 
 /* window_open() -> WindowOpen(id, start_ns, {device: current bytes}) or None when all
@@ -563,7 +571,7 @@ static PyObject *core_window_open(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    if (mvz_ensure_store())
+    if (mvz_module_store_ensure())
         return NULL;
     uint64_t start = 0;
     mvz_totals t[MVZ_NSLOTS];
@@ -585,7 +593,7 @@ static PyObject *core_window_open(PyObject *self, PyObject *unused)
         mvz_store_window_close(w);
         return NULL;
     }
-    return mvz_window_open_result(w, start, live);
+    return mvz_rows_window_open(w, start, live);
 }
 
 static PyObject *core_window_close(PyObject *self, PyObject *arg)
@@ -603,7 +611,7 @@ static PyObject *core_stack_count(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    if (mvz_ensure_store())
+    if (mvz_module_store_ensure())
         return NULL;
     return PyLong_FromUnsignedLong(mvz_store_stack_count());
 }
@@ -719,7 +727,7 @@ static PyObject *core_replay(PyObject *self, PyObject *args)
         goto done;
     r.end = (int64_t *)PyBytes_AS_STRING(end);
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = mvz_replay((size_t)n, c[0].data, c[1].data, c[2].data, c[3].data,
+    Py_BEGIN_ALLOW_THREADS rc = mvz_replay_columns((size_t)n, c[0].data, c[1].data, c[2].data, c[3].data,
                                            c[4].data, &r);
     Py_END_ALLOW_THREADS
     if (rc) {
@@ -767,7 +775,7 @@ done:
     return result;
 }
 
-PyMethodDef mvz_store_bindings[] = {
+PyMethodDef mvz_module_store_bindings[] = {
     {"live", core_live, METH_NOARGS, "AllocationRow list: the live allocations."},
     {"peak_live", core_peak_live, METH_VARARGS,
      "peak_live(device, window=-1): AllocationRows live at the peak of a device (-1: host)."},

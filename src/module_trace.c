@@ -21,7 +21,7 @@
 static PyObject *core_trace_enable(PyObject *self, PyObject *arg)
 {
     (void)self;
-    if (mvz_ensure_store())
+    if (mvz_module_store_ensure())
         return NULL;
     Py_ssize_t cap = PyLong_AsSsize_t(arg);
     if (cap == -1 && PyErr_Occurred())
@@ -48,7 +48,7 @@ static PyObject *core_trace_drain(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    if (mvz_ensure_store())
+    if (mvz_module_store_ensure())
         return NULL;
     uint8_t *buf = NULL;
     long n = mvz_store_trace_drain(&buf);
@@ -72,7 +72,7 @@ static PyObject *core_trace_writer_start(PyObject *self, PyObject *args)
     double interval;
     if (!PyArg_ParseTuple(args, "inidn:trace_writer_start", &fd, &cap, &level, &interval, &budget))
         return NULL;
-    if (mvz_ensure_store())
+    if (mvz_module_store_ensure())
         return NULL;
     if (cap < 1024 || cap > (1L << 28) || level < 0 || level > 9 || !(interval > 0) ||
         interval > 3600 || budget < 0) {
@@ -254,7 +254,7 @@ static PyObject *core_zlib_available(PyObject *self, PyObject *unused)
     return PyBool_FromLong(mvz_tw_zlib());
 }
 
-PyMethodDef mvz_trace_bindings[] = {
+PyMethodDef mvz_module_trace_bindings[] = {
     {"trace_enable", core_trace_enable, METH_O, "Log events into a ring of this many entries."},
     {"trace_disable", core_trace_disable, METH_NOARGS, "Stop logging trace events."},
     {"trace_drain", core_trace_drain, METH_NOARGS,

@@ -5,7 +5,7 @@
  * time: a call made while another runs is refused).
  *
  * Calls down only: whatif_pass, whatif. module.c adds the type
- * (mvz_whatif_bindings_init). */
+ * (mvz_module_whatif_init). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -33,7 +33,7 @@ static int settings_of(PyObject *item, mvz_whatif_settings *s)
     double gc;
     if (!PyArg_ParseTuple(item, "KOpdKK", &max_split, &divs, &expandable, &gc, &fraction, &card))
         return -1;
-    mvz_rules_default(&s->rules);
+    mvz_blocks_rules_default(&s->rules);
     if (max_split)
         s->rules.max_split = max_split;
     PyObject *seq = PySequence_Fast(divs, "WhatIf: divisions must be a sequence");
@@ -293,7 +293,7 @@ static PyTypeObject WhatIfType = {
     .tp_methods = whatif_methods,
 };
 
-int mvz_whatif_bindings_init(PyObject *m)
+int mvz_module_whatif_init(PyObject *m)
 {
     if (PyType_Ready(&WhatIfType) < 0)
         return -1;

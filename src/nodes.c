@@ -52,8 +52,6 @@ void mvz_nodes_attach(const mvz_node_layout *layout)
     __atomic_store_n(&current_layout, use, __ATOMIC_RELEASE);
 }
 
-int mvz_nodes_attached(void) { return __atomic_load_n(&current_layout, __ATOMIC_ACQUIRE) != NULL; }
-
 #if HAVE_TLS_READ
 /* This thread's address of libtorch's slot, and the layout it was found
  * by: a module's TLS block never moves for the life of a thread, and a
@@ -273,8 +271,8 @@ uint32_t mvz_nodes_label(const void *node)
     pthread_mutex_lock(&cache_lock);
     id = cached(key, stack, pyname);
     if (!id) {
-        id = mvz_label_intern(label);
-        const char *interned = id ? mvz_label_name(id) : NULL; /* never freed */
+        id = mvz_labels_intern(label);
+        const char *interned = id ? mvz_labels_name(id) : NULL; /* never freed */
         uint32_t s = slot_of(key, stack);
         for (uint32_t i = 0; interned && i < PROBES; i++) {
             entry *e = &cache[(s + i) & (CACHE - 1)];
@@ -301,13 +299,15 @@ void mvz_nodes_forget_labels(void)
     pthread_mutex_unlock(&cache_lock);
 }
 
+void mvz_nodes_atfork_child(void) { pthread_mutex_init(&cache_lock, NULL); }
+
 /* ---- probing ----------------------------------------------------------- */
 
 int mvz_nodes_module(const char *suffix, size_t *modid, size_t *memsz)
 {
     struct dl_phdr_info info;
     *modid = *memsz = 0;
-    if (!mvz_find_library(suffix, &info) || !info.dlpi_tls_modid)
+    if (!mvz_libfind_loaded(suffix, &info) || !info.dlpi_tls_modid)
         return 0;
     for (int i = 0; i < info.dlpi_phnum; i++)
         if (info.dlpi_phdr[i].p_type == PT_TLS) {

@@ -40,7 +40,6 @@ int mvz_nodes_supported(void);
 
 /* With the GIL. NULL detaches. */
 void mvz_nodes_attach(const mvz_node_layout *layout);
-int mvz_nodes_attached(void);
 
 /* Hot path (any thread, no GIL): the node this thread is evaluating, or NULL
  * when not attached or not inside a node. */
@@ -55,6 +54,9 @@ uint32_t mvz_nodes_label(const void *node);
 /* With the GIL, nothing capturing: forget the cached node labels (their
  * ids and texts), after mvz_labels_reclaim freed ids. */
 void mvz_nodes_forget_labels(void);
+/* After fork, in the child: the cache's lock is fresh (a parent's thread
+ * may have held it on a miss). */
+void mvz_nodes_atfork_child(void);
 
 /* Probing, with the GIL ------------------------------------------------- */
 

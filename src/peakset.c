@@ -2,7 +2,7 @@
  * store lock held by its caller (store.c); calls region.c and window.c. */
 #include "peakset.h"
 
-int mvz_graves_init(mvz_graveyard *g, size_t max)
+int mvz_peakset_init(mvz_graveyard *g, size_t max)
 {
     g->max = max;
     if (mvz_region_reserve(&g->r, max * sizeof(mvz_grave), 1 << 16))
@@ -11,15 +11,15 @@ int mvz_graves_init(mvz_graveyard *g, size_t max)
     return 0;
 }
 
-void mvz_graves_reset(mvz_graveyard *g)
+void mvz_peakset_reset(mvz_graveyard *g)
 {
     g->n = 0;
     mvz_region_discard(&g->r);
 }
 
 /* Capture path, no GIL, store lock held: a pass over the preallocated
- * graveyard, in place. Amortised O(1) per free (see mvz_graves_on_free). */
-void mvz_graves_compact(mvz_graveyard *g, const mvz_totals totals[MVZ_NSLOTS],
+ * graveyard, in place. Amortised O(1) per free (see mvz_peakset_on_free). */
+void mvz_peakset_compact(mvz_graveyard *g, const mvz_totals totals[MVZ_NSLOTS],
                         const mvz_totals btotals[MVZ_NSLOTS], const mvz_windows *ws)
 {
     size_t keep = 0;
@@ -27,7 +27,7 @@ void mvz_graves_compact(mvz_graveyard *g, const mvz_totals totals[MVZ_NSLOTS],
         const mvz_grave *e = &g->graves[k];
         if (e->freed > totals[e->a.slot].peak_timestamp ||
             e->freed > btotals[e->a.slot].peak_timestamp ||
-            (ws->open && mvz_windows_want_grave(ws, &e->a, e->freed)))
+            (ws->open && mvz_window_want_grave(ws, &e->a, e->freed)))
             g->graves[keep++] = *e;
     }
     g->n = keep;
@@ -36,16 +36,16 @@ void mvz_graves_compact(mvz_graveyard *g, const mvz_totals totals[MVZ_NSLOTS],
 /* Capture path, no GIL, store lock held: one copy into the preallocated
  * region, and a compaction once the graveyard holds more than twice what
  * the peak sets can need. */
-void mvz_graves_on_free(mvz_graveyard *g, const mvz_alloc *a, uint64_t freed,
+void mvz_peakset_on_free(mvz_graveyard *g, const mvz_alloc *a, uint64_t freed,
                         const mvz_totals totals[MVZ_NSLOTS], const mvz_totals btotals[MVZ_NSLOTS],
                         const mvz_windows *ws)
 {
     if (!(a->timestamp <= totals[a->slot].peak_timestamp ||
           a->timestamp <= btotals[a->slot].peak_timestamp ||
-          (ws->open && mvz_windows_want_grave(ws, a, freed))))
+          (ws->open && mvz_window_want_grave(ws, a, freed))))
         return;
     if (g->n >= g->max)
-        mvz_graves_compact(g, totals, btotals, ws);
+        mvz_peakset_compact(g, totals, btotals, ws);
     if (g->n < g->max && mvz_region_ensure(&g->r, (g->n + 1) * sizeof(mvz_grave)) == 0) {
         g->graves[g->n].a = *a;
         g->graves[g->n].freed = freed;
@@ -55,14 +55,14 @@ void mvz_graves_on_free(mvz_graveyard *g, const mvz_alloc *a, uint64_t freed,
     for (int d = 0; d < MVZ_NSLOTS; d++)
         bound += totals[d].peak_count + btotals[d].peak_count;
     if (ws->open)
-        bound += mvz_windows_peak_count(ws);
+        bound += mvz_window_peak_count(ws);
     if (g->n > 2 * bound + 1024)
-        mvz_graves_compact(g, totals, btotals, ws);
+        mvz_peakset_compact(g, totals, btotals, ws);
 }
 
 /* With the GIL (readers), store lock held: reads, and copies into the
  * caller's buffer malloc'd before the lock. */
-size_t mvz_peak_set(const mvz_livetab *live, const mvz_graveyard *g, const mvz_totals *t,
+size_t mvz_peakset_collect(const mvz_livetab *live, const mvz_graveyard *g, const mvz_totals *t,
                     int slot, uint64_t after, mvz_alloc *out)
 {
     size_t m = 0;

@@ -30,21 +30,21 @@ typedef struct {
 } mvz_graveyard;
 
 /* With the GIL, once: room for `max` entries. 0 or -1. */
-int mvz_graves_init(mvz_graveyard *g, size_t max);
-void mvz_graves_reset(mvz_graveyard *g);
+int mvz_peakset_init(mvz_graveyard *g, size_t max);
+void mvz_peakset_reset(mvz_graveyard *g);
 /* Capture path: `a` was freed at `freed`; keep it while the peak of its
  * device (totals), the peak of PyTorch's blocks there (btotals: the tensor
  * peak) or an open window's may still need it. */
-void mvz_graves_on_free(mvz_graveyard *g, const mvz_alloc *a, uint64_t freed,
+void mvz_peakset_on_free(mvz_graveyard *g, const mvz_alloc *a, uint64_t freed,
                         const mvz_totals totals[MVZ_NSLOTS], const mvz_totals btotals[MVZ_NSLOTS],
                         const mvz_windows *ws);
 /* Drop the entries no peak set can need any more. */
-void mvz_graves_compact(mvz_graveyard *g, const mvz_totals totals[MVZ_NSLOTS],
+void mvz_peakset_compact(mvz_graveyard *g, const mvz_totals totals[MVZ_NSLOTS],
                         const mvz_totals btotals[MVZ_NSLOTS], const mvz_windows *ws);
 /* The allocations made after `after` that were live at the peak of their
  * device in `t` (device totals, or block totals for the tensor peak), into out (room for live->count + g->n); of one slot, or of
  * every slot with slot < 0. Returns the count. */
-size_t mvz_peak_set(const mvz_livetab *live, const mvz_graveyard *g, const mvz_totals *t,
+size_t mvz_peakset_collect(const mvz_livetab *live, const mvz_graveyard *g, const mvz_totals *t,
                     int slot, uint64_t after, mvz_alloc *out);
 
 #endif

@@ -14,7 +14,7 @@
  * Adding a field: add one line here (appended, so that older files, whose
  * records are a prefix of today's, still read: a field beyond a file's
  * record width reads as 0), fill it where it is known (store.c), and read
- * it where it is used (records.c's AllocationRow, the Python model).
+ * it where it is used (rows.c's AllocationRow, the Python model).
  *
  * Columns: X(name in memory, type in memory, name in the file, type in the
  * file, struct code of the file type, rule), where the rule says how the

@@ -22,28 +22,28 @@
  * table or its index moved (slots are stale), -1 out of memory. */
 static int live_room(mvz_replayer *r)
 {
-    int room = mvz_live_make_room(&r->live);
+    int room = mvz_livetab_make_room(&r->live);
     if (room >= 0)
         return room;
     mvz_livetab bigger;
     memset(&bigger, 0, sizeof bigger);
-    if (r->live.max > SIZE_MAX / 8 || mvz_live_init(&bigger, r->live.max * 4)) {
-        mvz_live_release(&bigger);
+    if (r->live.max > SIZE_MAX / 8 || mvz_livetab_init(&bigger, r->live.max * 4)) {
+        mvz_livetab_release(&bigger);
         return -1;
     }
     for (size_t k = 0; k < r->live.count; k++) {
         const mvz_alloc *a = &r->live.allocs[k];
         int found;
-        if (mvz_live_make_room(&bigger) < 0) {
-            mvz_live_release(&bigger);
+        if (mvz_livetab_make_room(&bigger) < 0) {
+            mvz_livetab_release(&bigger);
             return -1;
         }
-        size_t at = mvz_live_find(&bigger, a->address, a->kind, &found);
-        *mvz_live_insert(&bigger, at) = *a;
+        size_t at = mvz_livetab_find(&bigger, a->address, a->kind, &found);
+        *mvz_livetab_insert(&bigger, at) = *a;
     }
-    mvz_live_release(&r->live);
+    mvz_livetab_release(&r->live);
     r->live = bigger;
-    return mvz_live_make_room(&r->live) < 0 ? -1 : 1;
+    return mvz_livetab_make_room(&r->live) < 0 ? -1 : 1;
 }
 
 /* ---- the timeline of a slot --------------------------------------------------- */
@@ -239,11 +239,6 @@ static size_t peak_set_of(const mvz_replayer *r, int d, int tensor, mvz_alloc *o
     return m;
 }
 
-long mvz_replay_peak_set(const mvz_replayer *r, int slot, mvz_alloc **out)
-{
-    return mvz_replay_peak_set_of(r, slot, 0, out);
-}
-
 long mvz_replay_peak_set_of(const mvz_replayer *r, int slot, int tensor, mvz_alloc **out)
 {
     size_t room = r->live.count + r->ngraves + MVZ_REPLAY_SLOTS + 1;
@@ -274,12 +269,12 @@ long mvz_replay_live(const mvz_replayer *r, mvz_alloc **out)
 
 /* ---- the replayer ---------------------------------------------------------------- */
 
-int mvz_replayer_init(mvz_replayer *r, uint64_t start_ns, int summary)
+int mvz_replay_init(mvz_replayer *r, uint64_t start_ns, int summary)
 {
     memset(r, 0, sizeof *r);
     r->ts = start_ns;
     r->summary = summary;
-    if (mvz_live_init(&r->live, FIRST_ROOM))
+    if (mvz_livetab_init(&r->live, FIRST_ROOM))
         goto fail;
     if (summary) {
         r->slots = calloc(MVZ_REPLAY_SLOTS, sizeof *r->slots);
@@ -290,13 +285,13 @@ int mvz_replayer_init(mvz_replayer *r, uint64_t start_ns, int summary)
     }
     return 0;
 fail:
-    mvz_replayer_release(r);
+    mvz_replay_release(r);
     return -1;
 }
 
-void mvz_replayer_release(mvz_replayer *r)
+void mvz_replay_release(mvz_replayer *r)
 {
-    mvz_live_release(&r->live);
+    mvz_livetab_release(&r->live);
     if (r->slots)
         for (int d = 0; d < MVZ_REPLAY_SLOTS; d++)
             free(r->slots[d].series.points);
@@ -392,22 +387,22 @@ int mvz_replay_event(mvz_replayer *r, const mvz_event *e, mvz_alloc *ended)
             s->frees++;
         }
     }
-    size_t at = mvz_live_find(&r->live, e->address, k, &found);
+    size_t at = mvz_livetab_find(&r->live, e->address, k, &found);
     if (found) { /* its FREE (or, for an ALLOC, the free it was not seen to have) */
-        const mvz_alloc *a = mvz_live_at(&r->live, at);
+        const mvz_alloc *a = mvz_livetab_at(&r->live, at);
         *ended = *a;
         ret = 1;
         if (r->summary) {
             mvz_replay_slot *o = &r->slots[(uint8_t)a->slot];
             if (a->kind == MVZ_KIND_BLOCK) {
-                mvz_totals_free(&o->bt, a->size); /* the tensor peak's totals */
+                mvz_accounting_free(&o->bt, a->size); /* the tensor peak's totals */
                 if (((a->flags | e->flags) & (MVZ_FLAG_STREAM | MVZ_FLAG_MEMVIZ)) == MVZ_FLAG_STREAM)
                     r->stream_frees++; /* not memviz's own probe's */
             } else {
                 /* The timeline follows the totals, as the store's does: a
                  * block lies inside a segment the totals hold, so it is no
                  * change. */
-                mvz_totals_free(&o->t, a->size);
+                mvz_accounting_free(&o->t, a->size);
                 o->level -= (mvz_wide)a->size;
                 if (series_push(&o->series, i, r->ts, o->level))
                     return -1;
@@ -416,7 +411,7 @@ int mvz_replay_event(mvz_replayer *r, const mvz_event *e, mvz_alloc *ended)
             if (graves_on_end(r, a, i))
                 return -1;
         }
-        mvz_live_remove(&r->live, at);
+        mvz_livetab_remove(&r->live, at);
     }
     if (!is_alloc)
         return ret;
@@ -424,8 +419,8 @@ int mvz_replay_event(mvz_replayer *r, const mvz_event *e, mvz_alloc *ended)
     if (room < 0)
         return -1;
     if (room > 0 || found)
-        at = mvz_live_find(&r->live, e->address, k, &found);
-    mvz_alloc *a = mvz_live_insert(&r->live, at);
+        at = mvz_livetab_find(&r->live, e->address, k, &found);
+    mvz_alloc *a = mvz_livetab_insert(&r->live, at);
     fill(a, e, i, r->ts);
     if (!s)
         return ret;
@@ -436,7 +431,7 @@ int mvz_replay_event(mvz_replayer *r, const mvz_event *e, mvz_alloc *ended)
     if (k == MVZ_KIND_BLOCK) {
         if (block_add(r, e->address, d))
             return -1;
-        if (mvz_totals_alloc(&s->bt, e->size, i)) { /* the tensor peak */
+        if (mvz_accounting_alloc(&s->bt, e->size, i)) { /* the tensor peak */
             s->tpeak_index = (int64_t)i;
             s->tpeak_ts = r->ts;
             r->bound += s->live_all - s->tpeak_all;
@@ -444,7 +439,7 @@ int mvz_replay_event(mvz_replayer *r, const mvz_event *e, mvz_alloc *ended)
         }
         return ret;
     }
-    if (mvz_totals_alloc(&s->t, e->size, i)) {
+    if (mvz_accounting_alloc(&s->t, e->size, i)) {
         s->peak_index = (int64_t)i;
         s->peak_ts = r->ts;
         r->bound += s->live_all - s->peak_all;
@@ -492,14 +487,14 @@ static int by_size_t(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-int mvz_replay(size_t n, const uint8_t *op, const uint64_t *address, const uint64_t *size,
+int mvz_replay_columns(size_t n, const uint8_t *op, const uint64_t *address, const uint64_t *size,
                const uint8_t *kind, const int8_t *device, mvz_replay_result *out)
 {
     memset(out->end, 0, n * sizeof *out->end);
     out->live = NULL;
     out->nlive = 0;
     mvz_replayer r;
-    if (mvz_replayer_init(&r, 0, 1))
+    if (mvz_replay_init(&r, 0, 1))
         return -1;
     int rc = -1;
     for (size_t i = 0; i < n; i++) {
@@ -531,6 +526,6 @@ int mvz_replay(size_t n, const uint8_t *op, const uint64_t *address, const uint6
     }
     rc = 0;
 done:
-    mvz_replayer_release(&r);
+    mvz_replay_release(&r);
     return rc;
 }

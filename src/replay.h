@@ -124,8 +124,8 @@ typedef int (*mvz_replay_visit)(void *ctx, const mvz_event *e, uint64_t index, u
 
 /* A replayer whose first events count time from `start_ns` (until a TIME
  * record). 0, or -1 when memory cannot be had. */
-int mvz_replayer_init(mvz_replayer *r, uint64_t start_ns, int summary);
-void mvz_replayer_release(mvz_replayer *r);
+int mvz_replay_init(mvz_replayer *r, uint64_t start_ns, int summary);
+void mvz_replay_release(mvz_replayer *r);
 
 /* One event. *ended receives the live allocation it ended, if any (returns
  * 1), else 0; -1: out of memory. */
@@ -143,7 +143,6 @@ int mvz_replay_chunk(mvz_replayer *r, const uint8_t *records, size_t count, size
  * by their ALLOC events (a slot's block found after its peak last in its
  * slot's share). Returns the count or -1. */
 long mvz_replay_peak_set_of(const mvz_replayer *r, int slot, int tensor, mvz_alloc **out);
-long mvz_replay_peak_set(const mvz_replayer *r, int slot, mvz_alloc **out);
 /* The live allocations, ordered by their ALLOC events (malloc'd). */
 long mvz_replay_live(const mvz_replayer *r, mvz_alloc **out);
 /* Flush the open bucket of each timeline (once, when the events are over). */
@@ -156,10 +155,10 @@ long mvz_replay_block_addresses(const mvz_replayer *r, int slot, uint64_t **out)
 typedef struct {
     /* end[i], for each ALLOC event i: the index of the event that ended it
      * (its FREE, or the ALLOC that retired it), 0 when it never ended.
-     * Caller-owned, n entries, zeroed by mvz_replay. */
+     * Caller-owned, n entries, zeroed by mvz_replay_columns. */
     int64_t *end;
     /* The indices of the ALLOC events still live at the end, ascending
-     * (malloc'd by mvz_replay; the caller frees). */
+     * (malloc'd by mvz_replay_columns; the caller frees). */
     size_t *live;
     size_t nlive;
     uint64_t current[MVZ_REPLAY_SLOTS], peak[MVZ_REPLAY_SLOTS];
@@ -168,7 +167,7 @@ typedef struct {
 
 /* n events as columns: op (MVZ_EV_*), address, size, kind and device,
  * through a replayer. -1 when memory cannot be had. */
-int mvz_replay(size_t n, const uint8_t *op, const uint64_t *address, const uint64_t *size,
+int mvz_replay_columns(size_t n, const uint8_t *op, const uint64_t *address, const uint64_t *size,
                const uint8_t *kind, const int8_t *device, mvz_replay_result *out);
 
 #endif

@@ -65,9 +65,9 @@ static uint64_t queue_events; /* lock held */
 static uint64_t queue_full;   /* atomic */
 static uint64_t queue_kicks;  /* atomic */
 /* Stacks interned while the queue was applied, not yet announced to
- * mvz_new_stack_hook (lock held to set; read at UNLOCK). */
+ * mvz_store_new_stack_hook (lock held to set; read at UNLOCK). */
 static int new_stacks;
-void (*mvz_new_stack_hook)(void);
+void (*mvz_store_new_stack_hook)(void);
 
 static mvz_graveyard graves; /* peak sets' freed half (peakset.h) */
 
@@ -141,14 +141,14 @@ static inline void lock_store(void)
 }
 
 /* The lock goes; stacks the queue interned meanwhile are announced after it
- * (mvz_new_stack_hook: Py_AddPendingCall on Python < 3.12, which CPython
+ * (mvz_store_new_stack_hook: Py_AddPendingCall on Python < 3.12, which CPython
  * documents as callable from any thread without the GIL). */
 static inline void unlock_store(void)
 {
     int fresh = new_stacks;
     new_stacks = 0;
     pthread_mutex_unlock(&store_lock);
-    void (*hook)(void) = mvz_new_stack_hook;
+    void (*hook)(void) = mvz_store_new_stack_hook;
     if (fresh && hook && __atomic_load_n(&stacks.npending, __ATOMIC_RELAXED))
         hook();
 }
@@ -176,8 +176,8 @@ int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames)
 {
     if (initialized)
         return 0;
-    if (mvz_live_init(&live, max_live) || mvz_stacks_init(&stacks, max_stacks, max_frames) ||
-        mvz_graves_init(&graves, max_live) || mvz_blocks_init(&blocks) ||
+    if (mvz_livetab_init(&live, max_live) || mvz_stacks_init(&stacks, max_stacks, max_frames) ||
+        mvz_peakset_init(&graves, max_live) || mvz_blocks_init(&blocks) ||
         mvz_capq_init(&capq, CAPQ_UNITS) ||
         mvz_region_reserve(&walked, (size_t)MVZ_MAX_THREADS * 2 * MVZ_MAX_DEPTH * sizeof(mvz_frame), 0) ||
         mvz_region_reserve(&applied, (size_t)MVZ_MAX_THREADS * MVZ_MAX_DEPTH * sizeof(mvz_frame), 0))
@@ -197,17 +197,17 @@ void mvz_store_clear(void ***refs, size_t *nrefs)
     void **out = count ? malloc(count * sizeof(void *)) : NULL;
     size_t n = out ? mvz_stacks_refs(&stacks, out) : 0;
     /* Without memory for the list the references leak, which is safe. */
-    mvz_live_reset(&live);
+    mvz_livetab_reset(&live);
     mvz_stacks_reset(&stacks);
     stacks_changed++;
-    mvz_graves_reset(&graves);
-    mvz_windows_reset(&windows);
+    mvz_peakset_reset(&graves);
+    mvz_window_reset(&windows);
     memset(totals, 0, sizeof totals);
     memset(btotals, 0, sizeof btotals);
     mvz_ring_reset(&ring);
     mvz_blocks_reset(&blocks);
     nfailures = 0;
-    mvz_series_reset(&timeline);
+    mvz_accounting_series_reset(&timeline);
     nthreads = 0;
     unmatched_frees = dropped_allocs = dropped_threads = stream_frees = 0;
     generation++;
@@ -347,14 +347,6 @@ uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int s
  * which only keeps it in that peak's set, where it belongs. */
 uint64_t mvz_store_stamp(void) { return mvz_tick_as(mvz_tick_is_tsc()); }
 
-/* Capture path, no GIL: as mvz_store_record_alloc, which it calls. */
-uint32_t mvz_store_alloc_at(uint64_t stamp, uint64_t address, uint64_t size, uint64_t stream,
-                            int slot, int kind, uint32_t label_id, const mvz_frame *f, int depth)
-{
-    return mvz_store_record_alloc(stamp, address, size, 0, stream, slot, kind, label_id, 0, f,
-                                  depth);
-}
-
 static int free_locked(uint64_t address, int kind, uint64_t ts);
 
 /* Capture path, no GIL, lock held: what a new allocation does to PyTorch's
@@ -396,7 +388,7 @@ static uint32_t record_alloc_locked(uint64_t stamp, uint64_t clock_now, uint64_t
      * for a block, blocks inside it (blocks.h). */
     uint64_t floor = 0;
     int found;
-    size_t i = mvz_live_find(&live, address, kind, &found);
+    size_t i = mvz_livetab_find(&live, address, kind, &found);
     if (found && free_locked(address, kind, next_ts()))
         floor = last_ts;
     uint8_t fl = (uint8_t)flags;
@@ -409,7 +401,7 @@ static uint32_t record_alloc_locked(uint64_t stamp, uint64_t clock_now, uint64_t
     uint64_t now = next_ts_from(clock_now);
     /* dated when asked for (store.h), but never before a retirement above */
     uint64_t ts = stamp && stamp < now && stamp > floor ? stamp : now;
-    int room = mvz_live_make_room(&live);
+    int room = mvz_livetab_make_room(&live);
     if (room < 0) {
         dropped_allocs++;
         if (kind == MVZ_KIND_BLOCK) /* the rules forget it too */
@@ -417,11 +409,11 @@ static uint32_t record_alloc_locked(uint64_t stamp, uint64_t clock_now, uint64_t
         return 0;
     }
     if (found || blocks_retired || room > 0) /* the index moved since the probe above */
-        i = mvz_live_find(&live, address, kind, &found);
+        i = mvz_livetab_find(&live, address, kind, &found);
     uint32_t stack_id = same_id     ? same_id /* f is that stack (entry_stack) */
                         : depth > 0 ? mvz_stacks_intern_hashed(&stacks, f, depth, hash)
                                     : 0;
-    mvz_alloc *a = mvz_live_insert(&live, i);
+    mvz_alloc *a = mvz_livetab_insert(&live, i);
     memset(a, 0, sizeof *a);
     a->op = MVZ_EV_ALLOC;
     a->address = address;
@@ -449,14 +441,14 @@ static uint32_t record_alloc_locked(uint64_t stamp, uint64_t clock_now, uint64_t
     /* A block's tensor peak is dated when it was recorded, not asked for:
      * the segment made for it (recorded in between) is live at that peak. */
     uint64_t peak_ts = kind == MVZ_KIND_BLOCK ? now : ts;
-    if (mvz_totals_alloc(totals_of(kind, slot), size, peak_ts))
-        mvz_series_force_next(&timeline); /* always record a new peak */
+    if (mvz_accounting_alloc(totals_of(kind, slot), size, peak_ts))
+        mvz_accounting_series_force_next(&timeline); /* always record a new peak */
     if (kind != MVZ_KIND_BLOCK) /* blocks lie inside segments the device totals hold */
-        mvz_series_push(&timeline, ts, totals[slot].current, slot);
+        mvz_accounting_series_push(&timeline, ts, totals[slot].current, slot);
     if (windows.open) {
         mvz_alloc dated = *a;
         dated.timestamp = peak_ts;
-        mvz_windows_alloc(&windows, &dated);
+        mvz_window_alloc(&windows, &dated);
     }
     mvz_alloc ev = *a;
     ev.timestamp = now;
@@ -489,12 +481,12 @@ uint32_t mvz_store_record_alloc(uint64_t stamp, uint64_t address, uint64_t size,
 static int free_locked(uint64_t address, int kind, uint64_t ts)
 {
     int found;
-    size_t i = mvz_live_find(&live, address, kind, &found);
+    size_t i = mvz_livetab_find(&live, address, kind, &found);
     if (!found)
         return 0;
-    mvz_alloc a = *mvz_live_at(&live, i);
-    mvz_graves_on_free(&graves, &a, ts, totals, btotals, &windows);
-    mvz_live_remove(&live, i);
+    mvz_alloc a = *mvz_livetab_at(&live, i);
+    mvz_peakset_on_free(&graves, &a, ts, totals, btotals, &windows);
+    mvz_livetab_remove(&live, i);
     if (a.kind == MVZ_KIND_BLOCK && (a.flags & (MVZ_FLAG_STREAM | MVZ_FLAG_MEMVIZ)) == MVZ_FLAG_STREAM)
         stream_frees++; /* PyTorch keeps it until that stream is done: a size nearby may differ */
     if (a.kind == MVZ_KIND_BLOCK)
@@ -508,11 +500,11 @@ static int free_locked(uint64_t address, int kind, uint64_t ts)
         s->block_bytes -= a.size;
     s->live_count--;
     mvz_totals *t = totals_of(a.kind, a.slot);
-    mvz_totals_free(t, a.size);
+    mvz_accounting_free(t, a.size);
     if (a.kind != MVZ_KIND_BLOCK)
-        mvz_series_push(&timeline, ts, totals[a.slot].current, a.slot);
+        mvz_accounting_series_push(&timeline, ts, totals[a.slot].current, a.slot);
     if (windows.open)
-        mvz_windows_free(&windows, &a, ts);
+        mvz_window_free(&windows, &a, ts);
     a.op = MVZ_EV_FREE;
     a.timestamp = ts;
     mvz_ring_record(&ring, &a);
@@ -525,9 +517,9 @@ void mvz_store_mark_stream(uint64_t address)
 {
     LOCK();
     int found;
-    size_t i = mvz_live_find(&live, address, MVZ_KIND_BLOCK, &found);
+    size_t i = mvz_livetab_find(&live, address, MVZ_KIND_BLOCK, &found);
     if (found)
-        mvz_live_at(&live, i)->flags |= MVZ_FLAG_STREAM;
+        mvz_livetab_at(&live, i)->flags |= MVZ_FLAG_STREAM;
     UNLOCK();
 }
 
@@ -546,8 +538,8 @@ int mvz_store_retire(uint64_t address, int kind, uint64_t made)
 {
     LOCK();
     int found, done = 0;
-    size_t i = mvz_live_find(&live, address, kind, &found);
-    if (found && mvz_live_at(&live, i)->timestamp == made)
+    size_t i = mvz_livetab_find(&live, address, kind, &found);
+    if (found && mvz_livetab_at(&live, i)->timestamp == made)
         done = free_locked(address, kind, next_ts());
     UNLOCK();
     return done;
@@ -739,9 +731,9 @@ static void drain_locked(uint64_t limit)
 {
     mvz_capq_entry *e;
     if (mvz_capq_busy(&capq))
-        mvz_tickmap_anchor(&ticks); /* the entries' ticks convert from now */
+        mvz_clock_tickmap_anchor(&ticks); /* the entries' ticks convert from now */
     while ((e = mvz_capq_peek(&capq, limit)) != NULL) {
-        uint64_t clock = e->what & MVZ_CAPQ_TSC ? mvz_tickmap_ns(&ticks, e->clock) : e->clock;
+        uint64_t clock = e->what & MVZ_CAPQ_TSC ? mvz_clock_tickmap_ns(&ticks, e->clock) : e->clock;
         op_counts[e->op % MVZ_STORE_OPS]++;
         if (e->what & MVZ_CAPQ_FREE) {
             if (!free_locked(e->address, e->kind, next_ts_from(clock)))
@@ -914,7 +906,7 @@ void mvz_store_failure(uint64_t size, uint64_t stream, int slot, int kind, uint3
     nfailures++;
     totals[slot].failed++;
     if (windows.open)
-        mvz_windows_failure(&windows, slot);
+        mvz_window_failure(&windows, slot);
     mvz_alloc ev;
     memset(&ev, 0, sizeof ev);
     ev.op = MVZ_EV_FAILED;
@@ -1018,7 +1010,7 @@ static long peak_live(int w, int slot, int tensor, mvz_alloc **out)
     const mvz_totals *t = totals_of_window(w, &after);
     if (t && tensor)
         t = block_totals_of_window(w);
-    size_t m = t ? mvz_peak_set(&live, &graves, t, slot, after, buf) : 0;
+    size_t m = t ? mvz_peakset_collect(&live, &graves, t, slot, after, buf) : 0;
     UNLOCK();
     if (!t) {
         free(buf);
@@ -1095,13 +1087,6 @@ void mvz_store_totals(mvz_totals out[MVZ_NSLOTS])
 {
     LOCK();
     memcpy(out, totals, sizeof totals);
-    UNLOCK();
-}
-
-void mvz_store_block_totals(mvz_totals out[MVZ_NSLOTS])
-{
-    LOCK();
-    memcpy(out, btotals, sizeof btotals);
     UNLOCK();
 }
 
@@ -1206,7 +1191,7 @@ int mvz_store_reset_peak(int w)
         b->peak_timestamp = now;
         b->peak_count = b->live_count;
     }
-    mvz_graves_compact(&graves, totals, btotals, &windows);
+    mvz_peakset_compact(&graves, totals, btotals, &windows);
     UNLOCK();
     return 0;
 }
@@ -1234,8 +1219,8 @@ int mvz_store_copy(int w, int close, mvz_store_copy_t *out)
     memcpy(out->totals, t, sizeof totals);
     memcpy(out->btotals, bt, sizeof btotals);
     out->nlive = collect_live(after, bufs[0]);
-    out->npeaks = mvz_peak_set(&live, &graves, t, -1, after, bufs[1]);
-    out->ntpeaks = mvz_peak_set(&live, &graves, bt, -1, after, bufs[2]);
+    out->npeaks = mvz_peakset_collect(&live, &graves, t, -1, after, bufs[1]);
+    out->ntpeaks = mvz_peakset_collect(&live, &graves, bt, -1, after, bufs[2]);
     if (w < 0) {
         memcpy(points, timeline_points, timeline.n * sizeof(mvz_point));
         out->ntimeline = timeline.n;
@@ -1310,7 +1295,8 @@ long mvz_store_window_timeline(int w, mvz_point **out)
     return n;
 }
 
-/* ---- the trace ring (with the GIL; trace_ring.c holds it) ------------------ */
+/* ---- the trace ring (trace_ring.c holds it): enabled and drained by the
+ * bindings with the GIL, taken by the native writer's thread without it --- */
 
 int mvz_store_trace_enable(size_t capacity)
 {

@@ -9,14 +9,16 @@
  * them take one leaf mutex, `store lock`, for a bounded time: nothing that
  * holds it calls Python, CUDA, CUPTI or malloc, or takes another lock, so it
  * cannot take part in a deadlock (docs/architecture.md, rule 1).
+ *
+ * Its functions only: the types its readers fill are store_types.h's, at
+ * the bottom floor, for a file that needs them but calls nothing here.
  */
 #ifndef MEMVIZ_STORE_H
 #define MEMVIZ_STORE_H
 
 #include "blocks.h"
-#include "record.h"
 #include "capq.h"
-#include "types.h"
+#include "store_types.h"
 
 /* Lifetime (with the GIL). */
 int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames);
@@ -36,15 +38,12 @@ uint64_t mvz_store_thread_serial(void);
 /* Returns the allocation's stack id (0: no frames, or not recorded). */
 uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int slot,
                          int kind, uint32_t label_id, const mvz_frame *frames, int depth);
-/* As mvz_store_alloc, dated `stamp` (a value mvz_store_stamp returned
- * earlier on this thread; 0: now). A block is dated when it was asked for,
- * so that the segment the allocator created for it, recorded in between,
- * never makes a peak the block is missing from. Such dates are not unique
- * (store timestamps otherwise are). */
-uint32_t mvz_store_alloc_at(uint64_t stamp, uint64_t address, uint64_t size, uint64_t stream,
-                            int slot, int kind, uint32_t label_id, const mvz_frame *frames,
-                            int depth);
-/* The whole form, which the others call: `requested`, when not 0, says the
+/* The whole form, which mvz_store_alloc calls: dated `stamp` (a value
+ * mvz_store_stamp returned earlier on this thread; 0: now). A block is
+ * dated when it was asked for, so that the segment the allocator created
+ * for it, recorded in between, never makes a peak the block is missing
+ * from. Such dates are not unique (store timestamps otherwise are).
+ * `requested`, when not 0, says the
  * allocation's size is known and what was asked for (a block read from
  * PyTorch at attach); else a block's `size` is the request, and its size is
  * worked out by PyTorch's rules (blocks.h). `flags`: MVZ_FLAG_* (record.h). */
@@ -80,9 +79,9 @@ int mvz_store_share_frames(int on);
  * applied (mvz_store_op_counts). */
 void mvz_store_enqueue_free(uint64_t address, int kind, int op);
 /* Operations the queue has applied, by the capture path's numbers
- * (capture.h, under MVZ_STORE_OPS): the capture path counts them without
- * a locked add. Any thread, no store lock held (it applies the queue). */
-#define MVZ_STORE_OPS 32
+ * (capture.h, under MVZ_STORE_OPS, store_types.h): the capture path counts
+ * them without a locked add. Any thread, no store lock held (it applies the
+ * queue). */
 void mvz_store_op_counts(uint64_t out[MVZ_STORE_OPS]);
 void mvz_store_forget_op_counts(void);
 /* Any thread, no store lock held: apply the queue now (every reader below
@@ -99,7 +98,7 @@ int mvz_store_drainer(int on);
  * stacks, when set: codeobj.c uses it on Python < 3.12 to schedule keeping
  * their code objects alive (Py_AddPendingCall, which CPython documents as
  * callable without the GIL from any thread). */
-extern void (*mvz_new_stack_hook)(void);
+extern void (*mvz_store_new_stack_hook)(void);
 
 /* With the GIL: PyTorch's allocator settings, for sizing its blocks (blocks.h). */
 void mvz_store_set_rules(const mvz_rules *r);
@@ -117,8 +116,6 @@ long mvz_store_failures(mvz_failure **out);
 long mvz_store_timeline(mvz_point **out);
 long mvz_store_threads(mvz_thread **out);
 void mvz_store_totals(mvz_totals out[MVZ_NSLOTS]);
-/* The same figures for PyTorch's blocks alone (kind MVZ_KIND_BLOCK). */
-void mvz_store_block_totals(mvz_totals out[MVZ_NSLOTS]);
 void mvz_store_get_stats(mvz_store_stats *out);
 
 /* Stacks (with the GIL). `adopt` receives each code object of stacks seen
@@ -189,16 +186,7 @@ long mvz_store_window_step_mark(int w, mvz_totals out[MVZ_NSLOTS], mvz_site_chan
  * w = -1. With `close`, window w closes in the same instant. The buffers are
  * malloc'd (the caller frees them); returns 0, or -1 when out of memory or w
  * is not open. */
-typedef struct {
-    mvz_alloc *live;     /* the window's live allocations */
-    mvz_alloc *peaks;    /* the allocations live at their device's peak, every device */
-    mvz_alloc *tpeaks;   /* ... at the peak of PyTorch's blocks there (the tensor peak) */
-    mvz_point *timeline;
-    size_t nlive, npeaks, ntpeaks, ntimeline;
-    mvz_totals totals[MVZ_NSLOTS];
-    mvz_totals btotals[MVZ_NSLOTS]; /* PyTorch's blocks */
-    uint64_t when; /* the store timestamp of the copy */
-} mvz_store_copy_t;
+/* mvz_store_copy_t: store_types.h. */
 int mvz_store_copy(int w, int close, mvz_store_copy_t *out);
 
 /* Fork support: the child starts with the lock free and the store empty of

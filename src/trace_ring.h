@@ -1,7 +1,8 @@
 /* The bounded ring of trace events behind track(trace=...) and the flight
  * recorder: appended by the store, taken by the native writer's thread
- * (trace_writer.c) or drained by the Python writer, and encoded into the
- * .memviz file's records (mvz_event, record.h).
+ * (trace_writer.c) without the GIL, or drained by the Python writer with
+ * it, and encoded into the .memviz file's records (mvz_event, record.h;
+ * mvz_ring_encode touches no ring state, and the writer calls it itself).
  *
  * The ring (mvz_trace_ring) is the store's: store.c owns it and calls the
  * functions below that touch it with its lock held; this file takes no
@@ -35,10 +36,14 @@ void mvz_ring_reset(mvz_trace_ring *t);
 /* Store lock held, with the GIL: start recording into a ring of `capacity`
  * events (reserved on the first call, mmap only); returns 0 or -1. */
 int mvz_ring_enable(mvz_trace_ring *t, size_t capacity);
-/* Events held now, read without the lock (to size a buffer before it). */
+/* Events held now, read without the lock or the GIL (a relaxed load, to
+ * size a buffer before taking them). */
 size_t mvz_ring_pending(const mvz_trace_ring *t);
-/* Store lock held: move at most `room` oldest events into out[] and the
- * dropped count into *dropped (both then forgotten); returns how many. */
+/* Store lock held, the GIL not needed: move at most `room` oldest events
+ * into out[] and the dropped count into *dropped (both then forgotten);
+ * returns how many. The native writer's thread takes them without the GIL
+ * (store.h's mvz_store_trace_take), the Python writer with it
+ * (mvz_store_trace_drain). */
 size_t mvz_ring_take(mvz_trace_ring *t, mvz_raw_event *out, size_t room, uint64_t *dropped);
 /* No lock: encode taken events as mvz_event records into a malloc'd buffer
  * (the caller frees); returns its length in bytes, or -1. */

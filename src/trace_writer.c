@@ -264,17 +264,17 @@ static void evict_oldest(void)
                 if (e->op != MVZ_EV_ALLOC && e->op != MVZ_EV_FREE)
                     continue;
                 int found;
-                size_t at = mvz_live_find(&base, e->address, e->kind, &found);
+                size_t at = mvz_livetab_find(&base, e->address, e->kind, &found);
                 if (found)
-                    mvz_live_remove(&base, at);
+                    mvz_livetab_remove(&base, at);
                 if (e->op == MVZ_EV_FREE)
                     continue;
-                int room = mvz_live_make_room(&base);
+                int room = mvz_livetab_make_room(&base);
                 if (room < 0)
                     continue; /* more live allocations than the store itself keeps */
                 if (room > 0 || found)
-                    at = mvz_live_find(&base, e->address, e->kind, &found);
-                mvz_event_decode(mvz_live_insert(&base, at), e, ts);
+                    at = mvz_livetab_find(&base, e->address, e->kind, &found);
+                mvz_event_decode(mvz_livetab_insert(&base, at), e, ts);
             }
         }
     }
@@ -467,7 +467,7 @@ int mvz_tw_start(int fd, size_t capacity, int level, unsigned interval_ms, size_
         tw_cap = CHUNK_EVENTS;
     }
     if (fd < 0 && !base_ready) {
-        if (mvz_live_init(&base, 1 << 22))
+        if (mvz_livetab_init(&base, 1 << 22))
             goto out;
         base_ready = 1;
     }
@@ -478,7 +478,7 @@ int mvz_tw_start(int fd, size_t capacity, int level, unsigned interval_ms, size_
     }
     q_tail = NULL;
     if (base_ready)
-        mvz_live_reset(&base);
+        mvz_livetab_reset(&base);
     memset(&st, 0, sizeof st);
     st.compressed = level > 0 && z_compress2 != NULL;
     st.budget = fd < 0 ? budget : 0;
@@ -495,11 +495,11 @@ int mvz_tw_start(int fd, size_t capacity, int level, unsigned interval_ms, size_
         long n = mvz_store_live(&rows);
         for (long i = 0; i < n; i++) {
             int found;
-            size_t at = mvz_live_find(&base, rows[i].address, rows[i].kind, &found);
-            if (found || mvz_live_make_room(&base) < 0)
+            size_t at = mvz_livetab_find(&base, rows[i].address, rows[i].kind, &found);
+            if (found || mvz_livetab_make_room(&base) < 0)
                 continue;
-            at = mvz_live_find(&base, rows[i].address, rows[i].kind, &found);
-            *mvz_live_insert(&base, at) = rows[i];
+            at = mvz_livetab_find(&base, rows[i].address, rows[i].kind, &found);
+            *mvz_livetab_insert(&base, at) = rows[i];
         }
         free(rows);
         st.base_count = base.count;
@@ -585,7 +585,7 @@ void mvz_tw_release(void)
         }
         q_tail = NULL;
         if (base_ready)
-            mvz_live_reset(&base);
+            mvz_livetab_reset(&base);
         st.kept_bytes = st.kept_events = st.base_count = st.base_bytes = 0;
     }
     pthread_mutex_unlock(&tw_lock);

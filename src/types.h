@@ -1,7 +1,7 @@
 /* The core's plain types and limits: the bottom floor of src/ (no
  * functions, no state). Every file that needs a type but none of the store's
  * functions includes this, not store.h; the allocation record itself is
- * record.h's. */
+ * record.h's, the store's own figures store_types.h's. */
 #ifndef MEMVIZ_TYPES_H
 #define MEMVIZ_TYPES_H
 
@@ -92,18 +92,5 @@ typedef struct {
  * one row past it, which threads() names as such (counted in
  * dropped_threads), so that they are never taken for the table's last. */
 #define MVZ_THREAD_OVERFLOW MVZ_MAX_THREADS
-
-typedef struct {
-    uint64_t live, stacks, frames, threads, unmatched_frees, dropped_allocs,
-        dropped_stacks, dropped_threads, timeline_points, bytes_used, bytes_reserved, generation;
-    uint64_t stream_frees; /* blocks freed while another stream's use was recorded on them */
-    uint64_t queue_events; /* events applied from the capture queue (capq.h) */
-    uint64_t queue_full;   /* times an allocating thread found it full and applied it itself */
-    uint64_t queue_kicks;  /* times an allocating thread woke the drainer early (a quarter full) */
-    uint64_t queue_frames_written, queue_frames_kept; /* an allocation's frames: in the entry, or
-                                                         its thread's previous stack's (capq.h) */
-    uint64_t queue_kept_mismatch; /* entries whose kept frames could not be joined (never, but counted) */
-    uint32_t max_live;
-} mvz_store_stats;
 
 #endif

@@ -456,7 +456,7 @@ static int32_t alloc_expandable(mvz_whatif *w, int slot, int small, uint64_t str
 static int32_t alloc_block(mvz_whatif *w, int slot, int small, uint64_t stream, uint64_t rounded, uint64_t outside,
                            int force)
 {
-    uint64_t size = mvz_rules_segment(rounded);
+    uint64_t size = mvz_blocks_rules_segment(rounded);
     if (w->s.rules.expandable && rounded <= EXPANDABLE_SPAN) {
         if (!force && !fraction_has(w, slot, size))
             return NONE;
@@ -738,7 +738,7 @@ int mvz_whatif_alloc(mvz_whatif *w, int slot, uint32_t handle, uint64_t requeste
         r->min_room = INT64_MAX;
     }
     r->requests++;
-    uint64_t rounded = mvz_rules_round(&w->s.rules, requested);
+    uint64_t rounded = mvz_blocks_rules_round(&w->s.rules, requested);
     int small = rounded <= MVZ_SMALL_SIZE;
     wpool *p = &w->pools[slot][small];
     int32_t id = get_free_block(w, p, stream, rounded);
@@ -783,7 +783,7 @@ int mvz_whatif_alloc(mvz_whatif *w, int slot, uint32_t handle, uint64_t requeste
     }
     w->hint = 0;
     wblock *x = &w->b[id];
-    if (mvz_rules_split(&w->s.rules, rounded, x->size)) {
+    if (mvz_blocks_rules_split(&w->s.rules, rounded, x->size)) {
         int32_t rest = block_new(w);
         if (rest == NONE)
             return -1;

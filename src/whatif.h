@@ -4,17 +4,17 @@
  *
  * The model follows the allocator's own steps for each request, in the
  * recorded order, on the recorded stream: round the request
- * (mvz_rules_round), best fit in its pool (small: up to 1 MiB; large)
+ * (mvz_blocks_rules_round), best fit in its pool (small: up to 1 MiB; large)
  * among the free blocks of its stream, refusing an oversize block (of
  * max_split_size or more) for a smaller request and one of the request plus
  * 20 MiB or more for an oversize request; else, with
  * set_per_process_memory_fraction and garbage_collection_threshold, free
  * the oldest whole free segments of the large pool first; else a new
- * segment (mvz_rules_segment), and when the card or the fraction refuses
+ * segment (mvz_blocks_rules_segment), and when the card or the fraction refuses
  * it, free oversize cached segments, then every whole free segment
  * (empty_cache: a "flush", the allocator's retry), and try again; a request
  * still refused is the out-of-memory point. A block is split when
- * mvz_rules_split says so (the allocated part first, the rest free after
+ * mvz_blocks_rules_split says so (the allocated part first, the rest free after
  * it), and a freed block merges with its free neighbours. A recorded free
  * of a whole PyTorch segment (empty_cache in the program) frees every whole
  * free segment then.

@@ -12,47 +12,47 @@ static int is_open(const mvz_windows *ws, int w)
 
 /* Capture path, no GIL, store lock held: additions into *ws only, and one
  * preallocated timeline point per window. */
-void mvz_windows_alloc(mvz_windows *ws, const mvz_alloc *a)
+void mvz_window_alloc(mvz_windows *ws, const mvz_alloc *a)
 {
     for (uint32_t m = ws->open; m; m &= m - 1) {
         mvz_window *w = &ws->w[__builtin_ctz(m)];
         if (a->kind == MVZ_KIND_BLOCK) { /* inside segments: the tensor peak, no timeline */
-            mvz_totals_alloc(&w->btotals[a->slot], a->size, a->timestamp);
+            mvz_accounting_alloc(&w->btotals[a->slot], a->size, a->timestamp);
             continue;
         }
         mvz_totals *t = &w->totals[a->slot];
-        if (mvz_totals_alloc(t, a->size, a->timestamp))
-            mvz_series_force_next(&w->timeline); /* always a point at a new peak */
-        mvz_series_push(&w->timeline, a->timestamp, t->current, a->slot);
+        if (mvz_accounting_alloc(t, a->size, a->timestamp))
+            mvz_accounting_series_force_next(&w->timeline); /* always a point at a new peak */
+        mvz_accounting_series_push(&w->timeline, a->timestamp, t->current, a->slot);
     }
 }
 
-/* Capture path, no GIL, store lock held: as mvz_windows_alloc. */
-void mvz_windows_free(mvz_windows *ws, const mvz_alloc *a, uint64_t ts)
+/* Capture path, no GIL, store lock held: as mvz_window_alloc. */
+void mvz_window_free(mvz_windows *ws, const mvz_alloc *a, uint64_t ts)
 {
     for (uint32_t m = ws->open; m; m &= m - 1) {
         mvz_window *w = &ws->w[__builtin_ctz(m)];
         if (a->timestamp <= w->start)
             continue; /* live before the window opened: not its memory */
         if (a->kind == MVZ_KIND_BLOCK) {
-            mvz_totals_free(&w->btotals[a->slot], a->size);
+            mvz_accounting_free(&w->btotals[a->slot], a->size);
             continue;
         }
         mvz_totals *t = &w->totals[a->slot];
-        mvz_totals_free(t, a->size);
-        mvz_series_push(&w->timeline, ts, t->current, a->slot);
+        mvz_accounting_free(t, a->size);
+        mvz_accounting_series_push(&w->timeline, ts, t->current, a->slot);
     }
 }
 
-/* Capture path, no GIL, store lock held: as mvz_windows_alloc. */
-void mvz_windows_failure(mvz_windows *ws, int slot)
+/* Capture path, no GIL, store lock held: as mvz_window_alloc. */
+void mvz_window_failure(mvz_windows *ws, int slot)
 {
     for (uint32_t m = ws->open; m; m &= m - 1)
         ws->w[__builtin_ctz(m)].totals[slot].failed++;
 }
 
 /* Capture path, no GIL, store lock held: reads of *ws. */
-int mvz_windows_want_grave(const mvz_windows *ws, const mvz_alloc *a, uint64_t freed)
+int mvz_window_want_grave(const mvz_windows *ws, const mvz_alloc *a, uint64_t freed)
 {
     for (uint32_t m = ws->open; m; m &= m - 1) {
         const mvz_window *w = &ws->w[__builtin_ctz(m)];
@@ -65,8 +65,8 @@ int mvz_windows_want_grave(const mvz_windows *ws, const mvz_alloc *a, uint64_t f
     return 0;
 }
 
-/* Capture path, no GIL, store lock held: as mvz_windows_want_grave. */
-size_t mvz_windows_peak_count(const mvz_windows *ws)
+/* Capture path, no GIL, store lock held: as mvz_window_want_grave. */
+size_t mvz_window_peak_count(const mvz_windows *ws)
 {
     size_t n = 0;
     for (uint32_t m = ws->open; m; m &= m - 1) {
@@ -85,7 +85,7 @@ int mvz_window_open(mvz_windows *ws, uint64_t start)
         mvz_window *w = &ws->w[k];
         memset(w->totals, 0, sizeof w->totals);
         memset(w->btotals, 0, sizeof w->btotals);
-        mvz_series_init(&w->timeline, w->points, MVZ_WINDOW_POINTS);
+        mvz_accounting_series_init(&w->timeline, w->points, MVZ_WINDOW_POINTS);
         w->start = start;
         ws->open |= 1u << k;
         return k;
@@ -117,4 +117,4 @@ void mvz_window_close(mvz_windows *ws, int w)
         ws->open &= ~(1u << w);
 }
 
-void mvz_windows_reset(mvz_windows *ws) { ws->open = 0; }
+void mvz_window_reset(mvz_windows *ws) { ws->open = 0; }

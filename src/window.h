@@ -29,14 +29,14 @@ typedef struct {
 } mvz_windows;
 
 /* Capture path (no GIL, store lock held): field updates of *ws only. */
-void mvz_windows_alloc(mvz_windows *ws, const mvz_alloc *a);
-void mvz_windows_free(mvz_windows *ws, const mvz_alloc *a, uint64_t ts);
-void mvz_windows_failure(mvz_windows *ws, int slot);
+void mvz_window_alloc(mvz_windows *ws, const mvz_alloc *a);
+void mvz_window_free(mvz_windows *ws, const mvz_alloc *a, uint64_t ts);
+void mvz_window_failure(mvz_windows *ws, int slot);
 /* Whether an allocation freed at `freed` is in an open window's peak set
  * (so the store's graveyard must keep it). */
-int mvz_windows_want_grave(const mvz_windows *ws, const mvz_alloc *a, uint64_t freed);
+int mvz_window_want_grave(const mvz_windows *ws, const mvz_alloc *a, uint64_t freed);
 /* How many allocations the open windows' peak sets hold. */
-size_t mvz_windows_peak_count(const mvz_windows *ws);
+size_t mvz_window_peak_count(const mvz_windows *ws);
 
 /* Store lock held, with the GIL. */
 /* Open a free window starting at `start` (a store timestamp); -1 if none is free. */
@@ -51,6 +51,6 @@ uint64_t mvz_window_start(const mvz_windows *ws, int w);
 long mvz_window_timeline(const mvz_windows *ws, int w, mvz_point *out);
 void mvz_window_close(mvz_windows *ws, int w);
 /* Close every window. */
-void mvz_windows_reset(mvz_windows *ws);
+void mvz_window_reset(mvz_windows *ws);
 
 #endif

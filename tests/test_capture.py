@@ -931,3 +931,40 @@ def test_replay_matches_the_loaded_trace(fake, tmp_path):
     assert {k: v for k, v in got.items() if k != "end"} == \
         {k: v for k, v in want.items() if k != "end"}
     assert got["fail_idx"] and got["live"] and got["peak"][0] >= 9 * MiB
+
+
+# ---- the callback profile: a benchmark's hook, not a user's switch --------
+
+
+def test_no_environment_variable_turns_capture_off(fake, monkeypatch):
+    """MEMVIZ_CALLBACK_PROFILE was read at start, and "noop" recorded
+    nothing; the profile is now only the benchmarks' _core hook."""
+    monkeypatch.setenv("MEMVIZ_CALLBACK_PROFILE", "noop")
+    with memviz.track() as t:
+        fake.alloc(CBID_cuMemAlloc_v2, 8 * MiB)
+    assert t.current_bytes() == 8 * MiB
+
+
+def test_the_callback_profile_hook(fake):
+    core = memviz._core
+    calls = core.stats()["profile_calls"]
+    assert core._callback_profile("noop") == "off"
+    try:
+        with memviz.track() as t:
+            fake.alloc(CBID_cuMemAlloc_v2, 8 * MiB)
+        assert t.current_bytes() == 0  # CUPTI's dispatch alone: nothing recorded
+        assert core.stats()["profile_calls"] > calls
+        assert core._callback_profile("time") == "noop"
+        with memviz.track() as t:
+            fake.alloc(CBID_cuMemAlloc_v2, 8 * MiB)
+        assert t.current_bytes() == 8 * MiB
+        assert core.stats()["profile_ns"] > 0
+    finally:
+        assert core._callback_profile("off") == "time"
+    calls = core.stats()["profile_calls"]
+    with memviz.track() as t:
+        fake.alloc(CBID_cuMemAlloc_v2, 8 * MiB)
+    assert t.current_bytes() == 8 * MiB
+    assert core.stats()["profile_calls"] == calls  # the plain callback counts nothing
+    with pytest.raises(ValueError):
+        core._callback_profile("fast")

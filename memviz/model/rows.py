@@ -34,7 +34,7 @@ _BEFORE_THREAD = ThreadInfo(None, None, "before tracking")
 _MEMVIZ_TB = Traceback((Frame("<memviz>", 0, "memviz's own memory (the allocator route's probe)"),))
 
 #: the allocation record's fields in the order snapshot_from_raw unpacks them
-#: (src/records.c defines the record; tests/test_snapshot.py checks the two agree)
+#: (src/rows.c defines the record; tests/test_snapshot.py checks the two agree)
 ROW_FIELDS = ("address", "size", "device", "kind", "stream", "thread", "label", "timestamp_ns",
               "stack_id", "seq", "requested", "flags")
 

@@ -1,8 +1,8 @@
-/* The named records (records.h). With the GIL; calls labels.c and the
+/* Python's rows: the named records, struct sequences (rows.h). With the GIL; calls labels.c and the
  * Python API only. The types are made once, in PyInit__core (the module is
  * single-phase, so that runs once per process; the GIL orders it before any
  * use), and kept for the process's life. */
-#include "records.h"
+#include "rows.h"
 #include "labels.h"
 
 #include <stdlib.h>
@@ -159,7 +159,7 @@ static PyStructSequence_Desc descs[R_COUNT] = {
 
 static PyTypeObject *types[R_COUNT];
 
-int mvz_records_init(PyObject *module)
+int mvz_rows_init(PyObject *module)
 {
     for (int r = 0; r < R_COUNT; r++) {
         if (!types[r]) {
@@ -200,9 +200,9 @@ static PyObject *make(int r, PyObject **v, int n)
 #define I64(x) PyLong_FromLongLong((long long)(x))
 #define DEVICE(slot) PyLong_FromLong((slot) == MVZ_HOST_SLOT ? -1 : (long)(slot))
 
-PyObject *mvz_label_obj(uint32_t id)
+PyObject *mvz_rows_label(uint32_t id)
 {
-    const char *s = mvz_label_name(id);
+    const char *s = mvz_labels_name(id);
     if (!s)
         Py_RETURN_NONE;
     /* label_intern's str exactly (surrogates included), else (a name made
@@ -220,7 +220,7 @@ static PyObject *alloc_row(const void *p)
     const mvz_alloc *a = p;
     PyObject *v[12] = {U64(a->address),    U64(a->size),         DEVICE(a->slot),
                        PyLong_FromLong(a->kind), U64(a->stream), U64(a->thread_idx),
-                       mvz_label_obj(a->label_id), U64(a->timestamp), U64(a->stack_id),
+                       mvz_rows_label(a->label_id), U64(a->timestamp), U64(a->stack_id),
                        U64(a->timestamp), U64(a->size - a->slack), PyLong_FromLong(a->flags)};
     return make(R_ALLOC, v, 12);
 }
@@ -229,7 +229,7 @@ static PyObject *failure_row(const void *p)
 {
     const mvz_failure *f = p;
     PyObject *v[9] = {U64(f->size),        DEVICE(f->slot),     PyLong_FromLong(f->kind),
-                      U64(f->stream),      U64(f->thread_idx),  mvz_label_obj(f->label_id),
+                      U64(f->stream),      U64(f->thread_idx),  mvz_rows_label(f->label_id),
                       U64(f->timestamp),   U64(f->stack_id),    PyLong_FromLong(f->result)};
     return make(R_FAILURE, v, 9);
 }
@@ -279,77 +279,77 @@ static PyObject *row_list(void *rows, long n, size_t size, PyObject *(*row)(cons
     return list;
 }
 
-PyObject *mvz_alloc_rows(mvz_alloc *rows, long n)
+PyObject *mvz_rows_allocs(mvz_alloc *rows, long n)
 {
     return row_list(rows, n, sizeof *rows, alloc_row);
 }
-PyObject *mvz_failure_rows(mvz_failure *rows, long n)
+PyObject *mvz_rows_failures(mvz_failure *rows, long n)
 {
     return row_list(rows, n, sizeof *rows, failure_row);
 }
-PyObject *mvz_site_rows(mvz_site *rows, long n) { return row_list(rows, n, sizeof *rows, site_row); }
-PyObject *mvz_timeline_rows(mvz_point *rows, long n)
+PyObject *mvz_rows_sites(mvz_site *rows, long n) { return row_list(rows, n, sizeof *rows, site_row); }
+PyObject *mvz_rows_timeline(mvz_point *rows, long n)
 {
     return row_list(rows, n, sizeof *rows, point_row);
 }
-PyObject *mvz_step_change_rows(mvz_site_change *rows, long n)
+PyObject *mvz_rows_step_changes(mvz_site_change *rows, long n)
 {
     return row_list(rows, n, sizeof *rows, step_change_row);
 }
 
-PyObject *mvz_thread_row(const mvz_thread *t)
+PyObject *mvz_rows_thread(const mvz_thread *t)
 {
     PyObject *v[4] = {I64(t->native_id), U64(t->ident), PyUnicode_FromString(t->name),
                       U64(t->serial)};
     return make(R_THREAD, v, 4);
 }
 
-PyObject *mvz_thread_overflow_row(const char *name)
+PyObject *mvz_rows_thread_overflow(const char *name)
 {
     PyObject *v[4] = {Py_NewRef(Py_None), Py_NewRef(Py_None), PyUnicode_FromString(name),
                       Py_NewRef(Py_None)};
     return make(R_THREAD, v, 4);
 }
 
-PyObject *mvz_step_totals_row(const mvz_totals *t)
+PyObject *mvz_rows_step_totals(const mvz_totals *t)
 {
     PyObject *v[3] = {U64(t->current), U64(t->window_peak), U64(t->live_count)};
     return make(R_STEP_TOTALS, v, 3);
 }
 
-PyObject *mvz_frame_row(PyObject *filename, int lineno, PyObject *name)
+PyObject *mvz_rows_frame(PyObject *filename, int lineno, PyObject *name)
 {
     PyObject *v[3] = {Py_NewRef(filename), PyLong_FromLong(lineno), Py_NewRef(name)};
     return make(R_FRAME, v, 3);
 }
 
-PyObject *mvz_frame_row_unknown(void)
+PyObject *mvz_rows_frame_unknown(void)
 {
     PyObject *v[3] = {PyUnicode_FromString("<unknown>"), PyLong_FromLong(0),
                       PyUnicode_FromString("<unknown>")};
     return make(R_FRAME, v, 3);
 }
 
-PyObject *mvz_copy_result(PyObject *live, PyObject *totals, PyObject *peaks, PyObject *timeline,
+PyObject *mvz_rows_copy(PyObject *live, PyObject *totals, PyObject *peaks, PyObject *timeline,
                           uint64_t when_ns, PyObject *tensor_peaks, PyObject *block_totals)
 {
     PyObject *v[7] = {live, totals, peaks, timeline, U64(when_ns), tensor_peaks, block_totals};
     return make(R_COPY, v, 7);
 }
 
-PyObject *mvz_step_mark_result(PyObject *devices, PyObject *changes)
+PyObject *mvz_rows_step_mark(PyObject *devices, PyObject *changes)
 {
     PyObject *v[2] = {devices, changes};
     return make(R_STEP_MARK, v, 2);
 }
 
-PyObject *mvz_window_open_result(int id, uint64_t start_ns, PyObject *live)
+PyObject *mvz_rows_window_open(int id, uint64_t start_ns, PyObject *live)
 {
     PyObject *v[3] = {PyLong_FromLong(id), U64(start_ns), live};
     return make(R_WINDOW_OPEN, v, 3);
 }
 
-PyObject *mvz_start_result(int result, const char *step, const char *error, const char *holder,
+PyObject *mvz_rows_start(int result, const char *step, const char *error, const char *holder,
                            int activity, const char *activity_error, int cupti, const char *shared_with)
 {
     PyObject *v[8] = {PyLong_FromLong(result), PyUnicode_FromString(step),
