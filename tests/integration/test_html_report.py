@@ -175,9 +175,7 @@ def test_size_does_not_grow_with_the_number_of_events():
         with memviz.track(gpu=False) as t:
             site(n)
             keep(n // 20)
-        start = time.perf_counter()
-        page = render(t)
-        assert time.perf_counter() - start < 10
+        page = render(t)  # its time: benchmarks/bench_bounds.py (render)
         sizes.append(len(page))
     assert sizes[1] < 600_000 and sizes[1] < 4 * sizes[0]
 
@@ -453,8 +451,7 @@ def test_report_draws_in_chromium_zooms_and_sorts(run, browser, tmp_path):
 
     path = write(run, tmp_path / "report.html", title="memviz test run")
     browser.get_log("browser")  # drop anything from before
-    seconds = open_page(browser, path)
-    assert seconds < 5
+    open_page(browser, path)  # its time: benchmarks/bench_bounds.py (page)
     with pytest.raises(NoAlertPresentException):
         browser.switch_to.alert.text  # noqa: B018 - the injected alert(1) must not exist
     errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]

@@ -221,14 +221,11 @@ def test_synthetic_events_and_a_million_event_load_is_fast(tmp_path):
         memviz._core._synthetic(0x10_0000_0000, 4096, False, 1000)  # live
         memviz._core._synthetic(0x20_0000_0000, 4096, True, 499_000)  # alloc + free pairs
     assert os.path.getsize(path) / 1_000_000 < 32
-    start = time.perf_counter()
-    loaded = memviz.load(path)
+    loaded = memviz.load(path)  # its time: benchmarks/bench_bounds.py (load)
     peak = loaded.peak_snapshot()
-    elapsed = time.perf_counter() - start
     assert loaded.event_count >= 999_000
     assert len(peak) == 1001 and len(loaded.snapshot()) == 1000
     assert loaded.totals() == t.totals()
-    assert elapsed < 20, elapsed  # ~1 s on a slow core; generous for loaded CI machines
 
 
 # ---- damaged and foreign files --------------------------------------------------
@@ -518,19 +515,17 @@ def test_chunks_that_inflate_far_beyond_what_memviz_writes_are_refused(good_trac
         extra = crafted_chunk(F.STRINGS, b'["' + b"a" * (96 << 20) + b'"]')
     path = tmp_path / "bomb.memviz"
     path.write_bytes(good_trace[:meta_end] + extra)
-    code = ("import sys, time, memviz\n"
-            "t = time.monotonic()\n"
+    code = ("import sys, memviz\n"
             "try:\n    memviz.load(sys.argv[1])\n    print('LOADED')\n"
             "except memviz.TraceError as e:\n    print('REFUSED', e)\n"
             "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
-            "print('RSS_MB', int(hwm.split()[1]) // 1024, 'S', time.monotonic() - t)\n")
+            "print('RSS_MB', int(hwm.split()[1]) // 1024)\n")
     p = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
                        timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     out = p.stdout + p.stderr
     assert "REFUSED" in out and "inflate to more than" in out and "damaged or crafted" in out, out
     rss = int(out.split("RSS_MB ")[1].split()[0])
-    assert rss < 150, out  # the 96 MiB payload was never built
-    assert float(out.rsplit("S ", 1)[1]) < 10, out
+    assert rss < 150, out  # the 96 MiB payload was never built (its time: benchmarks/bench_bounds.py, bomb)
 
 
 def test_the_most_compressible_traces_memviz_writes_still_load(fake, tmp_path):

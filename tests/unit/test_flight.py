@@ -295,9 +295,7 @@ def test_an_out_of_memory_dump_is_frozen_at_the_failure_and_written_off_the_fail
         memviz._core.trace_writer_flush()
         truth = live_set(t.snapshot())
         with fr._lock:  # the recorder's thread cannot write the dump until this block ends
-            t0 = time.perf_counter()
-            fr.on_failure(t, "a planted out-of-memory error")
-            blocked = time.perf_counter() - t0
+            fr.on_failure(t, "a planted out-of-memory error")  # its time: benchmarks/bench_bounds.py (flight)
             assert fr.dumps == [] and len(fr._jobs) == 1
             target = fr._jobs[0].target
             assert not os.path.exists(target)  # not written yet: the failing thread did not wait
@@ -316,7 +314,6 @@ def test_an_out_of_memory_dump_is_frozen_at_the_failure_and_written_off_the_fail
         fake.free(CBID_cuMemFree_v2, after)
         for k in kept:
             fake.free(CBID_cuMemFree_v2, k)
-    assert blocked < 5
     trace = load(target)
     assert trace.end["flight_recorder"]["reason"] == "a planted out-of-memory error"
     assert live_set(trace.snapshot()) == truth

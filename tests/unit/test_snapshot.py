@@ -374,7 +374,7 @@ def test_build_100k_rows_fast(flt, capsys):
     with capsys.disabled():
         print(f"\n[memviz] snapshot_from_raw 100k rows: {best * 1000:.1f} ms; "
               f"statistics('lineno'): {t_stats * 1000:.1f} ms")
-    # its speed is measured by benchmarks/bench_snapshot_build.py, not asserted here
+    # its speed is measured by benchmarks/bench_bounds.py (snapshot), not asserted here
     # (a wall-clock bound fails on a loaded machine)
 
 
