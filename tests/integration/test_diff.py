@@ -102,8 +102,9 @@ def test_figures_are_each_traces_own_peak_and_lines(two):
     assert any("PyTorch's own figures" in n for n in doc["notes"])
 
 
-def test_text_shows_the_same_figures_side_by_side(two):
+def test_text_shows_the_same_figures_side_by_side(two, monkeypatch):
     pa, pb, _, _ = two
+    monkeypatch.chdir(os.path.dirname(HERE))  # lines are shown from the cwd: a short path keeps each row on one line
     a, b = memviz.load(str(pa)), memviz.load(str(pb))
     text = D.diff_text(a, b)
     doc = D.compare(a, b)

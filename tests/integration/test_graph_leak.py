@@ -214,7 +214,7 @@ def test_leaking_example_shows_the_graph_leak_on_cpu():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the example runs its GPU part (tests/gpu covers it)")
-    example = os.path.join(os.path.dirname(THIS), "..", "examples", "leaking_loop.py")
+    example = os.path.join(os.path.dirname(THIS), "..", "..", "examples", "leaking_loop.py")
     runs = {}
     for args in ((), ("--fixed",)):
         p = subprocess.run([sys.executable, example, "--json", *args], capture_output=True, text=True,

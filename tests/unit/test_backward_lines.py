@@ -122,8 +122,9 @@ def test_compare_to_and_filters_use_the_same_keys(fake, run):
     assert raw.total_bytes() == 38 * MiB
 
 
-def test_text_report(run):
+def test_text_report(run, monkeypatch):
     t, _ = run
+    monkeypatch.chdir(os.path.dirname(HERE))  # the path is shown from the cwd: room for the source whatever the cwd
     report = text_report(t, outside={})
     assert f"test_backward_lines.py:{forward_line()} (backward: AddmmBackward0)" in report
     assert "(backward: MulBackward0)" in report and "<thread nccl_worker>" in report

@@ -267,7 +267,7 @@ def test_code_objects_that_die_on_a_worker_thread_before_they_are_kept(fake_path
     import subprocess
 
     n = 300
-    root = os.path.dirname(os.path.dirname(THIS))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(THIS)))
     code = DYING_ON_A_WORKER.format(root=root, tests=os.path.join(root, "tests"), fake_path=fake_path,
                                     hold_gil=hold_gil, namer_adopts=namer_adopts, n=n,
                                     cbid=CBID_cuMemAlloc_v2)
@@ -373,7 +373,7 @@ def _run_script(template, **kw):
     import json
     import subprocess
 
-    root = os.path.dirname(os.path.dirname(THIS))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(THIS)))
     code = template.format(root=root, tests=os.path.join(root, "tests"), **kw)
     env = dict(os.environ, MEMVIZ_CUPTI_LIBRARY=kw.get("fake_path", ""))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)

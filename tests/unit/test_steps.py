@@ -381,7 +381,7 @@ def test_gpu_examples_say_so_in_one_sentence_without_cuda(name):
     torch = pytest.importorskip("torch", reason="the examples need torch to get as far as the GPU check")
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: tests/gpu runs the examples")
-    path = os.path.join(os.path.dirname(THIS), "..", "examples", name)
+    path = os.path.join(os.path.dirname(THIS), "..", "..", "examples", name)
     p = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONWARNINGS": "ignore"})  # e.g. torch without numpy
     assert p.returncode == 0 and p.stderr == ""

@@ -490,7 +490,7 @@ def test_integration_installs_when_torch_is_imported_later():
         "x = torch.randn(4, requires_grad=True)\n"
         "(x * x).sum()\n"
         "print(t.graph.running, g._engine_run_backward.__module__, len(t.graph.resident()))\n"
-        "t.stop()\n" % os.path.dirname(os.path.dirname(THIS)))
+        "t.stop()\n" % os.path.dirname(os.path.dirname(os.path.dirname(THIS))))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     running, module, resident = p.stdout.split()
@@ -583,7 +583,7 @@ def test_snapshots_while_another_thread_trains_never_touch_its_gradients():
     crashed the process inside PyTorch (a segfault, seen on the H200 and
     here): such snapshots leave gradients and saved tensors unread, and say
     so (categories_partial); the training thread's own snapshots read them."""
-    root = os.path.dirname(os.path.dirname(THIS))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(THIS)))
     p = subprocess.run([sys.executable, "-X", "faulthandler", "-c", SNAPSHOT_WHILE_ANOTHER_THREAD_TRAINS % root],
                        capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
