@@ -7,7 +7,7 @@ The README shows docs/report.png; regenerate it whenever the sample trace is
 re-recorded (examples/record_sample.py). Needs Selenium, Chromium and
 chromedriver (apt-get install -y chromium chromium-driver; pip install
 selenium); MEMVIZ_CHROMIUM and MEMVIZ_CHROMEDRIVER name other binaries, as
-for tests/test_html_report.py. The page is opened from a temporary file, the
+for tests/integration/test_html_report.py. The page is opened from a temporary file, the
 screenshot is taken once its script has drawn everything, and the PNG is
 written to a temporary file first, then renamed over the old one.
 """

@@ -2,7 +2,7 @@
 # ASan + UBSan over the CPU test suite, for one Python version.
 #
 #   benchmarks/sanitize.sh 3.11                  # the whole suite
-#   benchmarks/sanitize.sh 3.12 tests/test_capture.py -k thread
+#   benchmarks/sanitize.sh 3.12 tests/unit/test_capture.py -k thread
 #
 # Builds memviz._core and the libcupti test double with
 # -fsanitize=address,undefined in a copy of this working tree (so the

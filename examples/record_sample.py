@@ -26,7 +26,7 @@ The example's lines are recorded as paths relative to the repository root
 (``examples/basic.py``), and its text goes into sample.json
 ("script_source"), so the sample's report shows its lines as they were
 recorded, wherever it is read. The trace must stay under 1 MB (checked here, and by
-tests/test_packaging.py).
+tests/integration/test_packaging.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A small model for the torch.compile tests (tests/test_compiled.py): the
+"""A small model for the torch.compile tests (tests/integration/test_compiled.py): the
 "model's own file" whose lines compiled code must be attributed to. Each
 line that makes an FX node ends with a marker the tests look up."""
 

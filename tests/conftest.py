@@ -1,4 +1,8 @@
-"""Shared fixtures: the libcupti test double, and a clean tracker state."""
+"""Shared fixtures: the libcupti test double, and a clean tracker state.
+
+This one conftest serves tests/unit, tests/integration and tests/gpu: a
+second conftest.py would be imported under the same module name, and tests
+import ``here``, ``line_of`` and ``ROOT`` from this one."""
 
 import inspect
 import os
@@ -8,8 +12,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "tests") not in sys.path:
-    sys.path.insert(0, str(ROOT / "tests"))
+# tests/ holds the test doubles (fake_cupti, stand_in_allocator) and the
+# helpers (rank_traces, fuzz_trace, compiled_model); unit/ and integration/
+# hold test modules that others import helpers and fixtures from (their
+# names are unique across the three folders: none has an __init__.py).
+for _folder in (ROOT / "tests" / "integration", ROOT / "tests" / "unit", ROOT / "tests"):
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 import memviz  # noqa: E402
 from memviz.capture import cupti as _capture

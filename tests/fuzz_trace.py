@@ -17,7 +17,7 @@ UTF-8 or JSON):
   directory when it is empty.
 
 * :func:`fuzz`, a seeded random mutation fuzzer with no dependency (what
-  tests/test_trace_fuzz.py runs in CI; benchmarks/fuzz_traces.py runs a
+  tests/integration/test_trace_fuzz.py runs in CI; benchmarks/fuzz_traces.py runs a
   million inputs): bit flips, byte and block overwrites, truncations, chunk
   length lies, huge counts, chunk duplication/removal/reordering, and
   structure-aware mutations of decompressed payloads re-framed with a

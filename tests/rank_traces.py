@@ -2,7 +2,7 @@
 writer with the libcupti test double: each rank's "run" is recorded in this
 process, one after the other, with the launcher's variables (RANK,
 WORLD_SIZE, ...) set as torchrun sets them, so each trace is named and
-tagged as a rank's (tests/test_ranks_scale.py, benchmarks/bench_ranks_scale.py).
+tagged as a rank's (tests/integration/test_ranks_scale.py, benchmarks/bench_ranks_scale.py).
 
 Each rank allocates a buffer (BIG_LINE) of a size that depends on its rank,
 and in each step a temporary (TEMP_LINE) freed in the step, plus ``bulk``

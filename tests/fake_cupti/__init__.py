@@ -10,7 +10,7 @@ by default, or a ctypes.PyDLL handle (GIL held) with ``hold_gil=True``; the
 double works either way. The native-thread helpers always release the GIL:
 they join a thread whose callbacks may need it.
 
-Constants mirror src/cupti_abi.h (tests/test_fake_cupti.py checks that).
+Constants mirror src/cupti_abi.h (tests/unit/test_fake_cupti.py checks that).
 """
 
 from __future__ import annotations

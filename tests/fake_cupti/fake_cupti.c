@@ -47,7 +47,7 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* A fork while another thread holds g_mu (fire()'s snapshot, for instance)
  * left the child's copy locked for ever: the child's next driver call hung
- * (tests/test_stress.py's fork test, once in a few hundred forks). The
+ * (tests/integration/test_stress.py's fork test, once in a few hundred forks). The
  * child has only the forking thread: g_mu starts unlocked there. No callback
  * runs under g_mu, so nothing it guards is left half-made by a client. */
 static void g_mu_child(void) { pthread_mutex_init(&g_mu, NULL); }
