@@ -23,7 +23,7 @@ trackers at once.
 This module composes the capture floor (docs/architecture.md): the views of
 the store and the reading methods (capture/store.py, capture/reading.py),
 thread names (capture/threads.py), the hints and the fork rule
-(capture/hints.py), labels (capture/labels.py), the options
+(capture/availability.py), labels (capture/labels.py), the options
 (capture/options.py) and what nested trackers share (capture/nesting.py).
 It owns the tracker state: ``_shared``, ``_latest``, ``_active`` and
 ``_forked_views``; the running list and its lock are capture/running.py's.
@@ -45,14 +45,14 @@ from memviz._errors import AlreadyTracking, CaptureConflict, InvalidArgument, No
 from memviz._interrupts import deferred_interrupt
 from memviz._package import PACKAGE_DIR
 from memviz._units import format_size
-from memviz.capture import cupti as _capture, hints as _hints, store as _store, threads as _threads
-from memviz.capture.hints import CaptureWarning, available
+from memviz.capture import availability as _hints, cupti as _capture, store as _store, threads as _threads
+from memviz.capture.availability import CaptureWarning, available
 from memviz.capture.labels import label
 from memviz.capture.nesting import (open_window as _open_window, refuse_nesting as _refuse_nesting,
                                     share_marks as _share_marks,
                                     share_torch_features as _share_torch_features)
 from memviz.capture.options import check_options as _check_options, torch_installed as _torch_installed
-from memviz.capture.ranks import rank_path as _rank_path
+from memviz.capture.rank_files import rank_path as _rank_path
 from memviz.capture.reading import StoreReading
 from memviz.capture.running import active_tracker, lock as _state_lock, running as _running
 from memviz.capture.store import Frozen as _Frozen, NoGpuWindow as _NoGpuWindow, Window as _Window
@@ -91,7 +91,7 @@ class Tracker(StoreReading, Outputs):
             (flushed at least every second; readable with memviz.load()).
             Under a launcher (``torchrun``: RANK set) each rank writes its
             own file, ``run.memviz`` -> ``run.rank0.memviz``, or where
-            ``{rank}`` in the path says (memviz.capture.ranks.rank_path);
+            ``{rank}`` in the path says (memviz.capture.rank_files.rank_path);
             ``trace_path`` is the file written.
         flight_recorder: a memory budget (``"256 MiB"``): keep the latest
             events in memory, within it, and write them as a trace file only

@@ -5,7 +5,7 @@ One concern: building the sinks from ``on_step()`` / ``watch()`` arguments,
 refusing step files that would overwrite the tracker's own files, and writing
 each :class:`~memviz.model.steps.StepRecord` to them. The records themselves
 are made in memviz/analysis/steps.py. Imports the model floor and below and
-memviz.capture.ranks (docs/architecture.md); the tracker only as an object
+memviz.capture.rank_files (docs/architecture.md); the tracker only as an object
 passed in.
 """
 
@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional
 from memviz._args import path as _path_arg
 from memviz._errors import InvalidArgument, InvalidArgumentType, OutputError
 from memviz._units import escape_surrogates, json_finite
-from memviz.capture.ranks import rank_path
+from memviz.capture.rank_files import rank_path
 from memviz.model.steps import DeviceStep, StepRecord
 
 LOGGER_NAME = "memviz"
@@ -149,7 +149,7 @@ class _TensorBoard(_Sink):
 
 def _step_path(value: Any, what: str) -> str:
     """The step file of ``what=value``: one per rank under a launcher
-    (``steps.jsonl`` -> ``steps.rank0.jsonl``, as trace files; memviz.capture.ranks)."""
+    (``steps.jsonl`` -> ``steps.rank0.jsonl``, as trace files; memviz.capture.rank_files)."""
     return rank_path(_path_arg(value, f"{what}="))
 
 

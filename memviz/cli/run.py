@@ -13,7 +13,7 @@ every 0.5 s, so it survives a kill up to the last flush); read it later with
 ``memviz report run.memviz`` or ``memviz.load()``. Under a launcher
 (``torchrun ... -m memviz run -o run.memviz train.py``: RANK set) each rank
 writes its own, ``run.rank0.memviz``, ``run.rank1.memviz`` ... (``{rank}`` in
-the path says where the rank goes; memviz.capture.ranks.rank_path), and so
+the path says where the rank goes; memviz.capture.rank_files.rank_path), and so
 does ``--report-file``; ``memviz report run.rank*.memviz`` merges them.
 
 Where GPU capture is off (no GPU, no driver, no CUPTI; not with --no-gpu), a
@@ -48,7 +48,7 @@ from memviz._errors import CaptureConflict, CaptureUnavailable, MemvizError, Out
 from memviz._outputs import same_file, write_output
 from memviz._package import PACKAGE_DIR
 from memviz.capture import callsite as _callsite
-from memviz.capture.ranks import rank_glob, rank_of, rank_path
+from memviz.capture.rank_files import rank_glob, rank_of, rank_path
 from memviz.cli.common import EXIT_USAGE, parse, positive, say
 from memviz.cli.sample import SAMPLE_OPT_IN, show_sample
 from memviz.report.text import text_report

@@ -353,9 +353,9 @@ def flight_sentences(obj: Any) -> List[str]:
 def rank_fields(obj: Any) -> Dict[str, Any]:
     """``{"rank", "local_rank", "world_size", "host"}`` of a recording: a
     loaded trace's from its file, a live Tracker's from this process's
-    launcher (memviz.capture.ranks); None where not known."""
+    launcher (memviz.capture.rank_files); None where not known."""
     if getattr(obj, "is_live", False) is True:
-        from memviz.capture.ranks import rank_info, rank_of
+        from memviz.capture.rank_files import rank_info, rank_of
         return dict(rank_info(), rank=rank_of())
     return {k: getattr(obj, k, None) for k in ("rank", "local_rank", "world_size", "host")}
 

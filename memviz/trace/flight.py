@@ -53,7 +53,7 @@ from memviz._errors import InvalidArgument, TraceError
 from memviz._interrupts import deferred_interrupt
 from memviz._outputs import output_file, remove_stale_temps
 from memviz._units import format_size, parse_size
-from memviz.capture.ranks import timestamped_name
+from memviz.capture.rank_files import timestamped_name
 from memviz.trace.format import END, EVENT_LEVEL, META, chunk, header, json_bytes
 from memviz.trace.writer import _meta, _NewTables, _outside, _pytorch_peak, frame_settings
 

@@ -17,7 +17,7 @@ import memviz._core as _core
 from memviz._errors import TraceError
 from memviz._interrupts import deferred_interrupt
 from memviz.capture import callsite as _callsite
-from memviz.capture.ranks import rank_meta
+from memviz.capture.rank_files import rank_meta
 from memviz.model.frame_filter import warning_site
 from memviz.trace.format import (CALLS, DEFAULT_CAPACITY, DEFAULT_INTERVAL, END, EV, EVENT, EVENT_LEVEL, EVENTS,
                                  FLAG_SYNTHETIC, FORMAT_VERSION, FRAMES, LABELS, LIVE, META, OP_ALLOC, OP_GAP,
@@ -48,7 +48,7 @@ def _meta(tracker: Any, mode: str) -> Dict[str, Any]:
             "frames": frame_settings(tracker),
         },
         "capture": capture,
-        "ranks": rank_meta(),  # rank, world size, host, CUDA device (memviz/capture/ranks.py)
+        "ranks": rank_meta(),  # rank, world size, host, CUDA device (memviz/capture/rank_files.py)
     }
 
 
