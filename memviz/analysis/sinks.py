@@ -15,7 +15,7 @@ import csv as _csv
 import json
 import logging
 import sys
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from memviz._args import path as _path_arg
 from memviz._errors import InvalidArgument, InvalidArgumentType, OutputError
@@ -245,15 +245,15 @@ def make_sinks(callback=None, log=False, print_every=None, jsonl=None, csv=None,
     return sinks
 
 
-def _refuse_same_files(tracker, sinks: Dict[str, Any]) -> None:
+def _refuse_same_files(tracker, sinks: Dict[str, Any], existing: Iterable["_Sink"] = ()) -> None:
     """Before anything is opened: a jsonl=/csv= path must not be the tracker's
-    trace file, a step file the tracker writes already, or the other of the two
-    (one file by device and inode, through links)."""
+    trace file, a step file the tracker writes already (one of its
+    ``existing`` sinks), or the other of the two (one file by device and
+    inode, through links)."""
     from memviz._outputs import own_files, refuse_inputs
 
     taken = own_files(tracker) if tracker is not None else []
-    st = tracker.__dict__.get("_memviz_steps") if tracker is not None else None
-    for s in list(st.sinks) if st is not None else ():
+    for s in list(existing):
         if isinstance(s, _File) and not s.f.closed:
             taken.append((f"the {s.what} step file this tracker writes already", s.path))
     for what in ("jsonl", "csv"):

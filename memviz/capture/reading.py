@@ -10,7 +10,7 @@ attributes of it: ``_frozen``, ``_view``, ``started_ns``, ``_running``,
 ``gpu_enabled``, ``frame_filter`` and, where present, ``torch`` (the PyTorch
 integration) and ``graph``.
 
-Imports the bottom floor, the model, capture/store.py and capture/running.py only
+Imports the bottom floor, the model, capture/store.py and capture/session.py only
 (docs/architecture.md: the capture floor).
 """
 
@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 import memviz._args as _args
 import memviz._core as _core
 from memviz._errors import NotTracking
-from memviz.capture.running import lock
+from memviz.capture.session import lock
 from memviz.capture.store import Frozen, NoGpuWindow, Store, Window
 from memviz.model.failures import FailedAllocation, failed_allocations
 from memviz.model.recording import TotalsReads, check_peak, size_note, thread_table

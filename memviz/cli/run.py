@@ -48,6 +48,7 @@ from memviz._errors import CaptureConflict, CaptureUnavailable, MemvizError, Out
 from memviz._outputs import same_file, write_output
 from memviz._package import PACKAGE_DIR
 from memviz.capture import callsite as _callsite
+from memviz.capture import session as _session
 from memviz.capture.rank_files import rank_glob, rank_of, rank_path
 from memviz.cli.common import EXIT_USAGE, parse, positive, say
 from memviz.cli.sample import SAMPLE_OPT_IN, show_sample
@@ -333,7 +334,7 @@ def _trace_note(tracker: Tracker, path: str, given: Optional[str] = None) -> boo
     what to do) when writing it stopped early."""
     from memviz._units import format_size
 
-    writer = next((p for p in tracker._plugins if getattr(p, "path", None) == path), None)
+    writer = next((p for p in tracker.subscribers if getattr(p, "path", None) == path), None)
     events = f"{writer.events_written:,} events, " if writer is not None else ""
     try:
         size = format_size(os.path.getsize(path))
@@ -353,8 +354,9 @@ def _trace_note(tracker: Tracker, path: str, given: Optional[str] = None) -> boo
 
 def _flight_dump(tracker: Tracker, exc: BaseException) -> None:
     """The flight recorder's dump when the script raised (before the traceback)."""
-    if tracker.running and tracker.flight_recorder is not None:
-        tracker.flight_recorder.dump_quietly(f"{type(exc).__name__} raised by the script")
+    if tracker.running:  # through the capture session, as every flight-recorder trigger
+        _session.current().failure(tracker, _session.Trigger(
+            _session.EXCEPTION, f"{type(exc).__name__} raised by the script"))
 
 
 def _start(opts: argparse.Namespace) -> Tracker:

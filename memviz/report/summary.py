@@ -453,7 +453,7 @@ def trace_losses(recording: Any) -> Optional[Dict[str, Any]]:
                 "freed": getattr(recording, "gap_freed", 0), "added": getattr(recording, "gap_added", 0)}
     from memviz.trace.writer import TraceWriter
 
-    for plugin in getattr(recording, "_plugins", ()):
+    for plugin in getattr(recording, "subscribers", ()):
         if isinstance(plugin, TraceWriter) and plugin.dropped:
             return {"lost": plugin.dropped, "capacity": plugin.capacity, "live": True,
                     "reconciled": True, "freed": 0, "added": 0}

@@ -440,7 +440,7 @@ def summary(recording: Any = None, top: int = 10) -> str:
     Raises :class:`~memviz.NotTracking` when None is given and no tracker
     runs (pass the tracker: ``memviz.summary(t)``)."""
     from memviz._errors import NotTracking
-    from memviz.capture.running import active_tracker
+    from memviz.capture.session import active_tracker
 
     if recording is None:
         recording = active_tracker()
