@@ -33,7 +33,7 @@ from memviz.capture.availability import CaptureWarning, available
 from memviz.capture.labels import label
 from memviz.capture.options import CaptureOptions
 from memviz.capture.reading import StoreReading
-from memviz.capture.session import CaptureEvents, Trigger, active_tracker
+from memviz.capture.session import Trigger, active_tracker
 from memviz.capture.traced import get_traced_memory, reset_peak
 from memviz.model.failures import FailedAllocation
 from memviz.model.frame_filter import FrameFilter

@@ -6,9 +6,10 @@ is the latest, its window while nested, or its frozen copy once the store
 went on without it.
 
 :class:`StoreReading` is a mixin of :class:`memviz.Tracker`; it reads these
-attributes of it: ``_frozen``, ``_view``, ``started_ns``, ``_running``,
-``gpu_enabled``, ``frame_filter`` and, where present, ``torch`` (the PyTorch
-integration) and ``graph``.
+attributes of it: ``_frozen``, ``_view`` and ``_running`` (the tracker's
+window: its Run in the capture session, memviz/capture/session.py),
+``started_ns``, ``gpu_enabled``, ``frame_filter`` and, where present,
+``torch`` (the PyTorch integration) and ``graph``.
 
 Imports the bottom floor, the model, capture/store.py and capture/session.py only
 (docs/architecture.md: the capture floor).

@@ -35,7 +35,9 @@ private state: the session keeps it in the tracker's :class:`Run`.
 
 Imports the bottom floor, the model and the capture floor only
 (docs/architecture.md); the floors above hand it what they build (the
-tracker's ``attach`` callback).
+tracker's ``attach`` callback). One concern, the process's capture (what
+tracker.py, capture/running.py and capture/nesting.py kept between them),
+takes these some 700 lines.
 """
 
 from __future__ import annotations
