@@ -4,9 +4,11 @@ order; a tracker's options are checked once and frozen; nesting and fork()
 still behave; precise mode is read in one place."""
 
 import dataclasses
+import gc
 import subprocess
 import sys
 import textwrap
+import weakref
 
 import pytest
 
@@ -63,6 +65,18 @@ def test_there_is_one_session_per_process():
     with pytest.raises(RuntimeError, match="one capture session per process"):
         S.CaptureSession()
     assert S.current() is session
+
+
+def test_a_stopped_tracker_is_not_kept_by_the_session():
+    t = memviz.track(gpu=False, torch=False)
+    with t:
+        gone = weakref.ref(t)
+        assert S.current().running() == [t]
+    del t
+    gc.collect()
+    assert gone() is None
+    with memviz.track(gpu=False, torch=False):  # the next outermost tracker: nothing to freeze
+        pass
 
 
 def test_the_events_reach_subscribers_in_order(subscribed):

@@ -177,7 +177,8 @@ class Run:
     by the tracker (its window and reading API, memviz/capture/reading.py)."""
 
     def __init__(self, tracker: Any) -> None:
-        self.tracker = tracker
+        self._ref = weakref.ref(tracker)  # a stopped tracker goes when the program drops it
+        self._held: Any = None  # and a running one stays while it runs
         #: a nested tracker's window of the store (None: the whole store, or stopped)
         self.view: Optional[Window] = None
         #: its figures copied into Python once the store went on without it
@@ -194,6 +195,11 @@ class Run:
         #: what listens to it, in subscription order, and which of those started
         self.subscribers: List[CaptureEvents] = []
         self.started: List[CaptureEvents] = []
+
+    @property
+    def tracker(self) -> Any:
+        """The tracker this Run is of (None once it is gone)."""
+        return self._held if self._held is not None else self._ref()
 
 
 _S = TypeVar("_S", bound=CaptureEvents)
@@ -363,6 +369,7 @@ class CaptureSession:
                 self._start_first(run, attach)
                 self._latest = weakref.ref(run)
             run.thread = threading.get_ident()
+            run._held = tracker
             self._running.append(run)
 
     def _start_first(self, run: Run, attach: Callable[["CaptureSession"], None]) -> None:
@@ -569,6 +576,7 @@ class CaptureSession:
                         tracker.stopped_ns = time.monotonic_ns()
                         if run in self._running:
                             self._running.remove(run)
+                        run._held = None
                         if not self._running:
                             self.capture = None
                 if errors:
@@ -581,7 +589,7 @@ class CaptureSession:
             self._freeze(run)
 
     def _freeze(self, run: Run) -> None:
-        if run.frozen is None:
+        if run.frozen is None and run.tracker is not None:  # a tracker gone needs no copy
             # A nested tracker freezes only when it stops: its window closes in the same instant.
             run.frozen = Frozen(run.view, close=run.view is not None)
             for sub in list(run.subscribers):
@@ -648,6 +656,7 @@ class CaptureSession:
         for r in self._running:
             r.forked = True
             r.running = False
+            r._held = None
             if r.view is not None:
                 self._forked_views.append(weakref.ref(r))
         self._running.clear()
