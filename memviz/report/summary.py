@@ -453,9 +453,9 @@ def trace_losses(recording: Any) -> Optional[Dict[str, Any]]:
                 "freed": getattr(recording, "gap_freed", 0), "added": getattr(recording, "gap_added", 0)}
     from memviz.trace.writer import TraceWriter
 
-    for plugin in getattr(recording, "subscribers", ()):
-        if isinstance(plugin, TraceWriter) and plugin.dropped:
-            return {"lost": plugin.dropped, "capacity": plugin.capacity, "live": True,
+    for sub in getattr(recording, "subscribers", ()):  # a live tracker's: the capture session's
+        if isinstance(sub, TraceWriter) and sub.dropped:
+            return {"lost": sub.dropped, "capacity": sub.capacity, "live": True,
                     "reconciled": True, "freed": 0, "added": 0}
     return None
 

@@ -296,8 +296,8 @@ class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
         so when a profiler that traces CUDA is about to start (PyTorch's
         _prepare_profiler/_enable_profiler, which every torch.profiler,
         Lightning and Hugging Face profiler goes through), memviz gives
-        CUPTI up and goes on through PyTorch's allocator (the tracker's
-        _release_cupti), and the profiler works. Undone at stop."""
+        CUPTI up and goes on through PyTorch's allocator (the capture
+        session's release_cupti), and the profiler works. Undone at stop."""
         try:
             import torch.autograd.profiler as prof
         except Exception:  # noqa: BLE001 - a torch without the profiler

@@ -288,7 +288,7 @@ class TraceWriter(CaptureEvents):
             return _core.trace_writer_stats()["dropped"]
         return self._dropped
 
-    # -- plugin hooks
+    # -- the capture session's events
 
     def on_start(self, tracker: Any) -> None:
         """Open the file, write the header and start draining (raises TraceError
