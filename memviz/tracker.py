@@ -355,7 +355,7 @@ class Tracker(StoreReading, Outputs):
             depth=self.depth,
             store=stats,
         )
-        info["sources"] = _avail.capture_sources(self, info.get("pytorch"))
+        info["sources"] = _session.routes(self, info.get("pytorch"))["sources"]
         return info
 
     def _whatif_source(self):
@@ -408,7 +408,5 @@ def capture_info(probe: bool = True) -> Dict[str, Any]:
     present and it is not loaded yet, so the answer is definite."""
     info = _avail.library_info(probe)
     t = _session.active() or _session.latest()
-    info["pytorch"] = _avail.pytorch_route(t)
-    if t is not None:  # how the running (or last) tracker saw each source
-        info["sources"] = _avail.capture_sources(t, info["pytorch"])
+    info.update(_session.routes(t))  # how the running (or last) tracker saw each source
     return info

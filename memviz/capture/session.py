@@ -284,6 +284,17 @@ class CaptureSession:
             return True
         return allocator_backend() == PRECISE_BACKEND
 
+    def routes(self, tracker: Any, pytorch: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """How ``tracker`` (the running or last one, or None) saw memory:
+        {"pytorch": PyTorch's route (allocator, cudaMallocAsync or segments,
+        and why; ``pytorch`` where already asked), "sources": the route of
+        each source, with the gaps, where a tracker is given} (the words are
+        capture/availability.py's)."""
+        out: Dict[str, Any] = {"pytorch": pytorch if pytorch is not None else _avail.pytorch_route(tracker)}
+        if tracker is not None:
+            out["sources"] = _avail.capture_sources(tracker, out["pytorch"])
+        return out
+
     def set_precise_how(self, how: Optional[str]) -> None:
         """How precise mode was switched on for the running capture (its first tracker's)."""
         if self.capture is not None:
