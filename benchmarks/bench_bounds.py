@@ -224,7 +224,7 @@ def case_flight(repeat, extra):
                 _core.trace_writer_flush()
                 with fr._lock:  # the recorder's thread cannot write the dump until this block ends
                     t0 = time.perf_counter()
-                    fr.on_failure(t, "a planted out-of-memory error")
+                    fr.on_failure(t, Trigger(OOM, "a planted out-of-memory error"))
                     blocked = time.perf_counter() - t0
                 fr.wait_for_dumps(timeout=30)
                 for a in live:

@@ -32,6 +32,7 @@ from fake_cupti import FakeCupti, build
 lib_path = build(); os.environ["MEMVIZ_CUPTI_LIBRARY"] = lib_path
 import torch  # noqa: F401  (the integration attaches with torch imported)
 import memviz
+from memviz.capture.session import OOM, Trigger
 import stand_in_allocator as sa
 fake = FakeCupti(lib_path); fake.reset()
 ans = sa.StandInAnswers(sa.build(Path(tempfile.mkdtemp()) / "bench"), fake.lib.fake_alloc, fake.lib.fake_free)
@@ -51,7 +52,7 @@ with memviz.track(flight_recorder={budget!r}, flight_dir=folder) as t:
         time.sleep(0.001)  # the writer compresses as a program's steps would let it
     st = fr.stats()
     t1 = time.perf_counter()
-    fr.on_failure(t, "bench: a planted out-of-memory")
+    fr.on_failure(t, Trigger(OOM, "bench: a planted out-of-memory"))
     blocked = time.perf_counter() - t1
     fr.wait_for_dumps()
     on_disk = time.perf_counter() - t1

@@ -60,7 +60,7 @@ def breakdown():
     os.environ["MEMVIZ_TRACE_WRITER"] = "python"
     with tempfile.TemporaryDirectory() as d:
         with memviz.track(trace=os.path.join(d, "t.memviz"), torch=False) as t:
-            writer = t._plugins[-1]
+            writer = t.subscribers[-1]
             writer._stop.set()  # this benchmark drains by hand
             reps = []
             for _ in range(5):

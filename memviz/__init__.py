@@ -16,7 +16,7 @@ from memviz._errors import (AlreadyTracking, CaptureConflict, CaptureUnavailable
                             TraceError)
 from memviz._package import __version__  # noqa: F401  (memviz.__version__)
 from memviz._units import format_size, parse_size
-from memviz.capture.running import active_tracker
+from memviz.capture.session import active_tracker
 from memviz.model import display as _display
 from memviz.model.failures import FailedAllocation
 from memviz.model.filters import DomainFilter, Filter

@@ -174,12 +174,12 @@ def shipped_sample(path: str) -> Optional[Dict[str, str]]:
 
 def _ranks_hint(path: str, e: OSError) -> Optional[str]:
     """For a missing file that a distributed run wrote once per rank
-    (memviz.capture.ranks.rank_path): which files there are instead."""
+    (memviz.capture.rank_files.rank_path): which files there are instead."""
     if not isinstance(e, FileNotFoundError):
         return None
     import glob
 
-    from memviz.capture.ranks import rank_glob
+    from memviz.capture.rank_files import rank_glob
     pattern = rank_glob(path)
     found = sorted(glob.glob(glob.escape(pattern).replace("[*]", "*")))
     if not found:

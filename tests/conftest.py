@@ -70,7 +70,7 @@ def fake(fake_path, monkeypatch):
 @pytest.fixture(autouse=True)
 def _no_tracker_left():
     yield
-    t = _tracker._active
+    t = _tracker._session.active()
     if t is not None:
         t.stop()
         pytest.fail("a test left a memviz tracker running")

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import statistics
 from typing import Any, Dict, List, Optional
 
@@ -11,6 +10,7 @@ from memviz._units import format_size
 from memviz.analysis.findings import (CHURN_SHARE, GROWTH_FLOOR, MIN_STEPS, OUTLIER, OUTSIDE_ABS, OUTSIDE_REL,
                                       SPIKE_REL, Finding, FindingLine, _dev, _devices, _input_keys,
                                       _input_size, _is_live_tracker, _torch_cuda)
+from memviz.capture import session as _session
 
 __all__ = ["spike", "churn", "outside"]
 
@@ -122,13 +122,11 @@ def _peak_line(obj, dev) -> Optional[FindingLine]:
 
 
 def _precise(obj) -> bool:
+    """Whether PyTorch's allocations were driver calls in ``obj``'s run: a
+    recording that says so, or a live tracker's (the capture session says)."""
     if getattr(obj, "precise", False):
         return True
-    if _is_live_tracker(obj):
-        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + os.environ.get("PYTORCH_ALLOC_CONF", "")
-        if "cudaMallocAsync" in conf:
-            return True
-    return False
+    return _is_live_tracker(obj) and _session.current().precise(obj)
 
 
 def churn(obj, steps, warm, graph) -> List[Finding]:

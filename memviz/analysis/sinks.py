@@ -5,7 +5,7 @@ One concern: building the sinks from ``on_step()`` / ``watch()`` arguments,
 refusing step files that would overwrite the tracker's own files, and writing
 each :class:`~memviz.model.steps.StepRecord` to them. The records themselves
 are made in memviz/analysis/steps.py. Imports the model floor and below and
-memviz.capture.ranks (docs/architecture.md); the tracker only as an object
+memviz.capture.rank_files (docs/architecture.md); the tracker only as an object
 passed in.
 """
 
@@ -15,12 +15,12 @@ import csv as _csv
 import json
 import logging
 import sys
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from memviz._args import path as _path_arg
 from memviz._errors import InvalidArgument, InvalidArgumentType, OutputError
 from memviz._units import escape_surrogates, json_finite
-from memviz.capture.ranks import rank_path
+from memviz.capture.rank_files import rank_path
 from memviz.model.steps import DeviceStep, StepRecord
 
 LOGGER_NAME = "memviz"
@@ -149,7 +149,7 @@ class _TensorBoard(_Sink):
 
 def _step_path(value: Any, what: str) -> str:
     """The step file of ``what=value``: one per rank under a launcher
-    (``steps.jsonl`` -> ``steps.rank0.jsonl``, as trace files; memviz.capture.ranks)."""
+    (``steps.jsonl`` -> ``steps.rank0.jsonl``, as trace files; memviz.capture.rank_files)."""
     return rank_path(_path_arg(value, f"{what}="))
 
 
@@ -245,15 +245,15 @@ def make_sinks(callback=None, log=False, print_every=None, jsonl=None, csv=None,
     return sinks
 
 
-def _refuse_same_files(tracker, sinks: Dict[str, Any]) -> None:
+def _refuse_same_files(tracker, sinks: Dict[str, Any], existing: Iterable["_Sink"] = ()) -> None:
     """Before anything is opened: a jsonl=/csv= path must not be the tracker's
-    trace file, a step file the tracker writes already, or the other of the two
-    (one file by device and inode, through links)."""
+    trace file, a step file the tracker writes already (one of its
+    ``existing`` sinks), or the other of the two (one file by device and
+    inode, through links)."""
     from memviz._output_files import own_files, refuse_inputs
 
     taken = own_files(tracker) if tracker is not None else []
-    st = tracker.__dict__.get("_memviz_steps") if tracker is not None else None
-    for s in list(st.sinks) if st is not None else ():
+    for s in list(existing):
         if isinstance(s, _File) and not s.f.closed:
             taken.append((f"the {s.what} step file this tracker writes already", s.path))
     for what in ("jsonl", "csv"):

@@ -31,12 +31,13 @@ from typing import Any, Dict, List, Optional, Tuple
 import memviz._core as _core
 from memviz._errors import InvalidArgumentType, NotTracking
 from memviz.analysis.sinks import _check_sink_names, _emit, _refuse_same_files, _Sink, make_sinks
+from memviz.capture import session as _session
 from memviz.model import compiled as _compiled
 from memviz.model.frame_filter import frames as _default_filter, warning_site
 from memviz.model.steps import DeviceStep, GrowthLine, StepRecord
 from memviz.model.traceback import Frame
 
-__all__ = ["StepRecord", "DeviceStep", "GrowthLine", "record_step", "on_step", "watch",
+__all__ = ["StepRecord", "DeviceStep", "GrowthLine", "record_step", "send_step", "on_step", "watch",
            "WatchHandle", "TOP_LINES"]
 
 #: lines kept per step (largest growth first)
@@ -47,8 +48,10 @@ _NO_FRAMES = Frame("<no Python frames>", 0, "")
 # ---- recording ----------------------------------------------------------------
 
 
-class _StepState:
-    """Per-tracker state: previous totals, cached line resolutions, sinks."""
+class _StepState(_session.CaptureEvents):
+    """Per-tracker state: previous totals, cached line resolutions, sinks;
+    subscribed to the capture session for its tracker, it hears the steps
+    (and sends them to the sinks) and the stop (and closes them)."""
 
     def __init__(self, tracker) -> None:
         self.lock = threading.Lock()
@@ -59,11 +62,16 @@ class _StepState:
         self.last_current: Dict[int, int] = {}
         self.last_counts: Dict[int, Tuple[int, int, int]] = {}
         self.sinks: List[_Sink] = []
-        self.closer_added = False
         self.torch_devices: Optional[int] = None
 
+    def on_step(self, tracker, record) -> None:
+        """Send the record to the sinks."""
+        with self.lock:
+            sinks = list(self.sinks)
+        _emit(sinks, record)
+
     def on_stop(self, tracker) -> None:
-        """Tracker plugin hook: close the file sinks."""
+        """Close the file sinks."""
         for s in self.sinks:
             s.close()
 
@@ -91,10 +99,15 @@ class _StepState:
 
 
 def _state(tracker) -> _StepState:
-    st = tracker.__dict__.get("_memviz_steps")
-    if st is None:
-        st = tracker.__dict__.setdefault("_memviz_steps", _StepState(tracker))
-    return st
+    """``tracker``'s step state, subscribed to the capture session the first time."""
+    session = _session.current()
+    with session.lock:
+        found = session.subscribers(tracker, _StepState)
+        if found:
+            return found[0]
+        st = _StepState(tracker)
+        session.subscribe(tracker, st)
+        return st
 
 
 def _norm_info(value: Any) -> Any:
@@ -162,13 +175,24 @@ def _autograd_seq() -> Optional[int]:
 def record_step(tracker, **info: Any) -> StepRecord:
     """Record the end of a step on ``tracker``: append a :class:`StepRecord`
     to ``tracker.steps``, send it to the sinks and return it."""
-    rec, sinks = _record(tracker, info)
-    _emit(sinks, rec)
+    rec = _record(tracker, info)
+    send_step(tracker, rec)
     return rec
 
 
-def _record(tracker, info: Dict[str, Any]) -> Tuple[StepRecord, List[_Sink]]:
-    """The new record, appended to ``tracker.steps``, and the tracker's sinks."""
+def send_step(tracker, rec: StepRecord, sinks: Optional[List[_Sink]] = None) -> None:
+    """Send a new step record to ``tracker``'s subscribers (through the
+    capture session: its step state's sinks hear it) and then to ``sinks``;
+    a step file's write error comes after every sink had the record."""
+    try:
+        _session.current().step(tracker, rec)
+    finally:
+        if sinks:
+            _emit(sinks, rec)
+
+
+def _record(tracker, info: Dict[str, Any]) -> StepRecord:
+    """The new record, appended to ``tracker.steps``."""
     if not getattr(tracker, "running", False):
         raise NotTracking(
             "t.step() needs a running tracker: call it inside `with memviz.track() as t:` "
@@ -200,8 +224,7 @@ def _record(tracker, info: Dict[str, Any]) -> Tuple[StepRecord, List[_Sink]]:
                          {k: _norm_info(v) for k, v in info.items()}, seq)
         st.last_ts = now
         tracker.steps.append(rec)
-        sinks = list(st.sinks)
-    return rec, sinks
+    return rec
 
 
 def _growth_lines(st: _StepState, tracker, changed) -> List[GrowthLine]:
@@ -265,14 +288,11 @@ def on_step(tracker, **sinks) -> _SinkHandle:
     for callback=, log=, print_every=, jsonl=, csv=, tensorboard=). File sinks
     are closed when the tracker stops or the returned handle's ``remove()``."""
     _check_sink_names(sinks, "Tracker.on_step()")
-    _refuse_same_files(tracker, sinks)
-    built = make_sinks(**sinks)
     st = _state(tracker)
+    _refuse_same_files(tracker, sinks, st.sinks)
+    built = make_sinks(**sinks)
     with st.lock:
         st.sinks.extend(built)
-        if not st.closer_added and hasattr(tracker, "_plugins"):
-            tracker._plugins.append(st)
-            st.closer_added = True
     return _SinkHandle(st, built)
 
 
@@ -293,7 +313,7 @@ class WatchHandle:
         self._hook = optimizer.register_step_post_hook(self._after_step)
 
     def _after_step(self, optimizer, args, kwargs) -> None:
-        from memviz.capture.running import active_tracker
+        from memviz.capture.session import active_tracker
 
         t = self.tracker if self.tracker is not None else active_tracker()
         if t is None or not t.running:
@@ -305,9 +325,9 @@ class WatchHandle:
                               stacklevel=warning_site()[0])
             return
         extra = self.info() if callable(self.info) else (self.info or {})
-        rec, sinks = _record(t, {**extra})  # (a TypeError for a non-mapping, as t.step(**extra))
+        rec = _record(t, {**extra})  # (a TypeError for a non-mapping, as t.step(**extra))
         self.records.append(rec)
-        _emit(sinks + self.sinks, rec)
+        send_step(t, rec, self.sinks)
 
     def remove(self) -> None:
         """Stop recording steps and close this handle's file sinks."""
@@ -348,6 +368,8 @@ def watch(optimizer, tracker=None, *, info=None, **sinks) -> WatchHandle:
                                   f"got {type(info).__name__}")
     _check_sink_names(sinks, "memviz.watch()")
     if sinks.get("jsonl") is not None or sinks.get("csv") is not None:
-        from memviz.capture.running import active_tracker
-        _refuse_same_files(tracker if tracker is not None else active_tracker(), sinks)
+        from memviz.capture.session import active_tracker
+        t = tracker if tracker is not None else active_tracker()
+        states = _session.current().subscribers(t, _StepState) if t is not None else ()
+        _refuse_same_files(t, sinks, [s for st in states for s in st.sinks])
     return WatchHandle(optimizer, tracker, make_sinks(**sinks), info)

@@ -3,7 +3,7 @@ block, kept by the C core's label table (src/labels.h). The table frees the
 ids that no block holds when a new outermost tracker starts, once it fills
 (per tracker, in effect), so a label interns its name at each enter.
 
-Imports the bottom floor, the model and capture/hints.py only
+Imports the bottom floor, the model and capture/availability.py only
 (docs/architecture.md: the capture floor).
 """
 
@@ -16,7 +16,7 @@ import warnings
 import memviz._args as _args
 import memviz._core as _core
 from memviz._errors import InvalidArgument
-from memviz.capture.hints import CaptureWarning
+from memviz.capture.availability import CaptureWarning
 from memviz.model.frame_filter import warning_site
 
 __all__ = ["label", "user_label_id"]

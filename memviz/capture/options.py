@@ -1,5 +1,7 @@
 """The options of ``memviz.track()`` / ``Tracker()`` / ``memviz.start()``:
-names, types and ranges, checked before anything starts.
+names, types and ranges, checked once, before anything starts, into a
+frozen :class:`CaptureOptions` (the capture session keeps the running
+capture's; memviz/capture/session.py).
 
 Imports the bottom floor and the model only (docs/architecture.md: the
 capture floor).
@@ -7,15 +9,21 @@ capture floor).
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import memviz._args as _args
 import memviz._core as _core
 from memviz._errors import InvalidArgument, InvalidArgumentType
+from memviz.capture.rank_files import rank_path
 from memviz.model.frame_filter import FrameFilter
 
-__all__ = ["OPTIONS", "check_options", "torch_installed"]
+__all__ = ["OPTIONS", "DEFAULT_DEPTH", "CaptureOptions", "check_options", "torch_installed"]
+
+#: Python frames kept per allocation when depth= is not given
+DEFAULT_DEPTH = 32
 
 OPTIONS = ("gpu", "depth", "activity", "frame_filter", "trace", "precise", "torch", "autograd",
            "graph", "flight_recorder", "flight_dir", "cupti")
@@ -62,3 +70,70 @@ def torch_installed() -> bool:
         return importlib.util.find_spec("torch") is not None
     except (ImportError, ValueError):
         return False
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """A tracker's options, checked and with their defaults worked out;
+    frozen (a capture's options cannot change once checked). See
+    memviz.Tracker for what each means."""
+
+    gpu: bool = True
+    depth: int = DEFAULT_DEPTH
+    #: depth= was given (a nested tracker may then not differ from its capture's)
+    depth_given: bool = False
+    activity: bool = True
+    frame_filter: Optional[FrameFilter] = None
+    #: the trace file this process writes (per rank: capture/rank_files.py), or None
+    trace_path: Optional[str] = None
+    precise: bool = False
+    torch: Optional[bool] = None
+    autograd: bool = True
+    #: autograd=True (or precise mode) asked for the per-node pre-hooks
+    autograd_requested: bool = False
+    graph: bool = False
+    #: the flight recorder's budget in bytes, or None
+    flight_budget: Optional[int] = None
+    flight_dir: Optional[str] = None
+    cupti: Optional[bool] = None
+
+    @classmethod
+    def parse(cls, parse_budget: Optional[Callable[[Any], int]] = None, **options: Any) -> "CaptureOptions":
+        """Check ``options`` (as ``memviz.track(**options)`` takes them) and
+        work out their defaults; ``parse_budget`` reads flight_recorder=
+        (memviz.trace.flight.parse_budget: the trace floor's, above this one)."""
+        check_options(**options)
+        depth = options.get("depth")
+        precise = bool(options.get("precise", False))
+        torch = options.get("torch")
+        autograd = options.get("autograd")
+        graph = options.get("graph")
+        activity = options.get("activity")
+        if graph is None:
+            graph = autograd is True
+        autograd_requested = autograd is True or precise
+        if autograd is None:
+            autograd = torch is not False
+        if autograd and torch is False:
+            raise InvalidArgument("autograd=True needs the PyTorch integration; do not pass torch=False with it")
+        if graph and torch is False:
+            raise InvalidArgument("graph=True needs the PyTorch integration; do not pass torch=False with it")
+        budget = options.get("flight_recorder")
+        if budget is not None and parse_budget is not None:
+            budget = parse_budget(budget)
+        trace = options.get("trace")
+        flight_dir = options.get("flight_dir")
+        return cls(gpu=bool(options.get("gpu", True)), depth=DEFAULT_DEPTH if depth is None else depth,
+                   depth_given=depth is not None,
+                   activity=(not precise) if activity is None else bool(activity),
+                   frame_filter=options.get("frame_filter"),
+                   trace_path=rank_path(os.fspath(trace)) if trace is not None else None,
+                   precise=precise, torch=torch, autograd=bool(autograd),
+                   autograd_requested=autograd_requested, graph=bool(graph), flight_budget=budget,
+                   flight_dir=os.fspath(flight_dir) if flight_dir is not None else None,
+                   cupti=options.get("cupti"))
+
+    @property
+    def with_torch(self) -> bool:
+        """Whether the PyTorch integration is to be installed (torch=None: if torch is installed)."""
+        return bool(self.torch) or (self.torch is None and torch_installed())

@@ -6,11 +6,12 @@ is the latest, its window while nested, or its frozen copy once the store
 went on without it.
 
 :class:`StoreReading` is a mixin of :class:`memviz.Tracker`; it reads these
-attributes of it: ``_frozen``, ``_view``, ``started_ns``, ``_running``,
-``gpu_enabled``, ``frame_filter`` and, where present, ``torch`` (the PyTorch
-integration) and ``graph``.
+attributes of it: ``_frozen``, ``_view`` and ``_running`` (the tracker's
+window: its Run in the capture session, memviz/capture/session.py),
+``started_ns``, ``gpu_enabled``, ``frame_filter`` and, where present,
+``torch`` (the PyTorch integration) and ``graph``.
 
-Imports the bottom floor, the model, capture/store.py and capture/running.py only
+Imports the bottom floor, the model, capture/store.py and capture/session.py only
 (docs/architecture.md: the capture floor).
 """
 
@@ -23,7 +24,7 @@ from typing import Any, Dict, List, Optional
 import memviz._args as _args
 import memviz._core as _core
 from memviz._errors import NotTracking
-from memviz.capture.running import lock
+from memviz.capture.session import lock
 from memviz.capture.store import Frozen, NoGpuWindow, Store, Window
 from memviz.model.failures import FailedAllocation, failed_allocations
 from memviz.model.recording import TotalsReads, check_peak, size_note, thread_table

@@ -1,9 +1,9 @@
 """The tracemalloc-shaped functions of the running tracker:
 ``memviz.get_traced_memory()`` and ``memviz.reset_peak()``.
 
-They read :func:`memviz.capture.running.active_tracker` (duck-typed: its
+They read :func:`memviz.capture.session.active_tracker` (duck-typed: its
 ``totals()`` and ``reset_peak()``), under the trackers' state lock. Imports
-the bottom floor and capture/running.py only (docs/architecture.md: the
+the bottom floor and capture/session.py only (docs/architecture.md: the
 capture floor).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import memviz._args as _args
-from memviz.capture.running import active_tracker, lock as _state_lock
+from memviz.capture.session import active_tracker, lock as _state_lock
 
 __all__ = ["get_traced_memory", "reset_peak"]
 

@@ -13,7 +13,7 @@ every 0.5 s, so it survives a kill up to the last flush); read it later with
 ``memviz report run.memviz`` or ``memviz.load()``. Under a launcher
 (``torchrun ... -m memviz run -o run.memviz train.py``: RANK set) each rank
 writes its own, ``run.rank0.memviz``, ``run.rank1.memviz`` ... (``{rank}`` in
-the path says where the rank goes; memviz.capture.ranks.rank_path), and so
+the path says where the rank goes; memviz.capture.rank_files.rank_path), and so
 does ``--report-file``; ``memviz report run.rank*.memviz`` merges them.
 
 Where GPU capture is off (no GPU, no driver, no CUPTI; not with --no-gpu), a
@@ -48,7 +48,8 @@ from memviz._errors import CaptureConflict, CaptureUnavailable, MemvizError, Out
 from memviz._output_files import same_file, write_output
 from memviz._package import PACKAGE_DIR
 from memviz.capture import callsite as _callsite
-from memviz.capture.ranks import rank_glob, rank_of, rank_path
+from memviz.capture import session as _session
+from memviz.capture.rank_files import rank_glob, rank_of, rank_path
 from memviz.cli.common import EXIT_USAGE, parse, positive, say
 from memviz.cli.sample import SAMPLE_OPT_IN, show_sample
 from memviz.report.text import text_report
@@ -333,7 +334,7 @@ def _trace_note(tracker: Tracker, path: str, given: Optional[str] = None) -> boo
     what to do) when writing it stopped early."""
     from memviz._units import format_size
 
-    writer = next((p for p in tracker._plugins if getattr(p, "path", None) == path), None)
+    writer = next((p for p in tracker.subscribers if getattr(p, "path", None) == path), None)
     events = f"{writer.events_written:,} events, " if writer is not None else ""
     try:
         size = format_size(os.path.getsize(path))
@@ -353,8 +354,9 @@ def _trace_note(tracker: Tracker, path: str, given: Optional[str] = None) -> boo
 
 def _flight_dump(tracker: Tracker, exc: BaseException) -> None:
     """The flight recorder's dump when the script raised (before the traceback)."""
-    if tracker.running and tracker.flight_recorder is not None:
-        tracker.flight_recorder.dump_quietly(f"{type(exc).__name__} raised by the script")
+    if tracker.running:  # through the capture session, as every flight-recorder trigger
+        _session.current().failure(tracker, _session.Trigger(
+            _session.EXCEPTION, f"{type(exc).__name__} raised by the script"))
 
 
 def _start(opts: argparse.Namespace) -> Tracker:

@@ -137,7 +137,7 @@ class StepCallbackCore:
         self._orphan: Optional[weakref.finalize] = None
 
     def begin(self) -> None:
-        from memviz.capture.running import active_tracker
+        from memviz.capture.session import active_tracker
         from memviz.tracker import start
 
         if self._own and self.tracker is not None and self.tracker.running:
@@ -161,22 +161,21 @@ class StepCallbackCore:
             self.tracker, self._own = None, False
 
     def current(self):
-        from memviz.capture.running import active_tracker
+        from memviz.capture.session import active_tracker
 
         t = self.tracker if self.tracker is not None else active_tracker()
         return t if t is not None and t.running else None
 
     def step(self, **info: Any):
-        from memviz.analysis.sinks import _emit
-        from memviz.analysis.steps import _record
+        from memviz.analysis.steps import _record, send_step
 
         t = self.current()
         if t is None:
             return None
-        rec, sinks = _record(t, {k: v for k, v in info.items() if v is not None})
+        rec = _record(t, {k: v for k, v in info.items() if v is not None})
         if self.metrics:
             self.pending.append(rec)
-        _emit(sinks + self.sinks, rec)  # a step file's write error after every sink had it
+        send_step(t, rec, self.sinks)  # a step file's write error after every sink had it
         return rec
 
     def take_metrics(self, seps: Iterable[str] = ("/",)) -> Dict[str, Dict[str, float]]:
@@ -189,7 +188,7 @@ class StepCallbackCore:
 
     def end(self) -> None:
         from memviz.analysis.diagnose import diagnose
-        from memviz.capture.running import active_tracker
+        from memviz.capture.session import active_tracker
 
         t = self.tracker if self.tracker is not None else active_tracker()
         try:

@@ -6,7 +6,7 @@ own ``memory_stats``). The trace writer stores them in the END chunk under
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict
+from typing import Any, Dict, Mapping, Optional
 
 #: the END chunk's field with the recording tracker's PyTorch figures
 END_KEY = "pytorch_peak"
@@ -97,15 +97,36 @@ def _pytorch_figures(tracker: Any) -> Dict[str, Dict[str, Any]]:
     return {d: e for d, e in out.items() if e}
 
 
+#: the variables PyTorch reads its allocator settings from, in the order it joins them
+ALLOC_CONF_NAMES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+def alloc_conf(environ: Optional[Mapping[str, str]] = None) -> str:
+    """PyTorch's allocator settings as this process's environment gives them
+    (PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF, joined as PyTorch reads
+    them): the one place memviz reads those variables (the capture session
+    asks it whether PyTorch runs on the driver's pool, memviz.torch.rules for
+    the block rules, this module for a trace's record)."""
+    import os
+    environ = os.environ if environ is None else environ
+    return ",".join(v for v in (environ.get(n) for n in ALLOC_CONF_NAMES) if v)
+
+
+def conf_backend(conf: str) -> Optional[str]:
+    """The ``backend:`` an allocator settings string chooses, or None."""
+    for part in conf.split(","):
+        key, _, value = part.partition(":")
+        if key.strip() == "backend" and value.strip():
+            return value.strip()
+    return None
+
+
 def _allocator_config(dev: int) -> Dict[str, Any]:
     """What the allocator ran with on ``dev`` (memviz whatif replays it):
     ``alloc_conf`` (PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF, as PyTorch
     read them when CUDA started) and the card's ``total_memory``."""
-    import os
     torch = sys.modules.get("torch")
-    conf = ",".join(v for v in (os.environ.get("PYTORCH_ALLOC_CONF"),
-                                os.environ.get("PYTORCH_CUDA_ALLOC_CONF")) if v)
-    out: Dict[str, Any] = {"alloc_conf": conf}
+    out: Dict[str, Any] = {"alloc_conf": alloc_conf()}
     try:
         out["total_memory"] = int(torch.cuda.get_device_properties(dev).total_memory)
     except Exception:  # noqa: BLE001 - a figure for later reports

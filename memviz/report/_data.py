@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from memviz.capture.hints import sources_line
+from memviz.capture.availability import sources_line
 from memviz.model.lines import location
 from memviz.model.statistics import _SIMPLE_KEYS
 from memviz.model.traceback import innermost_first

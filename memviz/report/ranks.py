@@ -2,7 +2,7 @@
 
 ``memviz report run.rank*.memviz`` reads every rank's trace (each written by
 ``memviz run -o`` or ``track(trace=...)`` under a launcher, see
-memviz/capture/ranks.py) and :func:`rank_report` puts them together:
+memviz/capture/rank_files.py) and :func:`rank_report` puts them together:
 
 * a table of the ranks: host, device, peak (the largest device peak, as
   ``peak_bytes()`` gives it), when the peak was reached (seconds after the

@@ -353,9 +353,9 @@ def flight_sentences(obj: Any) -> List[str]:
 def rank_fields(obj: Any) -> Dict[str, Any]:
     """``{"rank", "local_rank", "world_size", "host"}`` of a recording: a
     loaded trace's from its file, a live Tracker's from this process's
-    launcher (memviz.capture.ranks); None where not known."""
+    launcher (memviz.capture.rank_files); None where not known."""
     if getattr(obj, "is_live", False) is True:
-        from memviz.capture.ranks import rank_info, rank_of
+        from memviz.capture.rank_files import rank_info, rank_of
         return dict(rank_info(), rank=rank_of())
     return {k: getattr(obj, k, None) for k in ("rank", "local_rank", "world_size", "host")}
 
@@ -453,9 +453,9 @@ def trace_losses(recording: Any) -> Optional[Dict[str, Any]]:
                 "freed": getattr(recording, "gap_freed", 0), "added": getattr(recording, "gap_added", 0)}
     from memviz.trace.writer import TraceWriter
 
-    for plugin in getattr(recording, "_plugins", ()):
-        if isinstance(plugin, TraceWriter) and plugin.dropped:
-            return {"lost": plugin.dropped, "capacity": plugin.capacity, "live": True,
+    for sub in getattr(recording, "subscribers", ()):  # a live tracker's: the capture session's
+        if isinstance(sub, TraceWriter) and sub.dropped:
+            return {"lost": sub.dropped, "capacity": sub.capacity, "live": True,
                     "reconciled": True, "freed": 0, "added": 0}
     return None
 

@@ -24,7 +24,7 @@ from memviz._args import given
 from memviz._errors import InvalidArgument
 from memviz._units import escape_controls, format_size
 from memviz.capture.device import process_device_memory
-from memviz.capture.hints import sources_line
+from memviz.capture.availability import sources_line
 from memviz.model.lines import line_frame, location as _written
 from memviz.report.summary import (STEP_SERIES, before_tracking, device_name as _device_name, finding_records,
                                    flight_sentences, recorded_source, sample_of, sample_sentence, sample_title,
@@ -440,7 +440,7 @@ def summary(recording: Any = None, top: int = 10) -> str:
     Raises :class:`~memviz.NotTracking` when None is given and no tracker
     runs (pass the tracker: ``memviz.summary(t)``)."""
     from memviz._errors import NotTracking
-    from memviz.capture.running import active_tracker
+    from memviz.capture.session import active_tracker
 
     if recording is None:
         recording = active_tracker()

@@ -27,7 +27,7 @@ import sys
 import warnings
 from typing import Optional
 
-from memviz.capture.hints import CaptureWarning
+from memviz.capture.availability import CaptureWarning
 
 __all__ = ["graph_trees_exist", "warn_if_trees_exist", "TREES_BEFORE"]
 

@@ -1,6 +1,6 @@
-"""The PyTorch integration, put together: TorchIntegration is the tracker's
-plugin that installs memviz into PyTorch when tracking starts and removes
-it when it stops (nothing is left on the user's graph, modules or
+"""The PyTorch integration, put together: TorchIntegration subscribes to the
+capture session for a tracker (memviz/capture/session.py), installs memviz
+into PyTorch when tracking starts and removes it when it stops (nothing is left on the user's graph, modules or
 optimizers). It composes the parts of memviz.torch: the probes of
 PyTorch's build (probe), the node labels, backward gate and saved tensors
 of graphs (hooks), categories (categories), the allocator route
@@ -8,8 +8,8 @@ of graphs (hooks), categories (categories), the allocator route
 hook for a torch imported later (import_hook); here are only their wiring,
 the allocator route's choice and the patch of PyTorch's backward entry.
 
-May import: memviz._core, memviz.model and memviz.torch's other modules
-(floors: docs/architecture.md); torch only inside functions.
+May import: memviz._core, memviz.model, memviz.capture and memviz.torch's
+other modules (floors: docs/architecture.md); torch only inside functions.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import weakref
 from typing import Optional
 
 import memviz._core as _core
+from memviz.capture.session import OOM, CaptureEvents, Trigger
 from memviz.torch import allocator as _alloc, precise as _precise
 from memviz.torch.categories import Categories
 from memviz.torch.compiled import warn_if_trees_exist
@@ -28,31 +29,33 @@ from memviz.torch.import_hook import PostImport
 from memviz.torch import before as _before, rules as _rules
 from memviz.torch.probe import attach_node_numbers, attach_nodes
 
-__all__ = ["attach", "TorchIntegration"]
+__all__ = ["TorchIntegration"]
 
 
-def attach(tracker) -> "TorchIntegration":
-    """Add the integration to ``tracker``'s plugins (precise mode acts now)."""
-    integ = TorchIntegration(tracker)
-    tracker._plugins.insert(0, integ)
-    tracker.torch = integ
-    return integ
+class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
+    """memviz's subscriber for PyTorch (one per tracker): installs at start
+    (or when torch is imported), removes everything at stop.
 
+    Autograd labels and graph recording are installed once per process
+    (PyTorch has one node-counter hook and one saved-tensor hook stack), so a
+    nested tracker's integration uses the ones a running tracker's installed,
+    and installs them itself only where none did; they end when the tracker
+    that installed them stops. Precise mode's wrappers and the allocator
+    route belong to the tracker that started the capture."""
 
-class TorchIntegration(AutogradLabels, Categories):
-    """memviz's plugin for PyTorch (one per tracker): installs at start (or
-    when torch is imported), removes everything at stop."""
-
-    def __init__(self, tracker) -> None:
+    def __init__(self, tracker, session) -> None:
+        self._session = session
         self.autograd = tracker.autograd
         self._hooks_allowed = getattr(tracker, "autograd_requested", True)
         self.record_graph = tracker.record_graph
         self.graph = GraphRecorder(on_unpack=self._on_unpack, frame_filter=tracker.frame_filter)
-        if self.record_graph:
-            tracker.graph = self.graph
+        #: the graph recorder the tracker reads (``tracker.graph``): this one's,
+        #: or the running tracker's it shares; None where none records
+        self.graph_kept: Optional[GraphRecorder] = self.graph if self.record_graph else None
         self._init_labels()
         self._init_categories()
-        self._precise = tracker.precise
+        #: precise mode's wrappers are the capture's first tracker's
+        self._wraps_precise = tracker.precise and tracker.outer is None
         self._wrapped = False
         #: How precise mode captures PyTorch's allocations (None outside it).
         self.precise_capture: Optional[str] = None
@@ -61,6 +64,8 @@ class TorchIntegration(AutogradLabels, Categories):
         self._patched = []
         self._active = False
         self.oom_report = None
+        #: why the out-of-memory report could not be made (None: it was, or none was asked)
+        self.oom_error: Optional[str] = None
         #: how PyTorch's memory is seen (memviz.torch.allocator.Route)
         self.route: Optional[_alloc.Route] = None
         #: what PyTorch held when this tracker attached the route (memviz.torch.before.seed)
@@ -74,6 +79,23 @@ class TorchIntegration(AutogradLabels, Categories):
         self.segments_route: Optional[str] = None
         self.segments_reason: Optional[str] = None
         self._segments_wrapped = False
+        if tracker.outer is not None:
+            self._share_with_running()
+
+    def _share_with_running(self) -> None:
+        """A nested tracker's integration: the running trackers' allocator
+        route, autograd labels and graph recorder (see the class docstring)."""
+        providers = [p for p in self._session.running_subscribers(TorchIntegration) if p._active]
+        route_owner = next((p for p in providers if p.route is not None), None)
+        if route_owner is not None:
+            self.route_from = route_owner  # one vtable swap per process: the allocator route too
+        if self.autograd and any(p.autograd for p in providers):
+            self.autograd = False  # the capture already carries the labels
+        if self.record_graph:
+            owner = next((p for p in providers if p.record_graph), None)
+            if owner is not None:
+                self.record_graph = False
+                self.graph_kept = owner.graph
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -92,7 +114,7 @@ class TorchIntegration(AutogradLabels, Categories):
         import torch
 
         self._current_node = torch._C._current_autograd_node
-        if self._precise and _precise.active():
+        if self._wraps_precise and _precise.active():
             self.precise_capture = _precise.attach_wrappers()
             self._wrapped = self.precise_capture.startswith("wrappers")
         self._choose_route(torch)
@@ -274,8 +296,8 @@ class TorchIntegration(AutogradLabels, Categories):
         so when a profiler that traces CUDA is about to start (PyTorch's
         _prepare_profiler/_enable_profiler, which every torch.profiler,
         Lightning and Hugging Face profiler goes through), memviz gives
-        CUPTI up and goes on through PyTorch's allocator (the tracker's
-        _release_cupti), and the profiler works. Undone at stop."""
+        CUPTI up and goes on through PyTorch's allocator (the capture
+        session's release_cupti), and the profiler works. Undone at stop."""
         try:
             import torch.autograd.profiler as prof
         except Exception:  # noqa: BLE001 - a torch without the profiler
@@ -306,9 +328,9 @@ class TorchIntegration(AutogradLabels, Categories):
             cuda = True
         if not cuda or not _core.cupti_held():
             return
-        tracker = self._tracker()
-        if tracker is not None:
-            tracker._release_cupti(f"torch.profiler started at {_user_line()} and needs CUPTI, which memviz held")
+        owner = self.route_from or self  # the integration of the tracker that owns the capture
+        self._session.release_cupti(f"torch.profiler started at {_user_line()} and needs CUPTI, which memviz held",
+                                    before=owner.wrap_segments)
 
     def _patch_backward(self, torch) -> None:
         """Wrap PyTorch's entry to the autograd engine: count the backward
@@ -353,12 +375,10 @@ class TorchIntegration(AutogradLabels, Categories):
                 self.oom_report = capture_oom(tracker, self, device, alloc, device_total, device_free)
             except Exception as e:  # noqa: BLE001 - never change the user's exception
                 self.oom_report = None
-                tracker._oom_error = repr(e)
-            # The flight recorder writes its dump here, on the failing thread,
+                self.oom_error = repr(e)
+            # The flight recorder writes its dump then, on the failing thread,
             # before PyTorch raises OutOfMemoryError to the program.
-            recorder = getattr(tracker, "flight_recorder", None)
-            if recorder is not None:
-                recorder.on_failure(tracker, f"PyTorch out of memory on cuda:{device}")
+            self._session.failure(tracker, Trigger(OOM, f"PyTorch out of memory on cuda:{device}"))
 
 
 def _user_line() -> str:

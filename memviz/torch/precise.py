@@ -15,11 +15,12 @@ from typing import Any, Optional
 
 import memviz._core as _core
 from memviz._errors import MemvizError
+from memviz.capture.session import PRECISE_BACKEND, allocator_backend
+from memviz.model.pytorch import ALLOC_CONF_NAMES
 
 __all__ = ["PreciseModeTooLate", "enable", "merged_conf", "active", "attach_wrappers", "detach_wrappers"]
 
-BACKEND = "cudaMallocAsync"
-_ENV_NAMES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+BACKEND = PRECISE_BACKEND
 
 
 class PreciseModeTooLate(MemvizError):
@@ -43,21 +44,16 @@ def merged_conf(conf: str) -> str:
 
 
 def _env_name() -> str:
-    for name in _ENV_NAMES:
+    for name in ALLOC_CONF_NAMES:
         if os.environ.get(name):
             return name
     return "PYTORCH_CUDA_ALLOC_CONF"
 
 
 def active() -> bool:
-    """Whether PyTorch (imported) uses the stream-ordered allocator."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    try:
-        return torch.cuda.get_allocator_backend() == BACKEND
-    except Exception:  # noqa: BLE001 - CPU-only builds
-        return False
+    """Whether PyTorch (imported) uses the stream-ordered allocator (asked
+    through the capture session, which reads precise mode for everyone)."""
+    return "torch" in sys.modules and allocator_backend() == BACKEND
 
 
 def enable() -> str:

@@ -13,10 +13,10 @@ With the GIL, at attach; never on the capture path.
 
 from __future__ import annotations
 
-import os
 from typing import Dict, List, Optional, Tuple
 
 import memviz._core as _core
+from memviz.model.pytorch import alloc_conf
 
 __all__ = ["Settings", "parse", "from_environment", "apply"]
 
@@ -110,9 +110,10 @@ def parse(conf: str) -> Settings:
     return s
 
 
-def from_environment(environ=os.environ) -> Settings:
-    return parse(",".join(v for v in (environ.get("PYTORCH_ALLOC_CONF"),
-                                      environ.get("PYTORCH_CUDA_ALLOC_CONF")) if v))
+def from_environment(environ=None) -> Settings:
+    """The settings PyTorch reads from its environment variables
+    (memviz.model.pytorch.alloc_conf: where memviz reads them)."""
+    return parse(alloc_conf(environ))
 
 
 def apply(settings: Settings) -> None:

@@ -142,7 +142,7 @@ _CAPTURE = {"available": _OPT_BOOL, "gpu_present": _OPT_BOOL, "gpu_enabled": _OP
             "gpu_off_reason": _OPT_STR, "activity_error": _OPT_STR, "error": _OPT_STR,
             "version": ((_I64_LO, _U64), None), "cuda_major": ((_I64_LO, _U64), None),
             "depth": ((0, _U64), None), "tried": list, "store": dict}
-#: META's 'ranks' (memviz.capture.ranks.rank_meta): None where not known
+#: META's 'ranks' (memviz.capture.rank_files.rank_meta): None where not known
 _RANKS = {"rank": _OPT_U64, "local_rank": _OPT_U64, "world_size": _OPT_U64, "host": _OPT_STR,
           "run_id": _OPT_STR, "cuda_visible_devices": _OPT_STR, "cuda_device": _OPT_U64}
 #: END (totals, outside and stats are checked on their own)

@@ -21,6 +21,12 @@ which is a normal .memviz file (``memviz report``, ``memviz.load``):
   (``_SIGNAL_DUMP_GAP_S``), a request inside the gap written when it ends;
 * on ``tracker.dump(path)``.
 
+Every trigger goes through the capture session (memviz/capture/session.py,
+``failure``, with a ``Trigger`` saying which): the PyTorch integration's
+out-of-memory observer, the tracker's ``__exit__`` and ``dump()``, ``memviz
+run``, and the recorder's own thread for a failed driver call and SIGUSR1;
+the recorder hears them as a subscriber (``on_failure``).
+
 A dump that cannot be written says so on stderr at most once a minute
 (``_WARN_GAP_S``, with the count of the failures not said), and never
 raises into the program. Hidden temporary files that dumps of killed
@@ -53,7 +59,8 @@ from memviz._errors import InvalidArgument, TraceError
 from memviz._interrupts import deferred_interrupt
 from memviz._output_files import output_file, remove_stale_temps
 from memviz._units import format_size, parse_size
-from memviz.capture.ranks import timestamped_name
+from memviz.capture import session as _session
+from memviz.capture.rank_files import timestamped_name
 from memviz.trace.format import END, EVENT_LEVEL, META, chunk, header, json_bytes
 from memviz.trace.writer import _meta, _NewTables, _outside, _pytorch_peak, frame_settings
 
@@ -151,8 +158,8 @@ def _say(text: str) -> None:
         pass
 
 
-class FlightRecorder:
-    """The recorder of one tracker (a Tracker plugin; see the module doc)."""
+class FlightRecorder(_session.CaptureEvents):
+    """The recorder of one tracker (a subscriber to the capture session; see the module doc)."""
 
     def __init__(self, tracker: Any, budget: int, folder: Optional[str] = None) -> None:
         self.tracker = tracker
@@ -188,7 +195,7 @@ class FlightRecorder:
         self._chunk_budget = (self.budget - capacity * _RAW_EVENT - _TAKE_BUFFER
                               if _TEST_CHUNK_BUDGET is None else _TEST_CHUNK_BUDGET)
 
-    # -- plugin hooks
+    # -- the capture session's events
 
     def on_start(self, tracker: Any) -> None:
         if _core.trace_writer_stats()["running"]:
@@ -307,7 +314,20 @@ class FlightRecorder:
              f"`python -m memviz report {path}`")
         return path
 
-    def on_failure(self, tracker: Any, reason: str) -> None:
+    def on_failure(self, tracker: Any, trigger: "_session.Trigger") -> Optional[str]:
+        """A trigger, through the capture session: a dump asked for
+        (REQUEST: written now, errors raised), an allocation failed where
+        PyTorch raises (OOM: see _hold_for_failure), or another (an
+        exception, SIGUSR1, a failed driver call: written now, never raising).
+        Returns the file written (None for OOM: the recorder's thread writes it)."""
+        if trigger.kind == _session.REQUEST:
+            return self.dump(trigger.path, reason=trigger.reason)
+        if trigger.kind == _session.OOM:
+            self._hold_for_failure(trigger.reason)
+            return None
+        return self.dump_quietly(trigger.reason)
+
+    def _hold_for_failure(self, reason: str) -> None:
         """An allocation failed where PyTorch raises. The failing thread
         freezes the dump (the names so far, the END record of this moment,
         and a reference to every chunk the recorder keeps: milliseconds,
@@ -538,7 +558,8 @@ class FlightRecorder:
                             and (not self._failure_dumps or now - self._last_failure_dump >= _FAILURE_DUMP_GAP_S)):
                         self._failure_dumps += 1
                         self._last_failure_dump = now
-                        self.dump_quietly("a driver allocation call failed")
+                        _session.current().failure(self.tracker, _session.Trigger(
+                            _session.DRIVER, "a driver allocation call failed"))
             except Exception as e:  # noqa: BLE001 - never kill the program
                 self.error = f"{type(e).__name__}: {e}"
                 return
@@ -557,7 +578,7 @@ class FlightRecorder:
         self._deferral_said = False
         try:
             if self._running:
-                self.dump_quietly("SIGUSR1")
+                _session.current().failure(self.tracker, _session.Trigger(_session.SIGNAL, "SIGUSR1"))
         finally:
             self._next_signal_dump = time.monotonic() + _SIGNAL_DUMP_GAP_S
 

@@ -24,7 +24,7 @@ META        1  JSON object, always the first chunk: format, memviz and
                command line, the tracker's settings and capture_info(),
                the process's place in a distributed run ("ranks": rank,
                local_rank, world_size, host, run_id, cuda_device,
-               cuda_visible_devices; memviz/capture/ranks.py)
+               cuda_visible_devices; memviz/capture/rank_files.py)
 STRINGS     2  JSON list of str, appended to the string table (filenames,
                function names); ids count from 0 across the whole file
 FRAMES      3  JSON list of [filename string id, lineno, name string id],

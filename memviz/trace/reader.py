@@ -615,7 +615,7 @@ class TraceReader(TraceFile, TotalsReads):
                     activity_enabled=self.activity_enabled, activity_error=self.activity_error,
                     depth=self.depth, store=stats if isinstance(stats, dict) else None)
         sources = (self.end or {}).get("sources")
-        if isinstance(sources, dict):  # how each source was captured (memviz.capture.hints.capture_sources)
+        if isinstance(sources, dict):  # how each source was captured (memviz.capture.availability.capture_sources)
             info["sources"] = sources
         return info
 

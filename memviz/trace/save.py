@@ -17,7 +17,7 @@ import memviz._core as _core
 from memviz._errors import OutputError, TraceError
 from memviz._output_files import own_files, refuse_inputs, write_output
 from memviz.capture import callsite as _callsite
-from memviz.capture.ranks import rank_path
+from memviz.capture.rank_files import rank_path
 from memviz.trace.format import (END, EVENT, EVENT_LEVEL, EVENTS, FLAG_SYNTHETIC, META, OP_FAILED, OP_FREE,
                                  OP_TIME, STEPS, THREADS, TIMELINE, chunk, events_payload, header, json_bytes,
                                  pack_event, step_dict)
@@ -43,7 +43,7 @@ def save(tracker: Any, path: str) -> str:
     old file as it was. Raises TraceError saying why and what to do.
 
     Under a launcher (RANK set) each rank writes its own file, named as
-    ``track(trace=...)`` names it (memviz.capture.ranks.rank_path);
+    ``track(trace=...)`` names it (memviz.capture.rank_files.rank_path);
     returns the path written.
     """
     path = rank_path(_args.path(path, "Tracker.save(path)"))

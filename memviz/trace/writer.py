@@ -17,7 +17,8 @@ import memviz._core as _core
 from memviz._errors import TraceError
 from memviz._interrupts import deferred_interrupt
 from memviz.capture import callsite as _callsite
-from memviz.capture.ranks import rank_meta
+from memviz.capture.rank_files import rank_meta
+from memviz.capture.session import CaptureEvents
 from memviz.model.frame_filter import warning_site
 from memviz.trace.format import (CALLS, DEFAULT_CAPACITY, DEFAULT_INTERVAL, END, EV, EVENT, EVENT_LEVEL, EVENTS,
                                  FLAG_SYNTHETIC, FORMAT_VERSION, FRAMES, LABELS, LIVE, META, OP_ALLOC, OP_GAP,
@@ -48,7 +49,7 @@ def _meta(tracker: Any, mode: str) -> Dict[str, Any]:
             "frames": frame_settings(tracker),
         },
         "capture": capture,
-        "ranks": rank_meta(),  # rank, world size, host, CUDA device (memviz/capture/ranks.py)
+        "ranks": rank_meta(),  # rank, world size, host, CUDA device (memviz/capture/rank_files.py)
     }
 
 
@@ -231,8 +232,9 @@ def lost_events_advice(dropped: int, capacity: int) -> str:
             f"{_core.RAW_EVENT_SIZE} bytes an event) before tracking starts.")
 
 
-class TraceWriter:
-    """Streams a tracker's events into a trace file (a Tracker plugin).
+class TraceWriter(CaptureEvents):
+    """Streams a tracker's events into a trace file (a subscriber to the
+    capture session for that tracker).
 
     ``Tracker(trace=path)`` creates one. :meth:`on_start` writes the header and
     starts a daemon thread that drains the C core's event ring every
@@ -280,7 +282,7 @@ class TraceWriter:
             return _core.trace_writer_stats()["dropped"]
         return self._dropped
 
-    # -- plugin hooks
+    # -- the capture session's events
 
     def on_start(self, tracker: Any) -> None:
         """Open the file, write the header and start draining (raises TraceError

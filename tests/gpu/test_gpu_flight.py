@@ -32,7 +32,7 @@ def test_a_streamed_trace_on_the_allocator_route_holds_every_block(tmp_path):
         path = {str(tmp_path / "run.memviz")!r}
         start_live = torch.cuda.memory_allocated()  # parameters and optimizer state: before the trace
         with memviz.track(trace=path) as t:
-            native = next(p for p in t._plugins if isinstance(p, W.TraceWriter)).native
+            native = next(p for p in t.subscribers if isinstance(p, W.TraceWriter)).native
             for _ in range(40):
                 train_step()
             torch.cuda.synchronize()

@@ -87,7 +87,7 @@ def test_keyboard_interrupt_inside_stop_leaves_nothing_running(fake, tmp_path, m
     sigusr1 = signal.getsignal(signal.SIGUSR1)
     t = memviz.track(torch=False, **opts).start()
     fake.alloc(CBID_cuMemAlloc_v2, MiB)
-    plugin = t._plugins[-1]
+    plugin = t.subscribers[-1]
     with monkeypatch.context() as m:
         if "joining" in where:
             m.setattr(plugin, "_thread", _JoinInterrupted(plugin._thread))
@@ -103,7 +103,7 @@ def test_keyboard_interrupt_inside_stop_leaves_nothing_running(fake, tmp_path, m
                 real()
             m.setattr(plugin, "_restore_signal", restore)
         else:
-            m.setattr(memviz.tracker._threads, "note_running_threads",
+            m.setattr(memviz.capture.threads, "note_running_threads",
                       lambda: (_ for _ in ()).throw(KeyboardInterrupt))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", F.TraceWarning)  # a file cut short says so

@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch", reason="the PyTorch integration needs torch
 
 import stand_in_allocator as sa  # noqa: E402
 from memviz import _core  # noqa: E402
-from memviz.capture import hints  # noqa: E402
+from memviz.capture import availability as hints  # noqa: E402
 from memviz.report.text import text_report  # noqa: E402
 from memviz.torch import allocator as route_mod  # noqa: E402
 

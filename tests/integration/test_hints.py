@@ -21,7 +21,7 @@ import pytest
 import memviz
 from memviz.capture import cupti as _capture
 from memviz import tracker as _tracker
-from memviz.capture import hints as _hints, labels as _labels
+from memviz.capture import availability as _hints, labels as _labels
 from conftest import here
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """Distributed runs on CPU: one trace per rank and the merged report
-(memviz/capture/ranks.py, memviz/report/ranks.py, memviz/cli/report_ranks.py).
+(memviz/capture/rank_files.py, memviz/report/ranks.py, memviz/cli/report_ranks.py).
 
 The end-to-end tests run ``python -m torch.distributed.run --nproc-per-node 2``
 with the gloo backend; each rank's "GPU" allocations come from the libcupti
@@ -23,7 +23,7 @@ from conftest import line_of
 from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
 from memviz._units import format_size
 from memviz.capture import cupti as _capture
-from memviz.capture.ranks import rank_glob, rank_meta, rank_path
+from memviz.capture.rank_files import rank_glob, rank_meta, rank_path
 from memviz.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -142,7 +142,7 @@ def test_steps_are_stored(fake, tmp_path):
     with memviz.track(trace=str(path), torch=False) as t:
         fake.alloc(CBID_cuMemAlloc_v2, MiB)
         t.steps.append({"index": 0, "note": "a plain dict"})
-        t.writer = next(p for p in t._plugins if isinstance(p, TraceWriter))
+        t.writer = next(p for p in t.subscribers if isinstance(p, TraceWriter))
         t.writer.flush()
         t.steps.append(object())  # unknown: stored by its attributes / repr
     loaded = memviz.load(path)
@@ -200,7 +200,7 @@ def test_writer_failure_never_reaches_the_program(fake, tmp_path, monkeypatch):
     with pytest.warns(F.TraceWarning, match="RuntimeError: disk on fire"):
         with memviz.track(trace=str(path), torch=False) as t:
             fake.alloc(CBID_cuMemAlloc_v2, MiB)
-            writer = next(p for p in t._plugins if isinstance(p, TraceWriter))
+            writer = next(p for p in t.subscribers if isinstance(p, TraceWriter))
             writer.flush()
 
             def boom():
@@ -237,7 +237,7 @@ def good_trace(fake, tmp_path):
     with memviz.track(trace=str(path), torch=False) as t:
         for k in range(3):
             fake.alloc(CBID_cuMemAlloc_v2, (k + 1) * MiB)
-            next(p for p in t._plugins if isinstance(p, TraceWriter)).flush()
+            next(p for p in t.subscribers if isinstance(p, TraceWriter)).flush()
         fake.alloc(CBID_cuMemAlloc_v2, 1 << 40, result=CUDA_ERROR_OUT_OF_MEMORY)
     return path.read_bytes()
 

@@ -688,7 +688,9 @@ def test_a_plugin_that_fails_to_start_leaves_nothing_running(fake, monkeypatch):
 
     from memviz import tracker as _tracker
 
-    class Boom:
+    from memviz.capture.session import CaptureEvents
+
+    class Boom(CaptureEvents):
         stopped = False
 
         def on_start(self, tracker):
@@ -697,13 +699,13 @@ def test_a_plugin_that_fails_to_start_leaves_nothing_running(fake, monkeypatch):
         def on_stop(self, tracker):
             Boom.stopped = True
 
-    original = _tracker.Tracker._start_plugins
+    original = _tracker.Tracker._attach
 
-    def start_plugins(self):
-        self._plugins.append(Boom())  # starts after the integration, which goes first
-        original(self)
+    def attach(self, session):
+        original(self, session)
+        session.subscribe(self, Boom())  # starts after the integration, which goes first
 
-    monkeypatch.setattr(_tracker.Tracker, "_start_plugins", start_plugins)
+    monkeypatch.setattr(_tracker.Tracker, "_attach", attach)
     has_torch = importlib.util.find_spec("torch") is not None
     t = memviz.track(autograd=True) if has_torch else memviz.track()
     with pytest.raises(RuntimeError, match="plugin failed"):
@@ -711,7 +713,7 @@ def test_a_plugin_that_fails_to_start_leaves_nothing_running(fake, monkeypatch):
     assert memviz.active_tracker() is None and not fake.is_subscribed()
     assert not Boom.stopped  # it never started
     if has_torch:
-        assert t.torch in t._started_plugins and not t.graph.running
+        assert t.torch in _tracker._session.started(t) and not t.graph.running
 
 
 # ---- named records (the C core's rows) ----------------------------------------

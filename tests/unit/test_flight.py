@@ -16,6 +16,7 @@ import pytest
 import memviz
 import memviz.trace.flight as flight
 from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
+from memviz.capture.session import OOM, Trigger
 from memviz.trace import format as F
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -295,7 +296,7 @@ def test_an_out_of_memory_dump_is_frozen_at_the_failure_and_written_off_the_fail
         memviz._core.trace_writer_flush()
         truth = live_set(t.snapshot())
         with fr._lock:  # the recorder's thread cannot write the dump until this block ends
-            fr.on_failure(t, "a planted out-of-memory error")  # its time: benchmarks/bench_bounds.py (flight)
+            fr.on_failure(t, Trigger(OOM, "a planted out-of-memory error"))  # its time: benchmarks/bench_bounds.py (flight)
             assert fr.dumps == [] and len(fr._jobs) == 1
             target = fr._jobs[0].target
             assert not os.path.exists(target)  # not written yet: the failing thread did not wait
@@ -331,7 +332,7 @@ def test_the_recorder_stop_writes_a_frozen_dump_still_waiting(fake, tmp_path, mo
         fr = t.flight_recorder
         x = fake.alloc(CBID_cuMemAlloc_v2, 5 * MiB)
         with fr._lock:
-            fr.on_failure(t, "the last error")
+            fr.on_failure(t, Trigger(OOM, "the last error"))
             [job] = fr._jobs
         fake.free(CBID_cuMemFree_v2, x)
     assert fr.dumps == [job.target] and job.done.is_set()

@@ -38,7 +38,7 @@ def workload(fake):
 def record(fake, path, writer, monkeypatch):
     monkeypatch.setenv("MEMVIZ_TRACE_WRITER", writer)
     with memviz.track(trace=str(path), torch=False) as t:
-        w = next(p for p in t._plugins if isinstance(p, TraceWriter))
+        w = next(p for p in t.subscribers if isinstance(p, TraceWriter))
         assert w.native == (writer == "native")
         with memviz.label("phase"):
             workload(fake)
@@ -75,7 +75,7 @@ def test_python_does_no_per_event_work(fake, tmp_path, monkeypatch):
     path = tmp_path / "n.memviz"
     with memviz.track(trace=str(path), torch=False) as t:
         fake.alloc_free_loop(20000)
-        w = next(p for p in t._plugins if isinstance(p, TraceWriter))
+        w = next(p for p in t.subscribers if isinstance(p, TraceWriter))
         w.flush()
     assert w.error is None and memviz.load(path).event_count >= 40000
 

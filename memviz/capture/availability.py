@@ -1,12 +1,13 @@
 """Whether GPU capture can run in this process, and what to tell the user
-when it cannot: :class:`CaptureWarning`, the fork()ed-child rule, starting
-the C core's CUPTI subscription (:func:`subscribe`) and the hint for a failed
-CUPTI call, :func:`available`, and what ``capture_info()`` says of the
-library and of PyTorch's route.
+when it cannot: :class:`CaptureWarning`, the fork()ed-child rule, the hint
+for a failed CUPTI call, :func:`available`, and what ``capture_info()``
+says of the library, of PyTorch's route and of each capture source. (The
+CUPTI subscription itself is the capture session's: capture/session.py.)
 
 Owns the fork flags (``_forked_after_cupti``, ``_warned_fork``) and the
-"GPU capture is off" warning flag; the tracker calls :func:`after_fork` from
-its own at-fork handler, so the order of the two is fixed.
+"GPU capture is off" warning flag; the capture session calls
+:func:`after_fork` from its own at-fork handler, so the order of the two is
+fixed.
 
 Imports the bottom floor, the model and capture/cupti.py only
 (docs/architecture.md: the capture floor).
@@ -17,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, Optional
 
 import memviz._core as _core
 from memviz._errors import CaptureConflict, CaptureUnavailable
@@ -26,7 +27,7 @@ from memviz.capture import cupti as _capture
 from memviz.model.frame_filter import warning_site
 
 __all__ = ["CaptureWarning", "FORK_ADVICE", "fork_reason", "after_fork", "warn_forked", "warn_gpu_off",
-           "subscribe", "Started", "conflict_reason", "warn_without_cupti", "warn_cupti_released", "capture_sources",
+           "conflict_reason", "warn_without_cupti", "warn_cupti_released", "capture_sources",
            "sources_line", "hint_for", "silence_hint", "available", "library_info", "pytorch_route"]
 
 
@@ -115,34 +116,6 @@ def silence_hint(entry: Optional[str]) -> str:
     if where == "cli/run.py":
         return "pass --no-gpu to memviz run to silence this warning"
     return "pass gpu=False (`memviz.track(gpu=False)`) to silence this warning"
-
-
-class Started(NamedTuple):
-    """What :func:`subscribe` got: activity records on (and why not), and the
-    other subscriber CUPTI is shared with (its multi-subscriber mode), if any."""
-    activity: bool
-    activity_error: Optional[str]
-    shared_with: Optional[str]
-
-
-def subscribe(depth: int, activity: bool) -> Started:
-    """Load libcupti and start the C core's capture, beside another
-    subscriber where CUPTI allows it (13.5's multi-subscriber mode). Raises
-    CaptureUnavailable (with what was tried and what to do) or
-    CaptureConflict (another tool holds CUPTI and does not share it)."""
-    lib = _capture.load()  # raises CaptureUnavailable with what it tried
-    st = _core.start(depth=depth, activity=activity, cupti=True, shared=True)
-    result, step, error, holder = st.result, st.step, st.error, st.holder
-    # 39 on CUPTI 12+; older CUPTI answered a second subscriber with 12.
-    if result == _core.ERROR_MULTIPLE_SUBSCRIBERS or (result == 12 and step == "cuptiSubscribe"):
-        raise CaptureConflict(holder or None, detail=f"{step} returned {error} ({result})")
-    if result != 0:
-        raise CaptureUnavailable(
-            f"{step} failed with {error} ({result}) using {lib.path} (CUPTI version {lib.version})",
-            lib.tried + [f"{lib.path}: loaded ({lib.how})", f"{step}: {error} ({result})"],
-            hint=hint_for(result),
-        )
-    return Started(bool(st.activity), st.activity_error or None, st.shared_with or None)
 
 
 def conflict_reason(e: CaptureConflict) -> str:
