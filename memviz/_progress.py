@@ -75,6 +75,13 @@ def _mb(n: int) -> str:
 _line: Optional[_Line] = None
 
 
+def in_worker() -> None:
+    """In a worker process (fork()ed from one that shows a line): forget the
+    parent's line, so that the worker draws none of its own."""
+    global _line
+    _line = None
+
+
 def update(done: int, total: Optional[int], what: str) -> None:
     """``done`` of ``total`` (bytes; None or 0: no measure) of the work
     ``what`` ("reading run.memviz"); drawn only inside :func:`shown`."""

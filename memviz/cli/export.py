@@ -51,7 +51,7 @@ def _export_one(path: str, out: str, recover: bool) -> Tuple[str, Any]:
     or ("skip", why)."""
     import warnings
 
-    _progress._line = None
+    _progress.in_worker()  # a worker draws no progress line of its own
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

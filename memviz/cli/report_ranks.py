@@ -102,7 +102,7 @@ def _summarise(path: str, recover: bool, parquet: Optional[str], index: int = 0)
 
     from memviz.trace.format import TraceWarning
 
-    _progress._line = None  # a worker draws no progress line of its own
+    _progress.in_worker()  # a worker draws no progress line of its own
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", TraceWarning)

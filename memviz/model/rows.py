@@ -193,5 +193,4 @@ def snapshot_from_groups(groups: Sequence[Tuple[Sequence, int]], resolve_stacks,
     count the allocations each group stands for. Not a snapshot of
     allocations: only its statistics are meant to be read."""
     snap = snapshot_from_raw([g[0] for g in groups], resolve_stacks, threads, frame_filter)
-    snap._weights = [g[1] for g in groups]
-    return snap
+    return snap.as_groups([g[1] for g in groups])

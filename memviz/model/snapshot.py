@@ -257,6 +257,15 @@ class Snapshot:
     #: how memviz saw PyTorch's memory: {"route": ..., "reason": ...}, or None
     pytorch: Optional[dict] = None
 
+    def as_groups(self, weights: Sequence[int]) -> "Snapshot":
+        """This snapshot, marked as one of groups: ``weights[i]`` is how many
+        allocations ``allocations[i]`` stands for (its statistics count them).
+        Returns the snapshot itself."""
+        if len(weights) != len(self.allocations):
+            raise ValueError(f"{len(weights)} weights for {len(self.allocations)} groups")
+        self._weights = list(weights)
+        return self
+
     def fragmentation(self, device: Optional[int] = None) -> Dict[int, Dict[str, int]]:
         """Per device: ``reserved``, ``allocated``, ``unused`` bytes of
         PyTorch's segments, the ``largest_free`` gap and the number of
