@@ -383,11 +383,12 @@ def test_a_timeline_of_many_changes_keeps_each_devices_highest_point():
     assert_agree(data, trace, rnd, exact_timeline=False)
 
 
-# ---- the category series, in C and by the Python rules ----------------------------------
+# ---- the category series: over the file, and over the events() repacked ------------------
 
 
 class EventsOnly:
-    """A recording with events() but no C category pass: the Python rules run."""
+    """A recording with events() but no pass over its file: its events are
+    packed into records and summed by the same C pass (memviz/trace/categories.py)."""
 
     def __init__(self, trace):
         self.trace = trace
@@ -435,7 +436,7 @@ def test_category_series_summed_in_c_are_the_python_rules():
 def test_category_series_of_events_out_of_time_order_are_summed_in_time_order():
     """A saved trace's events go back in time (its peak set, frees at a
     made-up time, then the rest of its live set): summed in time order, as
-    the Python rules sort them."""
+    the rules sort them."""
     from memviz.report._categories import category_series
 
     rnd = random.Random(5)
@@ -557,6 +558,8 @@ def test_the_replayer_refuses_buffers_that_do_not_hold_the_records():
         rp.feed(bytes(64), 0, 2, 3)
     with pytest.raises(RuntimeError, match="start_categories"):
         rp.feed_categories(bytes(F.EVENT.size), 0, 1, 0)
+    with pytest.raises(ValueError, match="categories"):
+        _core.Replayer(0, False).start_categories(_core.REPLAY_CATEGORIES_MAX + 1, [], 0)
     rp.feed(F.EVENT.pack(0, F.OP_ALLOC, 0, 0, 0, 0, 0, 0, 4096, 10, 0, 0), 0, 1, F.LAYOUT_ROWS)
     assert rp.events == 1 and rp.live()[0][:2] == (4096, 10)
     with pytest.raises(RuntimeError, match="before any event"):
@@ -747,3 +750,20 @@ def test_category_series_are_what_the_python_rules_gave():
     got = {name: _digest(m) for name, m in category_rule_cases()}
     assert [n for n in CATEGORY_DIGESTS if got.get(n) != CATEGORY_DIGESTS[n]] == []
     assert len(got) == len(CATEGORY_DIGESTS)
+
+
+def test_hundreds_of_categories_are_summed_in_c():
+    """More categories than a byte holds (each slot's series made when the
+    slot first changes): every one summed, on two devices."""
+    from memviz.report._categories import EXACT, memory_series
+
+    evs = []
+    for k in range(600):
+        evs.append(SimpleNamespace(op="alloc", timestamp_ns=10 + k, device=k % 2, address=0x1000 * (k + 1),
+                                   size=k + 1, kind="device", thread=0, category=f"c{k}"))
+    evs.append(SimpleNamespace(op="free", timestamp_ns=1000, device=0, address=0x1000, size=1, kind="device",
+                               thread=0, category="c0"))
+    m = memory_series(DuckEvents(evs), [], [], {}, 2000)
+    assert m.note == EXACT and len(m.categories[0]) == len(m.categories[1]) == 300
+    assert m.categories[0]["c0"] == ([10, 1000, 2000], [1, 0, 0])
+    assert m.categories[1]["c599"] == ([609, 2000], [600, 600])

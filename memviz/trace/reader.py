@@ -589,43 +589,16 @@ class TraceReader(TraceFile, TotalsReads):
                          points: Optional[int] = None
                          ) -> Optional[Dict[int, Dict[str, Tuple[List[int], List[int]]]]]:
         """memviz/report/_categories.py's series from this trace's events,
-        summed in C in a second pass over the file (no Python object per
-        event): ``{device: {category: (timestamps, live bytes)}}``, PyTorch's
+        summed in C (memviz/trace/categories.py) in a second pass over the
+        file (no Python object per event): ``{device: {category: (timestamps, live bytes)}}``, PyTorch's
         tensors (its blocks' bytes) under ``_categories.TENSORS``, the last
         point at ``end_ns``. ``known``: {(device, address, made at, kind):
         category} of the allocations the snapshots gave one. ``points``: at
         most that many points per series (each the highest of its bucket),
         None for all. None when the categories do not fit the C pass."""
-        from memviz.model.segments import TENSORS, UNUSED_POOL
-        from memviz.model.snapshot import KIND_NAMES
-
-        names: List[Any] = ["<unknown>", UNUSED_POOL, None]  # 2: the tensors, not a category
-        ids = {n: i for i, n in enumerate(names)}
-        codes = {k: i for i, k in enumerate(KIND_NAMES)}
-        entries = []
-        for (dev, addr, ts, kind), cat in known.items():
-            code = codes.get(kind)
-            if not cat or code is None or not (-128 <= dev <= 127 and 0 <= addr < 1 << 64
-                                               and 0 <= ts < 1 << 64):
-                continue  # no category, or no event of the file can be it
-            i = ids.get(cat)
-            if i is None:
-                i = ids[cat] = len(names)
-                names.append(cat)
-            entries.append((dev, addr, ts, code, i))
-        if len(names) > 256:
-            return None
-        names[2] = TENSORS
-        rp = None
-        for rp, payload, count, layout in self._again("reading again"):
-            if not rp.events:
-                rp.start_categories(len(names), entries, max(0, points or 0))
-            rp.feed_categories(payload, F.EVENTS_HEAD.size, count, layout)
-        out: Dict[int, Dict[str, Tuple[List[int], List[int]]]] = {}
-        for _order, dev, cat, cur, pts in sorted(rp.categories()) if rp is not None else ():
-            out.setdefault(dev, {})[names[cat]] = ([p[0] for p in pts] + [end_ns],
-                                                   [p[1] for p in pts] + [cur])
-        return out
+        from memviz.trace.categories import summed
+        return summed(((rp, payload, F.EVENTS_HEAD.size, count, layout)
+                       for rp, payload, count, layout in self._again("reading again")), known, end_ns, points)
 
     def capture_info(self) -> Dict[str, Any]:
         """What the recording tracker captured with (from the file's header),
