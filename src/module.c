@@ -783,7 +783,7 @@ static void atfork_child(void)
  * writers: EVENT_FIELDS (the file's field names), EVENT_FORMAT (its
  * struct format), EVENT_SIZE and EVENT_V1_SIZE (bytes of a file record, now
  * and in format 1), RAW_EVENT_SIZE (bytes of a record in the capture ring),
- * TIMELINE_POINTS and the FLAG_* bits. */
+ * TIMELINE_POINTS, FLIGHT_MIN_BUDGET (trace_writer.h) and the FLAG_* bits. */
 static int add_record_schema(PyObject *m)
 {
 #define MVZ_F_NAME(mname, mtype, fname, ftype, code, rule) #fname,
@@ -810,6 +810,7 @@ static int add_record_schema(PyObject *m)
            PyModule_AddIntConstant(m, "RAW_EVENT_SIZE", sizeof(mvz_alloc)) ||
            PyModule_AddIntConstant(m, "TIMELINE_POINTS", MVZ_TIMELINE_POINTS) ||
            PyModule_AddIntConstant(m, "MAX_RATIO", MVZ_MAX_RATIO) ||
+           PyModule_AddIntConstant(m, "FLIGHT_MIN_BUDGET", (long)MVZ_TW_FLIGHT_MIN_BUDGET) ||
            PyModule_AddIntConstant(m, "FLAG_BEFORE", MVZ_FLAG_BEFORE) ||
            PyModule_AddIntConstant(m, "FLAG_ESTIMATED", MVZ_FLAG_ESTIMATED) ||
            PyModule_AddIntConstant(m, "FLAG_MEMVIZ", MVZ_FLAG_MEMVIZ) ||

@@ -247,6 +247,37 @@ static PyObject *core_trace_writer_stats(PyObject *self, PyObject *unused)
         s.compressed ? Py_True : Py_False, "running", s.running ? Py_True : Py_False);
 }
 
+/* flight_split(budget) -> (ring events, chunk bytes, fixed bytes): the
+ * flight recorder's budget split (trace_writer.h, mvz_tw_flight_split). */
+static PyObject *core_flight_split(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    size_t budget = PyLong_AsSize_t(arg);
+    if (budget == (size_t)-1 && PyErr_Occurred())
+        return NULL;
+    mvz_tw_split sp;
+    if (mvz_tw_flight_split(budget, &sp)) {
+        PyErr_SetString(PyExc_ValueError, "flight_split: a budget of FLIGHT_MIN_BUDGET bytes or more");
+        return NULL;
+    }
+    return Py_BuildValue("(nnn)", (Py_ssize_t)sp.ring_events, (Py_ssize_t)sp.chunks, (Py_ssize_t)sp.fixed);
+}
+
+/* _flight_test_sizes(ring_events, chunk_bytes): tests only (0: the budget's). */
+static PyObject *core_flight_test_sizes(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_ssize_t ring, chunks;
+    if (!PyArg_ParseTuple(args, "nn:_flight_test_sizes", &ring, &chunks))
+        return NULL;
+    if (ring < 0 || chunks < 0) {
+        PyErr_SetString(PyExc_ValueError, "_flight_test_sizes: sizes >= 0");
+        return NULL;
+    }
+    mvz_tw_flight_test_sizes((size_t)ring, (size_t)chunks);
+    Py_RETURN_NONE;
+}
+
 static PyObject *core_zlib_available(PyObject *self, PyObject *unused)
 {
     (void)self;
@@ -282,5 +313,11 @@ PyMethodDef mvz_trace_bindings[] = {
      "Let a frozen dump's chunks go now (else when the capsule goes)."},
     {"trace_writer_stats", core_trace_writer_stats, METH_NOARGS, "The writer's counters (a dict)."},
     {"zlib_available", core_zlib_available, METH_NOARGS, "Whether the native writer can compress."},
+    {"flight_split", core_flight_split, METH_O,
+     "flight_split(budget) -> (ring events, chunk bytes, fixed bytes): the flight recorder's budget "
+     "split between the capture ring, the writer's take buffer (fixed: both) and its chunks."},
+    {"_flight_test_sizes", core_flight_test_sizes, METH_VARARGS,
+     "_flight_test_sizes(ring_events, chunk_bytes): tests only; flight_split gives these from now "
+     "on, whatever the budget (0: the budget's)."},
     {NULL, NULL, 0, NULL},
 };

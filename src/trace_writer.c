@@ -450,6 +450,30 @@ static void *writer_main(void *unused)
 
 /* ---- the calls ----------------------------------------------------------- */
 
+static size_t test_ring_events, test_chunks; /* mvz_tw_flight_test_sizes */
+
+int mvz_tw_flight_split(size_t budget, mvz_tw_split *out)
+{
+    if (budget < MVZ_TW_FLIGHT_MIN_BUDGET)
+        return -1;
+    size_t ring = budget / 5 / sizeof(mvz_raw_event);
+    ring = ring < MVZ_TW_FLIGHT_RING_MIN ? MVZ_TW_FLIGHT_RING_MIN
+         : ring > MVZ_TW_FLIGHT_RING_MAX ? MVZ_TW_FLIGHT_RING_MAX
+                                         : ring;
+    if (test_ring_events)
+        ring = test_ring_events;
+    out->ring_events = ring;
+    out->fixed = ring * sizeof(mvz_raw_event) + CHUNK_EVENTS * sizeof(mvz_raw_event);
+    out->chunks = test_chunks ? test_chunks : budget > out->fixed ? budget - out->fixed : 0;
+    return 0;
+}
+
+void mvz_tw_flight_test_sizes(size_t ring_events, size_t chunks)
+{
+    test_ring_events = ring_events;
+    test_chunks = chunks;
+}
+
 int mvz_tw_start(int fd, size_t capacity, int level, unsigned interval_ms, size_t budget)
 {
     pthread_mutex_lock(&tw_lock);

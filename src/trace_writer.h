@@ -88,6 +88,23 @@ mvz_tw_frozen *mvz_tw_freeze(void);
 int mvz_tw_frozen_write(mvz_tw_frozen *f, int fd);
 void mvz_tw_frozen_free(mvz_tw_frozen *f);
 void mvz_tw_get_stats(mvz_tw_stats *out);
+/* The flight recorder's budget, split (its one place): the capture ring
+ * takes a fifth of `budget`, MVZ_TW_FLIGHT_RING_MIN to MVZ_TW_FLIGHT_RING_MAX
+ * events of the ring's record; the writer's take buffer its chunk of
+ * events; the chunks kept and the base the rest (`chunks`, mvz_tw_start's
+ * `budget`, which the writer enforces). `fixed`: the ring's and the take
+ * buffer's bytes. A budget below MVZ_TW_FLIGHT_MIN_BUDGET is refused: -1,
+ * else 0. Any thread; reads the test sizes below. */
+#define MVZ_TW_FLIGHT_MIN_BUDGET ((size_t)16 << 20)
+#define MVZ_TW_FLIGHT_RING_MIN ((size_t)16384)
+#define MVZ_TW_FLIGHT_RING_MAX ((size_t)1 << 20)
+typedef struct {
+    size_t ring_events, chunks, fixed;
+} mvz_tw_split;
+int mvz_tw_flight_split(size_t budget, mvz_tw_split *out);
+/* Tests only, with the GIL: splits from now on give a ring of `ring_events`
+ * and chunks of `chunks` bytes, whatever the budget (0: the budget's). */
+void mvz_tw_flight_test_sizes(size_t ring_events, size_t chunks);
 /* After fork, in the child: the writer thread does not exist there. */
 void mvz_tw_atfork_child(void);
 
