@@ -14,6 +14,7 @@
 
 #include "bind.h"
 #include "store.h"
+#include "trace_ring.h"
 #include "trace_writer.h"
 
 /* ---- the trace ring (store.h) ---------------------------------------------- */
@@ -26,8 +27,9 @@ static PyObject *core_trace_enable(PyObject *self, PyObject *arg)
     Py_ssize_t cap = PyLong_AsSsize_t(arg);
     if (cap == -1 && PyErr_Occurred())
         return NULL;
-    if (cap < 1024 || cap > (1L << 28)) {
-        PyErr_SetString(PyExc_ValueError, "trace capacity must be between 1024 and 2**28 events");
+    if (cap < (Py_ssize_t)MVZ_RING_MIN_EVENTS || cap > (Py_ssize_t)MVZ_RING_MAX_EVENTS) {
+        PyErr_SetString(PyExc_ValueError, "trace capacity must be between TRACE_RING_MIN and TRACE_RING_MAX "
+                                          "events");
         return NULL;
     }
     if (mvz_store_trace_enable((size_t)cap) != 0)
@@ -74,7 +76,7 @@ static PyObject *core_trace_writer_start(PyObject *self, PyObject *args)
         return NULL;
     if (mvz_ensure_store())
         return NULL;
-    if (cap < 1024 || cap > (1L << 28) || level < 0 || level > 9 || !(interval > 0) ||
+    if (cap < (Py_ssize_t)MVZ_RING_MIN_EVENTS || cap > (Py_ssize_t)MVZ_RING_MAX_EVENTS || level < 0 || level > 9 || !(interval > 0) ||
         interval > 3600 || budget < 0) {
         PyErr_SetString(PyExc_ValueError, "trace_writer_start(): a value is out of range");
         return NULL;

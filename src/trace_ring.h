@@ -15,6 +15,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The ring's size in events, from the smallest to the largest asked for
+ * (memviz._core.TRACE_RING_MIN and TRACE_RING_MAX). */
+#define MVZ_RING_MIN_EVENTS 1024
+#define MVZ_RING_MAX_EVENTS ((size_t)1 << 28)
+
 /* A trace event as kept in the ring: the allocation record (record.h),
  * its `op` saying what happened. */
 typedef mvz_alloc mvz_raw_event;

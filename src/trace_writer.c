@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include "trace_writer.h"
 #include "clock.h"
+#include "labels.h"
 #include "livetab.h"
 #include "store.h"
 #include "trace_ring.h"
@@ -24,10 +25,10 @@
 #include <unistd.h>
 
 /* The .memviz framing (memviz/trace/format.py). */
-#define KIND_EVENTS 7
-#define COMPRESSED 0x80
-#define LAYOUT_ROWS 0
-#define LAYOUT_PLANES 1
+#define KIND_EVENTS MVZ_TW_CHUNK_EVENTS
+#define COMPRESSED MVZ_TW_CHUNK_COMPRESSED
+#define LAYOUT_ROWS MVZ_TW_LAYOUT_ROWS
+#define LAYOUT_PLANES MVZ_TW_LAYOUT_PLANES
 #define FLAG_SYNTHETIC MVZ_FLAG_SYNTHETIC
 #define EVENTS_HEAD 5 /* count:u32, layout:u8 */
 /* Events per chunk: 2 MiB of records before compression. */
@@ -327,7 +328,8 @@ static int named(const mvz_raw_event *e)
 {
     uint32_t label = e->label_id;
     return (e->stack_id == 0 || e->stack_id < named_stacks) &&
-           (label == 0 || label <= named_labels || (label >= 0xFFFF && named_labels >= 0xFFFE));
+           (label == 0 || label <= named_labels ||
+            (label >= MVZ_MAX_LABELS - 1 && named_labels >= MVZ_MAX_LABELS - 2));
 }
 
 /* Encode, frame and hand to the sink events ev[0, n) (ALLOC, FREE, FAILED;

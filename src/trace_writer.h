@@ -30,6 +30,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* What of the .memviz format the writer frames (memviz/trace/format.py
+ * reads these from _core: CHUNK_KIND_EVENTS, CHUNK_COMPRESSED, LAYOUT_ROWS,
+ * LAYOUT_PLANES): the EVENTS chunk's kind, the compressed bit of a chunk's
+ * type, and its payload's two layouts (records one after another, or byte
+ * planes). */
+#define MVZ_TW_CHUNK_EVENTS 7
+#define MVZ_TW_CHUNK_COMPRESSED 0x80
+#define MVZ_TW_LAYOUT_ROWS 0
+#define MVZ_TW_LAYOUT_PLANES 1
+
 typedef struct {
     uint64_t events;        /* ALLOC/FREE/FAILED events taken from the ring */
     uint64_t chunks;        /* EVENTS chunks made */

@@ -641,3 +641,22 @@ def test_frame_settings_travel_with_the_trace(fake, tmp_path, how):
     memviz.frames.add_library_path(os.path.join(os.path.dirname(__file__), "fake_cupti"))
     back = memviz.load(str(path)).snapshot().statistics("lineno")[0].key
     assert (os.path.basename(back.filename), back.lineno) == ("test_trace.py", line)
+
+
+def test_the_constants_shared_with_the_c_core_come_from_it():
+    """The format's numbers that the C core also writes or checks are read
+    from _core, not copied: record ops, the EVENTS chunk's kind, its
+    compressed bit and layouts, the inflate slack, the devices a record
+    holds, the overflow label's id (the record's largest label), and the
+    ring's bounds, which trace_enable enforces."""
+    from memviz import _core
+    from memviz.trace import writer
+    assert (F.OP_ALLOC, F.OP_FREE, F.OP_FAILED, F.OP_TIME, F.OP_GAP) == (
+        _core.OP_ALLOC, _core.OP_FREE, _core.OP_FAILED, _core.OP_TIME, _core.OP_GAP) == (1, 2, 3, 4, 5)
+    assert (F.EVENTS, F.COMPRESSED, F.LAYOUT_ROWS, F.LAYOUT_PLANES, F.INFLATE_SLACK) == (7, 0x80, 0, 1, 4096)
+    assert (F.DEVICE_MIN, F.DEVICE_MAX) == (-128, 127)
+    assert writer._LABEL_OVERFLOW == _core.LABEL_OVERFLOW_ID == 0xFFFF
+    for bad in (_core.TRACE_RING_MIN - 1, _core.TRACE_RING_MAX + 1):
+        with pytest.raises(ValueError, match="TRACE_RING_MIN"):
+            _core.trace_enable(bad)
+    assert (_core.TRACE_RING_MIN, _core.TRACE_RING_MAX) == (1024, 1 << 28)

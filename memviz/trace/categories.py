@@ -48,7 +48,7 @@ def _table(known: Known, codes: Dict[str, int]) -> Optional[Tuple[List[Any], Lis
     entries = []
     for (dev, addr, ts, kind), cat in known.items():
         code = codes.get(kind)
-        if not cat or code is None or not (-128 <= dev <= 127 and 0 <= addr < 1 << 64
+        if not cat or code is None or not (F.DEVICE_MIN <= dev <= F.DEVICE_MAX and 0 <= addr < 1 << 64
                                            and 0 <= ts < 1 << 64):
             continue  # no category, or no event of the file can be it
         i = ids.get(cat)
@@ -102,7 +102,7 @@ def events_summed(evs: Iterable[Any], known: Known, end_ns: int
     alloc event's own category comes first, then ``known``'s. A kind no
     trace has gets a code of its own (its key space: a device allocation's);
     threads are told apart by value. None for events no record holds
-    (a device beyond -128..127, a negative time, a size or address beyond
+    (a device beyond the record's, a negative time, a size or address beyond
     64 bits) or too many kinds or threads."""
     codes = {k: i for i, k in enumerate(KIND_NAMES)}
     known = dict(known)

@@ -113,6 +113,9 @@ EVENT = struct.Struct(_core.EVENT_FORMAT)
 EVENTS_HEAD = struct.Struct("<IB")
 #: a field's position in an unpacked record
 EV = {name: i for i, name in enumerate(EVENT_FIELDS)}
+#: the devices a record holds (its device field's width; -1 is pinned host memory)
+_DEVICE_BITS = 8 * struct.calcsize("<" + _core.EVENT_FORMAT[1 + EV["device"]])
+DEVICE_MIN, DEVICE_MAX = -(1 << (_DEVICE_BITS - 1)), (1 << (_DEVICE_BITS - 1)) - 1
 
 
 def event_width(version: int) -> int:
@@ -140,17 +143,22 @@ def pack_event(**fields: int) -> bytes:
         values[EV[name]] = value
     return EVENT.pack(*values)
 
-META, STRINGS, FRAMES, STACKS, THREADS, LABELS, EVENTS, STEPS, END, TIMELINE, CALLS, LIVE = \
-    range(1, 13)
+#: chunk kinds; EVENTS is also the native writer's, so its number, the
+#: compressed bit and the two layouts come from it (src/trace_writer.h)
+META, STRINGS, FRAMES, STACKS, THREADS, LABELS, STEPS, END, TIMELINE, CALLS, LIVE = \
+    1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12
+EVENTS = _core.CHUNK_KIND_EVENTS
 CHUNK_NAMES = {META: "META", STRINGS: "STRINGS", FRAMES: "FRAMES", STACKS: "STACKS",
                THREADS: "THREADS", LABELS: "LABELS", EVENTS: "EVENTS", STEPS: "STEPS",
                END: "END", TIMELINE: "TIMELINE", CALLS: "CALLS", LIVE: "LIVE"}
-KIND_MASK, OPTIONAL, COMPRESSED = 0x3F, 0x40, 0x80
+KIND_MASK, OPTIONAL, COMPRESSED = 0x3F, 0x40, _core.CHUNK_COMPRESSED
 
-OP_ALLOC, OP_FREE, OP_FAILED, OP_TIME, OP_GAP = 1, 2, 3, 4, 5
+#: a record's op (src/record.h)
+OP_ALLOC, OP_FREE, OP_FAILED, OP_TIME, OP_GAP = \
+    _core.OP_ALLOC, _core.OP_FREE, _core.OP_FAILED, _core.OP_TIME, _core.OP_GAP
 FLAG_SYNTHETIC = _core.FLAG_SYNTHETIC
 FLAG_BEFORE, FLAG_ESTIMATED, FLAG_MEMVIZ = _core.FLAG_BEFORE, _core.FLAG_ESTIMATED, _core.FLAG_MEMVIZ
-LAYOUT_ROWS, LAYOUT_PLANES = 0, 1
+LAYOUT_ROWS, LAYOUT_PLANES = _core.LAYOUT_ROWS, _core.LAYOUT_PLANES
 
 #: events the C ring holds between drains (drained every 0.5 s); the
 #: environment variable RING_ENV sets another number (a trace that lost
@@ -178,7 +186,7 @@ MAX_RATIO = _core.MAX_RATIO
 _RATIOS = {STRINGS: 16, FRAMES: 16, STACKS: 16, CALLS: 16, LABELS: 16, THREADS: 16,
            EVENTS: MAX_RATIO, LIVE: MAX_RATIO}
 _RATIO_OTHER = 32
-INFLATE_SLACK = 4096
+INFLATE_SLACK = _core.INFLATE_SLACK
 
 
 def max_ratio(kind: int) -> int:
