@@ -660,3 +660,23 @@ def test_the_constants_shared_with_the_c_core_come_from_it():
         with pytest.raises(ValueError, match="TRACE_RING_MIN"):
             _core.trace_enable(bad)
     assert (_core.TRACE_RING_MIN, _core.TRACE_RING_MAX) == (1024, 1 << 28)
+
+
+@pytest.mark.parametrize("how", ["native", "python", "saved"])
+def test_each_events_stream_goes_into_the_trace_and_is_read_back(fake, tmp_path, monkeypatch, how):
+    """The stream of a stream-ordered allocation (the record's `stream`) is
+    written by the native writer, the Python writer and Tracker.save(), and
+    a loaded trace's events() give it back, the free's too."""
+    from fake_cupti import CBID_cuMemAllocAsync, CBID_cuMemFreeAsync
+    if how == "python":
+        monkeypatch.setenv("MEMVIZ_TRACE_WRITER", "python")
+    path = str(tmp_path / "streams.memviz")
+    with memviz.track(trace=None if how == "saved" else path, torch=False) as t:
+        x = fake.alloc(CBID_cuMemAllocAsync, 8 * MiB, stream=0x77)
+        y = fake.alloc(CBID_cuMemAllocAsync, MiB, stream=0x99)
+        fake.free(CBID_cuMemFreeAsync, y, stream=0x99)
+    assert [a.stream for a in t.snapshot().allocations] == [0x77]
+    if how == "saved":
+        t.save(path)
+    got = [(e.op, e.address, e.stream) for e in memviz.load(path).events()]
+    assert sorted(got) == sorted([("alloc", x, 0x77), ("alloc", y, 0x99), ("free", y, 0x99)]), got

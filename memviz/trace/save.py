@@ -36,7 +36,8 @@ def save(tracker: Any, path: str) -> str:
     bounded timeline, step records and totals. ``load()`` of it gives the
     same snapshot(), peak_snapshot(), totals(), failures and timeline();
     ``snapshot(at_ns=...)`` between the peak and the end is approximate.
-    Streams are not stored (``Allocation.stream`` reads 0 when loaded).
+    Each allocation's stream is stored with its events (``events()`` give
+    it back; a loaded trace's snapshots read 0, src/replay.h).
 
     The data goes to a temporary file created exclusively in ``path``'s
     folder, renamed over ``path`` once complete: a failed save leaves the
