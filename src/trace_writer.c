@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <stdlib.h>
@@ -72,6 +73,7 @@ int mvz_tw_zlib(void)
 /* ---- CRC-32 (IEEE 802.3, as zlib.crc32), table built at start ---------- */
 
 static uint32_t crc_table[256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
 
 static void crc_init(void)
 {
@@ -152,10 +154,77 @@ static uint8_t *pack(const uint8_t *raw, size_t raw_len, size_t *plen, int level
     return NULL;
 }
 
-/* Frame `nrec` records as an EVENTS chunk (byte planes, compressed when
- * zlib is there and it helps; records one after another where the planes
- * would inflate past what a reader allows, uncompressed where those would
- * too): a malloc'd tw_chunk, or NULL. */
+void mvz_tw_events_payload(const mvz_event *ev, size_t n, int layout, uint8_t *out)
+{
+    put_u32(out, (uint32_t)n);
+    out[4] = (uint8_t)layout;
+    const uint8_t *src = (const uint8_t *)ev;
+    if (layout != LAYOUT_PLANES) {
+        memcpy(out + EVENTS_HEAD, src, n * sizeof(mvz_event));
+        return;
+    }
+    for (size_t k = 0; k < sizeof(mvz_event); k++) {
+        uint8_t *plane = out + EVENTS_HEAD + k * n;
+        for (size_t i = 0; i < n; i++)
+            plane[i] = src[i * sizeof(mvz_event) + k];
+    }
+}
+
+/* An EVENTS payload in byte planes, rewritten in place as rows (the same
+ * records); 0, or -1 out of memory. */
+static int planes_to_rows(uint8_t *raw, size_t raw_len)
+{
+    size_t n = (raw_len - EVENTS_HEAD) / sizeof(mvz_event);
+    uint8_t *rows = malloc(n * sizeof(mvz_event) + 1);
+    if (!rows)
+        return -1;
+    for (size_t k = 0; k < sizeof(mvz_event); k++)
+        for (size_t i = 0; i < n; i++)
+            rows[i * sizeof(mvz_event) + k] = raw[EVENTS_HEAD + k * n + i];
+    memcpy(raw + EVENTS_HEAD, rows, n * sizeof(mvz_event));
+    raw[4] = LAYOUT_ROWS;
+    free(rows);
+    return 0;
+}
+
+/* Frame `raw` (a chunk's payload) as a chunk of `kind` after `head` bytes of
+ * a malloc'd block: compressed when zlib is there, `level` > 0, and that
+ * makes it smaller and inflates no more than a reader allows; an EVENTS
+ * payload in byte planes that does not is tried as rows (as regular as
+ * that: rows compress less), which `raw` then holds; else as it is. *len:
+ * the chunk's bytes. NULL out of memory. */
+static uint8_t *frame(uint8_t kind, uint8_t *raw, size_t raw_len, int level, size_t head, size_t *len)
+{
+    size_t plen = raw_len;
+    uint8_t *packed = pack(raw, raw_len, &plen, level);
+    if (!packed && level > 0 && z_compress2 != NULL && raw_len >= EVENTS_HEAD &&
+        raw[4] == LAYOUT_PLANES && (raw_len - EVENTS_HEAD) % sizeof(mvz_event) == 0 &&
+        planes_to_rows(raw, raw_len) == 0)
+        packed = pack(raw, raw_len, &plen, level);
+    const uint8_t *payload = packed ? packed : raw;
+    if (packed)
+        kind |= COMPRESSED;
+    uint8_t *out = malloc(head + 5 + plen + 4);
+    if (out) {
+        uint8_t *c = out + head;
+        c[0] = kind;
+        put_u32(c + 1, (uint32_t)plen);
+        memcpy(c + 5, payload, plen);
+        put_u32(c + 5 + plen, crc32_of(0, c, 5 + plen));
+        *len = 5 + plen + 4;
+    }
+    free(packed);
+    return out;
+}
+
+uint8_t *mvz_tw_frame_events(uint8_t kind, uint8_t *payload, size_t len, int level, size_t *out_len)
+{
+    pthread_once(&crc_once, crc_init);
+    return frame(kind, payload, len, level, 0, out_len);
+}
+
+/* Frame `nrec` records as an EVENTS chunk (byte planes, by frame()'s rule):
+ * a malloc'd tw_chunk, or NULL. */
 static tw_chunk *frame_events(const mvz_event *ev, size_t nrec, uint32_t events, uint64_t first_ts,
                               uint64_t last_ts, int level)
 {
@@ -163,40 +232,18 @@ static tw_chunk *frame_events(const mvz_event *ev, size_t nrec, uint32_t events,
     uint8_t *raw = malloc(raw_len);
     if (!raw)
         return NULL;
-    put_u32(raw, (uint32_t)nrec);
-    raw[4] = LAYOUT_PLANES;
-    const uint8_t *src = (const uint8_t *)ev;
-    for (size_t k = 0; k < sizeof(mvz_event); k++) {
-        uint8_t *plane = raw + EVENTS_HEAD + k * nrec;
-        for (size_t i = 0; i < nrec; i++)
-            plane[i] = src[i * sizeof(mvz_event) + k];
-    }
-    uint8_t type = KIND_EVENTS;
-    size_t plen = raw_len;
-    uint8_t *packed = pack(raw, raw_len, &plen, level);
-    if (!packed && level > 0 && z_compress2 != NULL) {
-        raw[4] = LAYOUT_ROWS; /* as regular as that: rows compress less */
-        memcpy(raw + EVENTS_HEAD, ev, nrec * sizeof(mvz_event));
-        packed = pack(raw, raw_len, &plen, level);
-    }
-    const uint8_t *payload = packed ? packed : raw;
-    if (packed)
-        type |= COMPRESSED;
-    tw_chunk *c = malloc(sizeof *c + 5 + plen + 4);
+    mvz_tw_events_payload(ev, nrec, LAYOUT_PLANES, raw);
+    size_t len = 0;
+    tw_chunk *c = (tw_chunk *)frame(KIND_EVENTS, raw, raw_len, level, offsetof(tw_chunk, data), &len);
     if (c) {
         c->next = NULL;
         c->refs = 1;
-        c->len = 5 + plen + 4;
+        c->len = len;
         c->records = (uint32_t)nrec;
         c->events = events;
         c->first_ts = first_ts;
         c->last_ts = last_ts;
-        c->data[0] = type;
-        put_u32(c->data + 1, (uint32_t)plen);
-        memcpy(c->data + 5, payload, plen);
-        put_u32(c->data + 5 + plen, crc32_of(0, c->data, 5 + plen));
     }
-    free(packed);
     free(raw);
     return c;
 }
@@ -484,8 +531,7 @@ int mvz_tw_start(int fd, size_t capacity, int level, unsigned interval_ms, size_
         errno = EBUSY;
         goto out;
     }
-    if (!crc_table[1])
-        crc_init();
+    pthread_once(&crc_once, crc_init);
     mvz_tw_zlib();
     if (!tw_raw) {
         if (!(tw_raw = malloc(CHUNK_EVENTS * sizeof *tw_raw)))

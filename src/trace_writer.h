@@ -27,6 +27,8 @@
 #ifndef MEMVIZ_TRACE_WRITER_H
 #define MEMVIZ_TRACE_WRITER_H
 
+#include "record.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -59,6 +61,20 @@ typedef struct {
     int running;
 } mvz_tw_stats;
 
+/* The framing of EVENTS chunks, every one memviz writes (the writer's
+ * thread's, and Python's: _core.events_payload, _core.events_chunk). Any
+ * thread, no lock. mvz_tw_events_payload: the EVENTS payload of `n`
+ * records (count:u32, layout:u8, then the records one after another,
+ * MVZ_TW_LAYOUT_ROWS, or in byte planes, MVZ_TW_LAYOUT_PLANES) into `out`
+ * (5 + n records' bytes). mvz_tw_frame_events: `payload` (`len` bytes) as
+ * a chunk of `kind` (EVENTS or LIVE, with its flag bits), malloc'd, *out_len
+ * bytes: zlib-compressed at `level` (0: never) when that makes it smaller
+ * and inflates no more than a reader allows (MVZ_MAX_RATIO), else, for a
+ * payload in byte planes, the same records as rows, compressed by the same
+ * rule (`payload` then holds those rows); else as it is. NULL out of
+ * memory. */
+void mvz_tw_events_payload(const mvz_event *ev, size_t n, int layout, uint8_t *out);
+uint8_t *mvz_tw_frame_events(uint8_t kind, uint8_t *payload, size_t len, int level, size_t *out_len);
 /* With the GIL (it waits for nothing): whether libz could be loaded. */
 int mvz_tw_zlib(void);
 /* Start the thread draining the store's ring (which the caller enabled,

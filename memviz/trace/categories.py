@@ -48,8 +48,8 @@ def _table(known: Known, codes: Dict[str, int]) -> Optional[Tuple[List[Any], Lis
     entries = []
     for (dev, addr, ts, kind), cat in known.items():
         code = codes.get(kind)
-        if not cat or code is None or not (F.DEVICE_MIN <= dev <= F.DEVICE_MAX and 0 <= addr < 1 << 64
-                                           and 0 <= ts < 1 << 64):
+        if not cat or code is None or not (F.DEVICE_MIN <= dev <= F.DEVICE_MAX
+                                           and 0 <= addr < 1 << 64 and 0 <= ts < 1 << 64):
             continue  # no category, or no event of the file can be it
         i = ids.get(cat)
         if i is None:

@@ -210,16 +210,14 @@ class TraceWarning(UserWarning):
 def chunk(kind: int, payload: bytes, *, compress: Optional[int] = 6) -> bytes:
     """One framed chunk; the payload is zlib-compressed at level ``compress``
     when that makes it smaller (``None``: never) and it inflates no more
-    than the reader allows (max_ratio()). An EVENTS payload in byte planes that
-    would compress further is tried as rows (which compress less), then
-    written uncompressed."""
+    than the reader allows (max_ratio()). EVENTS and LIVE chunks are framed
+    by the C core, as its writer frames them (``_core.events_chunk``: a
+    payload in byte planes that does not compress so is tried as rows)."""
+    if kind & KIND_MASK in (EVENTS, LIVE):
+        return _core.events_chunk(kind, payload, compress or 0)
     ctype = kind
     if compress is not None and len(payload) > 64:
         packed = zlib.compress(payload, compress)
-        if len(payload) > max_inflated(kind, len(packed)) and kind & KIND_MASK in (EVENTS, LIVE) \
-                and payload[4:5] == bytes([LAYOUT_PLANES]):
-            payload = _rows_of_planes(payload)
-            packed = zlib.compress(payload, compress)
         if len(packed) < len(payload) and len(payload) <= max_inflated(kind, len(packed)):
             payload, ctype = packed, kind | COMPRESSED
     head = CHUNK_HEAD.pack(ctype, len(payload))
@@ -240,23 +238,9 @@ def _jsonable(obj: Any) -> Any:
 
 
 def events_payload(rows: bytes, layout: int = LAYOUT_PLANES) -> bytes:
-    """The EVENTS payload of packed records (``EVENT``)."""
-    n = len(rows) // EVENT.size
-    if layout == LAYOUT_PLANES:
-        data = b"".join(rows[k::EVENT.size] for k in range(EVENT.size))
-    else:
-        data = bytes(rows)
-    return EVENTS_HEAD.pack(n, layout) + data
-
-
-def _rows_of_planes(payload: bytes) -> bytes:
-    """An EVENTS payload in byte planes, as rows (the same records)."""
-    n = EVENTS_HEAD.unpack_from(payload)[0]
-    planes = memoryview(payload)[EVENTS_HEAD.size:]
-    rows = bytearray(n * EVENT.size)
-    for k in range(EVENT.size):
-        rows[k::EVENT.size] = planes[k * n:(k + 1) * n]
-    return EVENTS_HEAD.pack(n, LAYOUT_ROWS) + bytes(rows)
+    """The EVENTS payload of packed records (``EVENT``), by the C core
+    (``_core.events_payload``)."""
+    return _core.events_payload(rows, layout)
 
 
 def header() -> bytes:

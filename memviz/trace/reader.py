@@ -276,19 +276,16 @@ class TraceReader(TraceFile, TotalsReads):
         if not ghosts and not added:
             return
         syn = F.FLAG_SYNTHETIC
-        out = bytearray()
-        for r in added:  # (address, size, device, kind, stream, thread, label, ts, stack, seq, requested, flags)
-            out += F.pack_event(op=F.OP_TIME, flags=syn, address=r[7])
-            out += F.pack_event(op=F.OP_ALLOC, kind=r[3], device=r[2], flags=(r[11] | syn) & 0xFF,
-                                stack_id=r[8], thread_idx=r[5], label_id=r[6], address=r[0],
-                                size=r[1], slack=max(0, r[1] - r[10]), stream=r[4])
         stopped = self.stopped_ns if type(self.stopped_ns) is int else self._rp.ts
-        out += F.pack_event(op=F.OP_TIME, flags=syn, address=max(stopped, self._rp.ts))
-        for r in ghosts:
-            out += F.pack_event(op=F.OP_FREE, kind=r[3], device=r[2], flags=syn, stack_id=r[8],
-                                thread_idx=r[5], label_id=r[6], address=r[0], size=r[1],
-                                stream=r[4])
-        rows = F.events_payload(bytes(out), F.LAYOUT_ROWS)
+        at = max(stopped, self._rp.ts)
+        # (address, size, device, kind, stream, thread, label, ts, stack, seq, requested, flags)
+        # as encode_events' rows: (op, ts, kind, device, flags, stack, thread, label, address,
+        # size, slack, stream)
+        events = [(F.OP_ALLOC, r[7], r[3], r[2], r[11] | syn, r[8], r[5], r[6], r[0], r[1],
+                   max(0, r[1] - r[10]), r[4]) for r in added]
+        events += [(F.OP_FREE, at, r[3], r[2], syn, r[8], r[5], r[6], r[0], r[1], 0, r[4]) for r in ghosts]
+        out = _core.encode_events(events, events[0][1], syn)
+        rows = F.events_payload(out, F.LAYOUT_ROWS)
         n = len(out) // F.EVENT.size
         self._reconciled = (rows, n, F.LAYOUT_ROWS)
         self._rp.feed(rows, F.EVENTS_HEAD.size, n, F.LAYOUT_ROWS)
