@@ -10,8 +10,8 @@ module; here are the two ways in:
   pass over its file, memviz/trace/reader.py);
 * :func:`events_summed`: any recording's events() (the reading API's event
   objects: ``op``, ``timestamp_ns``, ``device``, ``address``, ``size``,
-  ``kind``, ``thread``, ``category``), packed here into records and replayed
-  the same way.
+  ``kind``, ``thread``, ``category``), encoded into records by the C core
+  (``_core.encode_events``) and replayed the same way.
 
 Both return ``{device: {category: (timestamps, live bytes)}}``, PyTorch's
 tensors (its blocks' bytes) under ``TENSORS``, each series' last point at
@@ -93,6 +93,8 @@ def summed(chunks: Iterable[Tuple[Any, Any, int, int, int]], known: Known, end_n
 
 
 _OPS = {"alloc": F.OP_ALLOC, "free": F.OP_FREE}
+#: threads a record tells apart (its thread field's width)
+_THREADS = 1 << 8 * struct.calcsize("<" + _core.EVENT_FORMAT[1 + F.EV["thread_idx"]])
 
 
 def events_summed(evs: Iterable[Any], known: Known, end_ns: int
@@ -107,30 +109,29 @@ def events_summed(evs: Iterable[Any], known: Known, end_ns: int
     codes = {k: i for i, k in enumerate(KIND_NAMES)}
     known = dict(known)
     threads: Dict[Any, int] = {}
-    rows = bytearray()
-    n = 0
-    pack = F.EVENT.pack
-    try:
-        for e in evs:
-            op = _OPS.get(e.op)
-            if op is None:
-                continue
-            code = codes.get(e.kind)
-            if code is None:
-                code = codes[e.kind] = len(codes)
-            thread = threads.setdefault(_hashable(e.thread), len(threads))
-            dev, ts = e.device, e.timestamp_ns
-            if op == F.OP_ALLOC and e.category:
-                known[(dev, e.address, ts, e.kind)] = e.category
-            # a TIME record (the absolute time) before each event: any order of times holds
-            rows += pack(0, F.OP_TIME, 0, 0, 0, 0, 0, 0, ts, 0, 0, 0)
-            rows += pack(0, op, code, dev, 0, 0, thread, 0, e.address, e.size, 0, 0)
-            n += 2
-    except struct.error:  # a value no record holds: a device, time, size, kind or thread code
-        return None
+    rows = []
+    for e in evs:
+        op = _OPS.get(e.op)
+        if op is None:
+            continue
+        code = codes.get(e.kind)
+        if code is None:
+            code = codes[e.kind] = len(codes)
+        thread = threads.setdefault(_hashable(e.thread), len(threads))
+        dev, ts, addr, size = e.device, e.timestamp_ns, e.address, e.size
+        if not (F.DEVICE_MIN <= dev <= F.DEVICE_MAX and 0 <= ts < 1 << 64 and 0 <= addr < 1 << 64
+                and 0 <= size < 1 << 64):
+            return None  # a value no record holds
+        if op == F.OP_ALLOC and e.category:
+            known[(dev, addr, ts, e.kind)] = e.category
+        rows.append((op, ts, code, dev, 0, 0, thread, 0, addr, size, 0, 0))
+    if len(codes) > 256 or len(threads) > _THREADS:
+        return None  # more kinds or threads than a record tells apart
+    data = _core.encode_events(rows, rows[0][1] if rows else 0, 0)
     rp = _core.Replayer(0, False, F.EVENT.size)
     tensors: Dict[int, Tuple[List[int], List[int]]] = {}
-    out = summed([(rp, bytes(rows), 0, n, F.LAYOUT_ROWS)], known, end_ns, codes=codes, tensors=tensors)
+    out = summed([(rp, data, 0, len(data) // F.EVENT.size, F.LAYOUT_ROWS)], known, end_ns, codes=codes,
+                 tensors=tensors)
     return None if out is None else (out, tensors)
 
 
