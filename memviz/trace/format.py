@@ -1,9 +1,17 @@
-"""The .memviz trace file: format, the streaming writer, and ``save()``.
+"""The .memviz trace file's format: its layout, its constants and the
+framing of its chunks.
 
 A trace is written while tracking (``memviz.track(trace="run.memviz")``,
-``python -m memviz run -o run.memviz script.py``) or afterwards from a
-tracker's data (``t.save("run.memviz")``), and read back with
-:func:`memviz.load` (see :mod:`memviz.trace.reader`).
+``python -m memviz run -o run.memviz script.py``: memviz/trace/writer.py),
+by the flight recorder when it dumps (memviz/trace/flight.py), or afterwards
+from a tracker's data (``t.save("run.memviz")``: memviz/trace/save.py), and
+read back with :func:`memviz.load` (memviz/trace/parse.py and
+memviz/trace/reader.py). The event records and the EVENTS and LIVE chunks
+that hold them are encoded and framed by the C core alone, for every
+writer (src/trace_ring.c's mvz_ring_encode_from, src/trace_writer.c's
+mvz_tw_events_payload and mvz_tw_frame_events; from Python
+``_core.encode_events``, ``events_payload()`` and ``chunk()`` below); the
+JSON chunks are framed here.
 
 File format, version 2 (all integers little-endian; version 1 differs only
 in its shorter event records, below)::
@@ -37,7 +45,9 @@ LABELS      6  JSON object {label id: label}
 EVENTS      7  count:u32, layout:u8, then count event records,
                ``EVENT`` below; layout 0 = records one after another,
                layout 1 = byte planes (byte k of every record, then byte
-               k+1, ...), which compresses 3-5x better
+               k+1, ...), which compresses 3-5x better; memviz writes
+               planes, or rows where planes do not compress within the
+               reader's ratio
 STEPS       8  JSON list of step records (Tracker.steps), appended
 END         9  JSON object written when tracking stops: totals, failure
                count, memviz's own counters, memory outside the tracked
@@ -68,10 +78,12 @@ not split off) and stream; 48 bytes. Format 1's records are the first 32
 bytes (through size); fields past a file's record width read as 0. Ops:
 1 ALLOC, 2 FREE (size is the freed allocation's), 3 FAILED (address =
 CUresult, size = requested), 4 TIME (address = absolute monotonic ns; every
-drain starts with one), 5 GAP (address = events dropped because the ring was
+run of records the C core encodes starts with one, and one comes before an
+event that goes back in time or more than 2**32 ns on), 5 GAP (address = events dropped because the ring was
 full). Flags: bit 0 an allocation live when tracking started (read from
 PyTorch then), bit 1 a block whose size PyTorch's rules could not fix, bit 2
-memviz's own memory, bit 7 events made up rather than seen (the live set when
+memviz's own memory, bit 3 a block another stream's use was recorded on, bit 7
+events made up rather than seen (the live set when
 tracing began, a flight recorder's base, everything in a saved trace).
 
 The streaming writer's C thread (src/trace_writer.c) drains the core's event
@@ -173,9 +185,10 @@ EVENT_LEVEL = 6
 #: its compressed size times the kind's ratio plus INFLATE_SLACK bytes. The
 #: reader refuses more (deflate itself allows about 1032x, which a crafted
 #: file uses to make a small file take gigabytes); every writer keeps under
-#: it (chunk() here; the native writer's src/trace_writer.c for EVENTS,
-#: MVZ_MAX_RATIO): a payload that would compress further is written as event
-#: rows instead of byte planes (which compress less), or uncompressed. So
+#: it (chunk() here for the JSON chunks; src/trace_writer.c for EVENTS and
+#: LIVE, MVZ_MAX_RATIO, whoever writes them): an EVENTS payload that would
+#: compress further is written as event rows instead of byte planes (which
+#: compress less), any payload otherwise uncompressed. So
 #: nothing memviz writes is refused, and a file inflates at most 64 times its
 #: size. The tables (strings, frames, stacks, call names, labels, threads)
 #: cost the reader the most per byte, as Python objects, and memviz's own
@@ -261,5 +274,3 @@ def step_dict(step: Any) -> Any:
             return out
     return {"repr": repr(step)}
 
-
-# ---- the streaming writer -------------------------------------------------------
