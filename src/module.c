@@ -816,8 +816,10 @@ static int add_record_schema(PyObject *m)
            PyModule_AddIntConstant(m, "TIMELINE_POINTS", MVZ_TIMELINE_POINTS) ||
            PyModule_AddIntConstant(m, "MAX_RATIO", MVZ_MAX_RATIO) ||
            PyModule_AddIntConstant(m, "INFLATE_SLACK", MVZ_INFLATE_SLACK) ||
-           PyModule_AddIntConstant(m, "OP_ALLOC", MVZ_EV_ALLOC) || PyModule_AddIntConstant(m, "OP_FREE", MVZ_EV_FREE) ||
-           PyModule_AddIntConstant(m, "OP_FAILED", MVZ_EV_FAILED) || PyModule_AddIntConstant(m, "OP_TIME", MVZ_EV_TIME) ||
+           PyModule_AddIntConstant(m, "OP_ALLOC", MVZ_EV_ALLOC) ||
+           PyModule_AddIntConstant(m, "OP_FREE", MVZ_EV_FREE) ||
+           PyModule_AddIntConstant(m, "OP_FAILED", MVZ_EV_FAILED) ||
+           PyModule_AddIntConstant(m, "OP_TIME", MVZ_EV_TIME) ||
            PyModule_AddIntConstant(m, "OP_GAP", MVZ_EV_GAP) ||
            PyModule_AddIntConstant(m, "TRACE_RING_MIN", (long)MVZ_RING_MIN_EVENTS) ||
            PyModule_AddIntConstant(m, "TRACE_RING_MAX", (long)MVZ_RING_MAX_EVENTS) ||

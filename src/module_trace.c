@@ -78,7 +78,8 @@ static PyObject *core_trace_writer_start(PyObject *self, PyObject *args)
         return NULL;
     if (mvz_ensure_store())
         return NULL;
-    if (cap < (Py_ssize_t)MVZ_RING_MIN_EVENTS || cap > (Py_ssize_t)MVZ_RING_MAX_EVENTS || level < 0 || level > 9 || !(interval > 0) ||
+    if (cap < (Py_ssize_t)MVZ_RING_MIN_EVENTS || cap > (Py_ssize_t)MVZ_RING_MAX_EVENTS || level < 0 ||
+        level > 9 || !(interval > 0) ||
         interval > 3600 || budget < 0) {
         PyErr_SetString(PyExc_ValueError, "trace_writer_start(): a value is out of range");
         return NULL;
@@ -377,7 +378,8 @@ static PyObject *core_events_payload(PyObject *self, PyObject *args)
     int layout;
     if (!PyArg_ParseTuple(args, "y*i:events_payload", &view, &layout))
         return NULL;
-    if (view.len % (Py_ssize_t)sizeof(mvz_event) || (layout != MVZ_TW_LAYOUT_ROWS && layout != MVZ_TW_LAYOUT_PLANES) ||
+    if (view.len % (Py_ssize_t)sizeof(mvz_event) ||
+        (layout != MVZ_TW_LAYOUT_ROWS && layout != MVZ_TW_LAYOUT_PLANES) ||
         (size_t)view.len / sizeof(mvz_event) > UINT32_MAX) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "events_payload: whole records (EVENT_SIZE bytes each), layout "

@@ -58,7 +58,8 @@ static int table_room(mvz_replay_categories_entry **t, size_t *n, size_t *cap, i
     return 0;
 }
 
-int mvz_replay_categories_known(mvz_replay_categories *c, int slot, int kind, uint64_t address, uint64_t ts, int cat)
+int mvz_replay_categories_known(mvz_replay_categories *c, int slot, int kind, uint64_t address, uint64_t ts,
+                                int cat)
 {
     if (table_room(&c->known, &c->k_n, &c->k_cap, 1))
         return -1;
@@ -174,7 +175,8 @@ static int seg_insert(mvz_replay_categories *c, int slot, uint64_t address, uint
         if (!half)
             return -1;
         half->n = MVZ_REPLAY_CATEGORIES_RUN / 2;
-        memcpy(half->v, run->v + MVZ_REPLAY_CATEGORIES_RUN / 2, (MVZ_REPLAY_CATEGORIES_RUN / 2) * sizeof *half->v);
+        memcpy(half->v, run->v + MVZ_REPLAY_CATEGORIES_RUN / 2,
+               (MVZ_REPLAY_CATEGORIES_RUN / 2) * sizeof *half->v);
         run->n = MVZ_REPLAY_CATEGORIES_RUN / 2;
         memmove(&s->runs[r + 2], &s->runs[r + 1], (s->n - r - 1) * sizeof *s->runs);
         s->runs[r + 1] = half;

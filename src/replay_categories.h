@@ -19,9 +19,10 @@
  *
  * Changes come in the events' order and are summed in time order (a stable
  * order: at one time, the last level counts): a window of the last
- * MVZ_REPLAY_CATEGORIES_WINDOW changes is put in order before it is summed (a change earlier than what was summed
- * already counts at the time summed last; traces that memviz writes are in
- * order, or out of order by a few events). Each series keeps every point,
+ * MVZ_REPLAY_CATEGORIES_WINDOW changes is put in order before it is summed
+ * (a change earlier than what was summed already counts at the time summed
+ * last; traces that memviz writes are in order, or out of order by a few
+ * events). Each series keeps every point,
  * or with a limit the highest of each bucket of consecutive points
  * (buckets merged in pairs when full).
  *
@@ -131,7 +132,8 @@ int mvz_replay_categories_init(mvz_replay_categories *c, int ncat, size_t limit)
 void mvz_replay_categories_release(mvz_replay_categories *c);
 /* The category the snapshots gave the allocation of `slot` and `kind` at
  * `address` made at `ts`. 0 or -1. */
-int mvz_replay_categories_known(mvz_replay_categories *c, int slot, int kind, uint64_t address, uint64_t ts, int cat);
+int mvz_replay_categories_known(mvz_replay_categories *c, int slot, int kind, uint64_t address, uint64_t ts,
+                                int cat);
 /* The replay's visitor (ctx: the mvz_replay_categories). */
 int mvz_replay_categories_visit(void *ctx, const mvz_event *e, uint64_t index, uint64_t ts,
                       const mvz_alloc *ended);

@@ -21,8 +21,8 @@ from memviz.capture.ranks import rank_meta
 from memviz.model.frame_filter import warning_site
 from memviz.trace.format import (CALLS, DEFAULT_CAPACITY, DEFAULT_INTERVAL, END, EV, EVENT, EVENT_LEVEL,
                                  EVENTS, FLAG_SYNTHETIC, FORMAT_VERSION, FRAMES, LABELS, LIVE, META, OP_ALLOC,
-                                 OP_GAP, OP_TIME, OPTIONAL, RING_ENV, STACKS, STEPS, STRINGS, THREADS, TraceWarning,
-                                 chunk, events_payload, header, json_bytes, step_dict)
+                                 OP_GAP, OP_TIME, OPTIONAL, RING_ENV, STACKS, STEPS, STRINGS, THREADS,
+                                 TraceWarning, chunk, events_payload, header, json_bytes, step_dict)
 
 
 def _meta(tracker: Any, mode: str) -> Dict[str, Any]:
@@ -546,7 +546,8 @@ def _alloc_events(rows: List[tuple], label_ids: Dict[Optional[str], int], synthe
     (_core.AllocationRow), by the C core's encoding (_core.encode_events)."""
     flags = FLAG_SYNTHETIC if synthetic else 0
     start = start_ts if start_ts is not None else (rows[0].timestamp_ns if rows else 0)
-    return _core.encode_events([_row(OP_ALLOC, r.timestamp_ns, r, flags, label_ids) for r in rows], start, flags)
+    return _core.encode_events([_row(OP_ALLOC, r.timestamp_ns, r, flags, label_ids) for r in rows], start,
+                               flags)
 
 
 def _row(op: int, ts: int, r: Any, flags: int, label_ids: Dict[Optional[str], int]) -> tuple:
