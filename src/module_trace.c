@@ -24,8 +24,6 @@
 static PyObject *core_trace_enable(PyObject *self, PyObject *arg)
 {
     (void)self;
-    if (mvz_ensure_store())
-        return NULL;
     Py_ssize_t cap = PyLong_AsSsize_t(arg);
     if (cap == -1 && PyErr_Occurred())
         return NULL;
@@ -34,6 +32,8 @@ static PyObject *core_trace_enable(PyObject *self, PyObject *arg)
                                           "events");
         return NULL;
     }
+    if (mvz_ensure_store())
+        return NULL;
     if (mvz_store_trace_enable((size_t)cap) != 0)
         return PyErr_SetFromErrno(PyExc_OSError);
     Py_RETURN_NONE;
