@@ -52,7 +52,10 @@ size_t mvz_ring_take(mvz_trace_ring *t, mvz_raw_event *out, size_t room, uint64_
  * any (both with `marker_flags`), then each event, after a TIME record of
  * its own time (also with `marker_flags`) where it goes back in time or its
  * delta would not fit 32 bits, so each event decodes to its own time.
- * Returns the buffer's length in bytes, or -1. */
+ * Returns the buffer's length in bytes, or -1. Safe without the GIL and
+ * without the store's lock: it reads only `raw` (a copy taken out of the
+ * ring, or Python's rows copied by the binding) and writes only its own
+ * buffer. */
 long mvz_ring_encode_from(const mvz_raw_event *raw, size_t m, uint64_t dropped, uint64_t start,
                           int marker_flags, uint8_t **out);
 /* The same for taken events: `start` is the first one's time (now where

@@ -72,7 +72,9 @@ typedef struct {
  * and inflates no more than a reader allows (MVZ_MAX_RATIO), else, for a
  * payload in byte planes, the same records as rows, compressed by the same
  * rule (`payload` then holds those rows); else as it is. NULL out of
- * memory. */
+ * memory. Safe without the GIL (the binding lets it go while zlib runs):
+ * it touches its arguments and memory of its own, and reads the CRC table
+ * and zlib's entry points, each set once under pthread_once. */
 void mvz_tw_events_payload(const mvz_event *ev, size_t n, int layout, uint8_t *out);
 uint8_t *mvz_tw_frame_events(uint8_t kind, uint8_t *payload, size_t len, int level, size_t *out_len);
 /* With the GIL (it waits for nothing): whether libz could be loaded. */
@@ -120,7 +122,8 @@ void mvz_tw_get_stats(mvz_tw_stats *out);
  * events; the chunks kept and the base the rest (`chunks`, mvz_tw_start's
  * `budget`, which the writer enforces). `fixed`: the ring's and the take
  * buffer's bytes. A budget below MVZ_TW_FLIGHT_MIN_BUDGET is refused: -1,
- * else 0. Any thread; reads the test sizes below. */
+ * else 0. With the GIL: it reads the test sizes below, which are written
+ * with it. */
 #define MVZ_TW_FLIGHT_MIN_BUDGET ((size_t)16 << 20)
 #define MVZ_TW_FLIGHT_RING_MIN ((size_t)16384)
 #define MVZ_TW_FLIGHT_RING_MAX ((size_t)1 << 20)
