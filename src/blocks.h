@@ -26,7 +26,7 @@
  * Frees that wait on another stream's events (recordStream) are taken as
  * done at once, as are blocks freed in a CUDA graph's private pool.
  *
- * mvz_rules_* are pure functions of the settings, shared with any replay of
+ * mvz_blocks_rules_* are pure functions of the settings, shared with any replay of
  * a recording under other settings. The table (mvz_blocks) is the store's:
  * store.c calls every mvz_blocks_* function with its lock held; this file
  * takes no lock, calls region.c only and never allocates but through its

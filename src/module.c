@@ -29,6 +29,7 @@
 #include "rows.h"
 #include "seqmap.h"
 #include "store.h"
+#include "trace_ring.h"
 #include "trace_writer.h"
 
 /* ---- module functions ------------------------------------------------- */
@@ -806,7 +807,11 @@ static void atfork_child(void)
  * writers: EVENT_FIELDS (the file's field names), EVENT_FORMAT (its
  * struct format), EVENT_SIZE and EVENT_V1_SIZE (bytes of a file record, now
  * and in format 1), RAW_EVENT_SIZE (bytes of a record in the capture ring),
- * TIMELINE_POINTS and the FLAG_* bits. */
+ * TIMELINE_POINTS, the OP_* codes and FLAG_* bits, INFLATE_SLACK; and of the
+ * trace ring and writer (trace_ring.h, trace_writer.h): TRACE_RING_MIN and
+ * _MAX, FLIGHT_MIN_BUDGET, CHUNK_KIND_EVENTS, CHUNK_COMPRESSED, LAYOUT_ROWS and
+ * _PLANES; LABEL_OVERFLOW_ID (labels.h: the id of every label past the
+ * table's room, the record's largest). */
 static int add_record_schema(PyObject *m)
 {
 #define MVZ_F_NAME(mname, mtype, fname, ftype, code, rule) #fname,
@@ -833,6 +838,20 @@ static int add_record_schema(PyObject *m)
            PyModule_AddIntConstant(m, "RAW_EVENT_SIZE", sizeof(mvz_alloc)) ||
            PyModule_AddIntConstant(m, "TIMELINE_POINTS", MVZ_TIMELINE_POINTS) ||
            PyModule_AddIntConstant(m, "MAX_RATIO", MVZ_MAX_RATIO) ||
+           PyModule_AddIntConstant(m, "INFLATE_SLACK", MVZ_INFLATE_SLACK) ||
+           PyModule_AddIntConstant(m, "OP_ALLOC", MVZ_EV_ALLOC) ||
+           PyModule_AddIntConstant(m, "OP_FREE", MVZ_EV_FREE) ||
+           PyModule_AddIntConstant(m, "OP_FAILED", MVZ_EV_FAILED) ||
+           PyModule_AddIntConstant(m, "OP_TIME", MVZ_EV_TIME) ||
+           PyModule_AddIntConstant(m, "OP_GAP", MVZ_EV_GAP) ||
+           PyModule_AddIntConstant(m, "TRACE_RING_MIN", (long)MVZ_RING_MIN_EVENTS) ||
+           PyModule_AddIntConstant(m, "TRACE_RING_MAX", (long)MVZ_RING_MAX_EVENTS) ||
+           PyModule_AddIntConstant(m, "FLIGHT_MIN_BUDGET", (long)MVZ_TW_FLIGHT_MIN_BUDGET) ||
+           PyModule_AddIntConstant(m, "CHUNK_KIND_EVENTS", MVZ_TW_CHUNK_EVENTS) ||
+           PyModule_AddIntConstant(m, "CHUNK_COMPRESSED", MVZ_TW_CHUNK_COMPRESSED) ||
+           PyModule_AddIntConstant(m, "LAYOUT_ROWS", MVZ_TW_LAYOUT_ROWS) ||
+           PyModule_AddIntConstant(m, "LAYOUT_PLANES", MVZ_TW_LAYOUT_PLANES) ||
+           PyModule_AddIntConstant(m, "LABEL_OVERFLOW_ID", MVZ_MAX_LABELS - 1) ||
            PyModule_AddIntConstant(m, "FLAG_BEFORE", MVZ_FLAG_BEFORE) ||
            PyModule_AddIntConstant(m, "FLAG_ESTIMATED", MVZ_FLAG_ESTIMATED) ||
            PyModule_AddIntConstant(m, "FLAG_MEMVIZ", MVZ_FLAG_MEMVIZ) ||

@@ -28,7 +28,7 @@ typedef struct {
     size_t nat, capat;
     uint64_t at_ns;
     /* feed_categories(): live bytes per category (start_categories() makes it) */
-    mvz_catpass *cats;
+    mvz_replay_categories *cats;
     int cats_done;
     size_t width; /* bytes of the file's records (record.h: older formats are shorter) */
     /* feed_columns(): the number of each live allocation, by the index of
@@ -89,7 +89,7 @@ static void replayer_dealloc(Replayer *self)
     free(self->idvals);
     free(self->marks);
     if (self->cats) {
-        mvz_catpass_release(self->cats);
+        mvz_replay_categories_release(self->cats);
         free(self->cats);
     }
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -813,13 +813,13 @@ static PyObject *replayer_start_categories(Replayer *self, PyObject *args)
         PyErr_SetString(PyExc_RuntimeError, "Replayer.start_categories: before any event, once");
         return NULL;
     }
-    if (ncat < 3 || ncat > 256 || limit < 0) {
-        PyErr_SetString(PyExc_ValueError, "Replayer.start_categories: 3 to 256 categories, "
-                                          "a limit >= 0");
+    if (ncat < 3 || ncat > MVZ_REPLAY_CATEGORIES_MAX || limit < 0) {
+        PyErr_SetString(PyExc_ValueError, "Replayer.start_categories: 3 to REPLAY_CATEGORIES_MAX "
+                                          "categories, a limit >= 0");
         return NULL;
     }
-    mvz_catpass *c = malloc(sizeof *c);
-    if (!c || mvz_catpass_init(c, ncat, (size_t)limit)) {
+    mvz_replay_categories *c = malloc(sizeof *c);
+    if (!c || mvz_replay_categories_init(c, ncat, (size_t)limit)) {
         free(c);
         return PyErr_NoMemory();
     }
@@ -836,14 +836,14 @@ static PyObject *replayer_start_categories(Replayer *self, PyObject *args)
                                               "range");
             break;
         }
-        if (mvz_catpass_known(c, (uint8_t)(int8_t)dev, kind, addr, ts, cat)) {
+        if (mvz_replay_categories_known(c, (uint8_t)(int8_t)dev, kind, addr, ts, cat)) {
             PyErr_NoMemory();
             break;
         }
     }
     Py_XDECREF(it);
     if (PyErr_Occurred()) {
-        mvz_catpass_release(c);
+        mvz_replay_categories_release(c);
         free(c);
         return NULL;
     }
@@ -868,7 +868,7 @@ static PyObject *replayer_feed_categories(Replayer *self, PyObject *args)
     int rc;
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS rc = mvz_replay_chunk(&self->r, c.records, c.count, self->width, c.layout, c.start,
-                                                 c.stop, mvz_catpass_visit, self->cats);
+                                                 c.stop, mvz_replay_categories_visit, self->cats);
     Py_END_ALLOW_THREADS
     self->busy = 0;
     PyBuffer_Release(&c.view);
@@ -889,16 +889,17 @@ static PyObject *replayer_categories(Replayer *self, PyObject *unused)
         PyErr_SetString(PyExc_RuntimeError, "Replayer.categories: start_categories() first");
         return NULL;
     }
-    mvz_catpass *c = self->cats;
+    mvz_replay_categories *c = self->cats;
     if (!self->cats_done) {
         self->cats_done = 1;
-        mvz_catpass_finish(c);
+        mvz_replay_categories_finish(c);
     }
     if (c->failed)
         return PyErr_NoMemory();
     PyObject *out = PyList_New(0);
     for (size_t k = 0; out && k < (size_t)MVZ_REPLAY_SLOTS * (size_t)c->ncat; k++) {
-        const mvz_cat_series *s = c->series[k];
+        const mvz_replay_categories_series *s =
+            mvz_replay_categories_series_of(c, (int)(k / (size_t)c->ncat), (int)(k % (size_t)c->ncat));
         if (!s)
             continue;
         PyObject *pts = PyList_New((Py_ssize_t)s->n);
@@ -1019,5 +1020,7 @@ int mvz_module_replay_init(PyObject *m)
     }
     /* how far after a segment the block it was made for is looked for
      * (replay.h; memviz/report/_categories.py's rules read it) */
+    if (PyModule_AddIntConstant(m, "REPLAY_CATEGORIES_MAX", MVZ_REPLAY_CATEGORIES_MAX))
+        return -1;
     return PyModule_AddIntConstant(m, "REPLAY_LOOKAHEAD", MVZ_REPLAY_LOOKAHEAD);
 }

@@ -14,12 +14,12 @@
 
 /* ---- two small open-addressing tables ----------------------------------------- */
 
-static int grow_runs(mvz_cat_segments *s, size_t need)
+static int grow_runs(mvz_replay_categories_segments *s, size_t need)
 {
     if (need <= s->cap)
         return 0;
     size_t ncap = s->cap ? 2 * s->cap : 8;
-    mvz_cat_run **q = realloc(s->runs, ncap * sizeof *q);
+    mvz_replay_categories_run **q = realloc(s->runs, ncap * sizeof *q);
     if (!q)
         return -1;
     s->runs = q;
@@ -35,16 +35,16 @@ static size_t home(uint32_t key, uint64_t address, uint64_t value, size_t mask)
 
 /* Room for one more entry in a table kept at most half full (rehashed into
  * one twice the size). `by_value`: the value is part of the key (known). */
-static int table_room(mvz_cat_entry **t, size_t *n, size_t *cap, int by_value)
+static int table_room(mvz_replay_categories_entry **t, size_t *n, size_t *cap, int by_value)
 {
     if (2 * (*n + 1) <= *cap)
         return 0;
     size_t ncap = *cap ? 2 * *cap : 1024;
-    mvz_cat_entry *nt = calloc(ncap, sizeof *nt);
+    mvz_replay_categories_entry *nt = calloc(ncap, sizeof *nt);
     if (!nt)
         return -1;
     for (size_t k = 0; k < *cap; k++) {
-        const mvz_cat_entry *e = &(*t)[k];
+        const mvz_replay_categories_entry *e = &(*t)[k];
         if (!e->key)
             continue;
         size_t i = home(e->key, e->address, by_value ? e->value : 0, ncap - 1);
@@ -58,39 +58,40 @@ static int table_room(mvz_cat_entry **t, size_t *n, size_t *cap, int by_value)
     return 0;
 }
 
-int mvz_catpass_known(mvz_catpass *c, int slot, int kind, uint64_t address, uint64_t ts, int cat)
+int mvz_replay_categories_known(mvz_replay_categories *c, int slot, int kind, uint64_t address, uint64_t ts,
+                                int cat)
 {
     if (table_room(&c->known, &c->k_n, &c->k_cap, 1))
         return -1;
     uint32_t key = (uint32_t)(slot << 8 | (kind & 0xFF)) + 1;
     size_t mask = c->k_cap - 1, i = home(key, address, ts, mask);
     for (; c->known[i].key; i = (i + 1) & mask) {
-        mvz_cat_entry *e = &c->known[i];
+        mvz_replay_categories_entry *e = &c->known[i];
         if (e->key == key && e->address == address && e->value == ts) {
             e->cat = cat; /* the later one, as a dict keeps it */
             return 0;
         }
     }
-    c->known[i] = (mvz_cat_entry){address, ts, key, cat};
+    c->known[i] = (mvz_replay_categories_entry){address, ts, key, cat};
     c->k_n++;
     return 0;
 }
 
-static int known_get(const mvz_catpass *c, int slot, int kind, uint64_t address, uint64_t ts)
+static int known_get(const mvz_replay_categories *c, int slot, int kind, uint64_t address, uint64_t ts)
 {
     if (!c->k_n)
-        return MVZ_CAT_UNKNOWN;
+        return MVZ_REPLAY_CATEGORIES_UNKNOWN;
     uint32_t key = (uint32_t)(slot << 8 | (kind & 0xFF)) + 1;
     size_t mask = c->k_cap - 1, i = home(key, address, ts, mask);
     for (; c->known[i].key; i = (i + 1) & mask) {
-        const mvz_cat_entry *e = &c->known[i];
+        const mvz_replay_categories_entry *e = &c->known[i];
         if (e->key == key && e->address == address && e->value == ts)
             return e->cat;
     }
-    return MVZ_CAT_UNKNOWN;
+    return MVZ_REPLAY_CATEGORIES_UNKNOWN;
 }
 
-static int live_put(mvz_catpass *c, int slot, int kind, uint64_t address, int cat, uint64_t size)
+static int live_put(mvz_replay_categories *c, int slot, int kind, uint64_t address, int cat, uint64_t size)
 {
     if (table_room(&c->live, &c->l_n, &c->l_cap, 0))
         return -1;
@@ -101,13 +102,13 @@ static int live_put(mvz_catpass *c, int slot, int kind, uint64_t address, int ca
             break;
     if (!c->live[i].key)
         c->l_n++;
-    c->live[i] = (mvz_cat_entry){address, size, key, cat};
+    c->live[i] = (mvz_replay_categories_entry){address, size, key, cat};
     return 0;
 }
 
 /* Take (slot, kind, address) out of the live table: 1 with its category and
  * size, 0 when it is not there. Deletes by shifting back (no tombstones). */
-static int live_pop(mvz_catpass *c, int slot, int kind, uint64_t address, int *cat, uint64_t *size)
+static int live_pop(mvz_replay_categories *c, int slot, int kind, uint64_t address, int *cat, uint64_t *size)
 {
     if (!c->l_cap)
         return 0;
@@ -136,18 +137,18 @@ static int live_pop(mvz_catpass *c, int slot, int kind, uint64_t address, int *c
 
 /* ---- live device allocations by address: sorted runs per slot ----------------- */
 
-/* a before b: by address, and among equal addresses the newest first (where
- * the Python rules' bisect_left inserts) */
-static int seg_before(const mvz_cat_segment *a, const mvz_cat_segment *b)
+/* a before b: by address, and among equal addresses the newest first (a
+ * new one goes before the others at its address) */
+static int seg_before(const mvz_replay_categories_segment *a, const mvz_replay_categories_segment *b)
 {
     return a->address < b->address || (a->address == b->address && a->seq > b->seq);
 }
 
-static int seg_insert(mvz_catpass *c, int slot, uint64_t address, uint64_t size, uint64_t ts,
+static int seg_insert(mvz_replay_categories *c, int slot, uint64_t address, uint64_t size, uint64_t ts,
                       int cat, uint32_t thread)
 {
-    mvz_cat_segments *s = &c->segs[slot];
-    mvz_cat_segment x = {address, size, ts, c->seg_seq++, c->allocs, thread, cat, 0, 1};
+    mvz_replay_categories_segments *s = &c->segs[slot];
+    mvz_replay_categories_segment x = {address, size, ts, c->seg_seq++, c->allocs, thread, cat, 0, 1};
     if (!s->n) {
         if (grow_runs(s, 1))
             return -1;
@@ -166,16 +167,17 @@ static int seg_insert(mvz_catpass *c, int slot, uint64_t address, uint64_t size,
             hi = mid;
     }
     size_t r = lo ? lo - 1 : 0;
-    mvz_cat_run *run = s->runs[r];
-    if (run->n == MVZ_CAT_RUN) { /* full: split in halves */
+    mvz_replay_categories_run *run = s->runs[r];
+    if (run->n == MVZ_REPLAY_CATEGORIES_RUN) { /* full: split in halves */
         if (grow_runs(s, s->n + 1))
             return -1;
-        mvz_cat_run *half = calloc(1, sizeof *half);
+        mvz_replay_categories_run *half = calloc(1, sizeof *half);
         if (!half)
             return -1;
-        half->n = MVZ_CAT_RUN / 2;
-        memcpy(half->v, run->v + MVZ_CAT_RUN / 2, (MVZ_CAT_RUN / 2) * sizeof *half->v);
-        run->n = MVZ_CAT_RUN / 2;
+        half->n = MVZ_REPLAY_CATEGORIES_RUN / 2;
+        memcpy(half->v, run->v + MVZ_REPLAY_CATEGORIES_RUN / 2,
+               (MVZ_REPLAY_CATEGORIES_RUN / 2) * sizeof *half->v);
+        run->n = MVZ_REPLAY_CATEGORIES_RUN / 2;
         memmove(&s->runs[r + 2], &s->runs[r + 1], (s->n - r - 1) * sizeof *s->runs);
         s->runs[r + 1] = half;
         s->n++;
@@ -198,9 +200,9 @@ static int seg_insert(mvz_catpass *c, int slot, uint64_t address, uint64_t size,
 
 /* The first entry at `address` or after it (bisect_left): its run and place;
  * 0 when there is none. */
-static int seg_lower(const mvz_catpass *c, int slot, uint64_t address, size_t *r, size_t *i)
+static int seg_lower(const mvz_replay_categories *c, int slot, uint64_t address, size_t *r, size_t *i)
 {
-    const mvz_cat_segments *s = &c->segs[slot];
+    const mvz_replay_categories_segments *s = &c->segs[slot];
     size_t lo = 0, hi = s->n; /* the first run whose last entry is at address or after */
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -211,7 +213,7 @@ static int seg_lower(const mvz_catpass *c, int slot, uint64_t address, size_t *r
     }
     if (lo == s->n)
         return 0;
-    const mvz_cat_run *run = s->runs[lo];
+    const mvz_replay_categories_run *run = s->runs[lo];
     size_t k = 0, top = run->n - 1; /* the first entry at address or after */
     while (k < top) {
         size_t mid = k + (top - k) / 2;
@@ -225,10 +227,10 @@ static int seg_lower(const mvz_catpass *c, int slot, uint64_t address, size_t *r
     return 1;
 }
 
-static void seg_remove(mvz_catpass *c, int slot, size_t r, size_t i)
+static void seg_remove(mvz_replay_categories *c, int slot, size_t r, size_t i)
 {
-    mvz_cat_segments *s = &c->segs[slot];
-    mvz_cat_run *run = s->runs[r];
+    mvz_replay_categories_segments *s = &c->segs[slot];
+    mvz_replay_categories_run *run = s->runs[r];
     memmove(&run->v[i], &run->v[i + 1], (run->n - i - 1) * sizeof *run->v);
     if (--run->n)
         return;
@@ -239,9 +241,9 @@ static void seg_remove(mvz_catpass *c, int slot, size_t r, size_t i)
 
 /* The live device allocation holding `address`: the last one starting at or
  * before it (bisect_right - 1), if it reaches that far. */
-static mvz_cat_segment *segment_of(mvz_catpass *c, int slot, uint64_t address)
+static mvz_replay_categories_segment *segment_of(mvz_replay_categories *c, int slot, uint64_t address)
 {
-    mvz_cat_segments *s = &c->segs[slot];
+    mvz_replay_categories_segments *s = &c->segs[slot];
     size_t lo = 0, hi = s->n; /* the first run whose first entry is after address */
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -252,7 +254,7 @@ static mvz_cat_segment *segment_of(mvz_catpass *c, int slot, uint64_t address)
     }
     if (!lo)
         return NULL;
-    mvz_cat_run *run = s->runs[lo - 1];
+    mvz_replay_categories_run *run = s->runs[lo - 1];
     size_t k = 1, top = run->n; /* the first entry after address (the run's first is not) */
     while (k < top) {
         size_t mid = k + (top - k) / 2;
@@ -261,13 +263,13 @@ static mvz_cat_segment *segment_of(mvz_catpass *c, int slot, uint64_t address)
         else
             top = mid;
     }
-    mvz_cat_segment *g = &run->v[k - 1];
+    mvz_replay_categories_segment *g = &run->v[k - 1];
     return address - g->address < g->size ? g : NULL;
 }
 
 /* ---- series ------------------------------------------------------------------ */
 
-static void emit(mvz_cat_series *s, mvz_cat_point p, size_t limit)
+static void emit(mvz_replay_categories_series *s, mvz_replay_categories_point p, size_t limit)
 {
     if (!limit) {
         s->points[s->n++] = p; /* room made by the caller */
@@ -279,7 +281,7 @@ static void emit(mvz_cat_series *s, mvz_cat_point p, size_t limit)
         return;
     if (s->n == limit) {
         for (size_t k = 0; k < limit / 2; k++) {
-            const mvz_cat_point *a = &s->points[2 * k], *b = &s->points[2 * k + 1];
+            const mvz_replay_categories_point *a = &s->points[2 * k], *b = &s->points[2 * k + 1];
             s->points[k] = b->level > a->level ? *b : *a;
         }
         s->n = limit / 2;
@@ -290,11 +292,11 @@ static void emit(mvz_cat_series *s, mvz_cat_point p, size_t limit)
     s->fill = 0;
 }
 
-static int emit_point(mvz_catpass *c, mvz_cat_series *s, mvz_cat_point p)
+static int emit_point(mvz_replay_categories *c, mvz_replay_categories_series *s, mvz_replay_categories_point p)
 {
     if (!c->limit && s->n == s->cap) {
         size_t ncap = s->cap ? 2 * s->cap : 64;
-        mvz_cat_point *q = realloc(s->points, ncap * sizeof *q);
+        mvz_replay_categories_point *q = realloc(s->points, ncap * sizeof *q);
         if (!q)
             return -1;
         s->points = q;
@@ -306,20 +308,20 @@ static int emit_point(mvz_catpass *c, mvz_cat_series *s, mvz_cat_point p)
 
 static int by_time(const void *x, const void *y)
 {
-    const mvz_cat_change *a = x, *b = y;
+    const mvz_replay_categories_change *a = x, *b = y;
     if (a->ts != b->ts)
         return a->ts < b->ts ? -1 : 1;
     return a->seq < b->seq ? -1 : a->seq > b->seq;
 }
 
 /* Sum the window, in time order, into the series. */
-static int sum_window(mvz_catpass *c)
+static int sum_window(mvz_replay_categories *c)
 {
     if (c->unsorted)
         qsort(c->window, c->nwin, sizeof *c->window, by_time);
     for (size_t k = 0; k < c->nwin; k++) {
-        const mvz_cat_change *ch = &c->window[k];
-        mvz_cat_series *s = c->series[ch->series];
+        const mvz_replay_categories_change *ch = &c->window[k];
+        mvz_replay_categories_series *s = c->series[ch->series / c->ncat][ch->series % c->ncat];
         s->cur += ch->delta;
         if (s->has_pending && s->pending.ts == ch->ts) {
             s->pending.level = s->cur;
@@ -340,11 +342,16 @@ static int sum_window(mvz_catpass *c)
     return 0;
 }
 
-static int add(mvz_catpass *c, int slot, int cat, uint64_t ts, mvz_wide delta)
+static int add(mvz_replay_categories *c, int slot, int cat, uint64_t ts, mvz_wide delta)
 {
     uint32_t id = (uint32_t)(slot * c->ncat + cat);
-    if (!c->series[id]) {
-        mvz_cat_series *s = calloc(1, sizeof *s);
+    if (!c->series[slot]) {
+        c->series[slot] = calloc((size_t)c->ncat, sizeof *c->series[slot]);
+        if (!c->series[slot])
+            return -1;
+    }
+    if (!c->series[slot][cat]) {
+        mvz_replay_categories_series *s = calloc(1, sizeof *s);
         if (!s)
             return -1;
         s->order = c->nseries++;
@@ -359,9 +366,9 @@ static int add(mvz_catpass *c, int slot, int cat, uint64_t ts, mvz_wide delta)
             }
             s->cap = c->limit;
         }
-        c->series[id] = s;
+        c->series[slot][cat] = s;
     }
-    if (c->nwin == MVZ_CAT_WINDOW && sum_window(c))
+    if (c->nwin == MVZ_REPLAY_CATEGORIES_WINDOW && sum_window(c))
         return -1;
     if (c->summed && ts < c->summed_to)
         ts = c->summed_to; /* older than the window: counts at the time summed last */
@@ -378,7 +385,7 @@ static int add(mvz_catpass *c, int slot, int cat, uint64_t ts, mvz_wide delta)
             memmove(&c->window[at + 1], &c->window[at], (c->nwin - at) * sizeof *c->window);
         }
     }
-    mvz_cat_change *ch = &c->window[at];
+    mvz_replay_categories_change *ch = &c->window[at];
     ch->ts = ts;
     ch->delta = delta;
     ch->seq = c->seq++;
@@ -391,7 +398,7 @@ static int add(mvz_catpass *c, int slot, int cat, uint64_t ts, mvz_wide delta)
 
 /* The end of a live allocation at `ts` (its FREE, or an ALLOC at its
  * address whose free was not seen). */
-static int end_one(mvz_catpass *c, int slot, int kind, uint64_t address, uint64_t ts)
+static int end_one(mvz_replay_categories *c, int slot, int kind, uint64_t address, uint64_t ts)
 {
     int cat;
     uint64_t size;
@@ -401,24 +408,24 @@ static int end_one(mvz_catpass *c, int slot, int kind, uint64_t address, uint64_
         size_t r, i;
         if (seg_lower(c, slot, address, &r, &i) && c->segs[slot].runs[r]->v[i].address == address) {
             if (c->segs[slot].runs[r]->v[i].pool) /* what is left of a pool segment is unused pool */
-                cat = MVZ_CAT_POOL;
+                cat = MVZ_REPLAY_CATEGORIES_POOL;
             seg_remove(c, slot, r, i);
         }
     } else if (kind == MVZ_KIND_BLOCK) {
-        mvz_cat_segment *g = segment_of(c, slot, address);
-        if (g && g->pool && add(c, slot, MVZ_CAT_POOL, ts, (mvz_wide)size))
+        mvz_replay_categories_segment *g = segment_of(c, slot, address);
+        if (g && g->pool && add(c, slot, MVZ_REPLAY_CATEGORIES_POOL, ts, (mvz_wide)size))
             return -1;
-        if (add(c, slot, MVZ_CAT_TENSORS, ts, -(mvz_wide)size))
+        if (add(c, slot, MVZ_REPLAY_CATEGORIES_TENSORS, ts, -(mvz_wide)size))
             return -1;
     }
     return add(c, slot, cat, ts, -(mvz_wide)size);
 }
 
-int mvz_catpass_visit(void *ctx, const mvz_event *e, uint64_t index, uint64_t ts,
+int mvz_replay_categories_visit(void *ctx, const mvz_event *e, uint64_t index, uint64_t ts,
                       const mvz_alloc *ended)
 {
     (void)index;
-    mvz_catpass *c = ctx;
+    mvz_replay_categories *c = ctx;
     if (e->op == MVZ_EV_ALLOC) {
         int slot = (uint8_t)e->device, kind = e->kind;
         c->allocs++;
@@ -428,7 +435,7 @@ int mvz_catpass_visit(void *ctx, const mvz_event *e, uint64_t index, uint64_t ts
         int cat = known_get(c, slot, kind, e->address, ts);
         uint64_t at = ts;
         if (kind == MVZ_KIND_BLOCK) {
-            mvz_cat_segment *g = segment_of(c, slot, e->address);
+            mvz_replay_categories_segment *g = segment_of(c, slot, e->address);
             if (g) {
                 if (g->waiting && e->thread_idx == g->thread &&
                     c->allocs - g->allocs <= MVZ_REPLAY_LOOKAHEAD) {
@@ -439,15 +446,15 @@ int mvz_catpass_visit(void *ctx, const mvz_event *e, uint64_t index, uint64_t ts
                 }
                 if (!g->pool) { /* its first block: the segment is the pool's since it was made */
                     if (add(c, slot, g->cat, g->ts, -(mvz_wide)g->size) ||
-                        add(c, slot, MVZ_CAT_POOL, g->ts, (mvz_wide)g->size))
+                        add(c, slot, MVZ_REPLAY_CATEGORIES_POOL, g->ts, (mvz_wide)g->size))
                         return c->failed = -1;
-                    g->cat = MVZ_CAT_POOL;
+                    g->cat = MVZ_REPLAY_CATEGORIES_POOL;
                     g->pool = 1;
                 }
-                if (add(c, slot, MVZ_CAT_POOL, at, -(mvz_wide)e->size))
+                if (add(c, slot, MVZ_REPLAY_CATEGORIES_POOL, at, -(mvz_wide)e->size))
                     return c->failed = -1;
             }
-            if (add(c, slot, MVZ_CAT_TENSORS, at, (mvz_wide)e->size))
+            if (add(c, slot, MVZ_REPLAY_CATEGORIES_TENSORS, at, (mvz_wide)e->size))
                 return c->failed = -1;
         } else if (kind == MVZ_KIND_DEVICE &&
                    seg_insert(c, slot, e->address, e->size, ts, cat, e->thread_idx)) {
@@ -467,12 +474,13 @@ int mvz_catpass_visit(void *ctx, const mvz_event *e, uint64_t index, uint64_t ts
     return 0;
 }
 
-int mvz_catpass_finish(mvz_catpass *c)
+int mvz_replay_categories_finish(mvz_replay_categories *c)
 {
     if (c->failed || sum_window(c))
         return c->failed = -1;
     for (size_t k = 0; k < (size_t)MVZ_REPLAY_SLOTS * (size_t)c->ncat; k++) {
-        mvz_cat_series *s = c->series[k];
+        mvz_replay_categories_series *s =
+            c->series[k / c->ncat] ? c->series[k / c->ncat][k % c->ncat] : NULL;
         if (!s || !s->has_pending)
             continue;
         if (emit_point(c, s, s->pending))
@@ -481,7 +489,7 @@ int mvz_catpass_finish(mvz_catpass *c)
         if (c->limit && s->fill) { /* the open bucket, however full */
             if (s->n == c->limit) {
                 for (size_t j = 0; j < c->limit / 2; j++) {
-                    const mvz_cat_point *a = &s->points[2 * j], *b = &s->points[2 * j + 1];
+                    const mvz_replay_categories_point *a = &s->points[2 * j], *b = &s->points[2 * j + 1];
                     s->points[j] = b->level > a->level ? *b : *a;
                 }
                 s->n = c->limit / 2;
@@ -493,29 +501,35 @@ int mvz_catpass_finish(mvz_catpass *c)
     return 0;
 }
 
-int mvz_catpass_init(mvz_catpass *c, int ncat, size_t limit)
+const mvz_replay_categories_series *mvz_replay_categories_series_of(const mvz_replay_categories *c, int slot,
+                                                                    int cat)
+{
+    return c->series[slot] ? c->series[slot][cat] : NULL;
+}
+
+int mvz_replay_categories_init(mvz_replay_categories *c, int ncat, size_t limit)
 {
     memset(c, 0, sizeof *c);
     c->ncat = ncat < 3 ? 3 : ncat;
     c->limit = limit & ~(size_t)1;
-    c->series = calloc((size_t)MVZ_REPLAY_SLOTS * (size_t)c->ncat, sizeof *c->series);
-    c->window = malloc(MVZ_CAT_WINDOW * sizeof *c->window);
-    if (!c->series || !c->window) {
-        mvz_catpass_release(c);
+    c->window = malloc(MVZ_REPLAY_CATEGORIES_WINDOW * sizeof *c->window);
+    if (!c->window) {
+        mvz_replay_categories_release(c);
         return -1;
     }
     return 0;
 }
 
-void mvz_catpass_release(mvz_catpass *c)
+void mvz_replay_categories_release(mvz_replay_categories *c)
 {
-    if (c->series)
-        for (size_t k = 0; k < (size_t)MVZ_REPLAY_SLOTS * (size_t)c->ncat; k++)
-            if (c->series[k]) {
-                free(c->series[k]->points);
-                free(c->series[k]);
+    for (int d = 0; d < MVZ_REPLAY_SLOTS; d++) {
+        for (int k = 0; c->series[d] && k < c->ncat; k++)
+            if (c->series[d][k]) {
+                free(c->series[d][k]->points);
+                free(c->series[d][k]);
             }
-    free(c->series);
+        free(c->series[d]);
+    }
     free(c->window);
     free(c->known);
     free(c->live);

@@ -1,7 +1,9 @@
-/* Live bytes per category over a loaded trace's events: the rules of
- * memviz/report/_categories.py (the HTML report's and the Perfetto
- * export's category series), run in C over a replay's events, so a trace of
- * millions of events needs no Python object per event.
+/* Live bytes per category over a replay's events: the one owner of the
+ * rules memviz/report/_categories.py states (the HTML report's and the
+ * Perfetto export's category series). A loaded trace's file and any
+ * recording's events() (packed into records, memviz/trace/categories.py)
+ * are summed here alike, so a trace of millions of events needs no Python
+ * object per event.
  *
  * Every byte counts once, as snapshots count them: a PyTorch block (kind
  * "block") lies inside a segment (a "device" allocation); a segment that
@@ -10,17 +12,17 @@
  * segment's thread inside it, among the MVZ_REPLAY_LOOKAHEAD allocations
  * after it) counts from the segment's time, as a peak's set holds it
  * (replay.c). The blocks' bytes are also a series of their own
- * (MVZ_CAT_TENSORS, PyTorch's tensors), never added to the segments. An
+ * (MVZ_REPLAY_CATEGORIES_TENSORS, PyTorch's tensors), never added to the segments. An
  * allocation's category is the one the snapshots gave it (the "known"
  * ones: live at the end or at a peak, by device, kind, address and time),
- * else <unknown>. memviz/report/_categories.py owns these rules; this file
- * follows them.
+ * else <unknown>.
  *
- * Changes come in the events' order and are summed in time order, as the
- * Python rules sort them: a window of the last MVZ_CAT_WINDOW changes is
- * put in order before it is summed (a change earlier than what was summed
- * already counts at the time summed last; traces that memviz writes are in
- * order, or out of order by a few events). Each series keeps every point,
+ * Changes come in the events' order and are summed in time order (a stable
+ * order: at one time, the last level counts): a window of the last
+ * MVZ_REPLAY_CATEGORIES_WINDOW changes is put in order before it is summed
+ * (a change earlier than what was summed already counts at the time summed
+ * last; traces that memviz writes are in order, or out of order by a few
+ * events). Each series keeps every point,
  * or with a limit the highest of each bucket of consecutive points
  * (buckets merged in pairs when full).
  *
@@ -35,15 +37,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MVZ_CAT_UNKNOWN 0 /* "<unknown>" */
-#define MVZ_CAT_POOL 1    /* "unused_pool" */
-#define MVZ_CAT_TENSORS 2 /* PyTorch's tensors: its blocks' bytes (not a category) */
-#define MVZ_CAT_WINDOW ((size_t)1 << 19)
+#define MVZ_REPLAY_CATEGORIES_UNKNOWN 0 /* "<unknown>" */
+#define MVZ_REPLAY_CATEGORIES_POOL 1    /* "unused_pool" */
+#define MVZ_REPLAY_CATEGORIES_TENSORS 2 /* PyTorch's tensors: its blocks' bytes (not a category) */
+#define MVZ_REPLAY_CATEGORIES_WINDOW ((size_t)1 << 19)
+/* At most this many categories (a slot's series are an array of them, made
+ * on the slot's first change). */
+#define MVZ_REPLAY_CATEGORIES_MAX 65536
 
 typedef struct {
     uint64_t ts;
     mvz_wide level;
-} mvz_cat_point;
+} mvz_replay_categories_point;
 
 typedef struct {
     uint32_t order; /* the how-manieth series to change first */
@@ -51,18 +56,18 @@ typedef struct {
     int cat;
     mvz_wide cur;
     int has_pending;
-    mvz_cat_point pending; /* the last time's point, while changes may come at that time */
-    mvz_cat_point *points;
+    mvz_replay_categories_point pending; /* the last time's point, while changes may come at that time */
+    mvz_replay_categories_point *points;
     size_t n, cap;
     uint64_t stride, fill; /* with a limit: points per bucket, points in the open one */
-    mvz_cat_point open;
-} mvz_cat_series;
+    mvz_replay_categories_point open;
+} mvz_replay_categories_series;
 
 typedef struct {
     uint64_t ts;
     mvz_wide delta;
     uint32_t seq, series;
-} mvz_cat_change;
+} mvz_replay_categories_change;
 
 /* An entry of the two small hash tables: `key` 0 is an empty place. */
 typedef struct {
@@ -70,11 +75,11 @@ typedef struct {
     uint64_t value; /* known: the time it was made; live: its size */
     uint32_t key;   /* (slot << 8 | kind) + 1 */
     int cat;
-} mvz_cat_entry;
+} mvz_replay_categories_entry;
 
-/* A live device allocation. They are kept in the order of the Python
- * rules' sorted list (by address, and among equal addresses the newest
- * first), in runs of at most MVZ_CAT_RUN (a sorted array of sorted arrays:
+/* A live device allocation. They are kept in address order (by address,
+ * and among equal addresses the newest
+ * first), in runs of at most MVZ_REPLAY_CATEGORIES_RUN (a sorted array of sorted arrays:
  * a change moves at most one run and the runs' pointers). */
 typedef struct {
     uint64_t address, size, ts, seq;
@@ -82,55 +87,60 @@ typedef struct {
     uint32_t thread; /* the thread that made it */
     int cat, pool;
     int waiting; /* for the block it was made for */
-} mvz_cat_segment;
+} mvz_replay_categories_segment;
 
-#define MVZ_CAT_RUN 64
+#define MVZ_REPLAY_CATEGORIES_RUN 64
 
 typedef struct {
     size_t n;
-    mvz_cat_segment v[MVZ_CAT_RUN];
-} mvz_cat_run;
+    mvz_replay_categories_segment v[MVZ_REPLAY_CATEGORIES_RUN];
+} mvz_replay_categories_run;
 
 typedef struct {
-    mvz_cat_run **runs;
+    mvz_replay_categories_run **runs;
     size_t n, cap;
-} mvz_cat_segments;
+} mvz_replay_categories_segments;
 
 typedef struct {
     int ncat;
     size_t limit; /* points per series, 0: all (even) */
     /* known categories: (slot, address, ts) -> category */
-    mvz_cat_entry *known;
+    mvz_replay_categories_entry *known;
     size_t k_n, k_cap;
     /* live allocations: (slot, address, kind) -> (category, size) */
-    mvz_cat_entry *live;
+    mvz_replay_categories_entry *live;
     size_t l_n, l_cap;
-    mvz_cat_segments segs[MVZ_REPLAY_SLOTS]; /* live device allocations, by address */
+    mvz_replay_categories_segments segs[MVZ_REPLAY_SLOTS]; /* live device allocations, by address */
     uint64_t seg_seq;
     uint64_t allocs; /* ALLOC events seen */
-    mvz_cat_series **series;                 /* [slot * ncat + cat], made on first change */
+    /* [slot][cat]: a slot's array made on its first change, a series on its own */
+    mvz_replay_categories_series **series[MVZ_REPLAY_SLOTS];
     uint32_t nseries;
-    mvz_cat_change *window;
+    mvz_replay_categories_change *window;
     size_t nwin;
     int unsorted;
     uint32_t seq;
     uint64_t summed_to; /* the time of the last change summed */
     int summed;
     int failed; /* out of memory: the result is not to be read */
-} mvz_catpass;
+} mvz_replay_categories;
 
-/* `ncat` categories (0, 1 and 2 are MVZ_CAT_UNKNOWN, MVZ_CAT_POOL and
- * MVZ_CAT_TENSORS); `limit`
- * points per series (0: every point). 0, or -1 out of memory. */
-int mvz_catpass_init(mvz_catpass *c, int ncat, size_t limit);
-void mvz_catpass_release(mvz_catpass *c);
+/* `ncat` categories, 3 to MVZ_REPLAY_CATEGORIES_MAX (0, 1 and 2 are
+ * MVZ_REPLAY_CATEGORIES_UNKNOWN, _POOL and _TENSORS); `limit` points per
+ * series (0: every point). 0, or -1 out of memory. */
+int mvz_replay_categories_init(mvz_replay_categories *c, int ncat, size_t limit);
+void mvz_replay_categories_release(mvz_replay_categories *c);
 /* The category the snapshots gave the allocation of `slot` and `kind` at
  * `address` made at `ts`. 0 or -1. */
-int mvz_catpass_known(mvz_catpass *c, int slot, int kind, uint64_t address, uint64_t ts, int cat);
-/* The replay's visitor (ctx: the mvz_catpass). */
-int mvz_catpass_visit(void *ctx, const mvz_event *e, uint64_t index, uint64_t ts,
+int mvz_replay_categories_known(mvz_replay_categories *c, int slot, int kind, uint64_t address, uint64_t ts,
+                                int cat);
+/* The replay's visitor (ctx: the mvz_replay_categories). */
+int mvz_replay_categories_visit(void *ctx, const mvz_event *e, uint64_t index, uint64_t ts,
                       const mvz_alloc *ended);
 /* Sum what is left (once, after the last event). 0 or -1. */
-int mvz_catpass_finish(mvz_catpass *c);
+int mvz_replay_categories_finish(mvz_replay_categories *c);
+/* The series of `slot` and `cat`; NULL while it has not changed. */
+const mvz_replay_categories_series *mvz_replay_categories_series_of(const mvz_replay_categories *c, int slot,
+                                                                    int cat);
 
 #endif

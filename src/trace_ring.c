@@ -66,27 +66,33 @@ size_t mvz_ring_take(mvz_trace_ring *t, mvz_raw_event *out, size_t room, uint64_
     return m;
 }
 
-long mvz_ring_encode(const mvz_raw_event *raw, size_t m, uint64_t dropped, uint8_t **out)
+long mvz_ring_encode_from(const mvz_raw_event *raw, size_t m, uint64_t dropped, uint64_t start,
+                          int marker_flags, uint8_t **out)
 {
     *out = NULL;
-    /* Every drain starts with a TIME record, so each chunk decodes alone; a
-     * new TIME record follows any gap longer than a u32 of nanoseconds. */
+    /* Every run starts with a TIME record, so each chunk decodes alone. */
     size_t cap = 2 * m + 2;
     mvz_event *ev = malloc(cap * sizeof *ev);
     if (!ev)
         return -1;
     size_t k = 0;
-    uint64_t prev = m ? raw[0].timestamp : mvz_now_ns();
-    mvz_event_marker(&ev[k++], MVZ_EV_TIME, prev, 0);
+    uint64_t prev = start;
+    mvz_event_marker(&ev[k++], MVZ_EV_TIME, prev, marker_flags);
     if (dropped)
-        mvz_event_marker(&ev[k++], MVZ_EV_GAP, dropped, 0);
+        mvz_event_marker(&ev[k++], MVZ_EV_GAP, dropped, marker_flags);
     for (size_t i = 0; i < m; i++) {
-        if (raw[i].timestamp - prev > 0xffffffffULL && raw[i].timestamp > prev) {
-            mvz_event_marker(&ev[k++], MVZ_EV_TIME, raw[i].timestamp, 0);
-            prev = raw[i].timestamp;
+        uint64_t ts = raw[i].timestamp;
+        if (ts < prev || ts - prev > 0xffffffffULL) {
+            mvz_event_marker(&ev[k++], MVZ_EV_TIME, ts, marker_flags);
+            prev = ts;
         }
         mvz_event_encode(&ev[k++], &raw[i], &prev);
     }
     *out = (uint8_t *)ev;
     return (long)(k * sizeof *ev);
+}
+
+long mvz_ring_encode(const mvz_raw_event *raw, size_t m, uint64_t dropped, uint8_t **out)
+{
+    return mvz_ring_encode_from(raw, m, dropped, m ? raw[0].timestamp : mvz_now_ns(), 0, out);
 }

@@ -16,6 +16,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The ring's size in events, from the smallest to the largest asked for
+ * (memviz._core.TRACE_RING_MIN and TRACE_RING_MAX). */
+#define MVZ_RING_MIN_EVENTS 1024
+#define MVZ_RING_MAX_EVENTS ((size_t)1 << 28)
+
 /* A trace event as kept in the ring: the allocation record (record.h),
  * its `op` saying what happened. */
 typedef mvz_alloc mvz_raw_event;
@@ -45,8 +50,21 @@ size_t mvz_ring_pending(const mvz_trace_ring *t);
  * (store.h's mvz_store_trace_take), the Python writer with it
  * (mvz_store_trace_drain). */
 size_t mvz_ring_take(mvz_trace_ring *t, mvz_raw_event *out, size_t room, uint64_t *dropped);
-/* No lock: encode taken events as mvz_event records into a malloc'd buffer
- * (the caller frees); returns its length in bytes, or -1. */
+/* No lock, no Python: the one encoding of events into a .memviz file's
+ * records (every EVENTS and LIVE chunk memviz writes, from the ring or from
+ * Python's rows: _core.encode_events). Into a malloc'd buffer (the caller
+ * frees): a TIME record of `start`, a GAP record of `dropped` when there are
+ * any (both with `marker_flags`), then each event, after a TIME record of
+ * its own time (also with `marker_flags`) where it goes back in time or its
+ * delta would not fit 32 bits, so each event decodes to its own time.
+ * Returns the buffer's length in bytes, or -1. Safe without the GIL and
+ * without the store's lock: it reads only `raw` (a copy taken out of the
+ * ring, or Python's rows copied by the binding) and writes only its own
+ * buffer. */
+long mvz_ring_encode_from(const mvz_raw_event *raw, size_t m, uint64_t dropped, uint64_t start,
+                          int marker_flags, uint8_t **out);
+/* The same for taken events: `start` is the first one's time (now where
+ * there is none), the markers' flags 0. */
 long mvz_ring_encode(const mvz_raw_event *raw, size_t m, uint64_t dropped, uint8_t **out);
 
 #endif

@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include "trace_writer.h"
 #include "clock.h"
+#include "labels.h"
 #include "livetab.h"
 #include "store.h"
 #include "trace_ring.h"
@@ -16,6 +17,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <stdlib.h>
@@ -24,10 +26,10 @@
 #include <unistd.h>
 
 /* The .memviz framing (memviz/trace/format.py). */
-#define KIND_EVENTS 7
-#define COMPRESSED 0x80
-#define LAYOUT_ROWS 0
-#define LAYOUT_PLANES 1
+#define KIND_EVENTS MVZ_TW_CHUNK_EVENTS
+#define COMPRESSED MVZ_TW_CHUNK_COMPRESSED
+#define LAYOUT_ROWS MVZ_TW_LAYOUT_ROWS
+#define LAYOUT_PLANES MVZ_TW_LAYOUT_PLANES
 #define FLAG_SYNTHETIC MVZ_FLAG_SYNTHETIC
 #define EVENTS_HEAD 5 /* count:u32, layout:u8 */
 /* Events per chunk: 2 MiB of records before compression. */
@@ -71,6 +73,7 @@ int mvz_tw_zlib(void)
 /* ---- CRC-32 (IEEE 802.3, as zlib.crc32), table built at start ---------- */
 
 static uint32_t crc_table[256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
 
 static void crc_init(void)
 {
@@ -151,10 +154,77 @@ static uint8_t *pack(const uint8_t *raw, size_t raw_len, size_t *plen, int level
     return NULL;
 }
 
-/* Frame `nrec` records as an EVENTS chunk (byte planes, compressed when
- * zlib is there and it helps; records one after another where the planes
- * would inflate past what a reader allows, uncompressed where those would
- * too): a malloc'd tw_chunk, or NULL. */
+void mvz_tw_events_payload(const mvz_event *ev, size_t n, int layout, uint8_t *out)
+{
+    put_u32(out, (uint32_t)n);
+    out[4] = (uint8_t)layout;
+    const uint8_t *src = (const uint8_t *)ev;
+    if (layout != LAYOUT_PLANES) {
+        memcpy(out + EVENTS_HEAD, src, n * sizeof(mvz_event));
+        return;
+    }
+    for (size_t k = 0; k < sizeof(mvz_event); k++) {
+        uint8_t *plane = out + EVENTS_HEAD + k * n;
+        for (size_t i = 0; i < n; i++)
+            plane[i] = src[i * sizeof(mvz_event) + k];
+    }
+}
+
+/* An EVENTS payload in byte planes, rewritten in place as rows (the same
+ * records); 0, or -1 out of memory. */
+static int planes_to_rows(uint8_t *raw, size_t raw_len)
+{
+    size_t n = (raw_len - EVENTS_HEAD) / sizeof(mvz_event);
+    uint8_t *rows = malloc(n * sizeof(mvz_event) + 1);
+    if (!rows)
+        return -1;
+    for (size_t k = 0; k < sizeof(mvz_event); k++)
+        for (size_t i = 0; i < n; i++)
+            rows[i * sizeof(mvz_event) + k] = raw[EVENTS_HEAD + k * n + i];
+    memcpy(raw + EVENTS_HEAD, rows, n * sizeof(mvz_event));
+    raw[4] = LAYOUT_ROWS;
+    free(rows);
+    return 0;
+}
+
+/* Frame `raw` (a chunk's payload) as a chunk of `kind` after `head` bytes of
+ * a malloc'd block: compressed when zlib is there, `level` > 0, and that
+ * makes it smaller and inflates no more than a reader allows; an EVENTS
+ * payload in byte planes that does not is tried as rows (as regular as
+ * that: rows compress less), which `raw` then holds; else as it is. *len:
+ * the chunk's bytes. NULL out of memory. */
+static uint8_t *frame(uint8_t kind, uint8_t *raw, size_t raw_len, int level, size_t head, size_t *len)
+{
+    size_t plen = raw_len;
+    uint8_t *packed = pack(raw, raw_len, &plen, level);
+    if (!packed && level > 0 && z_compress2 != NULL && raw_len >= EVENTS_HEAD &&
+        raw[4] == LAYOUT_PLANES && (raw_len - EVENTS_HEAD) % sizeof(mvz_event) == 0 &&
+        planes_to_rows(raw, raw_len) == 0)
+        packed = pack(raw, raw_len, &plen, level);
+    const uint8_t *payload = packed ? packed : raw;
+    if (packed)
+        kind |= COMPRESSED;
+    uint8_t *out = malloc(head + 5 + plen + 4);
+    if (out) {
+        uint8_t *c = out + head;
+        c[0] = kind;
+        put_u32(c + 1, (uint32_t)plen);
+        memcpy(c + 5, payload, plen);
+        put_u32(c + 5 + plen, crc32_of(0, c, 5 + plen));
+        *len = 5 + plen + 4;
+    }
+    free(packed);
+    return out;
+}
+
+uint8_t *mvz_tw_frame_events(uint8_t kind, uint8_t *payload, size_t len, int level, size_t *out_len)
+{
+    pthread_once(&crc_once, crc_init);
+    return frame(kind, payload, len, level, 0, out_len);
+}
+
+/* Frame `nrec` records as an EVENTS chunk (byte planes, by frame()'s rule):
+ * a malloc'd tw_chunk, or NULL. */
 static tw_chunk *frame_events(const mvz_event *ev, size_t nrec, uint32_t events, uint64_t first_ts,
                               uint64_t last_ts, int level)
 {
@@ -162,40 +232,18 @@ static tw_chunk *frame_events(const mvz_event *ev, size_t nrec, uint32_t events,
     uint8_t *raw = malloc(raw_len);
     if (!raw)
         return NULL;
-    put_u32(raw, (uint32_t)nrec);
-    raw[4] = LAYOUT_PLANES;
-    const uint8_t *src = (const uint8_t *)ev;
-    for (size_t k = 0; k < sizeof(mvz_event); k++) {
-        uint8_t *plane = raw + EVENTS_HEAD + k * nrec;
-        for (size_t i = 0; i < nrec; i++)
-            plane[i] = src[i * sizeof(mvz_event) + k];
-    }
-    uint8_t type = KIND_EVENTS;
-    size_t plen = raw_len;
-    uint8_t *packed = pack(raw, raw_len, &plen, level);
-    if (!packed && level > 0 && z_compress2 != NULL) {
-        raw[4] = LAYOUT_ROWS; /* as regular as that: rows compress less */
-        memcpy(raw + EVENTS_HEAD, ev, nrec * sizeof(mvz_event));
-        packed = pack(raw, raw_len, &plen, level);
-    }
-    const uint8_t *payload = packed ? packed : raw;
-    if (packed)
-        type |= COMPRESSED;
-    tw_chunk *c = malloc(sizeof *c + 5 + plen + 4);
+    mvz_tw_events_payload(ev, nrec, LAYOUT_PLANES, raw);
+    size_t len = 0;
+    tw_chunk *c = (tw_chunk *)frame(KIND_EVENTS, raw, raw_len, level, offsetof(tw_chunk, data), &len);
     if (c) {
         c->next = NULL;
         c->refs = 1;
-        c->len = 5 + plen + 4;
+        c->len = len;
         c->records = (uint32_t)nrec;
         c->events = events;
         c->first_ts = first_ts;
         c->last_ts = last_ts;
-        c->data[0] = type;
-        put_u32(c->data + 1, (uint32_t)plen);
-        memcpy(c->data + 5, payload, plen);
-        put_u32(c->data + 5 + plen, crc32_of(0, c->data, 5 + plen));
     }
-    free(packed);
     free(raw);
     return c;
 }
@@ -327,7 +375,8 @@ static int named(const mvz_raw_event *e)
 {
     uint32_t label = e->label_id;
     return (e->stack_id == 0 || e->stack_id < named_stacks) &&
-           (label == 0 || label <= named_labels || (label >= 0xFFFF && named_labels >= 0xFFFE));
+           (label == 0 || label <= named_labels ||
+            (label >= MVZ_MAX_LABELS - 1 && named_labels >= MVZ_MAX_LABELS - 2));
 }
 
 /* Encode, frame and hand to the sink events ev[0, n) (ALLOC, FREE, FAILED;
@@ -450,6 +499,30 @@ static void *writer_main(void *unused)
 
 /* ---- the calls ----------------------------------------------------------- */
 
+static size_t test_ring_events, test_chunks; /* mvz_tw_flight_test_sizes */
+
+int mvz_tw_flight_split(size_t budget, mvz_tw_split *out)
+{
+    if (budget < MVZ_TW_FLIGHT_MIN_BUDGET)
+        return -1;
+    size_t ring = budget / 5 / sizeof(mvz_raw_event);
+    ring = ring < MVZ_TW_FLIGHT_RING_MIN ? MVZ_TW_FLIGHT_RING_MIN
+         : ring > MVZ_TW_FLIGHT_RING_MAX ? MVZ_TW_FLIGHT_RING_MAX
+                                         : ring;
+    if (test_ring_events)
+        ring = test_ring_events;
+    out->ring_events = ring;
+    out->fixed = ring * sizeof(mvz_raw_event) + CHUNK_EVENTS * sizeof(mvz_raw_event);
+    out->chunks = test_chunks ? test_chunks : budget > out->fixed ? budget - out->fixed : 0;
+    return 0;
+}
+
+void mvz_tw_flight_test_sizes(size_t ring_events, size_t chunks)
+{
+    test_ring_events = ring_events;
+    test_chunks = chunks;
+}
+
 int mvz_tw_start(int fd, size_t capacity, int level, unsigned interval_ms, size_t budget)
 {
     pthread_mutex_lock(&tw_lock);
@@ -458,8 +531,7 @@ int mvz_tw_start(int fd, size_t capacity, int level, unsigned interval_ms, size_
         errno = EBUSY;
         goto out;
     }
-    if (!crc_table[1])
-        crc_init();
+    pthread_once(&crc_once, crc_init);
     mvz_tw_zlib();
     if (!tw_raw) {
         if (!(tw_raw = malloc(CHUNK_EVENTS * sizeof *tw_raw)))

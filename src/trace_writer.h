@@ -27,8 +27,20 @@
 #ifndef MEMVIZ_TRACE_WRITER_H
 #define MEMVIZ_TRACE_WRITER_H
 
+#include "record.h"
+
 #include <stddef.h>
 #include <stdint.h>
+
+/* What of the .memviz format the writer frames (memviz/trace/format.py
+ * reads these from _core: CHUNK_KIND_EVENTS, CHUNK_COMPRESSED, LAYOUT_ROWS,
+ * LAYOUT_PLANES): the EVENTS chunk's kind, the compressed bit of a chunk's
+ * type, and its payload's two layouts (records one after another, or byte
+ * planes). */
+#define MVZ_TW_CHUNK_EVENTS 7
+#define MVZ_TW_CHUNK_COMPRESSED 0x80
+#define MVZ_TW_LAYOUT_ROWS 0
+#define MVZ_TW_LAYOUT_PLANES 1
 
 typedef struct {
     uint64_t events;        /* ALLOC/FREE/FAILED events taken from the ring */
@@ -49,6 +61,22 @@ typedef struct {
     int running;
 } mvz_tw_stats;
 
+/* The framing of EVENTS chunks, every one memviz writes (the writer's
+ * thread's, and Python's: _core.events_payload, _core.events_chunk). Any
+ * thread, no lock. mvz_tw_events_payload: the EVENTS payload of `n`
+ * records (count:u32, layout:u8, then the records one after another,
+ * MVZ_TW_LAYOUT_ROWS, or in byte planes, MVZ_TW_LAYOUT_PLANES) into `out`
+ * (5 + n records' bytes). mvz_tw_frame_events: `payload` (`len` bytes) as
+ * a chunk of `kind` (EVENTS or LIVE, with its flag bits), malloc'd, *out_len
+ * bytes: zlib-compressed at `level` (0: never) when that makes it smaller
+ * and inflates no more than a reader allows (MVZ_MAX_RATIO), else, for a
+ * payload in byte planes, the same records as rows, compressed by the same
+ * rule (`payload` then holds those rows); else as it is. NULL out of
+ * memory. Safe without the GIL (the binding lets it go while zlib runs):
+ * it touches its arguments and memory of its own, and reads the CRC table
+ * and zlib's entry points, each set once under pthread_once. */
+void mvz_tw_events_payload(const mvz_event *ev, size_t n, int layout, uint8_t *out);
+uint8_t *mvz_tw_frame_events(uint8_t kind, uint8_t *payload, size_t len, int level, size_t *out_len);
 /* With the GIL (it waits for nothing): whether libz could be loaded. */
 int mvz_tw_zlib(void);
 /* Start the thread draining the store's ring (which the caller enabled,
@@ -88,6 +116,24 @@ mvz_tw_frozen *mvz_tw_freeze(void);
 int mvz_tw_frozen_write(mvz_tw_frozen *f, int fd);
 void mvz_tw_frozen_free(mvz_tw_frozen *f);
 void mvz_tw_get_stats(mvz_tw_stats *out);
+/* The flight recorder's budget, split (its one place): the capture ring
+ * takes a fifth of `budget`, MVZ_TW_FLIGHT_RING_MIN to MVZ_TW_FLIGHT_RING_MAX
+ * events of the ring's record; the writer's take buffer its chunk of
+ * events; the chunks kept and the base the rest (`chunks`, mvz_tw_start's
+ * `budget`, which the writer enforces). `fixed`: the ring's and the take
+ * buffer's bytes. A budget below MVZ_TW_FLIGHT_MIN_BUDGET is refused: -1,
+ * else 0. With the GIL: it reads the test sizes below, which are written
+ * with it. */
+#define MVZ_TW_FLIGHT_MIN_BUDGET ((size_t)16 << 20)
+#define MVZ_TW_FLIGHT_RING_MIN ((size_t)16384)
+#define MVZ_TW_FLIGHT_RING_MAX ((size_t)1 << 20)
+typedef struct {
+    size_t ring_events, chunks, fixed;
+} mvz_tw_split;
+int mvz_tw_flight_split(size_t budget, mvz_tw_split *out);
+/* Tests only, with the GIL: splits from now on give a ring of `ring_events`
+ * and chunks of `chunks` bytes, whatever the budget (0: the budget's). */
+void mvz_tw_flight_test_sizes(size_t ring_events, size_t chunks);
 /* After fork, in the child: the writer thread does not exist there. */
 void mvz_tw_atfork_child(void);
 

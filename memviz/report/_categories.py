@@ -3,9 +3,10 @@ activations, unused pool ...), and of PyTorch's tensors, for the HTML
 report's timeline and the Perfetto export: exact from a recording's events,
 else bounded from the allocations live at the peak and at the end.
 
-This file owns the rules; src/replay_categories.c runs the same rules in C
-over a loaded trace's events (tests/test_reader_stream.py holds the two
-equal). Every byte counts once at every moment, as snapshots count them
+The rules over a recording's events, stated here, have one owner:
+src/replay_categories.c sums them in C, for a loaded trace's file and for
+any recording's events() alike (memviz/trace/categories.py calls it). Every
+byte counts once at every moment, as snapshots count them
 (memviz/model/segments.py) and as the device totals do:
 
 * a segment (a "device" allocation) that ever holds one of PyTorch's blocks
@@ -24,10 +25,10 @@ live at the end or at a peak), else ``<unknown>``. So the category lines
 equal ``Snapshot.statistics("category")`` at the peak and at the end. A
 recording without events (a tracker without a trace) gets the two
 snapshots' allocations instead: exact at the peak and at the end, a lower
-bound elsewhere.
+bound elsewhere (that bound, from two sets of allocations, is summed here).
 
-Imports the model floor and below and memviz.report.read
-(docs/architecture.md).
+Imports the model floor and below, memviz.trace.categories and
+memviz.report.read (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -35,14 +36,14 @@ from __future__ import annotations
 import bisect
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-import memviz._core as _core
 from memviz.model.segments import TENSORS, UNUSED_POOL
 from memviz.report import read
+from memviz.trace.categories import UNKNOWN, events_summed
 
 __all__ = ["category_series", "memory_series", "known_categories", "known_in_trace", "MemorySeries",
            "TENSORS", "UNKNOWN", "POOL"]
 
-UNKNOWN, POOL = "<unknown>", UNUSED_POOL
+POOL = UNUSED_POOL
 
 Series = Tuple[List[int], List[int]]
 Changes = Dict[Any, Dict[Any, List[Tuple[int, int]]]]
@@ -78,27 +79,28 @@ def memory_series(obj: Any, end_allocs: List[Any], peak_allocs: List[Any], peak_
     """The category and tensor series of a recording. ``end_allocs``: the
     allocations live at the end (its snapshot()); ``peak_allocs``: those live
     at the peaks (its peak_snapshot()); ``peak_ts``: {device: its peak's
-    time}. A loaded trace sums its events itself, in C
-    (``_category_series``, the same rules), keeping at most ``points``
-    points per series (the highest of each bucket; None: all). Without
-    events, the series are the two snapshots': exact at the peak and at the
-    end, a lower bound elsewhere (a block counts from when its segment was
-    made at the earliest: ``segments``, the snapshots' Segments)."""
+    time}. A loaded trace has the C pass sum its file's events
+    (``_category_series``), keeping at most ``points`` points per series
+    (the highest of each bucket; None: all); another recording's events()
+    go through the same pass (every point). Without events (or with events
+    the pass cannot hold: memviz/trace/categories.py), the series are the
+    two snapshots': exact at the peak and at the end, a lower bound
+    elsewhere (a block counts from when its segment was made at the
+    earliest: ``segments``, the snapshots' Segments)."""
     known = known_categories(list(peak_allocs))
     known.update(known_categories(end_allocs))
     rekey = getattr(obj, "_known_in_trace", None)  # a Tracker's snapshots, its trace's events
     if callable(rekey):
         known = rekey(known)
     fast = getattr(obj, "_category_series", None)
-    if callable(fast):
-        out = fast(known, end_ns, points)
-        if out is not None:
-            tensors = {dev: cats.pop(TENSORS) for dev, cats in out.items() if TENSORS in cats}
-            return MemorySeries({d: c for d, c in out.items() if c}, tensors, EXACT)
+    out = fast(known, end_ns, points) if callable(fast) else None
+    if out is not None:
+        tensors = {dev: cats.pop(TENSORS) for dev, cats in out.items() if TENSORS in cats}
+        return MemorySeries({d: c for d, c in out.items() if c}, tensors, EXACT)
     evs = read.events(obj)
-    if evs is not None:
-        cats, tensors = _from_events(evs, known)
-        return MemorySeries(_levels(cats, end_ns), _levels(tensors, end_ns).get(TENSORS, {}), EXACT)
+    both = events_summed(evs, known, end_ns) if evs is not None else None
+    if both is not None:
+        return MemorySeries(both[0], both[1], EXACT)
     cats, tensors = {}, {}  # tensors: {TENSORS: {device: changes}}, the categories' shape
     made = {(g.device, g.address): g.timestamp_ns for g in segments if g.timestamp_ns is not None}
 
@@ -162,82 +164,6 @@ def category_series(obj: Any, allocs: List[Any], peak_allocs: List[Any], peak_ts
 
 def _add(changes: Changes, first: Any, second: Any, ts: int, delta: int) -> None:
     changes.setdefault(first, {}).setdefault(second, []).append((ts, delta))
-
-
-def _from_events(evs: Iterable[Any], known: Known) -> Tuple[Changes, Changes]:
-    """The changes of the module docstring's rules, in the events' order."""
-    cats: Changes = {}
-    tensors: Changes = {}  # {TENSORS: {device: changes}}
-    # what is live, as the replay's live table keys it (src/livetab.c: by address
-    # and key space, whatever the device): (address, space) -> (device, kind,
-    # category, size)
-    live: Dict[Tuple[int, int], Tuple[int, str, str, int]] = {}
-    # device -> segments sorted by address: [address, end, category, pool?, made at,
-    # thread, allocation count then, waiting for its block?]
-    segs: Dict[int, List[List[Any]]] = {}
-    starts: Dict[int, List[int]] = {}
-    allocs = 0
-    lookahead = _core.REPLAY_LOOKAHEAD
-
-    def segment_of(dev: int, addr: int) -> Optional[List[Any]]:
-        i = bisect.bisect_right(starts.get(dev, []), addr) - 1
-        return segs[dev][i] if i >= 0 and addr < segs[dev][i][1] else None
-
-    def end(addr: int, kind: str, ts: int) -> None:
-        got = live.pop((addr, _SPACES.get(kind, 0)), None)
-        if got is None:
-            return
-        dev, kind, cat, size = got
-        if kind == "device":
-            st = starts.get(dev, [])
-            i = bisect.bisect_left(st, addr)
-            if i < len(st) and st[i] == addr:
-                seg = segs[dev].pop(i)
-                st.pop(i)
-                if seg[3]:  # what is left of a pool segment is unused pool
-                    cat = POOL
-        elif kind == "block":
-            seg = segment_of(dev, addr)
-            if seg is not None and seg[3]:
-                _add(cats, dev, POOL, ts, size)
-            _add(tensors, TENSORS, dev, ts, -size)
-        _add(cats, dev, cat, ts, -size)
-
-    for e in evs:
-        ts, dev = e.timestamp_ns, e.device
-        if e.op == "alloc":
-            allocs += 1
-            end(e.address, e.kind, ts)  # an earlier one at its address, its free not seen
-            cat = e.category or known.get((dev, e.address, ts, e.kind)) or UNKNOWN
-            at = ts
-            if e.kind == "block":
-                seg = segment_of(dev, e.address)
-                if seg is not None:
-                    if seg[7] and e.thread == seg[5] and allocs - seg[6] <= lookahead:
-                        at, seg[7] = seg[4], False  # the block the segment was made for
-                    else:
-                        at = max(ts, seg[4])
-                    if not seg[3]:  # its first block: the segment is the pool's since it was made
-                        size = seg[1] - seg[0]
-                        _add(cats, dev, seg[2], seg[4], -size)
-                        _add(cats, dev, POOL, seg[4], size)
-                        seg[2], seg[3] = POOL, True
-                    _add(cats, dev, POOL, at, -e.size)
-                _add(tensors, TENSORS, dev, at, e.size)
-            elif e.kind == "device":
-                lst, st = segs.setdefault(dev, []), starts.setdefault(dev, [])
-                i = bisect.bisect_left(st, e.address)
-                st.insert(i, e.address)
-                lst.insert(i, [e.address, e.address + e.size, cat, False, ts, e.thread, allocs, True])
-            live[(e.address, _SPACES.get(e.kind, 0))] = (dev, e.kind, cat, e.size)
-            _add(cats, dev, cat, at, e.size)
-        elif e.op == "free":  # the allocation it ended, as the replay found it
-            end(e.address, e.kind, ts)
-    return cats, tensors
-
-
-#: the live table's key spaces (src/livetab.c): one address may be live once in each
-_SPACES = {"physical": 1, "block": 2}
 
 
 def _levels(changes: Changes, end_ns: int) -> Dict[Any, Dict[Any, Series]]:

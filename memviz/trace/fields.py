@@ -17,6 +17,7 @@ import math
 from typing import Any, Dict, Optional, Tuple
 
 import memviz._core as _core
+from memviz.trace.format import DEVICE_MAX, DEVICE_MIN
 
 __all__ = ["check_meta", "check_step", "check_end"]
 
@@ -239,7 +240,7 @@ def check_step(entry: Any, n: int) -> Any:
     d = _record(entry, _STEP, what)
     devices = {}
     for k, v in d.get("devices", {}).items():
-        dev = _key(k, -128, 127, f"{what}: a device")
+        dev = _key(k, DEVICE_MIN, DEVICE_MAX, f"{what}: a device")
         devices[str(dev)] = _record(v, _DEVICE_STEP, f"{what}: {_field('devices')}[{k!r}]")
     lines = [_record(g, _GROWTH_LINE, f"{what}: {_field('lines')}[{i}]",
                      required=_GROWTH_LINE_REQUIRED)
@@ -278,14 +279,14 @@ def check_end(end: Any) -> Dict[str, Any]:
     for k, v in end.get("totals", {}).items():
         if type(v) is not dict:
             raise _Bad(f"the totals of device {_r(k)} are a JSON {_kind(v)}, not an object")
-        totals[_key(k, -128, 127, "device")] = dict(_TOTAL_KEYS, **{
+        totals[_key(k, DEVICE_MIN, DEVICE_MAX, "device")] = dict(_TOTAL_KEYS, **{
             str(name): _int(x, 0, _U64, f"total {name!r} of device {_r(k)}")
             for name, x in v.items()})
     outside: Dict[int, Tuple[int, str]] = {}
     for k, v in end.get("outside", {}).items():
         if type(v) is not list or len(v) != 2 or type(v[1]) is not str:
             raise _Bad(f"outside entry {_r(v)} is not [bytes, source]")
-        outside[_key(k, -128, 127, "device")] = (_int(v[0], 0, _U64, "bytes"), v[1])
+        outside[_key(k, DEVICE_MIN, DEVICE_MAX, "device")] = (_int(v[0], 0, _U64, "bytes"), v[1])
     end["totals"], end["outside"] = totals, outside
     end["stats"] = _stats(end.get("stats", {}), f"the end record: {_field('stats')}")
     return end

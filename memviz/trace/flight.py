@@ -67,11 +67,8 @@ from memviz.trace.writer import _meta, _NewTables, _outside, _pytorch_peak, fram
 __all__ = ["FlightRecorder", "parse_budget", "MIN_BUDGET"]
 
 #: the smallest budget: the ring and one chunk must fit, with room for history
-MIN_BUDGET = 16 << 20
-#: bytes a raw ring entry takes (src/trace_ring.h, mvz_raw_event)
-_RAW_EVENT = _core.RAW_EVENT_SIZE
-#: what the writer thread takes at a time (src/trace_writer.c, CHUNK_EVENTS)
-_TAKE_BUFFER = 65536 * _RAW_EVENT
+#: (src/trace_writer.h, which splits the budget: _core.flight_split)
+MIN_BUDGET = _core.FLIGHT_MIN_BUDGET
 #: how often the recorder names new stacks and looks for failed allocations
 _INTERVAL = 0.25
 #: dumps a failed driver call may cause: the first, then at most one a minute
@@ -86,11 +83,6 @@ _WARN_GAP_S = 60.0
 #: (a larger dump is finished by the recorder's thread; the recorder's stop,
 #: at exit too, waits for it)
 _FAILURE_WAIT_S = 0.09
-
-#: tests: the bytes the chunks may take, whatever the budget (None: from the budget)
-_TEST_CHUNK_BUDGET: Optional[int] = None
-#: tests: the capture ring's size in events (None: from the budget; the C core takes >= 1024)
-_TEST_RING_EVENTS: Optional[int] = None
 
 
 def parse_budget(value: Any, where: str = "memviz.track(flight_recorder=...)") -> int:
@@ -188,12 +180,10 @@ class FlightRecorder(_session.CaptureEvents):
         self._warned_at: Optional[float] = None  # monotonic: the last "could not write" said
         self._unsaid_failures = 0
         self._jobs: List[_Job] = []  # frozen dumps the thread has not written yet (under _lock)
-        # the capture ring: 1/5 of the budget (an event in it is _RAW_EVENT
-        # bytes: the C core's allocation record)
-        capacity = max(16384, min(1 << 20, self.budget // 5 // _RAW_EVENT))
-        self.capacity = capacity = capacity if _TEST_RING_EVENTS is None else _TEST_RING_EVENTS
-        self._chunk_budget = (self.budget - capacity * _RAW_EVENT - _TAKE_BUFFER
-                              if _TEST_CHUNK_BUDGET is None else _TEST_CHUNK_BUDGET)
+        # the budget split between the capture ring (its events), the chunks
+        # kept with their base, and the ring's and the writer's fixed memory
+        # (src/trace_writer.h, mvz_tw_flight_split)
+        self.capacity, self._chunk_budget, self._fixed_memory = _core.flight_split(self.budget)
 
     # -- the capture session's events
 
@@ -279,7 +269,7 @@ class FlightRecorder(_session.CaptureEvents):
                 "base_allocations": s["base_count"], "base_bytes": s["base_bytes"],
                 "window_start_ns": s["window_start"] or None, "window_end_ns": s["window_end"] or None,
                 "dropped_events": s["dropped"], "events": s["events"],
-                "memory": self.capacity * _RAW_EVENT + _TAKE_BUFFER + s["kept_bytes"] + s["base_bytes"],
+                "memory": self._fixed_memory + s["kept_bytes"] + s["base_bytes"],
                 "compressed": s["compressed"], "dumps": list(self.dumps)}
 
     # -- dumps

@@ -1,9 +1,17 @@
-"""The .memviz trace file: format, the streaming writer, and ``save()``.
+"""The .memviz trace file's format: its layout, its constants and the
+framing of its chunks.
 
 A trace is written while tracking (``memviz.track(trace="run.memviz")``,
-``python -m memviz run -o run.memviz script.py``) or afterwards from a
-tracker's data (``t.save("run.memviz")``), and read back with
-:func:`memviz.load` (see :mod:`memviz.trace.reader`).
+``python -m memviz run -o run.memviz script.py``: memviz/trace/writer.py),
+by the flight recorder when it dumps (memviz/trace/flight.py), or afterwards
+from a tracker's data (``t.save("run.memviz")``: memviz/trace/save.py), and
+read back with :func:`memviz.load` (memviz/trace/parse.py and
+memviz/trace/reader.py). The event records and the EVENTS and LIVE chunks
+that hold them are encoded and framed by the C core alone, for every
+writer (src/trace_ring.c's mvz_ring_encode_from, src/trace_writer.c's
+mvz_tw_events_payload and mvz_tw_frame_events; from Python
+``_core.encode_events``, ``events_payload()`` and ``chunk()`` below); the
+JSON chunks are framed here.
 
 File format, version 2 (all integers little-endian; version 1 differs only
 in its shorter event records, below)::
@@ -37,7 +45,9 @@ LABELS      6  JSON object {label id: label}
 EVENTS      7  count:u32, layout:u8, then count event records,
                ``EVENT`` below; layout 0 = records one after another,
                layout 1 = byte planes (byte k of every record, then byte
-               k+1, ...), which compresses 3-5x better
+               k+1, ...), which compresses 3-5x better; memviz writes
+               planes, or rows where planes do not compress within the
+               reader's ratio
 STEPS       8  JSON list of step records (Tracker.steps), appended
 END         9  JSON object written when tracking stops: totals, failure
                count, memviz's own counters, memory outside the tracked
@@ -68,10 +78,12 @@ not split off) and stream; 48 bytes. Format 1's records are the first 32
 bytes (through size); fields past a file's record width read as 0. Ops:
 1 ALLOC, 2 FREE (size is the freed allocation's), 3 FAILED (address =
 CUresult, size = requested), 4 TIME (address = absolute monotonic ns; every
-drain starts with one), 5 GAP (address = events dropped because the ring was
+run of records the C core encodes starts with one, and one comes before an
+event that goes back in time or more than 2**32 ns on), 5 GAP (address = events dropped because the ring was
 full). Flags: bit 0 an allocation live when tracking started (read from
 PyTorch then), bit 1 a block whose size PyTorch's rules could not fix, bit 2
-memviz's own memory, bit 7 events made up rather than seen (the live set when
+memviz's own memory, bit 3 a block another stream's use was recorded on, bit 7
+events made up rather than seen (the live set when
 tracing began, a flight recorder's base, everything in a saved trace).
 
 The streaming writer's C thread (src/trace_writer.c) drains the core's event
@@ -113,6 +125,9 @@ EVENT = struct.Struct(_core.EVENT_FORMAT)
 EVENTS_HEAD = struct.Struct("<IB")
 #: a field's position in an unpacked record
 EV = {name: i for i, name in enumerate(EVENT_FIELDS)}
+#: the devices a record holds (its device field's width; -1 is pinned host memory)
+_DEVICE_BITS = 8 * struct.calcsize("<" + _core.EVENT_FORMAT[1 + EV["device"]])
+DEVICE_MIN, DEVICE_MAX = -(1 << (_DEVICE_BITS - 1)), (1 << (_DEVICE_BITS - 1)) - 1
 
 
 def event_width(version: int) -> int:
@@ -127,17 +142,22 @@ def pack_event(**fields: int) -> bytes:
         values[EV[name]] = value
     return EVENT.pack(*values)
 
-META, STRINGS, FRAMES, STACKS, THREADS, LABELS, EVENTS, STEPS, END, TIMELINE, CALLS, LIVE = \
-    range(1, 13)
+#: chunk kinds; EVENTS is also the native writer's, so its number, the
+#: compressed bit and the two layouts come from it (src/trace_writer.h)
+META, STRINGS, FRAMES, STACKS, THREADS, LABELS, STEPS, END, TIMELINE, CALLS, LIVE = \
+    1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12
+EVENTS = _core.CHUNK_KIND_EVENTS
 CHUNK_NAMES = {META: "META", STRINGS: "STRINGS", FRAMES: "FRAMES", STACKS: "STACKS",
                THREADS: "THREADS", LABELS: "LABELS", EVENTS: "EVENTS", STEPS: "STEPS",
                END: "END", TIMELINE: "TIMELINE", CALLS: "CALLS", LIVE: "LIVE"}
-KIND_MASK, OPTIONAL, COMPRESSED = 0x3F, 0x40, 0x80
+KIND_MASK, OPTIONAL, COMPRESSED = 0x3F, 0x40, _core.CHUNK_COMPRESSED
 
-OP_ALLOC, OP_FREE, OP_FAILED, OP_TIME, OP_GAP = 1, 2, 3, 4, 5
+#: a record's op (src/record.h)
+OP_ALLOC, OP_FREE, OP_FAILED, OP_TIME, OP_GAP = \
+    _core.OP_ALLOC, _core.OP_FREE, _core.OP_FAILED, _core.OP_TIME, _core.OP_GAP
 FLAG_SYNTHETIC = _core.FLAG_SYNTHETIC
 FLAG_BEFORE, FLAG_ESTIMATED, FLAG_MEMVIZ = _core.FLAG_BEFORE, _core.FLAG_ESTIMATED, _core.FLAG_MEMVIZ
-LAYOUT_ROWS, LAYOUT_PLANES = 0, 1
+LAYOUT_ROWS, LAYOUT_PLANES = _core.LAYOUT_ROWS, _core.LAYOUT_PLANES
 
 #: events the C ring holds between drains (drained every 0.5 s); the
 #: environment variable RING_ENV sets another number (a trace that lost
@@ -152,9 +172,10 @@ EVENT_LEVEL = 6
 #: its compressed size times the kind's ratio plus INFLATE_SLACK bytes. The
 #: reader refuses more (deflate itself allows about 1032x, which a crafted
 #: file uses to make a small file take gigabytes); every writer keeps under
-#: it (chunk() here; the native writer's src/trace_writer.c for EVENTS,
-#: MVZ_MAX_RATIO): a payload that would compress further is written as event
-#: rows instead of byte planes (which compress less), or uncompressed. So
+#: it (chunk() here for the JSON chunks; src/trace_writer.c for EVENTS and
+#: LIVE, MVZ_MAX_RATIO, whoever writes them): an EVENTS payload that would
+#: compress further is written as event rows instead of byte planes (which
+#: compress less), any payload otherwise uncompressed. So
 #: nothing memviz writes is refused, and a file inflates at most 64 times its
 #: size. The tables (strings, frames, stacks, call names, labels, threads)
 #: cost the reader the most per byte, as Python objects, and memviz's own
@@ -165,7 +186,7 @@ MAX_RATIO = _core.MAX_RATIO
 _RATIOS = {STRINGS: 16, FRAMES: 16, STACKS: 16, CALLS: 16, LABELS: 16, THREADS: 16,
            EVENTS: MAX_RATIO, LIVE: MAX_RATIO}
 _RATIO_OTHER = 32
-INFLATE_SLACK = 4096
+INFLATE_SLACK = _core.INFLATE_SLACK
 
 
 def max_ratio(kind: int) -> int:
@@ -189,16 +210,14 @@ class TraceWarning(UserWarning):
 def chunk(kind: int, payload: bytes, *, compress: Optional[int] = 6) -> bytes:
     """One framed chunk; the payload is zlib-compressed at level ``compress``
     when that makes it smaller (``None``: never) and it inflates no more
-    than the reader allows (max_ratio()). An EVENTS payload in byte planes that
-    would compress further is tried as rows (which compress less), then
-    written uncompressed."""
+    than the reader allows (max_ratio()). EVENTS and LIVE chunks are framed
+    by the C core, as its writer frames them (``_core.events_chunk``: a
+    payload in byte planes that does not compress so is tried as rows)."""
+    if kind & KIND_MASK in (EVENTS, LIVE):
+        return _core.events_chunk(kind, payload, compress or 0)
     ctype = kind
     if compress is not None and len(payload) > 64:
         packed = zlib.compress(payload, compress)
-        if len(payload) > max_inflated(kind, len(packed)) and kind & KIND_MASK in (EVENTS, LIVE) \
-                and payload[4:5] == bytes([LAYOUT_PLANES]):
-            payload = _rows_of_planes(payload)
-            packed = zlib.compress(payload, compress)
         if len(packed) < len(payload) and len(payload) <= max_inflated(kind, len(packed)):
             payload, ctype = packed, kind | COMPRESSED
     head = CHUNK_HEAD.pack(ctype, len(payload))
@@ -219,23 +238,9 @@ def _jsonable(obj: Any) -> Any:
 
 
 def events_payload(rows: bytes, layout: int = LAYOUT_PLANES) -> bytes:
-    """The EVENTS payload of packed records (``EVENT``)."""
-    n = len(rows) // EVENT.size
-    if layout == LAYOUT_PLANES:
-        data = b"".join(rows[k::EVENT.size] for k in range(EVENT.size))
-    else:
-        data = bytes(rows)
-    return EVENTS_HEAD.pack(n, layout) + data
-
-
-def _rows_of_planes(payload: bytes) -> bytes:
-    """An EVENTS payload in byte planes, as rows (the same records)."""
-    n = EVENTS_HEAD.unpack_from(payload)[0]
-    planes = memoryview(payload)[EVENTS_HEAD.size:]
-    rows = bytearray(n * EVENT.size)
-    for k in range(EVENT.size):
-        rows[k::EVENT.size] = planes[k * n:(k + 1) * n]
-    return EVENTS_HEAD.pack(n, LAYOUT_ROWS) + bytes(rows)
+    """The EVENTS payload of packed records (``EVENT``), by the C core
+    (``_core.events_payload``)."""
+    return _core.events_payload(rows, layout)
 
 
 def header() -> bytes:
@@ -256,5 +261,3 @@ def step_dict(step: Any) -> Any:
             return out
     return {"repr": repr(step)}
 
-
-# ---- the streaming writer -------------------------------------------------------

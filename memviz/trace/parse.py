@@ -402,7 +402,8 @@ class TraceFile:
             if type(p) is not list or len(p) != 3:
                 raise _Bad(f"timeline point {_r(p)} is not [timestamp, device, bytes]")
             points.append((_int(p[0], 0, (1 << 64) - 1, "timestamp"),
-                           _int(p[1], -128, 127, "device"), _int(p[2], 0, (1 << 64) - 1, "bytes")))
+                           _int(p[1], F.DEVICE_MIN, F.DEVICE_MAX, "device"),
+                           _int(p[2], 0, (1 << 64) - 1, "bytes")))
         self._timeline = points
 
     _HANDLERS = {F.META: _h_meta, F.STRINGS: _h_strings, F.FRAMES: _h_frames,

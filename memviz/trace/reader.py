@@ -276,19 +276,16 @@ class TraceReader(TraceFile, TotalsReads):
         if not ghosts and not added:
             return
         syn = F.FLAG_SYNTHETIC
-        out = bytearray()
-        for r in added:  # (address, size, device, kind, stream, thread, label, ts, stack, seq, requested, flags)
-            out += F.pack_event(op=F.OP_TIME, flags=syn, address=r[7])
-            out += F.pack_event(op=F.OP_ALLOC, kind=r[3], device=r[2], flags=(r[11] | syn) & 0xFF,
-                                stack_id=r[8], thread_idx=r[5], label_id=r[6], address=r[0],
-                                size=r[1], slack=max(0, r[1] - r[10]), stream=r[4])
         stopped = self.stopped_ns if type(self.stopped_ns) is int else self._rp.ts
-        out += F.pack_event(op=F.OP_TIME, flags=syn, address=max(stopped, self._rp.ts))
-        for r in ghosts:
-            out += F.pack_event(op=F.OP_FREE, kind=r[3], device=r[2], flags=syn, stack_id=r[8],
-                                thread_idx=r[5], label_id=r[6], address=r[0], size=r[1],
-                                stream=r[4])
-        rows = F.events_payload(bytes(out), F.LAYOUT_ROWS)
+        at = max(stopped, self._rp.ts)
+        # (address, size, device, kind, stream, thread, label, ts, stack, seq, requested, flags)
+        # as encode_events' rows: (op, ts, kind, device, flags, stack, thread, label, address,
+        # size, slack, stream)
+        events = [(F.OP_ALLOC, r[7], r[3], r[2], r[11] | syn, r[8], r[5], r[6], r[0], r[1],
+                   max(0, r[1] - r[10]), r[4]) for r in added]
+        events += [(F.OP_FREE, at, r[3], r[2], syn, r[8], r[5], r[6], r[0], r[1], 0, r[4]) for r in ghosts]
+        out = _core.encode_events(events, events[0][1], syn)
+        rows = F.events_payload(out, F.LAYOUT_ROWS)
         n = len(out) // F.EVENT.size
         self._reconciled = (rows, n, F.LAYOUT_ROWS)
         self._rp.feed(rows, F.EVENTS_HEAD.size, n, F.LAYOUT_ROWS)
@@ -568,43 +565,16 @@ class TraceReader(TraceFile, TotalsReads):
                          points: Optional[int] = None
                          ) -> Optional[Dict[int, Dict[str, Tuple[List[int], List[int]]]]]:
         """memviz/report/_categories.py's series from this trace's events,
-        summed in C in a second pass over the file (no Python object per
-        event): ``{device: {category: (timestamps, live bytes)}}``, PyTorch's
+        summed in C (memviz/trace/categories.py) in a second pass over the
+        file (no Python object per event): ``{device: {category: (timestamps, live bytes)}}``, PyTorch's
         tensors (its blocks' bytes) under ``_categories.TENSORS``, the last
         point at ``end_ns``. ``known``: {(device, address, made at, kind):
         category} of the allocations the snapshots gave one. ``points``: at
         most that many points per series (each the highest of its bucket),
         None for all. None when the categories do not fit the C pass."""
-        from memviz.model.segments import TENSORS, UNUSED_POOL
-        from memviz.model.snapshot import KIND_NAMES
-
-        names: List[Any] = ["<unknown>", UNUSED_POOL, None]  # 2: the tensors, not a category
-        ids = {n: i for i, n in enumerate(names)}
-        codes = {k: i for i, k in enumerate(KIND_NAMES)}
-        entries = []
-        for (dev, addr, ts, kind), cat in known.items():
-            code = codes.get(kind)
-            if not cat or code is None or not (-128 <= dev <= 127 and 0 <= addr < 1 << 64
-                                               and 0 <= ts < 1 << 64):
-                continue  # no category, or no event of the file can be it
-            i = ids.get(cat)
-            if i is None:
-                i = ids[cat] = len(names)
-                names.append(cat)
-            entries.append((dev, addr, ts, code, i))
-        if len(names) > 256:
-            return None
-        names[2] = TENSORS
-        rp = None
-        for rp, payload, count, layout in self._again("reading again"):
-            if not rp.events:
-                rp.start_categories(len(names), entries, max(0, points or 0))
-            rp.feed_categories(payload, F.EVENTS_HEAD.size, count, layout)
-        out: Dict[int, Dict[str, Tuple[List[int], List[int]]]] = {}
-        for _order, dev, cat, cur, pts in sorted(rp.categories()) if rp is not None else ():
-            out.setdefault(dev, {})[names[cat]] = ([p[0] for p in pts] + [end_ns],
-                                                   [p[1] for p in pts] + [cur])
-        return out
+        from memviz.trace.categories import summed
+        return summed(((rp, payload, F.EVENTS_HEAD.size, count, layout)
+                       for rp, payload, count, layout in self._again("reading again")), known, end_ns, points)
 
     def capture_info(self) -> Dict[str, Any]:
         """What the recording tracker captured with (from the file's header),

@@ -18,10 +18,10 @@ from memviz._errors import OutputError, TraceError
 from memviz._output_files import own_files, refuse_inputs, write_output
 from memviz.capture import callsite as _callsite
 from memviz.capture.rank_files import rank_path
-from memviz.trace.format import (END, EVENT, EVENT_LEVEL, EVENTS, FLAG_SYNTHETIC, META, OP_FAILED, OP_FREE,
-                                 OP_TIME, STEPS, THREADS, TIMELINE, chunk, events_payload, header, json_bytes,
-                                 pack_event, step_dict)
-from memviz.trace.writer import _alloc_events, _event, _meta, _pytorch_peak, _Tables, _thread_names
+from memviz.trace.format import (END, EVENT, EVENT_LEVEL, EVENTS, FLAG_SYNTHETIC, META, OP_ALLOC, OP_FAILED,
+                                 OP_FREE, STEPS, THREADS, TIMELINE, chunk, events_payload, header, json_bytes,
+                                 step_dict)
+from memviz.trace.writer import _meta, _pytorch_peak, _row, _Tables, _thread_names
 
 __all__ = ["save"]
 
@@ -36,7 +36,8 @@ def save(tracker: Any, path: str) -> str:
     bounded timeline, step records and totals. ``load()`` of it gives the
     same snapshot(), peak_snapshot(), totals(), failures and timeline();
     ``snapshot(at_ns=...)`` between the peak and the end is approximate.
-    Streams are not stored (``Allocation.stream`` reads 0 when loaded).
+    Each allocation's stream is stored with its events (``events()`` give
+    it back; a loaded trace's snapshots read 0, src/replay.h).
 
     The data goes to a temporary file created exclusively in ``path``'s
     folder, renamed over ``path`` once complete: a failed save leaves the
@@ -97,9 +98,10 @@ def save(tracker: Any, path: str) -> str:
 def _saved_events(live: List[tuple], peaks: Dict[int, List[tuple]], failures: List[tuple],
                   labels: Dict[Optional[str], int]) -> bytes:
     """Per device: ALLOC its peak set, FREE what is not live any more, ALLOC
-    the rest of the live set; then the failures. Replays to the same peak."""
+    the rest of the live set; then the failures. Replays to the same peak.
+    Encoded by the C core (_core.encode_events)."""
     flags = FLAG_SYNTHETIC
-    out = bytearray()
+    rows: List[tuple] = []
     key = lambda r: (r.address, r.kind, r.seq)  # noqa: E731 - address, kind, seq
     live_by_dev: Dict[int, List[tuple]] = {}
     for r in live:
@@ -109,24 +111,12 @@ def _saved_events(live: List[tuple], peaks: Dict[int, List[tuple]], failures: Li
         now = live_by_dev.get(dev, [])
         now_keys = {key(r) for r in now}
         peak_keys = {key(r) for r in peak_rows}
-        if peak_rows:
-            out += _alloc_events(peak_rows, labels, True)
+        rows += [_row(OP_ALLOC, r.timestamp_ns, r, flags, labels) for r in peak_rows]
         prev = peak_rows[-1].timestamp_ns if peak_rows else 0
         later = sorted((r for r in now if key(r) not in peak_keys), key=lambda r: r.timestamp_ns)
         free_ts = max(prev + 1, later[0].timestamp_ns if later else prev + 1)
-        for r in peak_rows:
-            if key(r) not in now_keys:
-                out += _event(OP_FREE, free_ts, prev, r.kind, r.device, flags | r.flags, r.stack_id,
-                              r.thread, labels[r.label], r.address, r.size, r.size - r.requested,
-                              r.stream)
-                prev = max(prev, free_ts)
-        if later:
-            out += _alloc_events(later, labels, True, start_ts=prev)
-    if failures:
-        prev = failures[0].timestamp_ns
-        out += pack_event(op=OP_TIME, flags=flags, address=prev)
-        for f in failures:
-            out += _event(OP_FAILED, f.timestamp_ns, prev, f.kind, f.device, flags, f.stack_id,
-                          f.thread, labels[f.label], f.result, f.size)
-            prev = max(prev, f.timestamp_ns)
-    return bytes(out)
+        rows += [_row(OP_FREE, free_ts, r, flags, labels) for r in peak_rows if key(r) not in now_keys]
+        rows += [_row(OP_ALLOC, r.timestamp_ns, r, flags, labels) for r in later]
+    rows += [(OP_FAILED, f.timestamp_ns, f.kind, f.device, flags, f.stack_id, f.thread, labels[f.label],
+              f.result, f.size, 0, 0) for f in failures]
+    return _core.encode_events(rows, rows[0][1], flags) if rows else b""

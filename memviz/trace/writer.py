@@ -20,10 +20,10 @@ from memviz.capture import callsite as _callsite
 from memviz.capture.rank_files import rank_meta
 from memviz.capture.session import CaptureEvents
 from memviz.model.frame_filter import warning_site
-from memviz.trace.format import (CALLS, DEFAULT_CAPACITY, DEFAULT_INTERVAL, END, EV, EVENT, EVENT_LEVEL, EVENTS,
-                                 FLAG_SYNTHETIC, FORMAT_VERSION, FRAMES, LABELS, LIVE, META, OP_ALLOC, OP_GAP,
-                                 OP_TIME, OPTIONAL, RING_ENV, STACKS, STEPS, STRINGS, THREADS, TraceWarning,
-                                 chunk, events_payload, header, json_bytes, pack_event, step_dict)
+from memviz.trace.format import (CALLS, DEFAULT_CAPACITY, DEFAULT_INTERVAL, END, EV, EVENT, EVENT_LEVEL,
+                                 EVENTS, FLAG_SYNTHETIC, FORMAT_VERSION, FRAMES, LABELS, LIVE, META, OP_ALLOC,
+                                 OP_GAP, OP_TIME, OPTIONAL, RING_ENV, STACKS, STEPS, STRINGS, THREADS,
+                                 TraceWarning, chunk, events_payload, header, json_bytes, step_dict)
 
 
 def _meta(tracker: Any, mode: str) -> Dict[str, Any]:
@@ -174,7 +174,7 @@ class _NewTables:
 
 
 #: the label every label past the table's 65,534th gets (src/labels.h)
-_LABEL_OVERFLOW = 0xFFFF
+_LABEL_OVERFLOW = _core.LABEL_OVERFLOW_ID
 
 
 def native_writer() -> bool:
@@ -195,8 +195,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 _writers: "weakref.WeakSet[TraceWriter]" = weakref.WeakSet()
 
-#: the most events a ring may hold (src/module_trace.c)
-_RING_MAX = 1 << 28
+#: the fewest and the most events a ring may hold (src/trace_ring.h)
+_RING_MIN, _RING_MAX = _core.TRACE_RING_MIN, _core.TRACE_RING_MAX
 
 
 def ring_capacity() -> int:
@@ -213,8 +213,8 @@ def ring_capacity() -> int:
         n *= scale
     except ValueError:
         n = -1
-    if not 1024 <= n <= _RING_MAX:
-        warnings.warn(f"memviz: {RING_ENV}={text!r} is not a number of events between 1024 and "
+    if not _RING_MIN <= n <= _RING_MAX:
+        warnings.warn(f"memviz: {RING_ENV}={text!r} is not a number of events between {_RING_MIN} and "
                       f"{_RING_MAX:,} (e.g. 4M); the trace ring holds {DEFAULT_CAPACITY:,}.",
                       TraceWarning, stacklevel=warning_site()[0])
         return DEFAULT_CAPACITY
@@ -539,31 +539,17 @@ def _pytorch_peak(tracker: Any) -> Dict[str, Any]:
 def _alloc_events(rows: List[tuple], label_ids: Dict[Optional[str], int], synthetic: bool,
                   start_ts: Optional[int] = None) -> bytes:
     """Packed TIME + ALLOC records of the C core's allocation rows
-    (_core.AllocationRow), timestamps non-decreasing."""
+    (_core.AllocationRow), by the C core's encoding (_core.encode_events)."""
     flags = FLAG_SYNTHETIC if synthetic else 0
-    out = bytearray()
-    prev = start_ts if start_ts is not None else (rows[0].timestamp_ns if rows else 0)
-    out += pack_event(op=OP_TIME, flags=flags, address=prev)
-    for r in rows:
-        out += _event(OP_ALLOC, r.timestamp_ns, prev, r.kind, r.device, flags | r.flags, r.stack_id,
-                      r.thread, label_ids[r.label], r.address, r.size, r.size - r.requested,
-                      r.stream)
-        prev = max(prev, r.timestamp_ns)
-    return bytes(out)
+    start = start_ts if start_ts is not None else (rows[0].timestamp_ns if rows else 0)
+    return _core.encode_events([_row(OP_ALLOC, r.timestamp_ns, r, flags, label_ids) for r in rows], start,
+                               flags)
 
 
-def _event(op: int, ts: int, prev: int, kind: int, dev: int, flags: int, sid: int, tidx: int,
-           label: int, addr: int, size: int, slack: int = 0, stream: int = 0) -> bytes:
-    """One record; a TIME record first when ts is earlier than prev or too far after it."""
-    delta = ts - prev
-    pre = b""
-    if delta < 0 or delta > 0xFFFFFFFF:
-        pre, delta = pack_event(op=OP_TIME, flags=flags & FLAG_SYNTHETIC, address=max(ts, 0)), 0
-    m64 = 0xFFFFFFFFFFFFFFFF
-    return pre + pack_event(ts_delta=delta, op=op, kind=kind & 0xFF, device=max(-128, min(127, dev)),
-                            flags=flags & 0xFF, stack_id=sid & 0xFFFFFFFF, thread_idx=min(tidx, 0xFFFF),
-                            label_id=min(label, 0xFFFF), address=addr & m64, size=size & m64,
-                            slack=slack & m64, stream=stream & m64)
+def _row(op: int, ts: int, r: Any, flags: int, label_ids: Dict[Optional[str], int]) -> tuple:
+    """_core.encode_events' row of allocation row ``r`` (an ALLOC or FREE of it at ``ts``)."""
+    return (op, ts, r.kind, r.device, flags | r.flags, r.stack_id, r.thread, label_ids[r.label], r.address,
+            r.size, r.size - r.requested, r.stream)
 
 
 def _after_fork_in_child() -> None:

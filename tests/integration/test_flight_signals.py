@@ -216,12 +216,12 @@ class _Dump:
                                              "events_folded": 0, "events_dropped": 0}, **fr)}
 
 
-def test_a_dump_with_lost_events_does_not_say_it_covers_everything(fake, tmp_path, monkeypatch):
-    from memviz.trace import flight
+def test_a_dump_with_lost_events_does_not_say_it_covers_everything(fake, tmp_path, request):
     # the smallest ring (1,024 events) against 4,000,000 events, drained at most every 2 ms: the
     # loop would have to run below 0.5 M events/s for none to be lost (the 16 MiB budget's own
     # 52,000-event ring was drained in time on CI's machine)
-    monkeypatch.setattr(flight, "_TEST_RING_EVENTS", 1024)
+    memviz._core._flight_test_sizes(1024, 0)
+    request.addfinalizer(lambda: memviz._core._flight_test_sizes(0, 0))
     text = " ".join(flight_sentences(_Dump(events_dropped=5170885)))
     assert "whole recording" not in text and "5,170,885 events were lost" in text, text
     assert "covers the whole recording" in " ".join(flight_sentences(_Dump()))

@@ -15,6 +15,7 @@ import textwrap
 import threading
 import time
 import warnings
+import zlib
 from pathlib import Path
 
 import pytest
@@ -636,3 +637,106 @@ def test_frame_settings_travel_with_the_trace(fake, tmp_path, how):
     memviz.frames.add_library_path(str(ROOT / "tests" / "fake_cupti"))
     back = memviz.load(str(path)).snapshot().statistics("lineno")[0].key
     assert (os.path.basename(back.filename), back.lineno) == ("test_trace.py", line)
+
+
+def test_the_constants_shared_with_the_c_core_come_from_it():
+    """The format's numbers that the C core also writes or checks are read
+    from _core, not copied: record ops, the EVENTS chunk's kind, its
+    compressed bit and layouts, the inflate slack, the devices a record
+    holds, the overflow label's id (the record's largest label), and the
+    ring's bounds, which trace_enable enforces."""
+    from memviz import _core
+    from memviz.trace import writer
+    assert (F.OP_ALLOC, F.OP_FREE, F.OP_FAILED, F.OP_TIME, F.OP_GAP) == (
+        _core.OP_ALLOC, _core.OP_FREE, _core.OP_FAILED, _core.OP_TIME, _core.OP_GAP) == (1, 2, 3, 4, 5)
+    assert (F.EVENTS, F.COMPRESSED, F.LAYOUT_ROWS, F.LAYOUT_PLANES, F.INFLATE_SLACK) == (7, 0x80, 0, 1, 4096)
+    assert (F.DEVICE_MIN, F.DEVICE_MAX) == (-128, 127)
+    assert writer._LABEL_OVERFLOW == _core.LABEL_OVERFLOW_ID == 0xFFFF
+    for bad in (_core.TRACE_RING_MIN - 1, _core.TRACE_RING_MAX + 1):
+        with pytest.raises(ValueError, match="TRACE_RING_MIN"):
+            _core.trace_enable(bad)
+    assert (_core.TRACE_RING_MIN, _core.TRACE_RING_MAX) == (1024, 1 << 28)
+
+
+@pytest.mark.parametrize("how", ["native", "python", "saved"])
+def test_each_events_stream_goes_into_the_trace_and_is_read_back(fake, tmp_path, monkeypatch, how):
+    """The stream of a stream-ordered allocation (the record's `stream`) is
+    written by the native writer, the Python writer and Tracker.save(), and
+    a loaded trace's events() give it back, the free's too."""
+    from fake_cupti import CBID_cuMemAllocAsync, CBID_cuMemFreeAsync
+    if how == "python":
+        monkeypatch.setenv("MEMVIZ_TRACE_WRITER", "python")
+    path = str(tmp_path / "streams.memviz")
+    with memviz.track(trace=None if how == "saved" else path, torch=False) as t:
+        x = fake.alloc(CBID_cuMemAllocAsync, 8 * MiB, stream=0x77)
+        y = fake.alloc(CBID_cuMemAllocAsync, MiB, stream=0x99)
+        fake.free(CBID_cuMemFreeAsync, y, stream=0x99)
+    assert [a.stream for a in t.snapshot().allocations] == [0x77]
+    if how == "saved":
+        t.save(path)
+    got = [(e.op, e.address, e.stream) for e in memviz.load(path).events()]
+    assert sorted(got) == sorted([("alloc", x, 0x77), ("alloc", y, 0x99), ("free", y, 0x99)]), got
+
+
+def test_records_are_encoded_by_the_c_core_with_time_records_where_needed():
+    """_core.encode_events, the one encoding of records (the ring's, save(),
+    the writers' live sets): a TIME record of the start, another before an
+    event that goes back in time or more than 32 bits of ns on; fields held
+    to the record's widths."""
+    from memviz import _core
+    big = 1 << 40
+    rows = [(F.OP_ALLOC, 1_000, 5, 0, 0x01, 7, 3, 2, 0x10, 4096, 96, 0x77),
+            (F.OP_FREE, 1_500, 5, 0, 0, 7, 3, 2, 0x10, 4096, 0, 0x77),
+            (F.OP_ALLOC, 900, 0, -1, 0, 0, 70_000, 1 << 20, 0x20, 8, 0, 0),  # back in time, host
+            (F.OP_FAILED, 900 + big, 0, 300, 0, 0, 0, 0, 2, 1 << 30, 0, 0)]  # far on, a device held
+    data = _core.encode_events(rows, 1_000, F.FLAG_SYNTHETIC)
+    recs = [F.EVENT.unpack_from(data, k) for k in range(0, len(data), F.EVENT.size)]
+    ev = F.EV
+    assert [r[ev["op"]] for r in recs] == [F.OP_TIME, F.OP_ALLOC, F.OP_FREE, F.OP_TIME, F.OP_ALLOC, F.OP_TIME,
+                                           F.OP_FAILED]
+    assert [r[ev["address"]] for r in recs if r[ev["op"]] == F.OP_TIME] == [1_000, 900, 900 + big]
+    assert all(r[ev["flags"]] == F.FLAG_SYNTHETIC for r in recs if r[ev["op"]] == F.OP_TIME)
+    assert recs[2][ev["ts_delta"]] == 500 and recs[1][ev["slack"]] == 96 and recs[1][ev["stream"]] == 0x77
+    host = recs[4]
+    assert (host[ev["device"]], host[ev["thread_idx"]], host[ev["label_id"]]) == (-1, 0xFFFF, 0xFFFF)
+    assert recs[6][ev["device"]] == 127 and recs[6][ev["size"]] == 1 << 30
+    # decoded by the replay: each event at its own time
+    rp = _core.Replayer(0, False, F.EVENT.size)
+    got = rp.feed_events(data, 0, len(recs), F.LAYOUT_ROWS)
+    assert [(g[0], g[1]) for g in got] == [(F.OP_ALLOC, 1_000), (F.OP_FREE, 1_500), (F.OP_ALLOC, 900),
+                                           (F.OP_FAILED, 900 + big)]
+    with pytest.raises(TypeError, match="12 ints"):
+        _core.encode_events([(1, 2)], 0, 0)
+
+
+def test_events_chunks_are_framed_by_the_c_core():
+    """_core.events_payload and events_chunk, the one framing of EVENTS and
+    LIVE chunks: byte planes, compressed where that helps within the
+    reader's ratio, else the same records as rows, else as given."""
+    from memviz import _core
+    rnd = __import__("random").Random(2)
+    recs = b"".join(F.pack_event(ts_delta=rnd.randrange(1000), op=F.OP_ALLOC, address=rnd.randrange(1 << 40),
+                                 size=rnd.randrange(1 << 30)) for _ in range(300))
+    planes = _core.events_payload(recs, F.LAYOUT_PLANES)
+    assert planes[5:] == b"".join(recs[k::F.EVENT.size] for k in range(F.EVENT.size))
+    assert _core.events_payload(recs, F.LAYOUT_ROWS)[5:] == recs
+    assert F.EVENTS_HEAD.unpack_from(planes) == (300, F.LAYOUT_PLANES)
+
+    def parse(c):
+        kind, n = F.CHUNK_HEAD.unpack_from(c)
+        body = c[5:5 + n]
+        assert F.CRC.unpack_from(c, 5 + n)[0] == zlib.crc32(c[:5 + n]) and len(c) == 9 + n
+        return kind, zlib.decompress(body) if kind & F.COMPRESSED else body
+
+    kind, body = parse(_core.events_chunk(F.EVENTS, planes, 6))
+    assert kind == F.EVENTS | F.COMPRESSED and body == planes
+    kind, body = parse(_core.events_chunk(F.LIVE | F.OPTIONAL, planes, 0))
+    assert kind == F.LIVE | F.OPTIONAL and body == planes
+    # one record 20,000 times: its planes would inflate past the reader's ratio, its rows do not
+    same = _core.events_payload(recs[:F.EVENT.size] * 20_000, F.LAYOUT_PLANES)
+    if _core.zlib_available():
+        kind, body = parse(_core.events_chunk(F.EVENTS, same, 6))
+        assert body[4] == F.LAYOUT_ROWS and body[5:] == recs[:F.EVENT.size] * 20_000
+        assert len(body) <= F.max_inflated(kind, F.CHUNK_HEAD.unpack_from(_core.events_chunk(F.EVENTS, same, 6))[1])
+    with pytest.raises(ValueError, match="whole records"):
+        _core.events_payload(recs[:-1], F.LAYOUT_PLANES)

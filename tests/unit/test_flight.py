@@ -57,12 +57,40 @@ def test_a_dump_is_a_complete_trace_with_the_live_set_and_its_lines(fake, tmp_pa
     assert "Flight-recorder dump (tracker.dump())" in text and "covers the whole recording" in text
 
 
-def test_old_events_fold_into_the_live_set_and_memory_stays_in_the_budget(fake, tmp_path, monkeypatch):
+@pytest.fixture
+def small_chunks():
+    """Room for 256 KiB of chunks, whatever the budget (the C core's test
+    sizes, _core._flight_test_sizes; put back after the test)."""
+    memviz._core._flight_test_sizes(0, 256 * 1024)
+    yield
+    memviz._core._flight_test_sizes(0, 0)
+
+
+def test_the_budget_is_split_in_c_between_the_ring_the_take_buffer_and_the_chunks():
+    """_core.flight_split: a fifth of the budget is the capture ring (16,384
+    to 1,048,576 events of the ring's record), the writer's take buffer is a
+    chunk of 65,536 of them, and the chunks and their base get the rest."""
+    raw = memviz._core.RAW_EVENT_SIZE
+    assert flight.MIN_BUDGET == memviz._core.FLIGHT_MIN_BUDGET == 16 << 20
+    for budget, ring in ((16 << 20, (16 << 20) // 5 // raw), (1 << 40, 1 << 20)):
+        got = memviz._core.flight_split(budget)
+        fixed = ring * raw + 65536 * raw
+        assert got == (ring, budget - fixed, fixed)
+    with pytest.raises(ValueError, match="FLIGHT_MIN_BUDGET"):
+        memviz._core.flight_split(flight.MIN_BUDGET - 1)
+    memviz._core._flight_test_sizes(1024, 4096)
+    try:
+        assert memviz._core.flight_split(1 << 30) == (1024, 4096, 1024 * raw + 65536 * raw)
+    finally:
+        memviz._core._flight_test_sizes(0, 0)
+    assert memviz._core.flight_split(1 << 28)[0] == (1 << 28) // 5 // raw
+
+
+def test_old_events_fold_into_the_live_set_and_memory_stays_in_the_budget(fake, tmp_path, small_chunks):
     """With room for a few chunks only, the oldest are folded away: the dump
     still has every allocation live at its start (dated when made, with its
     line), the window starts late, and live sets agree with the tracker's at
     the end and at a time inside the window."""
-    monkeypatch.setattr(flight, "_TEST_CHUNK_BUDGET", 256 * 1024)
     rng = random.Random(7)
     with memviz.track(flight_recorder="16 MiB", flight_dir=str(tmp_path), torch=False) as t:
         early = fake.alloc(CBID_cuMemAlloc_v2, 3 * MiB)
@@ -274,13 +302,12 @@ def test_a_writer_thread_that_cannot_start_is_a_clear_error(fake, tmp_path, monk
 
 
 def test_an_out_of_memory_dump_is_frozen_at_the_failure_and_written_off_the_failing_thread(
-        fake, tmp_path, monkeypatch):
+        fake, tmp_path, monkeypatch, small_chunks):
     """on_failure (PyTorch's out-of-memory hook) freezes the dump on the
     failing thread and the recorder's thread writes it. What the program does
     after the freeze is not in it, even when the recorder folds away the very
     chunks the frozen dump holds before it is written (they stay until it
     is), and the failing thread waits at most _FAILURE_WAIT_S for the file."""
-    monkeypatch.setattr(flight, "_TEST_CHUNK_BUDGET", 256 * 1024)
     monkeypatch.setattr(flight, "_FAILURE_WAIT_S", 0.0)
     rng = random.Random(3)
     with memviz.track(flight_recorder="16 MiB", flight_dir=str(tmp_path), torch=False) as t:

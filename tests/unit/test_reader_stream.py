@@ -25,6 +25,7 @@ import sys
 import warnings
 import zlib
 from array import array
+from types import SimpleNamespace
 
 import pytest
 
@@ -382,11 +383,12 @@ def test_a_timeline_of_many_changes_keeps_each_devices_highest_point():
     assert_agree(data, trace, rnd, exact_timeline=False)
 
 
-# ---- the category series, in C and by the Python rules ----------------------------------
+# ---- the category series: over the file, and over the events() repacked ------------------
 
 
 class EventsOnly:
-    """A recording with events() but no C category pass: the Python rules run."""
+    """A recording with events() but no pass over its file: its events are
+    packed into records and summed by the same C pass (memviz/trace/categories.py)."""
 
     def __init__(self, trace):
         self.trace = trace
@@ -434,7 +436,7 @@ def test_category_series_summed_in_c_are_the_python_rules():
 def test_category_series_of_events_out_of_time_order_are_summed_in_time_order():
     """A saved trace's events go back in time (its peak set, frees at a
     made-up time, then the rest of its live set): summed in time order, as
-    the Python rules sort them."""
+    the rules sort them."""
     from memviz.report._categories import category_series
 
     rnd = random.Random(5)
@@ -556,6 +558,8 @@ def test_the_replayer_refuses_buffers_that_do_not_hold_the_records():
         rp.feed(bytes(64), 0, 2, 3)
     with pytest.raises(RuntimeError, match="start_categories"):
         rp.feed_categories(bytes(F.EVENT.size), 0, 1, 0)
+    with pytest.raises(ValueError, match="categories"):
+        _core.Replayer(0, False).start_categories(_core.REPLAY_CATEGORIES_MAX + 1, [], 0)
     rp.feed(F.EVENT.pack(0, F.OP_ALLOC, 0, 0, 0, 0, 0, 0, 4096, 10, 0, 0), 0, 1, F.LAYOUT_ROWS)
     assert rp.events == 1 and rp.live()[0][:2] == (4096, 10)
     with pytest.raises(RuntimeError, match="before any event"):
@@ -589,3 +593,177 @@ def test_the_graveyard_keeps_only_what_the_peak_sets_can_need():
     trace = load_bytes(trace_bytes(recs))
     tp = trace.peak_snapshot(peak="tensor")
     assert sorted(a.size for a in tp.allocations if a.kind == "block") == [4096 + n - 2, 4096 + n - 1]
+
+
+# ---- the category rules, as the Python version summed them --------------------------------
+
+
+def duck_events(rnd, n):
+    """Events as a duck-typed recording's events() may give them: kinds by
+    name (one no trace has), threads as any value, categories of their own,
+    times going back, several devices."""
+    kinds = ["device", "device", "block", "block", "physical", "host", "managed", "weird"]
+    cats = [None, None, None, "parameter", "activation", "optimizer"]
+    live, segs, out, ts = [], [], [], 1000
+    for _ in range(n):
+        ts += rnd.choice([0, 1, 7, 1000, -3])
+        dev = rnd.choice([0, 0, 1, -1])
+        thread = rnd.choice(["main", "main", ("w", 1)])
+        r = rnd.random()
+        if r < 0.15:  # a segment, then a block of its thread inside it
+            a = 0x7000_0000 + rnd.randrange(16) * (1 << 28)
+            out.append(SimpleNamespace(op="alloc", timestamp_ns=ts, device=dev, address=a, size=64 << 20,
+                                       kind="device", thread=thread, category=rnd.choice(cats)))
+            segs.append((a, dev))
+            live.append(out[-1])
+            b = SimpleNamespace(op="alloc", timestamp_ns=ts, device=dev, address=a + rnd.randrange(0, 64 << 20, 4096),
+                                size=1 << 20, kind="block", thread=thread, category=rnd.choice(cats))
+            out.append(b)
+            live.append(b)
+        elif r < 0.6 or not live:
+            kind = rnd.choice(kinds)
+            a = 0x7000_0000 + rnd.randrange(24) * 0x1000
+            if kind == "block" and segs:
+                s, dev = rnd.choice(segs)
+                a = s + rnd.randrange(0, 64 << 20, 4096)
+            out.append(SimpleNamespace(op="alloc", timestamp_ns=ts, device=dev, address=a,
+                                       size=rnd.randrange(1, 64) << 16, kind=kind, thread=thread,
+                                       category=rnd.choice(cats)))
+            live.append(out[-1])
+        elif r < 0.65:
+            out.append(SimpleNamespace(op="failed", timestamp_ns=ts, device=dev, address=2, size=5,
+                                       kind="device", thread=thread, category=None))
+        else:
+            e = live.pop(rnd.randrange(len(live)))
+            out.append(SimpleNamespace(op="free", timestamp_ns=ts, device=e.device, address=e.address,
+                                       size=e.size, kind=e.kind, thread=thread, category=e.category))
+    return out
+
+
+class DuckEvents:
+    def __init__(self, evs):
+        self.evs = evs
+
+    def events(self):
+        return iter(self.evs)
+
+
+def category_rule_cases():
+    """(name, MemorySeries) of the recordings whose series the Python rules
+    summed before the C pass became their one owner (their digests are in
+    CATEGORY_DIGESTS): the shipped sample, the random traces of the tests
+    above, events out of time order, and duck-typed events."""
+    from memviz.report._categories import memory_series
+
+    def series(obj, trace, allocs, peak, end_ns):
+        return memory_series(obj, allocs, peak, {}, end_ns)
+
+    sample = memviz.load(os.path.join(ROOT, "memviz", "data", "sample.memviz"))
+    allocs, peak_only = category_inputs(sample)
+    peak_ts = {d: t["peak_timestamp_ns"] for d, t in sample.totals().items()}
+    yield "sample", memory_series(EventsOnly(sample), allocs, peak_only, peak_ts, sample.stopped_ns)
+    rnd = random.Random(11)
+    for trial in range(120):
+        recs = random_records(rnd, rnd.randrange(1, 600), big_sizes=trial % 7 == 0)
+        trace = load_bytes(trace_bytes(recs, rnd=rnd))
+        allocs, peak_only = category_inputs(trace)
+        if trial % 3 == 0:
+            allocs = [a._replace(category=rnd.choice([None, "parameter", "activation"])) for a in allocs]
+        yield f"random {trial}", series(EventsOnly(trace), trace, allocs, peak_only, trace.stopped_ns or 0)
+    rnd = random.Random(5)
+    rows = []
+    for r in random_records(rnd, 500):
+        rows.append(F.EVENT.pack(0, F.OP_TIME, 0, 0, 0, 0, 0, 0, rnd.randrange(1, 10 ** 6), 0, 0, 0))
+        rows.append(r)
+    trace = load_bytes(trace_bytes(rows, rnd=rnd))
+    allocs, peak_only = category_inputs(trace)
+    yield "out of order", series(EventsOnly(trace), trace, allocs, peak_only, 10 ** 7)
+    rnd = random.Random(3)
+    for trial in range(20):
+        evs = duck_events(rnd, rnd.randrange(1, 400))
+        yield f"duck {trial}", memory_series(DuckEvents(evs), [], [], {}, 10 ** 9)
+
+
+def _digest(m):
+    import hashlib
+    return hashlib.sha256(repr(m).encode()).hexdigest()[:16]
+
+
+#: sha256 (first 16 hex digits) of repr(memory_series(...)) of each case, as the
+#: Python rules (memviz/report/_categories.py before the C pass owned them) gave them
+CATEGORY_DIGESTS = {
+    'sample': '503c561047dfd101', 'random 0': 'e407273c83a9c0a3', 'random 1': '29f5b3595f5c362a',
+    'random 2': '1f7d09b8814cc91a', 'random 3': 'f39082968a16f5a7', 'random 4': 'c49ef4079e82739b',
+    'random 5': '567a246905eb2cd9', 'random 6': '2b571026673662b6', 'random 7': '4506bdcc1509f7f8',
+    'random 8': '5c65ecb0109459cb', 'random 9': 'dcd3ba3ea854d7d4', 'random 10': 'a0ed43e78aee504f',
+    'random 11': '02e6445ef23dfdc7', 'random 12': '21802a897b0ef113', 'random 13': 'c62b1c77b0d0b8a6',
+    'random 14': 'fe5f2b38a9dd5669', 'random 15': '361cdc7531192c3a', 'random 16': '147f3cf178608063',
+    'random 17': 'bc607733a45d1d45', 'random 18': '7e0babb72ddfada6', 'random 19': 'c9880c07be6a25a8',
+    'random 20': '4c4c4219435d7150', 'random 21': '3784851f753329bc', 'random 22': '0b844649986b0fe5',
+    'random 23': '245b22c2bbd8f45a', 'random 24': '89fd43a41300966a', 'random 25': '17636e88f3a17c60',
+    'random 26': '373fc35a2ca0d563', 'random 27': 'af3f4d3cf1e06a59', 'random 28': 'f93719b91eea9e6e',
+    'random 29': 'e41c4de70c4e51dd', 'random 30': 'f3c5da404bc77312', 'random 31': 'b78a015063635678',
+    'random 32': '5f7ba0712d6ab6ef', 'random 33': '726641056bb78745', 'random 34': '81a1e2a2e588cb9f',
+    'random 35': 'b1df878e91769f9a', 'random 36': '9e6d7cb79d1a1b2d', 'random 37': '750c665d51c8bf43',
+    'random 38': '2d0c489c978285a6', 'random 39': '21bff7c9c23ab6df', 'random 40': '4c10f557b586780a',
+    'random 41': 'bd1b33a2a4085b85', 'random 42': 'f86ad46fc76fffea', 'random 43': '872ca1319e28fed0',
+    'random 44': 'dd95155d222b99f9', 'random 45': 'dd09949a8ca8f408', 'random 46': '078e6d22f3576f02',
+    'random 47': '62ea84cffff743e1', 'random 48': 'd8001f76c03c2359', 'random 49': 'ce8a4fecbdb9cae0',
+    'random 50': '2f65b99bf055c00c', 'random 51': '52e7826d5a3a7eb2', 'random 52': '8959695e99dd6d8a',
+    'random 53': 'c8e0c22595eb5b2f', 'random 54': '55743e41e1d94e40', 'random 55': 'feca63a3336fb7e2',
+    'random 56': '922eb5c4399e3efd', 'random 57': '6a8f57a77392e0ee', 'random 58': 'de95520f66126893',
+    'random 59': '57893cd7c133376a', 'random 60': '675bb54e652b5f97', 'random 61': 'fbc815e096d63f50',
+    'random 62': '1765efd4e6edb59d', 'random 63': 'eb82dc80cf1cebc9', 'random 64': '09bb57385708aed3',
+    'random 65': '4b7f7aeadd344ea1', 'random 66': '57ced6aa7ef69f23', 'random 67': '6c3ab243d291a941',
+    'random 68': 'fe6171732139bb92', 'random 69': 'fecbd90a94b0004a', 'random 70': '58c17fea488a0d78',
+    'random 71': '716b81cd445a82c3', 'random 72': '337a94cad24d13f3', 'random 73': '98a39239902bf299',
+    'random 74': 'c35bcbb2b5ab0a99', 'random 75': '3bb89084d9ce2eca', 'random 76': '67e5543db7211303',
+    'random 77': '327d6536210a49d8', 'random 78': '05453dd8f44f9213', 'random 79': 'd2d34c5993955e76',
+    'random 80': '2bb3c58e0c428f43', 'random 81': '2fbbf2e398f22ddf', 'random 82': 'c74fc58e34de9f9d',
+    'random 83': 'ea2672295274c766', 'random 84': '4826f86222130dfa', 'random 85': 'efd39c047c75e745',
+    'random 86': '39bbf54a06be40b9', 'random 87': '58d091ec0b170d4b', 'random 88': '5090775c2c1e12ce',
+    'random 89': '1f225960754fd8b5', 'random 90': '51227d05bbd31d85', 'random 91': '177cca41ad762747',
+    'random 92': '9fb39f3ff8a702e8', 'random 93': '0264f608013907a9', 'random 94': '9d860ca4050fe083',
+    'random 95': 'ea1ffd06b2f59723', 'random 96': '5699c53f79f7bebc', 'random 97': 'f475703b127949e5',
+    'random 98': '8302f6f40ea98e0d', 'random 99': '05293b00e41711e7', 'random 100': 'b9bca941db9377b0',
+    'random 101': '1c750dacf2ffe4f9', 'random 102': 'f67cfbf916cf3d53', 'random 103': '8cc8ab67aaa6c7e2',
+    'random 104': 'c886196cadd7766a', 'random 105': '86af028b8ca88e48', 'random 106': 'db8a1f45e38810bc',
+    'random 107': 'c89163bed2c4c6ad', 'random 108': 'ce499f6288fec481', 'random 109': 'bd44a2d80249f190',
+    'random 110': 'd60b7c489c9727d3', 'random 111': 'a017e9f2d687bd89', 'random 112': 'ae0ea0ca93b07bcf',
+    'random 113': 'b793a41643ec740e', 'random 114': 'cfe0373b333d6858', 'random 115': 'e5bf30f98581ce32',
+    'random 116': '4b238b42601b743b', 'random 117': '769cf376a0899244', 'random 118': '9e87cf999f8dd6f9',
+    'random 119': 'b24e2eb9d270ccd4', 'out of order': '596347b035979929', 'duck 0': 'ab4944003c978796',
+    'duck 1': '71b9c7b13024df0e', 'duck 2': '538103082e7a06b7', 'duck 3': '394e85b7882d1847',
+    'duck 4': 'e408cfc6c39762eb', 'duck 5': '67f4c6cc2b8292df', 'duck 6': '98196f5ede56bd99',
+    'duck 7': '96b053f25dfaac98', 'duck 8': 'ff6ab9f36e9f975b', 'duck 9': 'a7e888b4f8f08ab9',
+    'duck 10': 'b297741314ad5c45', 'duck 11': '288363afc601059e', 'duck 12': 'b20ca17a85041d47',
+    'duck 13': 'd04647f870234beb', 'duck 14': '9ca38240c7cb7896', 'duck 15': '8f29feedc7d16efb',
+    'duck 16': 'fb7d9d97625e464d', 'duck 17': '6b80acb257403b41', 'duck 18': '211bd21757b695ac',
+    'duck 19': 'f801d1f3539a50bb',
+}
+
+
+def test_category_series_are_what_the_python_rules_gave():
+    """The series the C pass sums (src/replay_categories.c, the rules' one owner),
+    through memory_series() as every caller reaches it, are, to the byte and in order,
+    what the Python rules returned before they moved to C."""
+    got = {name: _digest(m) for name, m in category_rule_cases()}
+    assert [n for n in CATEGORY_DIGESTS if got.get(n) != CATEGORY_DIGESTS[n]] == []
+    assert len(got) == len(CATEGORY_DIGESTS)
+
+
+def test_hundreds_of_categories_are_summed_in_c():
+    """More categories than a byte holds (each slot's series made when the
+    slot first changes): every one summed, on two devices."""
+    from memviz.report._categories import EXACT, memory_series
+
+    evs = []
+    for k in range(600):
+        evs.append(SimpleNamespace(op="alloc", timestamp_ns=10 + k, device=k % 2, address=0x1000 * (k + 1),
+                                   size=k + 1, kind="device", thread=0, category=f"c{k}"))
+    evs.append(SimpleNamespace(op="free", timestamp_ns=1000, device=0, address=0x1000, size=1, kind="device",
+                               thread=0, category="c0"))
+    m = memory_series(DuckEvents(evs), [], [], {}, 2000)
+    assert m.note == EXACT and len(m.categories[0]) == len(m.categories[1]) == 300
+    assert m.categories[0]["c0"] == ([10, 1000, 2000], [1, 0, 0])
+    assert m.categories[1]["c599"] == ([609, 2000], [600, 600])

@@ -130,7 +130,7 @@ def test_each_trace_gets_the_ring_it_asks_for(fake, tmp_path):
 
 def test_a_stopped_tracker_with_a_trace_sums_its_category_series_in_c(fake, tmp_path):
     """The HTML report of a tracker that streamed a trace takes the loaded
-    trace's pass in C (the same series the report's Python rules give)."""
+    trace's pass over its file (the same series as its events() through the C pass)."""
     from memviz.report import _categories
 
     path = tmp_path / "c.memviz"
@@ -144,8 +144,8 @@ def test_a_stopped_tracker_with_a_trace_sums_its_category_series_in_c(fake, tmp_
     fast = t._category_series(known, t.stopped_ns)
     assert fast is not None and fast == memviz.load(path)._category_series(known, t.stopped_ns)
     assert fast[0]["activation"][1][-1] == sum(a.size for a in allocs) == 99 * MiB
-    # Through the report's own entry point: the C pass, and the same last
-    # levels as the report's Python rules over the events.
+    # Through the report's own entry point: the pass over the file, and the
+    # same last levels as the pass over the events() repacked.
     via_report, note = _categories.category_series(t, allocs, [], {}, t.stopped_ns)
     slow, _ = _categories.category_series(type("NoFastPath", (), {"events": t.events})(), allocs, [], {},
                                           t.stopped_ns)
