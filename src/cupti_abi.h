@@ -5,7 +5,7 @@
  * here. Values and layouts follow NVIDIA's published cupti_callbacks.h,
  * cupti_driver_cbid.h, cupti_activity.h and generated_cuda_meta.h; the test
  * suite checks them against the real headers with static asserts wherever a
- * CUDA toolkit is installed (tests/test_abi.py).
+ * CUDA toolkit is installed (tests/unit/test_abi.py).
  *
  * The same file is used by the libcupti test double (tests/fake_cupti), so a
  * mistake here would show up against real CUPTI on the GPU test run, not in

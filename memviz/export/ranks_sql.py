@@ -7,7 +7,7 @@ memviz/cli/report_ranks.py's DUCKDB_FROM ranks, when DuckDB is installed).
 every rank's lines and steps (the highest peaks, the imbalance, the lines
 that differ most, the steps side by side, the kinds of findings, the ranks
 growing alone) exactly as memviz/report/ranks_questions.py works them out
-in Python; tests/test_ranks_scale.py holds the two to the same answers. The
+in Python; tests/integration/test_ranks_scale.py holds the two to the same answers. The
 per-rank summaries then need not hold their lines: each worker writes them
 to Parquet and lets them go.
 

@@ -34,7 +34,7 @@ _BEFORE_THREAD = ThreadInfo(None, None, "before tracking")
 _MEMVIZ_TB = Traceback((Frame("<memviz>", 0, "memviz's own memory (the allocator route's probe)"),))
 
 #: the allocation record's fields in the order snapshot_from_raw unpacks them
-#: (src/rows.c defines the record; tests/test_snapshot.py checks the two agree)
+#: (src/rows.c defines the record; tests/unit/test_snapshot.py checks the two agree)
 ROW_FIELDS = ("address", "size", "device", "kind", "stream", "thread", "label", "timestamp_ns",
               "stack_id", "seq", "requested", "flags")
 
@@ -120,7 +120,7 @@ def snapshot_from_raw(
             stack_id, seq, requested, flags; kind 0=device, 1=host, 2=managed, 3=static,
             4=physical, 5=block), or plain tuples in that field order (the
             trace reader builds those: a tuple costs half a record). This is
-            the one place that unpacks a row by position; tests/test_snapshot.py
+            the one place that unpacks a row by position; tests/unit/test_snapshot.py
             holds the order against the record type.
         resolve_stacks: called once with the set of non-zero stack ids; returns
             ``{stack_id: ((filename, lineno, name), ...)}`` innermost first, as

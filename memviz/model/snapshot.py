@@ -35,6 +35,7 @@ import contextlib
 import gc
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
+import memviz._core as _core
 from memviz._args import bad_type, flag, whole
 from memviz._errors import InvalidArgument
 from memviz._units import format_size
@@ -67,8 +68,13 @@ __all__ = [
     "ThreadInfo", "Allocation", "Snapshot", "KIND_NAMES", "Segment",
 ]
 
-#: kind_code of a raw row -> Allocation.kind
-KIND_NAMES: Tuple[str, ...] = ("device", "host", "managed", "static", "physical", "block")
+#: kind_code of a raw row -> Allocation.kind, from the C core's MVZ_KIND_*
+#: (src/types.h; _core.KIND_DEVICE, ...): "device", "host", "managed",
+#: "static", "physical", "block"
+KIND_NAMES: Tuple[str, ...] = tuple(
+    name[len("KIND_"):].lower()
+    for name, _ in sorted(((n, getattr(_core, n)) for n in dir(_core) if n.startswith("KIND_")),
+                          key=lambda kv: kv[1]))
 
 
 

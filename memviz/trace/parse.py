@@ -36,7 +36,7 @@ __all__ = ["TraceFile"]
 #: 16 S bytes of JSON (Python objects: up to 12 bytes each). Measured on the
 #: worst crafted files of 1.2 MB (every event a new live allocation at 58x;
 #: two-letter strings and frames at 13-15x): 145-175 bytes per byte
-#: (tests/test_hardening_files.py). A report builds the snapshots of those
+#: (tests/integration/test_trace_limits.py). A report builds the snapshots of those
 #: live allocations as Python objects besides: about 1,300 bytes per byte
 #: for the file of events (benchmarks/RESULTS.md).
 READER_MEMORY_FACTOR = 256

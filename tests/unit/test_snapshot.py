@@ -453,3 +453,16 @@ def test_the_row_order_snapshots_unpack_is_the_c_records_order():
     assert _core.AllocationRow.__match_args__ == ROW_FIELDS
     row = _core.AllocationRow(range(len(ROW_FIELDS)))
     assert [getattr(row, f) for f in ROW_FIELDS] == list(range(len(ROW_FIELDS)))
+
+
+def test_kind_names_come_from_the_c_core_and_index_by_code():
+    """Allocation.kind is KIND_NAMES[kind code]: the names are the C core's
+    MVZ_KIND_* (src/types.h), one for each code from 0 with no gap, so a kind
+    added in C is named here without a copy."""
+    import memviz._core as core
+    from memviz.model.snapshot import KIND_NAMES
+
+    codes = {n[len("KIND_"):].lower(): getattr(core, n) for n in dir(core) if n.startswith("KIND_")}
+    assert sorted(codes.values()) == list(range(len(codes)))
+    assert {name: KIND_NAMES[code] for name, code in codes.items()} == {name: name for name in codes}
+    assert KIND_NAMES[core.KIND_BLOCK] == "block" and KIND_NAMES[core.KIND_DEVICE] == "device"
