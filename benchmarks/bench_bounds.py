@@ -45,7 +45,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), os.path.join(ROOT, "tests", "
 
 import memviz  # noqa: E402
 from memviz import _core  # noqa: E402
-from memviz.capture.session import OOM, Trigger  # noqa: E402
+from memviz.capture.events import OOM, Trigger  # noqa: E402
 
 BOUNDS = {"snapshot": 0.5, "render": 10.0, "page": 5.0, "load": 20.0, "bomb": 10.0, "flight": 5.0}
 

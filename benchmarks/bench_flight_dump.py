@@ -32,7 +32,7 @@ from fake_cupti import FakeCupti, build
 lib_path = build(); os.environ["MEMVIZ_CUPTI_LIBRARY"] = lib_path
 import torch  # noqa: F401  (the integration attaches with torch imported)
 import memviz
-from memviz.capture.session import OOM, Trigger
+from memviz.capture.events import OOM, Trigger
 import stand_in_allocator as sa
 fake = FakeCupti(lib_path); fake.reset()
 ans = sa.StandInAnswers(sa.build(Path(tempfile.mkdtemp()) / "bench"), fake.lib.fake_alloc, fake.lib.fake_free)

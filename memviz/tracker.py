@@ -28,12 +28,13 @@ from typing import Any, Dict, Iterator, List, Optional
 import memviz._core as _core
 from memviz._errors import InvalidArgument, NotTracking
 from memviz._units import format_size
-from memviz.capture import availability as _avail, session as _capture_session, store as _store
+from memviz.capture import availability as _avail, events as _events, session as _capture_session, store as _store
 from memviz.capture.availability import CaptureWarning, available
 from memviz.capture.labels import label
 from memviz.capture.options import CaptureOptions
 from memviz.capture.reading import StoreReading
-from memviz.capture.session import Trigger, active_tracker
+from memviz.capture.events import Trigger
+from memviz.capture.session import active_tracker
 from memviz.capture.traced import get_traced_memory, reset_peak
 from memviz.model.failures import FailedAllocation
 from memviz.model.frame_filter import FrameFilter
@@ -266,7 +267,7 @@ class Tracker(StoreReading, Outputs):
             raise NotTracking("dump() writes a flight recorder's memory: start the tracker with "
                               "memviz.track(flight_recorder='256 MiB') (to write what a tracker "
                               "holds without one, use save(path))")
-        return _session.failure(self, Trigger(_capture_session.REQUEST, "tracker.dump()", path))
+        return _session.failure(self, Trigger(_events.REQUEST, "tracker.dump()", path))
 
     def events(self) -> Optional[Iterator[Any]]:
         """The allocation events of the trace this tracker streamed
@@ -317,7 +318,7 @@ class Tracker(StoreReading, Outputs):
     def __exit__(self, *exc) -> None:
         try:
             if self._running and exc[0] is not None and not issubclass(exc[0], (GeneratorExit,)):
-                _session.failure(self, Trigger(_capture_session.EXCEPTION,
+                _session.failure(self, Trigger(_events.EXCEPTION,
                                                f"{exc[0].__name__} left memviz.track()"))
         finally:  # a Ctrl-C during that dump: stopped all the same
             if self._running:

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import memviz._core as _core
 from memviz._errors import InvalidArgumentType, NotTracking
 from memviz.analysis.sinks import _check_sink_names, _emit, _refuse_same_files, _Sink, make_sinks
-from memviz.capture import session as _session
+from memviz.capture import events as _events, session as _session
 from memviz.model import compiled as _compiled
 from memviz.model.frame_filter import frames as _default_filter, warning_site
 from memviz.model.steps import DeviceStep, GrowthLine, StepRecord
@@ -48,7 +48,7 @@ _NO_FRAMES = Frame("<no Python frames>", 0, "")
 # ---- recording ----------------------------------------------------------------
 
 
-class _StepState(_session.CaptureEvents):
+class _StepState(_events.CaptureEvents):
     """Per-tracker state: previous totals, cached line resolutions, sinks;
     subscribed to the capture session for its tracker, it hears the steps
     (and sends them to the sinks) and the stop (and closes them)."""

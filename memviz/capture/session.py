@@ -26,7 +26,7 @@ next mark.
 
 Events. What listens to a tracker (the PyTorch integration, the trace
 writer, the flight recorder, the step sinks) subclasses
-:class:`CaptureEvents` and subscribes to the session for that tracker
+:class:`memviz.capture.events.CaptureEvents` and subscribes to the session for that tracker
 (:meth:`CaptureSession.subscribe`); the session tells them, in the order
 they subscribed, when it starts, steps, fails (:class:`Trigger`: every
 flight-recorder dump goes through :meth:`CaptureSession.failure`), is
@@ -56,55 +56,16 @@ from memviz._errors import AlreadyTracking, CaptureConflict, CaptureUnavailable,
 from memviz._interrupts import deferred_interrupt
 from memviz._package import PACKAGE_DIR
 from memviz.capture import availability as _avail, cupti as _cupti, store as _store, threads as _threads
+from memviz.capture.events import REQUEST, CaptureEvents, Trigger
 from memviz.capture.options import CaptureOptions
 from memviz.capture.store import Frozen, NoGpuWindow, Window
 from memviz.model.pytorch import alloc_conf, conf_backend
 
-__all__ = ["CaptureSession", "CaptureEvents", "Trigger", "Capture", "Run", "Started", "current",
-           "active_tracker", "lock", "subscribe", "allocator_backend", "PRECISE_BACKEND",
-           "OOM", "DRIVER", "EXCEPTION", "SIGNAL", "REQUEST"]
+__all__ = ["CaptureSession", "Capture", "Run", "Started", "current", "active_tracker", "lock", "subscribe",
+           "allocator_backend", "PRECISE_BACKEND"]
 
 #: PyTorch's allocator backend on the driver's stream-ordered pool (precise mode)
 PRECISE_BACKEND = "cudaMallocAsync"
-
-#: the kinds of flight-recorder trigger (Trigger.kind)
-OOM = "out of memory"  # PyTorch's observer, on the failing thread, before it raises
-DRIVER = "driver call failed"  # a failed driver allocation, seen by the recorder's thread
-EXCEPTION = "exception"  # an exception left track() or the script memviz run runs
-SIGNAL = "signal"  # SIGUSR1
-REQUEST = "request"  # tracker.dump(path): raises where it cannot write
-
-
-class Trigger(NamedTuple):
-    """Why a failure event is sent: ``kind`` (OOM, DRIVER, EXCEPTION, SIGNAL,
-    REQUEST), ``reason`` in words (a dump's END record keeps it), and the
-    ``path`` a REQUEST asks for (None: a new file)."""
-    kind: str
-    reason: str
-    path: Optional[str] = None
-
-
-class CaptureEvents:
-    """What a subscriber hears of the tracker it subscribed to; every
-    method does nothing here, a subscriber overrides those it needs."""
-
-    def on_start(self, tracker: Any) -> None:
-        """The tracker started (capture runs; a nested tracker's window is open)."""
-
-    def on_step(self, tracker: Any, record: Any) -> None:
-        """The tracker recorded a step (memviz.model.steps.StepRecord)."""
-
-    def on_failure(self, tracker: Any, trigger: Trigger) -> Optional[str]:
-        """Something went wrong (or a dump was asked for): ``trigger`` says
-        what. Returns the file written, if any. Raises only for REQUEST."""
-        return None
-
-    def on_freeze(self, tracker: Any) -> None:
-        """The tracker's figures were copied into Python (the store goes on without it)."""
-
-    def on_stop(self, tracker: Any) -> None:
-        """The tracker stopped (after the capture did, if it was the last)."""
-
 
 class Started(NamedTuple):
     """What :func:`subscribe` got: activity records on (and why not), and the

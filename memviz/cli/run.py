@@ -48,7 +48,7 @@ from memviz._errors import CaptureConflict, CaptureUnavailable, MemvizError, Out
 from memviz._output_files import same_file, write_output
 from memviz._package import PACKAGE_DIR
 from memviz.capture import callsite as _callsite
-from memviz.capture import session as _session
+from memviz.capture import events as _events, session as _session
 from memviz.capture.rank_files import rank_glob, rank_of, rank_path
 from memviz.cli.common import EXIT_USAGE, parse, positive, say
 from memviz.cli.sample import SAMPLE_OPT_IN, show_sample
@@ -355,8 +355,8 @@ def _trace_note(tracker: Tracker, path: str, given: Optional[str] = None) -> boo
 def _flight_dump(tracker: Tracker, exc: BaseException) -> None:
     """The flight recorder's dump when the script raised (before the traceback)."""
     if tracker.running:  # through the capture session, as every flight-recorder trigger
-        _session.current().failure(tracker, _session.Trigger(
-            _session.EXCEPTION, f"{type(exc).__name__} raised by the script"))
+        _session.current().failure(tracker, _events.Trigger(
+            _events.EXCEPTION, f"{type(exc).__name__} raised by the script"))
 
 
 def _start(opts: argparse.Namespace) -> Tracker:

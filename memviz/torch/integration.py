@@ -19,7 +19,7 @@ import weakref
 from typing import Optional
 
 import memviz._core as _core
-from memviz.capture.session import OOM, CaptureEvents, Trigger
+from memviz.capture.events import OOM, CaptureEvents, Trigger
 from memviz.torch import allocator as _alloc, precise as _precise
 from memviz.torch.categories import Categories
 from memviz.torch.compiled import warn_if_trees_exist

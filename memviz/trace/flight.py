@@ -59,7 +59,7 @@ from memviz._errors import InvalidArgument, TraceError
 from memviz._interrupts import deferred_interrupt
 from memviz._output_files import output_file, remove_stale_temps
 from memviz._units import format_size, parse_size
-from memviz.capture import session as _session
+from memviz.capture import events as _events, session as _session
 from memviz.capture.rank_files import timestamped_name
 from memviz.trace.format import END, EVENT_LEVEL, META, chunk, header, json_bytes
 from memviz.trace.writer import _meta, _NewTables, _outside, _pytorch_peak, frame_settings
@@ -150,7 +150,7 @@ def _say(text: str) -> None:
         pass
 
 
-class FlightRecorder(_session.CaptureEvents):
+class FlightRecorder(_events.CaptureEvents):
     """The recorder of one tracker (a subscriber to the capture session; see the module doc)."""
 
     def __init__(self, tracker: Any, budget: int, folder: Optional[str] = None) -> None:
@@ -304,15 +304,15 @@ class FlightRecorder(_session.CaptureEvents):
              f"`python -m memviz report {path}`")
         return path
 
-    def on_failure(self, tracker: Any, trigger: "_session.Trigger") -> Optional[str]:
+    def on_failure(self, tracker: Any, trigger: "_events.Trigger") -> Optional[str]:
         """A trigger, through the capture session: a dump asked for
         (REQUEST: written now, errors raised), an allocation failed where
         PyTorch raises (OOM: see _hold_for_failure), or another (an
         exception, SIGUSR1, a failed driver call: written now, never raising).
         Returns the file written (None for OOM: the recorder's thread writes it)."""
-        if trigger.kind == _session.REQUEST:
+        if trigger.kind == _events.REQUEST:
             return self.dump(trigger.path, reason=trigger.reason)
-        if trigger.kind == _session.OOM:
+        if trigger.kind == _events.OOM:
             self._hold_for_failure(trigger.reason)
             return None
         return self.dump_quietly(trigger.reason)
@@ -548,8 +548,8 @@ class FlightRecorder(_session.CaptureEvents):
                             and (not self._failure_dumps or now - self._last_failure_dump >= _FAILURE_DUMP_GAP_S)):
                         self._failure_dumps += 1
                         self._last_failure_dump = now
-                        _session.current().failure(self.tracker, _session.Trigger(
-                            _session.DRIVER, "a driver allocation call failed"))
+                        _session.current().failure(self.tracker, _events.Trigger(
+                            _events.DRIVER, "a driver allocation call failed"))
             except Exception as e:  # noqa: BLE001 - never kill the program
                 self.error = f"{type(e).__name__}: {e}"
                 return
@@ -568,7 +568,7 @@ class FlightRecorder(_session.CaptureEvents):
         self._deferral_said = False
         try:
             if self._running:
-                _session.current().failure(self.tracker, _session.Trigger(_session.SIGNAL, "SIGUSR1"))
+                _session.current().failure(self.tracker, _events.Trigger(_events.SIGNAL, "SIGUSR1"))
         finally:
             self._next_signal_dump = time.monotonic() + _SIGNAL_DUMP_GAP_S
 

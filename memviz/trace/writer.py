@@ -18,7 +18,7 @@ from memviz._errors import TraceError
 from memviz._interrupts import deferred_interrupt
 from memviz.capture import callsite as _callsite
 from memviz.capture.rank_files import rank_meta
-from memviz.capture.session import CaptureEvents
+from memviz.capture.events import CaptureEvents
 from memviz.model.frame_filter import warning_site
 from memviz.trace.format import (CALLS, DEFAULT_CAPACITY, DEFAULT_INTERVAL, END, EV, EVENT, EVENT_LEVEL,
                                  EVENTS, FLAG_SYNTHETIC, FORMAT_VERSION, FRAMES, LABELS, LIVE, META, OP_ALLOC,

@@ -688,7 +688,7 @@ def test_a_plugin_that_fails_to_start_leaves_nothing_running(fake, monkeypatch):
 
     from memviz import tracker as _tracker
 
-    from memviz.capture.session import CaptureEvents
+    from memviz.capture.events import CaptureEvents
 
     class Boom(CaptureEvents):
         stopped = False

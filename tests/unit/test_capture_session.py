@@ -16,11 +16,11 @@ import memviz
 from conftest import ROOT
 from memviz import tracker as _tracker
 from memviz.analysis import rules
-from memviz.capture import session as S
+from memviz.capture import events as E, session as S
 from memviz.capture.options import CaptureOptions
 
 
-class Recorder(S.CaptureEvents):
+class Recorder(E.CaptureEvents):
     """A subscriber that notes what it hears, into a list shared with others."""
 
     def __init__(self, name, heard):
@@ -84,9 +84,9 @@ def test_the_events_reach_subscribers_in_order(subscribed):
     with memviz.track(gpu=False, torch=False) as t:
         assert [type(s).__name__ for s in t.subscribers] == ["Recorder", "Recorder"]
         t.step()
-        assert session.failure(t, S.Trigger(S.EXCEPTION, "a test")) is None
+        assert session.failure(t, E.Trigger(E.EXCEPTION, "a test")) is None
     assert subscribed == [("a", "start"), ("b", "start"), ("a", "step", 0), ("b", "step", 0),
-                          ("a", "failure", S.EXCEPTION), ("b", "failure", S.EXCEPTION),
+                          ("a", "failure", E.EXCEPTION), ("b", "failure", E.EXCEPTION),
                           ("b", "stop"), ("a", "stop")]
     del subscribed[:]
     with memviz.track(gpu=False, torch=False):  # the store is reused: t's figures are frozen first
@@ -106,22 +106,22 @@ def test_an_exception_leaving_track_is_a_failure_event(subscribed):
     with pytest.raises(ZeroDivisionError):
         with memviz.track(gpu=False, torch=False):
             1 / 0
-    assert ("a", "failure", S.EXCEPTION) in subscribed
-    assert subscribed.index(("a", "failure", S.EXCEPTION)) < subscribed.index(("a", "stop"))
+    assert ("a", "failure", E.EXCEPTION) in subscribed
+    assert subscribed.index(("a", "failure", E.EXCEPTION)) < subscribed.index(("a", "stop"))
 
 
 def test_automatic_triggers_never_raise_but_a_dump_request_does():
-    class Broken(S.CaptureEvents):
+    class Broken(E.CaptureEvents):
         def on_failure(self, tracker, trigger):
             raise OSError("disk full")
 
     session = S.current()
     with memviz.track(gpu=False, torch=False) as t:
         session.subscribe(t, Broken())
-        for kind in (S.OOM, S.DRIVER, S.EXCEPTION, S.SIGNAL):
-            assert session.failure(t, S.Trigger(kind, "a test")) is None
+        for kind in (E.OOM, E.DRIVER, E.EXCEPTION, E.SIGNAL):
+            assert session.failure(t, E.Trigger(kind, "a test")) is None
         with pytest.raises(OSError, match="disk full"):
-            session.failure(t, S.Trigger(S.REQUEST, "tracker.dump()"))
+            session.failure(t, E.Trigger(E.REQUEST, "tracker.dump()"))
 
 
 def test_only_capture_events_subscribe():

@@ -16,7 +16,7 @@ import pytest
 import memviz
 import memviz.trace.flight as flight
 from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
-from memviz.capture.session import OOM, Trigger
+from memviz.capture.events import OOM, Trigger
 from memviz.trace import format as F
 
 ROOT = Path(__file__).resolve().parents[2]
