@@ -10,8 +10,8 @@ stopped and its file is closed (with its END record).
 
 Only the main thread may change a handler, and only it gets
 KeyboardInterrupt: elsewhere, and where SIGINT's handler was not installed
-from Python, the block runs as it is. Used by Tracker.stop() and the
-trace plugins' on_stop (memviz/trace/writer.py, memviz/trace/flight.py).
+from Python, the block runs as it is. Used by the capture session's stop and the
+trace subscribers' on_stop (memviz/trace/writer.py, memviz/trace/flight.py).
 """
 
 from __future__ import annotations
