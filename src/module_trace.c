@@ -28,8 +28,8 @@ static PyObject *core_trace_enable(PyObject *self, PyObject *arg)
     if (cap == -1 && PyErr_Occurred())
         return NULL;
     if (cap < (Py_ssize_t)MVZ_RING_MIN_EVENTS || cap > (Py_ssize_t)MVZ_RING_MAX_EVENTS) {
-        PyErr_SetString(PyExc_ValueError, "trace capacity must be between TRACE_RING_MIN and TRACE_RING_MAX "
-                                          "events");
+        PyErr_Format(PyExc_ValueError, "trace capacity must be between %zu and %zu events, not %zd",
+                     (size_t)MVZ_RING_MIN_EVENTS, (size_t)MVZ_RING_MAX_EVENTS, cap);
         return NULL;
     }
     if (mvz_module_store_ensure())
@@ -262,7 +262,8 @@ static PyObject *core_flight_split(PyObject *self, PyObject *arg)
         return NULL;
     mvz_tw_split sp;
     if (mvz_tw_flight_split(budget, &sp)) {
-        PyErr_SetString(PyExc_ValueError, "flight_split: a budget of FLIGHT_MIN_BUDGET bytes or more");
+        PyErr_Format(PyExc_ValueError, "flight_split: the budget must be at least %zu bytes, not %zu",
+                     (size_t)MVZ_TW_FLIGHT_MIN_BUDGET, budget);
         return NULL;
     }
     return Py_BuildValue("(nnn)", (Py_ssize_t)sp.ring_events, (Py_ssize_t)sp.chunks, (Py_ssize_t)sp.fixed);

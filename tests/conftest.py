@@ -2,7 +2,8 @@
 
 This one conftest serves tests/unit, tests/integration and tests/gpu: a
 second conftest.py would be imported under the same module name, and tests
-import ``here``, ``line_of`` and ``ROOT`` from this one."""
+import ``here``, ``line_of``, ``ROOT``, ``HANG``, ``complete`` and
+``child_env`` from this one."""
 
 import inspect
 import os
@@ -23,6 +24,28 @@ for _folder in (ROOT / "tests" / "integration", ROOT / "tests" / "unit", ROOT / 
 import memviz  # noqa: E402
 from memviz.capture import cupti as _capture
 from memviz import tracker as _tracker  # noqa: E402
+
+
+#: seconds a child process may run: only to tell a hang from a slow machine
+HANG = 120
+
+
+def complete(path):
+    """The trace loaded, failing on a warning that it is incomplete."""
+    import warnings
+
+    from memviz.trace import format as F
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", F.TraceWarning)  # a truncated file fails
+        return memviz.load(path)
+
+
+def child_env(fake_path, **extra):
+    """A child process's environment: this tree's memviz and test doubles,
+    capture through the libcupti double at ``fake_path``."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+                MEMVIZ_CUPTI_LIBRARY=fake_path, PYTHONDONTWRITEBYTECODE="1", **extra)
 
 
 def here() -> int:

@@ -19,23 +19,12 @@ import pytest
 
 import memviz
 import memviz.trace.writer as writer
+from conftest import HANG, child_env, complete
 from fake_cupti import CBID_cuMemAlloc_v2
 from memviz.trace import format as F
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
-HANG = 120  # seconds: only to tell a hang from a slow machine
-
-
-def complete(path):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", F.TraceWarning)  # a truncated file fails
-        return memviz.load(path)
-
-
-def child_env(fake_path):
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-                MEMVIZ_CUPTI_LIBRARY=fake_path, PYTHONDONTWRITEBYTECODE="1")
 
 
 # ---- 3. KeyboardInterrupt inside stop() -------------------------------------------------

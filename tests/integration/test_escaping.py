@@ -9,21 +9,19 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import memviz
+from conftest import HANG, child_env, complete
 from fake_cupti import CBID_cuMemAlloc_v2
 from memviz.cli.diff import diff_main, diff_text
 from memviz.cli.report import main as report_main
-from memviz.trace import format as F
 from test_pytest_plugin import GPU, run  # (imports torch once, before pytester's inner runs)
 
 pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
-HANG = 120  # seconds: only to tell a hang from a slow machine
 #: a file name with the byte 0xff, as Python sees it (the surrogate \udcff)
 ODD = os.fsdecode(b"/tmp/d\xffir/model.py")
 
@@ -45,18 +43,6 @@ def odd_trace(fake, path, sizes, info=None):
             t.step(**(info or {}))
     t.save(str(path))
     return path
-
-
-def complete(path):
-    """The trace loaded, failing on a warning that it is incomplete."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", F.TraceWarning)
-        return memviz.load(path)
-
-
-def child_env(fake_path, **extra):
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-                MEMVIZ_CUPTI_LIBRARY=fake_path, PYTHONDONTWRITEBYTECODE="1", **extra)
 
 
 # ---- 1. memviz diff with a file name that is not UTF-8 ----------------------------------
@@ -159,6 +145,8 @@ ns = {{"fake": fake, "CB": CBID_cuMemAlloc_v2}}
 exec(compile("def f():\\n    return fake.alloc(CB, 1 << 20)\\n", {f"/tmp/evil{OSC52}{CLEAR}{RLO}.py"!r}, "exec"), ns)
 name = {f"fn{COLOUR}{RLO}"!r}
 ns["f"].__code__ = ns["f"].__code__.replace(co_name=name, co_qualname=name)
+
+
 def work():
     with memviz.label({f"label{OSC52}{RLO}" + chr(7) + chr(0x9b) + chr(13)!r}):
         ns["f"]()

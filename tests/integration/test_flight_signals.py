@@ -15,27 +15,19 @@ import subprocess
 import sys
 import textwrap
 import time
-import warnings
 from pathlib import Path
 
 import pytest
 
 import memviz
 import memviz.trace.flight as flight
+from conftest import HANG, child_env, complete
 from fake_cupti import CBID_cuMemAlloc_v2
 from memviz import _output_files
 from memviz.report.summary import flight_sentences
-from memviz.trace import format as F
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
-HANG = 120  # seconds: only to tell a hang from a slow machine
-
-
-def complete(path):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", F.TraceWarning)  # a truncated file fails
-        return memviz.load(path)
 
 
 def wait_for(cond, what):
@@ -44,11 +36,6 @@ def wait_for(cond, what):
         if time.monotonic() > deadline:
             pytest.fail(f"{what}: not within {HANG} s")
         time.sleep(0.01)
-
-
-def child_env(fake_path):
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-                MEMVIZ_CUPTI_LIBRARY=fake_path, PYTHONDONTWRITEBYTECODE="1")
 
 
 def run_child(tmp_path, code, fake_path, *args):

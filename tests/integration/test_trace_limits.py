@@ -19,24 +19,12 @@ import pytest
 
 import memviz
 import memviz._core as _core
+from conftest import HANG, child_env, complete
 from fake_cupti import CBID_cuMemAlloc_v2, CBID_cuMemFree_v2
 from memviz.trace import format as F
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
-HANG = 120  # seconds: only to tell a hang from a slow machine
-
-
-def complete(path):
-    """The trace loaded, failing on a warning that it is incomplete."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", F.TraceWarning)
-        return memviz.load(path)
-
-
-def child_env(fake_path, **extra):
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-                MEMVIZ_CUPTI_LIBRARY=fake_path, PYTHONDONTWRITEBYTECODE="1", **extra)
 
 
 def chunk_sizes(path):
@@ -214,6 +202,8 @@ _MEASURE = """
 import resource, sys, warnings
 import memviz
 warnings.simplefilter("ignore")
+
+
 def rss():
     return int([l for l in open("/proc/self/status") if l.startswith(sys.argv[2])][0].split()[1]) * 1024
 before = rss("VmRSS:")

@@ -76,7 +76,7 @@ def test_the_budget_is_split_in_c_between_the_ring_the_take_buffer_and_the_chunk
         got = memviz._core.flight_split(budget)
         fixed = ring * raw + 65536 * raw
         assert got == (ring, budget - fixed, fixed)
-    with pytest.raises(ValueError, match="FLIGHT_MIN_BUDGET"):
+    with pytest.raises(ValueError, match=f"at least {flight.MIN_BUDGET} bytes, not {flight.MIN_BUDGET - 1}"):
         memviz._core.flight_split(flight.MIN_BUDGET - 1)
     memviz._core._flight_test_sizes(1024, 4096)
     try:
