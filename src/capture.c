@@ -52,7 +52,9 @@ static const uint32_t memory_cbids[] = {
 };
 #define N_CBIDS (sizeof memory_cbids / sizeof memory_cbids[0])
 
-static int capturing;  /* read with atomics on the hot path */
+static int capturing;  /* read with atomics on the hot path: 0 off, 1 on, CAPTURING_TIMED */
+/* On, with the allocator route's capture path timed (capture_block_timed). */
+#define CAPTURING_TIMED 2
 /* Recordings under way (record()): stop waits for them, so that once it
  * returns nothing more reaches the store. Two ways of counting them:
  *  - per thread (busy[]), with no atomic read-modify-write and no fence on
@@ -546,16 +548,89 @@ void mvz_capture_async(int is_free, int result, uint64_t address, uint64_t size,
  * allocator handed out (or took back) on this thread, from inside its
  * allocate/raw_alloc/deleter. Hot path, no GIL: as record(); the device is
  * the DataPtr's, or (slot < 0) the current context's (current_slot). */
-void mvz_capture_block(int is_free, uint64_t address, uint64_t size, uint64_t stream, int slot,
-                       uint64_t stamp)
+static inline void capture_block(int is_free, uint64_t address, uint64_t size, uint64_t stream,
+                                 int slot, uint64_t stamp)
 {
-    if (!__atomic_load_n(&capturing, __ATOMIC_ACQUIRE))
-        return;
     decoded d = {is_free ? MVZ_OP_BLOCK_FREE : MVZ_OP_BLOCK_ALLOC, MVZ_KIND_BLOCK, is_free,
                  address, size, stream};
     if (slot < 0)
         slot = is_free ? 0 : current_slot(); /* a free: the store knows the device */
     record(&d, 0, slot, stamp);
+}
+
+static __attribute__((noinline)) void capture_block_timed(int is_free, uint64_t address,
+                                                          uint64_t size, uint64_t stream,
+                                                          int slot, uint64_t stamp);
+
+void mvz_capture_block(int is_free, uint64_t address, uint64_t size, uint64_t stream, int slot,
+                       uint64_t stamp)
+{
+    int on = __atomic_load_n(&capturing, __ATOMIC_ACQUIRE);
+    if (!on)
+        return;
+    if (__builtin_expect(on == CAPTURING_TIMED, 0)) {
+        capture_block_timed(is_free, address, size, stream, slot, stamp);
+        return;
+    }
+    capture_block(is_free, address, size, stream, slot, stamp);
+}
+
+/* ---- the allocator route's capture path, timed (benchmarks only) --------
+ * Under _core._callback_profile("time") the route's capture path runs
+ * between two reads of the capture path's clock, and each thread adds the
+ * ticks and the count, allocations and frees apart, into a slot of its own:
+ * plain stores by the one thread that owns the slot (no locked instruction,
+ * which would drain the store buffer and change what is measured). So a
+ * benchmark reads memviz's own time inside a real step, per event and per
+ * thread, without the noise of the step's wall time. Hot path, no GIL:
+ * this thread's TLS and slot, and one atomic add per thread, once. */
+#define TIMED_SLOTS 64
+typedef struct {
+    uint64_t n[2], ticks[2]; /* [0] allocations, [1] frees */
+    long tid;
+    char pad[64 - 5 * sizeof(uint64_t)];
+} timed_slot;
+static timed_slot timed[TIMED_SLOTS] __attribute__((aligned(64)));
+static int timed_used; /* atomic */
+static __thread int tl_timed __attribute__((tls_model("initial-exec"))); /* slot + 1; -1: none left */
+
+static __attribute__((noinline)) void capture_block_timed(int is_free, uint64_t address,
+                                                          uint64_t size, uint64_t stream,
+                                                          int slot, uint64_t stamp)
+{
+    int tsc = mvz_tick_is_tsc();
+    uint64_t t0 = mvz_tick_as(tsc);
+    capture_block(is_free, address, size, stream, slot, stamp);
+    uint64_t t1 = mvz_tick_as(tsc);
+    int s = tl_timed;
+    if (s == 0) {
+        int i = __atomic_fetch_add(&timed_used, 1, __ATOMIC_RELAXED);
+        s = tl_timed = i < TIMED_SLOTS ? i + 1 : -1;
+        if (s > 0)
+            __atomic_store_n(&timed[i].tid, (long)syscall(SYS_gettid), __ATOMIC_RELAXED);
+    }
+    if (s < 0)
+        return;
+    timed_slot *m = &timed[s - 1];
+    int k = is_free ? 1 : 0;
+    __atomic_store_n(&m->n[k], m->n[k] + 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&m->ticks[k], m->ticks[k] + (t1 - t0), __ATOMIC_RELAXED);
+}
+
+int mvz_capture_timings(long *tid, uint64_t (*n)[2], uint64_t (*ticks)[2], int max)
+{
+    int used = __atomic_load_n(&timed_used, __ATOMIC_RELAXED);
+    if (used > TIMED_SLOTS)
+        used = TIMED_SLOTS;
+    int k = 0;
+    for (int i = 0; i < used && k < max; i++, k++) {
+        tid[k] = __atomic_load_n(&timed[i].tid, __ATOMIC_RELAXED);
+        for (int j = 0; j < 2; j++) {
+            n[k][j] = __atomic_load_n(&timed[i].n[j], __ATOMIC_RELAXED);
+            ticks[k][j] = __atomic_load_n(&timed[i].ticks[j], __ATOMIC_RELAXED);
+        }
+    }
+    return k;
 }
 
 /* The segment wrappers' path (interpose.c): cudaMalloc/cudaFree from
@@ -820,7 +895,8 @@ int mvz_capture_start(int want_cupti, int want_activity, int allow_shared, mvz_s
     }
     __atomic_store_n(&cupti_held, st->cupti, __ATOMIC_SEQ_CST);
     mvz_store_drainer(1); /* could it not start, the capture path applies a full queue itself */
-    __atomic_store_n(&capturing, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&capturing, profile_mode == MVZ_PROFILE_TIME ? CAPTURING_TIMED : 1,
+                     __ATOMIC_RELEASE);
     return 0;
 }
 

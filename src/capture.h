@@ -78,6 +78,11 @@ enum { MVZ_PROFILE_OFF, MVZ_PROFILE_TIME, MVZ_PROFILE_NOOP, MVZ_PROFILE_NOASYNC 
 int mvz_capture_set_profile(int mode);
 /* The profile's counters: callbacks seen and ns spent in them. */
 void mvz_capture_profile(uint64_t *calls, uint64_t *ns);
+/* Under TIME, the allocator route's capture path (mvz_capture_block) per
+ * thread that recorded: its OS thread id, allocations and frees, and the
+ * capture path's ticks spent on each (clock.h). Fills up to `max` threads
+ * and returns how many; counts since the process started. Any thread. */
+int mvz_capture_timings(long *tid, uint64_t (*n)[2], uint64_t (*ticks)[2], int max);
 void mvz_capture_forget_counts(void);
 /* After fork, in the child: capture is off and CUPTI is not touched. */
 void mvz_capture_atfork_child(void);

@@ -428,3 +428,59 @@ def test_growth_lines_read_blocks_not_the_segments_that_hold_them(standin):
     # with the segments counted too, the same line grows by more than its blocks
     assert {fl.location: fl.bytes for fl in _diagnose._grown_lines(post)}[mine[0].location] >= len(post) * size
     kept.clear()
+
+
+def test_the_timed_capture_path_counts_every_block_event_per_thread(standin):
+    """benchmarks/bench_in_step.py's reading: under _callback_profile("time")
+    each thread's allocations and frees through the route are counted, with
+    the capture path's time, in its own slot; without it nothing is."""
+    ans = standin()
+
+    def totals():
+        rows = {r[0]: r for r in _core._capture_timings()}
+        me = rows.get(threading.get_native_id(), (0, 0, 0.0, 0, 0.0))
+        return me[1], me[2], me[3], me[4]
+
+    with memviz.track() as t:  # profile off: the plain path, nothing timed
+        _attach(t, ans)
+        before = totals()
+        tensor, _ = ans.alloc(4096)
+        del tensor
+        assert totals() == before
+    before = _core._callback_profile("time")
+    try:
+        n0 = totals()
+        with memviz.track() as t:
+            _attach(t, ans)
+            blocks = [ans.alloc(1 << 12 + i % 4)[0] for i in range(50)]
+            del blocks
+            snap_blocks = [x for x in t.snapshot().allocations if x.kind == "block"]
+        n1 = totals()
+    finally:
+        _core._callback_profile(before)
+    assert not snap_blocks  # recorded as always: every block freed
+    allocs, alloc_ns, frees, free_ns = (n1[i] - n0[i] for i in range(4))
+    assert (allocs, frees) == (50, 50)
+    assert 0 < alloc_ns / allocs < 1e6 and 0 < free_ns / frees < 1e6
+
+
+def test_the_queue_shape_hook_refuses_while_capturing_and_odd_sizes(fake):
+    _core.init()
+    with memviz.track():
+        with pytest.raises(RuntimeError, match="capture stopped"):
+            _core._queue_shape(4096)
+    with pytest.raises(ValueError, match="power of two"):
+        _core._queue_shape(5000)
+    was = _core._queue_shape(4096)
+    try:
+        with memviz.track() as t:  # a small queue still records every event, in order
+            _core._drainer(False)  # so that the allocating thread finds it full
+            try:
+                fake.alloc_loop(3000, 512)
+                fake.alloc_free_loop(5000, 512)  # 13,000 events: thrice the queue's room
+            finally:
+                _core._drainer(True)
+            assert len([a for a in t.snapshot().allocations if a.size == 512]) == 3000
+            assert _core.stats()["queue_full"] > 0
+    finally:
+        assert _core._queue_shape(was) == 4096
