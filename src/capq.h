@@ -27,7 +27,10 @@ enum {
     MVZ_CAPQ_ALLOC = 1,
     MVZ_CAPQ_FREE = 2,
     MVZ_CAPQ_STAMPED = 4, /* with ALLOC: `clock` is a stamp */
-    MVZ_CAPQ_TSC = 8      /* `clock` is a TSC tick, not nanoseconds (clock.h) */
+    MVZ_CAPQ_TSC = 8,     /* `clock` is a TSC tick, not nanoseconds (clock.h) */
+    MVZ_CAPQ_NODE_LINE = 16 /* with ALLOC: `seq_note` is the autograd node's own number and
+                             * `label_id` names its class; the store adds the node's forward
+                             * line as it applies the entry (store.c, node_line) */
 };
 
 /* One unit of the ring, and the header of an entry: 64 bytes, one cache
@@ -36,7 +39,8 @@ typedef struct {
     uint64_t pos;      /* MVZ_CAPQ_MARK(its place), stored last (release) */
     uint64_t address, size, stream;
     uint64_t clock;    /* the tick read (or the allocator route's stamp), clock.h */
-    uint64_t seq_note; /* autograd's node counter + 1 to note with this stack (seqmap.h), or 0 */
+    uint64_t seq_note; /* autograd's node counter + 1 to note with this stack (seqmap.h), or 0;
+                        * with MVZ_CAPQ_NODE_LINE, the number of the node allocating */
     uint32_t label_id;
     uint16_t thread_idx; /* the store's thread index (at most MVZ_THREAD_OVERFLOW) */
     uint16_t kept;       /* MVZ_CAPQ_KEPT: frames shared with the thread's previous stack */

@@ -128,18 +128,27 @@ void mvz_capture_label_set(uint32_t id)
 }
 
 /* Hot path, no GIL: this thread's label for an allocation made now. Inside
- * an autograd node (when nodes.c is attached), the node's own label, unless
- * Python set a node label during this very node. */
-static uint32_t current_label(const void *node)
+ * an autograd node (when nodes.c is attached), the node's class label, with
+ * *seq its number and *line 1: the store adds the node's forward line as it
+ * applies the allocation (the seqmap's note for that number is applied
+ * before it, in claim order), so this thread reads neither the seqmap nor
+ * waits for the queue. A node label Python set during this very node is
+ * taken as it is (*line 0). */
+static uint32_t current_label(const void *node, int *line, uint64_t *seq)
 {
     uint32_t lab = tl_label;
+    *line = 0;
     if (!node)
         return lab;
-    if (lab && mvz_labels_is_node(lab) && tl_label_node == node &&
-        tl_label_seq == mvz_nodes_seq(node))
+    uint64_t s = mvz_nodes_seq(node);
+    if (lab && mvz_labels_is_node(lab) && tl_label_node == node && tl_label_seq == s)
         return lab;
-    uint32_t id = mvz_nodes_label(node);
-    return id ? id : lab;
+    uint32_t id = mvz_nodes_class_label(node);
+    if (!id)
+        return lab;
+    *line = 1;
+    *seq = s;
+    return id;
 }
 
 /* ---- devices ---------------------------------------------------------- */
@@ -415,11 +424,11 @@ static void record(const decoded *dp, int result, int slot, uint64_t stamp)
 }
 
 static void queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
-                        uint64_t note, int tsc, uint64_t clock, uint64_t stamp,
+                        uint64_t note, int line, int tsc, uint64_t clock, uint64_t stamp,
                         const mvz_frame *f, int depth);
 static void queue_alloc_unbuffered(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
-                                   uint64_t note, int tsc, uint64_t clock, uint64_t stamp,
-                                   int limit);
+                                   uint64_t note, int line, int tsc, uint64_t clock,
+                                   uint64_t stamp, int limit);
 
 static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
 {
@@ -431,10 +440,15 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
     }
     int limit = __atomic_load_n(&depth_limit, __ATOMIC_RELAXED);
     const void *node = mvz_nodes_current();
-    if (node) /* its label names its forward line, noted through the queue */
-        mvz_store_sync_notes();
-    uint32_t lab = current_label(node);
+    int line;
+    uint64_t node_seq = 0;
+    uint32_t lab = current_label(node, &line, &node_seq);
     if (result != 0 || d.address == 0) { /* rare, and read at once: recorded under the lock */
+        if (line) { /* the forward line now: its note applied first */
+            mvz_store_sync();
+            uint32_t full = mvz_nodes_label(node);
+            lab = full ? full : lab;
+        }
         mvz_frame frames[MVZ_MAX_DEPTH];
         int depth = mvz_frames_capture(frames, limit);
         count(MVZ_OP_FAILED);
@@ -445,6 +459,8 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
     /* not inside a backward node: the autograd node this line may have just
      * made (noted once the store has interned the stack, seqmap.h) */
     uint64_t note = !node && !mvz_labels_is_node(lab) ? mvz_seqmap_next() : 0;
+    if (line) /* the node's own number, for the store's forward line (MVZ_CAPQ_NODE_LINE) */
+        note = node_seq;
     int tsc = mvz_tick_is_tsc(); /* the stamp's kind too (clock.h) */
     uint64_t clock = stamp ? stamp : mvz_tick_as(tsc);
     /* Everything that may take a lock is done. The stack is walked into
@@ -455,24 +471,25 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
      * frames when it applies the entry. */
     mvz_frame *walk = mvz_store_walk_buffer(thread_idx);
     if (walk == NULL) { /* a thread the store could not register: all its frames */
-        queue_alloc_unbuffered(&d, slot, lab, thread_idx, note, tsc, clock, stamp, limit);
+        queue_alloc_unbuffered(&d, slot, lab, thread_idx, note, line, tsc, clock, stamp, limit);
         return;
     }
     int depth = mvz_frames_capture(walk, limit);
-    queue_alloc(&d, slot, lab, thread_idx, note, tsc, clock, stamp, walk, depth);
+    queue_alloc(&d, slot, lab, thread_idx, note, line, tsc, clock, stamp, walk, depth);
 }
 
 /* Capture path, no GIL: record_body's allocation, queued from the stack
  * f[0..depth) just walked (only this thread's buffers, the queue's room
  * and its own TLS are written). */
 static void queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
-                        uint64_t note, int tsc, uint64_t clock, uint64_t stamp,
+                        uint64_t note, int line, int tsc, uint64_t clock, uint64_t stamp,
                         const mvz_frame *f, int depth)
 {
     const decoded d = *dp;
     uint64_t pos;
     mvz_capq_entry *e = mvz_store_enqueue_alloc(thread_idx, f, depth, &pos);
-    e->what = (uint8_t)(MVZ_CAPQ_ALLOC | (stamp ? MVZ_CAPQ_STAMPED : 0) | (tsc ? MVZ_CAPQ_TSC : 0));
+    e->what = (uint8_t)(MVZ_CAPQ_ALLOC | (stamp ? MVZ_CAPQ_STAMPED : 0) | (tsc ? MVZ_CAPQ_TSC : 0) |
+                        (line ? MVZ_CAPQ_NODE_LINE : 0));
     e->address = d.address;
     e->size = d.size;
     e->stream = d.stream;
@@ -482,7 +499,7 @@ static void queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thre
     e->op = (uint8_t)d.op; /* counted as the store applies it */
     e->kind = (uint8_t)d.kind;
     e->flags = tl_own ? MVZ_FLAG_MEMVIZ : 0;
-    e->seq_note = depth > 0 ? note : 0;
+    e->seq_note = line || depth > 0 ? note : 0;
     mvz_store_publish(e, pos);
 }
 
@@ -490,11 +507,12 @@ static void queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thre
  * thread table (rare): walked on this stack. */
 static __attribute__((noinline, cold)) void
 queue_alloc_unbuffered(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
-                       uint64_t note, int tsc, uint64_t clock, uint64_t stamp, int limit)
+                       uint64_t note, int line, int tsc, uint64_t clock, uint64_t stamp,
+                       int limit)
 {
     mvz_frame frames[MVZ_MAX_DEPTH];
     int depth = mvz_frames_capture(frames, limit);
-    queue_alloc(dp, slot, lab, thread_idx, note, tsc, clock, stamp, frames, depth);
+    queue_alloc(dp, slot, lab, thread_idx, note, line, tsc, clock, stamp, frames, depth);
 }
 
 static int (*ctx_get_current)(void **ctx); /* libcuda's cuCtxGetCurrent, when loaded */

@@ -236,13 +236,33 @@ static uint32_t cached(const void *key, uint32_t stack, const char *pyname)
  * string, so no Python API runs. A miss (once per class and forward line)
  * takes cache_lock and the label table's lock, both leaf locks, and
  * allocates nothing. */
+static uint32_t label_with(const mvz_node_layout *L, const void *node, uint32_t stack);
+
 uint32_t mvz_nodes_label(const void *node)
 {
     const mvz_node_layout *L = __atomic_load_n(&current_layout, __ATOMIC_ACQUIRE);
     if (!L || !node)
         return 0;
+    return label_with(L, node, mvz_seqmap_stack(*(const uint64_t *)((const char *)node + L->seq_offset)));
+}
+
+/* Hot path, no GIL: as mvz_nodes_label, the forward line left out (the
+ * store adds it): no read of the seqmap's ring, and one cache entry per
+ * class rather than per class and line. */
+uint32_t mvz_nodes_class_label(const void *node)
+{
+    const mvz_node_layout *L = __atomic_load_n(&current_layout, __ATOMIC_ACQUIRE);
+    if (!L || !node)
+        return 0;
+    return label_with(L, node, 0);
+}
+
+/* Hot path, no GIL: the node's label with the forward line `stack` (0:
+ * none), from the lock-free cache, else formatted and interned once under
+ * cache_lock (and the label table's). */
+static uint32_t label_with(const mvz_node_layout *L, const void *node, uint32_t stack)
+{
     const void *vptr = *(const void *const *)node;
-    uint32_t stack = mvz_seqmap_stack(*(const uint64_t *)((const char *)node + L->seq_offset));
     const void *key = vptr;
     const char *pyname = NULL;
     if (vptr == L->pynode_vptr) {

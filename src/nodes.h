@@ -51,6 +51,10 @@ uint64_t mvz_nodes_seq(const void *node);
 /* Hot path: the label id naming `node` and the forward stack of its number
  * ("\x01<name>\x1f#<stack id>"), interned; 0 if the label table is full. */
 uint32_t mvz_nodes_label(const void *node);
+/* Hot path: the label id naming `node`'s class alone ("\x01<name>\x1f"):
+ * the capture path's, whose forward line the store adds as it applies the
+ * allocation (store.h, mvz_store_node_line), off the allocating thread. */
+uint32_t mvz_nodes_class_label(const void *node);
 /* With the GIL, nothing capturing: forget the cached node labels (their
  * ids and texts), after mvz_labels_reclaim freed ids. */
 void mvz_nodes_forget_labels(void);

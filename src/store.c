@@ -1,4 +1,5 @@
-/* The store (see store.h). It owns one leaf mutex, `store_lock`, and all the
+/* The store (see store.h). It owns one mutex, `store_lock` (under which
+ * only the label table's leaf lock is taken), and all the
  * state it guards: the live table (livetab.c), the stacks (stacks.c), the
  * windows (window.c), the trace ring (trace_ring.c), the graveyard of peak
  * sets (peakset.c), the totals, timeline, failures and threads. Those files are called only from here,
@@ -24,6 +25,8 @@
 #include "blocks.h"
 #include "capq.h"
 #include "clock.h"
+#include "hash.h"
+#include "labels.h"
 #include "livetab.h"
 #include "peakset.h"
 #include "region.h"
@@ -35,6 +38,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -56,11 +60,16 @@ static mvz_blocks blocks; /* PyTorch's block sizes (blocks.h) */
 /* The capture queue: filled without the lock, applied with it (capq.h). */
 static mvz_capq capq;
 #define CAPQ_UNITS (1u << 16) /* 4 MiB: 7,281 allocations of 32 frames, 1,008 of 256 */
-/* The queue's place + 1 of the last allocation that carries a note for
- * seqmap.h (atomic, raised by compare-and-swap): a backward node's label
- * reads the seqmap, so it applies the queue first when that note is still
- * in it (mvz_store_sync_notes). */
-static uint64_t notes_upto;
+/* A backward node's label with its forward line ("\x01<name>\x1f#<stack>"),
+ * by the class label the capture path queued and the stack its number's
+ * seqmap note names (node_line; lock held). Cleared with the store, before
+ * the label table may reclaim ids. */
+#define NODE_LINES 4096
+#define NODE_LINE_PROBES 8
+static struct {
+    uint64_t key; /* class label << 32 | stack; 0 empty */
+    uint32_t label;
+} node_lines[NODE_LINES];
 static uint64_t queue_events; /* lock held */
 static uint64_t queue_full;   /* atomic */
 static uint64_t queue_kicks;  /* atomic */
@@ -198,6 +207,7 @@ void mvz_store_clear(void ***refs, size_t *nrefs)
     size_t n = out ? mvz_stacks_refs(&stacks, out) : 0;
     /* Without memory for the list the references leak, which is safe. */
     mvz_livetab_reset(&live);
+    memset(node_lines, 0, sizeof node_lines); /* before the label table may reclaim their ids */
     mvz_stacks_reset(&stacks);
     stacks_changed++;
     mvz_peakset_reset(&graves);
@@ -586,25 +596,30 @@ mvz_capq_entry *mvz_store_enqueue(unsigned units, uint64_t *pos)
     }
 }
 
-/* Capture path, no GIL, no lock: the entry is whole. One that carries a
- * seqmap note raises notes_upto (a compare-and-swap, once per autograd
- * node made). */
+/* Capture path, no GIL, no lock: the entry is whole. */
 void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
 {
-    if (e->seq_note) {
-        uint64_t want = pos + 1, was = __atomic_load_n(&notes_upto, __ATOMIC_RELAXED);
-        while (was < want && !__atomic_compare_exchange_n(&notes_upto, &was, want, 1,
-                                                          __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-            ;
-    }
     mvz_capq_publish(e, pos);
     kick_drainer(pos);
 }
 
+/* Capture path, no GIL, no lock: ask for the queue's next unit to be
+ * brought in for writing now, so that its cache line (cold: it comes round
+ * once a lap) arrives while the caller walks the stack or reads the clock,
+ * not while it writes. A hint: whichever unit the claim then gets, nothing
+ * depends on it. Reads the producers' line, which the claim reads next. */
+static inline void prefetch_claim(void)
+{
+    uint64_t h = __atomic_load_n(&capq.head, __ATOMIC_RELAXED);
+    __builtin_prefetch(&capq.units[h & capq.mask], 1, 3);
+}
+
 /* Capture path, no GIL: this thread's own buffer (see `walked`) to walk its
- * next stack into, or NULL for a thread the store could not register. */
+ * next stack into, or NULL for a thread the store could not register. The
+ * queue's next unit is fetched meanwhile (prefetch_claim). */
 mvz_frame *mvz_store_walk_buffer(uint32_t thread_idx)
 {
+    prefetch_claim();
     if (thread_idx >= MVZ_MAX_THREADS)
         return NULL;
     mvz_frame *mine = (mvz_frame *)walked.base + (size_t)thread_idx * 2 * MVZ_MAX_DEPTH;
@@ -727,6 +742,7 @@ static const mvz_frame *entry_stack(const mvz_capq_entry *e, int *depth, uint32_
 /* Capture path, no GIL: a free, queued (its tick read before the claim). */
 void mvz_store_enqueue_free(uint64_t address, int kind, int op)
 {
+    prefetch_claim();
     int tsc = mvz_tick_is_tsc();
     uint64_t clock = mvz_tick_as(tsc);
     uint64_t pos;
@@ -741,8 +757,48 @@ void mvz_store_enqueue_free(uint64_t address, int kind, int op)
     kick_drainer(pos);
 }
 
+/* Lock held: the label of a backward node's allocation, its class label
+ * `cls` (the capture path's) with the forward line of the node numbered
+ * `seq`: the stack the seqmap noted for it, as the forward allocation that
+ * made the node was applied (earlier in claim order, so before this entry).
+ * Interned once per class and line (the label table's lock, a leaf, taken
+ * under the store's); `cls` when the node has no line or the table is full. */
+static uint32_t node_line(uint32_t cls, uint64_t seq)
+{
+    uint32_t stack = mvz_seqmap_stack(seq);
+    if (!cls || !stack)
+        return cls;
+    uint64_t key = (uint64_t)cls << 32 | stack;
+    uint32_t at = (uint32_t)(mvz_mix64(key) & (NODE_LINES - 1));
+    for (int i = 0; i < NODE_LINE_PROBES; i++) {
+        uint32_t k = (at + (uint32_t)i) & (NODE_LINES - 1);
+        if (node_lines[k].key == key)
+            return node_lines[k].label;
+        if (node_lines[k].key == 0)
+            break;
+    }
+    const char *name = mvz_labels_name(cls); /* "\x01<name>\x1f", never freed while capturing */
+    char text[300];
+    if (!name || snprintf(text, sizeof text, "%s#%u", name, stack) >= (int)sizeof text)
+        return cls;
+    uint32_t id = mvz_labels_intern(text);
+    if (!id)
+        return cls;
+    /* The first free place of the probe, else the first place (a cache). */
+    uint32_t put = at;
+    for (int i = 0; i < NODE_LINE_PROBES; i++)
+        if (node_lines[(at + (uint32_t)i) & (NODE_LINES - 1)].key == 0) {
+            put = (at + (uint32_t)i) & (NODE_LINES - 1);
+            break;
+        }
+    node_lines[put].key = key;
+    node_lines[put].label = id;
+    return id;
+}
+
 /* Lock held: apply every entry claimed before `limit`, in claim order. An
- * allocation's stack is hashed and interned here, off the capture path. */
+ * allocation's stack is hashed and interned here, off the capture path, and
+ * a backward node's allocation gets its forward line (node_line). */
 static void drain_locked(uint64_t limit)
 {
     mvz_capq_entry *e;
@@ -764,14 +820,16 @@ static void drain_locked(uint64_t limit)
             size_t before = stacks.n;
             uint64_t hash = depth > 0 && !same_id ? mvz_stacks_hash(f, depth) : 0;
             uint64_t stamp = e->what & MVZ_CAPQ_STAMPED ? clock : 0;
+            int node = (e->what & MVZ_CAPQ_NODE_LINE) != 0;
+            uint32_t label = node ? node_line(e->label_id, e->seq_note) : e->label_id;
             uint32_t id = record_alloc_locked(stamp, clock, e->address, e->size, 0, e->stream,
-                                              slot, e->kind, e->label_id, e->flags, f, depth, hash,
+                                              slot, e->kind, label, e->flags, f, depth, hash,
                                               e->thread_idx, same_id);
             if (e->thread_idx < MVZ_MAX_THREADS) {
                 applied_sid[e->thread_idx] = id;
                 applied_sid_at[e->thread_idx] = stacks_changed;
             }
-            if (e->seq_note)
+            if (e->seq_note && !node)
                 mvz_seqmap_put(e->seq_note, id);
             if (stacks.n != before)
                 new_stacks = 1;
@@ -807,11 +865,6 @@ void mvz_store_sync(void)
  * noted for it (seqmap.h); when that note may still be in the queue, the
  * queue is applied first (once per backward pass, in practice: forward
  * notes, backward reads). Two relaxed loads otherwise. */
-void mvz_store_sync_notes(void)
-{
-    if (__atomic_load_n(&notes_upto, __ATOMIC_RELAXED) > __atomic_load_n(&capq.tail, __ATOMIC_ACQUIRE))
-        mvz_store_sync();
-}
 
 /* ---- the drainer thread --------------------------------------------------- */
 

@@ -6,9 +6,11 @@
  *
  * Writers are the CUPTI callbacks (any thread, no GIL) and the activity
  * buffer callback; readers are the module's functions (with the GIL). All of
- * them take one leaf mutex, `store lock`, for a bounded time: nothing that
- * holds it calls Python, CUDA, CUPTI or malloc, or takes another lock, so it
- * cannot take part in a deadlock (docs/architecture.md, rule 1).
+ * them take one mutex, `store lock`, for a bounded time: nothing that holds
+ * it calls Python, CUDA, CUPTI or malloc, or takes another lock but the
+ * label table's (a leaf: a backward allocation's label, interned as the
+ * queue is applied), so it cannot take part in a deadlock
+ * (docs/architecture.md, rule 1).
  *
  * Its functions only: the types its readers fill are store_types.h's, at
  * the bottom floor, for a file that needs them but calls nothing here.
@@ -93,9 +95,6 @@ void mvz_store_forget_op_counts(void);
 /* Any thread, no store lock held: apply the queue now (every reader below
  * does so itself). */
 void mvz_store_sync(void);
-/* Capture path, no GIL: apply the queue when an autograd node's forward
- * line (seqmap.h) may still wait in it. */
-void mvz_store_sync_notes(void);
 /* With the GIL: the thread that applies the queue between reads, while
  * capture runs (on) or not; joined when off. 0, or -1 when it could not
  * start (the capture path then applies the queue when it is full). */

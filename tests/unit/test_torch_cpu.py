@@ -229,6 +229,50 @@ def test_forward_line_from_node_numbers_without_saved_tensor_hooks(ops):
     assert b.autograd_node == "NoSaveBackward" and b.forward is None
 
 
+class FailInBackward(torch.autograd.Function):
+    """Allocates in forward; its backward's allocation fails (out of memory)."""
+
+    fake = None
+
+    @staticmethod
+    def forward(ctx, x):
+        FailInBackward.fake.alloc(CBID_cuMemAlloc_v2, 24 * KiB)  # FAILING NODE'S FORWARD
+        return x * 5
+
+    @staticmethod
+    def backward(ctx, g):
+        FailInBackward.fake.alloc(CBID_cuMemAlloc_v2, 1 << 40, result=CUDA_ERROR_OUT_OF_MEMORY)
+        return g * 5
+
+
+def test_forward_lines_while_the_forward_allocations_still_wait_in_the_queue(ops):
+    """The capture path queues a backward allocation with its node's class
+    and number; the store adds the forward line as it applies the queue, from
+    the forward allocation's note applied before it. With the drainer paused
+    the forward allocations are still queued when backward allocates: the
+    line is the same. A failure inside a node is read at once, line included."""
+    _callback_mode(ops)
+    FailInBackward.fake = ops
+    x = torch.randn(16, requires_grad=True)
+    with memviz.track(autograd=True, graph=False) as t:
+        memviz._core._drainer(False)
+        try:
+            y = AllocInForward.apply(x)
+            z = FailInBackward.apply(NoSave.apply(y))
+            z.sum().backward()
+        finally:
+            memviz._core._drainer(True)
+        snap = t.snapshot()
+        (failure,) = t.failures
+    by_size = {a.size: a for a in snap}
+    a = by_size[48 * KiB]
+    assert a.autograd_node == "AllocInForwardBackward"
+    assert a.forward == f"{THIS}:{_line_of('# FORWARD OUTPUT')}"
+    assert by_size[32 * KiB].autograd_node == "NoSaveBackward" and by_size[32 * KiB].forward is None
+    assert failure.size == 1 << 40 and failure.autograd_node == "FailInBackwardBackward"
+    assert failure.forward == f"{THIS}:{_line_of('# FAILING NODE' + chr(39) + 'S FORWARD')}", failure
+
+
 def test_backward_allocations_are_not_taken_for_forward_lines(ops):
     """CPU backward runs on the caller's thread, where the node counter still
     stands just past the last forward node: allocations made inside backward
