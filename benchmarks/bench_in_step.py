@@ -26,7 +26,9 @@ the H200's host; this sees the direct part at well under one.
 Variants (each a fresh process; processes alternate variants, order
 rotated): ``base`` (the capture queue as shipped), ``q4k`` (a queue of
 4,096 units instead of 65,536), ``huge`` (huge pages asked for the queue),
-``q4k_huge`` (both).
+``q4k_huge`` (both). ``--against DIR``: another checkout (its extension
+built, with this script) runs the same variants in alternating processes,
+reported as ``VARIANT@against``.
 """
 
 import argparse
@@ -131,6 +133,7 @@ def main():
     ap.add_argument("--variants", default="base,q4k")
     ap.add_argument("--variant", help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--against", help="another checkout, its extension built: its own bench_in_step.py")
     ap.add_argument("--out", default="in_step.json")
     a = ap.parse_args()
     if a.child:
@@ -139,12 +142,17 @@ def main():
     for v in variants:
         if v not in VARIANTS:
             sys.exit(f"unknown variant {v!r}: one of {', '.join(VARIANTS)}")
-    runs = {v: [] for v in variants}
+    scripts = {"": os.path.abspath(__file__)}
+    if a.against:
+        scripts["@against"] = os.path.join(os.path.abspath(a.against), "benchmarks", "bench_in_step.py")
+    todo = [(v, tag) for v in variants for tag in scripts]
+    runs = {v + tag: [] for v, tag in todo}
     for i in range(a.procs):
-        order = variants[i % len(variants):] + variants[:i % len(variants)]
-        for v in order:
-            p = subprocess.run([sys.executable, __file__, "--child", "--variant", v, "--model", a.model,
+        order = todo[i % len(todo):] + todo[:i % len(todo)]
+        for v, tag in order:
+            p = subprocess.run([sys.executable, scripts[tag], "--child", "--variant", v, "--model", a.model,
                                 "--steps", str(a.steps)], capture_output=True, text=True, timeout=600)
+            v = v + tag
             if p.returncode != 0:
                 print(f"{v}: process failed:\n{p.stderr[-2000:]}", file=sys.stderr)
                 continue
@@ -152,7 +160,7 @@ def main():
             r["summary"] = summarize_one(r)
             runs[v].append(r)
             s = r["summary"]
-            print(f"{v:9s} step {s['step_ms']:.2f} ms  {s['events_per_step']:.0f} events  "
+            print(f"{v:17s} step {s['step_ms']:.2f} ms  {s['events_per_step']:.0f} events  "
                   f"{s['ns_per_event']:.1f} ns/event  share {100 * s['share']:.3f}%  main alloc/free "
                   f"{s['main_ns_per_alloc']:.0f}/{s['main_ns_per_free']:.0f}  autograd "
                   f"{s['autograd_ns_per_alloc']:.0f}/{s['autograd_ns_per_free']:.0f}  "
@@ -166,7 +174,7 @@ def main():
         summary[v]["share_spread"] = [min(r["summary"]["share"] for r in rs),
                                       max(r["summary"]["share"] for r in rs)]
         s = summary[v]
-        print(f"{v:9s} median: {s['ns_per_event']:.1f} ns/event, share {100 * s['share']:.3f}% "
+        print(f"{v:17s} median: {s['ns_per_event']:.1f} ns/event, share {100 * s['share']:.3f}% "
               f"({100 * s['share_spread'][0]:.3f}-{100 * s['share_spread'][1]:.3f}), step {s['step_ms']:.2f} ms")
     with open(a.out, "w") as f:
         json.dump({"model": a.model, "steps": a.steps, "summary": summary, "runs": runs}, f, indent=1)

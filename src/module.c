@@ -487,6 +487,35 @@ static PyObject *core_nodes_current(PyObject *self, PyObject *unused)
 
 /* ---- forward lines of autograd nodes (seqmap.h) ------------------------- */
 
+/* seqmap_attach_counter(module id, offset): PyTorch's node counter read in
+ * place (nodes.h) instead of through peek; then seqmap_counter() says what
+ * the capture path reads. */
+static PyObject *core_seqmap_attach_counter(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_ssize_t modid, offset;
+    if (!PyArg_ParseTuple(args, "nn", &modid, &offset))
+        return NULL;
+    if (modid <= 0 || offset < 0 || offset & 7) {
+        PyErr_SetString(PyExc_ValueError, "seqmap_attach_counter(): bad module id or offset");
+        return NULL;
+    }
+    if (mvz_nodes_counter_at((size_t)modid, (size_t)offset) != 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "seqmap_attach_counter(): not supported here, or another place was set before");
+        return NULL;
+    }
+    mvz_seqmap_attach(mvz_nodes_counter);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_seqmap_counter(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(mvz_seqmap_counter());
+}
+
 static PyObject *core_seqmap_attach(PyObject *self, PyObject *arg)
 {
     (void)self;
@@ -818,6 +847,10 @@ static PyMethodDef core_methods[] = {
      "(sequence number, label) of the autograd node this thread evaluates, or None."},
     {"seqmap_attach", core_seqmap_attach, METH_O,
      "seqmap_attach(address of at::sequence_number::peek, or 0 to detach)."},
+    {"seqmap_attach_counter", core_seqmap_attach_counter, METH_VARARGS,
+     "seqmap_attach_counter(TLS module id, offset): read PyTorch's node counter in place."},
+    {"seqmap_counter", core_seqmap_counter, METH_NOARGS,
+     "seqmap_counter() -> the node counter as the capture path reads it now (0: not attached)."},
     {"seqmap_lookup", core_seqmap_lookup, METH_O,
      "seqmap_lookup(node numbers) -> stack ids of the lines that made them (0: unknown)."},
     {"_synthetic", core_synthetic, METH_VARARGS,

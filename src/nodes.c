@@ -82,6 +82,48 @@ const void *mvz_nodes_current(void)
 #endif
 }
 
+/* PyTorch's node counter, in place: set once (the GIL), never moved. */
+static size_t counter_modid, counter_offset;
+static int counter_set; /* atomic: 1 once the two above are written */
+#if HAVE_TLS_READ
+static __thread const uint64_t *tl_counter __attribute__((tls_model("initial-exec")));
+#endif
+
+int mvz_nodes_counter_at(size_t modid, size_t offset)
+{
+#if HAVE_TLS_READ
+    if (__atomic_load_n(&counter_set, __ATOMIC_ACQUIRE))
+        return counter_modid == modid && counter_offset == offset ? 0 : -1;
+    counter_modid = modid;
+    counter_offset = offset;
+    __atomic_store_n(&counter_set, 1, __ATOMIC_RELEASE);
+    return 0;
+#else
+    (void)modid;
+    (void)offset;
+    return -1;
+#endif
+}
+
+/* Hot path, no GIL: one load of this thread's own slot of libtorch's TLS
+ * (the address looked up once per thread, as in mvz_nodes_current; the
+ * place never changes once set). No call into libtorch, no lock. */
+uint64_t mvz_nodes_counter(void)
+{
+#if HAVE_TLS_READ
+    const uint64_t *p = tl_counter;
+    if (__builtin_expect(p == NULL, 0)) {
+        if (!__atomic_load_n(&counter_set, __ATOMIC_ACQUIRE))
+            return 0;
+        tls_index_t ti = {counter_modid, counter_offset};
+        p = tl_counter = (const uint64_t *)__tls_get_addr(&ti);
+    }
+    return *p;
+#else
+    return 0;
+#endif
+}
+
 /* Hot path, no GIL: `node` is the one this thread is evaluating, so the
  * engine holds a reference to it for as long as we can be here. */
 uint64_t mvz_nodes_seq(const void *node)

@@ -45,6 +45,17 @@ void mvz_nodes_attach(const mvz_node_layout *layout);
  * when not attached or not inside a node. */
 const void *mvz_nodes_current(void);
 
+/* PyTorch's node counter (the value at::sequence_number::peek returns),
+ * read in place: a thread-local of libtorch at `offset` in the TLS block of
+ * the module `modid` (found and checked by memviz/torch/probe.py). With the
+ * GIL; returns 0, or -1 where TLS cannot be read so (then peek is called).
+ * A place once set stays readable: later calls may only name the same one. */
+int mvz_nodes_counter_at(size_t modid, size_t offset);
+/* Hot path, no GIL: this thread's node counter, read in place (one load of
+ * this thread's slot of libtorch's; once per thread a TLS lookup, as
+ * mvz_nodes_current's). Only once mvz_nodes_counter_at returned 0. */
+uint64_t mvz_nodes_counter(void);
+
 /* Hot path: the node's sequence number (0 when not attached). */
 uint64_t mvz_nodes_seq(const void *node);
 

@@ -44,6 +44,13 @@ uint64_t mvz_seqmap_next(void)
     return v;
 }
 
+/* Any thread, no GIL: one call of the attached reader. */
+uint64_t mvz_seqmap_counter(void)
+{
+    mvz_seq_fn fn = __atomic_load_n(&seq_fn, __ATOMIC_ACQUIRE);
+    return fn ? fn() : 0;
+}
+
 /* Store lock held (the capture queue's drain), no GIL: three relaxed or
  * release stores into the counter's slot. */
 void mvz_seqmap_put(uint64_t v, uint32_t stack_id)

@@ -24,6 +24,9 @@ void mvz_seqmap_attach(mvz_seq_fn fn);
  * (or nothing is attached). The note is written once the allocation's
  * stack is interned, by the store (capq.h): mvz_seqmap_put. */
 uint64_t mvz_seqmap_next(void);
+/* Any thread: the attached counter's value now (0 when none is attached):
+ * the probe checks a reader against PyTorch's peek with it. */
+uint64_t mvz_seqmap_counter(void);
 /* Store lock held: note `stack_id` (not 0) for counter value + 1 `v`. */
 void mvz_seqmap_put(uint64_t v, uint32_t stack_id);
 

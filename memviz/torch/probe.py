@@ -55,8 +55,91 @@ def attach_node_numbers(torch) -> bool:
             ok = False
         if ok:
             _core.seqmap_attach(ctypes.cast(peek, ctypes.c_void_p).value)
+            _read_counter_in_place(torch, peek, name)
             return True
     return False
+
+
+#: Where PyTorch's node counter lives in its library's TLS block, as found
+#: by _counter_place: None (not looked for yet), False (not found), or
+#: (TLS module id, offset).
+_COUNTER_PLACE: Any = None
+
+
+def _read_counter_in_place(torch, peek, libname: str) -> bool:
+    """Let the capture path read PyTorch's node counter where libtorch
+    keeps it (one load of the thread's own TLS, src/nodes.h) rather than
+    call peek() for every allocation (a call into libtorch and a TLS lookup
+    there). The place is found once per process, and each attach checks the
+    reader against peek() on this thread and on a new one; where anything
+    does not agree, peek() stays."""
+    global _COUNTER_PLACE
+    if not _core.nodes_supported():
+        return False
+    with _NODE_LOCK:
+        if _COUNTER_PLACE is None:
+            try:
+                _COUNTER_PLACE = _counter_place(torch, peek, libname) or False
+            except Exception:  # noqa: BLE001 - a probe, never an error for the user
+                _COUNTER_PLACE = False
+        place = _COUNTER_PLACE
+    if not place:
+        return False
+    try:
+        _core.seqmap_attach_counter(*place)
+        ok = _counter_agrees(torch, peek)
+    except Exception:  # noqa: BLE001
+        ok = False
+    if not ok:
+        import ctypes
+
+        _core.seqmap_attach(ctypes.cast(peek, ctypes.c_void_p).value)
+    return ok
+
+
+def _counter_place(torch, peek, libname: str):
+    """The one 8-byte slot of this thread's TLS block of ``libname`` that
+    holds peek()'s value at four different counts, or None."""
+    import struct
+
+    found = _core.nodes_module("/" + libname)
+    if found is None:
+        return None
+    modid, memsz = found
+    n = memsz // 8
+    places = None
+    with torch.inference_mode(False), torch.enable_grad():
+        x = torch.zeros(1, requires_grad=True)
+        for round_ in range(4):
+            value = peek()
+            words = struct.unpack_from(f"{n}Q", _core.nodes_block(modid, memsz))
+            here = {i for i, w in enumerate(words) if w == value}
+            places = here if places is None else places & here
+            for _ in range(round_ + 1):  # nodes made: the counter moves on
+                x * 2
+    if not places or len(places) != 1:
+        return None
+    return modid, places.pop() * 8
+
+
+def _counter_agrees(torch, peek) -> bool:
+    """The attached reader gives peek()'s value before and after nodes are
+    made, here and on a thread that starts after the attach."""
+
+    def check() -> bool:
+        with torch.inference_mode(False), torch.enable_grad():
+            x = torch.zeros(1, requires_grad=True)
+            for _ in range(3):
+                if _core.seqmap_counter() != peek():
+                    return False
+                x * 2
+        return _core.seqmap_counter() == peek()
+
+    result = []
+    t = threading.Thread(target=lambda: result.append(check()), name="memviz-probe")
+    t.start()
+    t.join()
+    return check() and result == [True]
 
 
 #: PyTorch's node layout as found by _probe_node_layout: None (not probed

@@ -273,6 +273,43 @@ def test_forward_lines_while_the_forward_allocations_still_wait_in_the_queue(ops
     assert failure.forward == f"{THIS}:{_line_of('# FAILING NODE' + chr(39) + 'S FORWARD')}", failure
 
 
+def _peek():
+    import ctypes
+
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+    peek = lib._ZN2at15sequence_number4peekEv
+    peek.restype, peek.argtypes = ctypes.c_uint64, []
+    return peek
+
+
+def test_the_node_counter_is_read_in_place_and_a_place_that_disagrees_is_not_used(ops):
+    """The capture path reads PyTorch's node counter in libtorch's TLS block
+    (src/nodes.h: mvz_nodes_counter) rather than calling peek() per
+    allocation; the place is found once and checked against peek() at every
+    attach. A place that disagrees leaves peek() attached."""
+    _callback_mode(ops)
+    from memviz.torch import probe
+
+    peek = _peek()
+    with memviz.track(autograd=True) as t:
+        assert t.torch._seq_attached
+        assert probe._COUNTER_PLACE, "libtorch_cpu's node counter should be found in its TLS block"
+        x = torch.zeros(1, requires_grad=True)
+        for _ in range(3):
+            assert memviz._core.seqmap_counter() == peek()
+            x * 2
+    modid, offset = probe._COUNTER_PLACE
+    probe._COUNTER_PLACE = (modid, offset + 8)  # another slot: the C side refuses to move
+    try:
+        with memviz.track(autograd=True) as t:
+            assert t.torch._seq_attached  # through peek()
+            for _ in range(3):
+                assert memviz._core.seqmap_counter() == peek()
+                x * 2
+    finally:
+        probe._COUNTER_PLACE = (modid, offset)
+
+
 def test_backward_allocations_are_not_taken_for_forward_lines(ops):
     """CPU backward runs on the caller's thread, where the node counter still
     stands just past the last forward node: allocations made inside backward
