@@ -8,7 +8,11 @@
  * once per counter value in a table indexed by the counter (modulo its
  * size); before a backward, Python asks for the
  * stacks of its nodes' numbers (node._sequence_nr()). Python hands the
- * address of `peek` over (ctypes); memviz is not linked against libtorch. */
+ * address of `peek` over (ctypes), or, where its probe found where libtorch
+ * keeps the counter, nodes.c's reader of it in place (mvz_nodes_counter);
+ * memviz is not linked against libtorch. A backward allocation's forward
+ * line is looked up by the store as it applies the allocation (store.c,
+ * node_line), after the note, which was queued before it. */
 #ifndef MEMVIZ_SEQMAP_H
 #define MEMVIZ_SEQMAP_H
 
