@@ -9,6 +9,13 @@ deep: once with the stand-in's own vtable (its cost alone) and once with
 memviz attached through the real probe and wrappers, inside memviz.track()
 (with the libcupti test double). The difference per event (an allocation
 and its free) is what memviz adds. A and B alternate inside each process.
+
+``--gap BYTES``: between one tensor and the next the loop writes that many
+bytes of a buffer of its own (a cache line every 64), so that the capture
+path's lines (the Python frames it walks, the queue) are cold, as inside a
+step; both loops do the writes, in the thread's CPU time.
+``--against DIR``: memviz imported from another checkout (its extension
+built) in alternating processes, the stand-in from this one.
 """
 
 import argparse
@@ -23,8 +30,8 @@ from pathlib import Path
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
-def child(depth, n, reps):
-    sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+def child(depth, n, reps, gap=0, root=None):
+    sys.path[:0] = [root or ROOT, os.path.join(ROOT, "tests")]
     from fake_cupti import FakeCupti, build
 
     path = build()
@@ -39,6 +46,9 @@ def child(depth, n, reps):
     ans = sa.StandInAnswers(lib, fake.lib.fake_alloc)
     ans.lib.sa_loop.restype = __import__("ctypes").c_uint64
     ans.lib.sa_loop.argtypes = [__import__("ctypes").c_int, __import__("ctypes").c_size_t]
+    c = __import__("ctypes")
+    ans.lib.sa_loop_gap.restype, ans.lib.sa_loop_gap.argtypes = c.c_uint64, [c.c_int, c.c_size_t, c.c_size_t]
+    loop = (lambda: ans.lib.sa_loop_gap(n, 4096, gap)) if gap else (lambda: ans.lib.sa_loop(n, 4096))
 
     def at_depth(k, fn):
         return at_depth(k - 1, fn) if k > 0 else fn()
@@ -47,12 +57,12 @@ def child(depth, n, reps):
     base, tracked = [], []
     frames = None
     for _ in range(reps):
-        base.append(at_depth(depth - here - 1, lambda: ans.lib.sa_loop(n, 4096)) / n)
+        base.append(at_depth(depth - here - 1, loop) / n)
         with memviz.track(depth=32) as t:
             r = t.torch.use_answers(ans)
             assert r.route == "allocator", r.reason
             frames = at_depth(depth - here - 1, lambda: memviz._core._capture_depth(64))
-            tracked.append(at_depth(depth - here - 1, lambda: ans.lib.sa_loop(n, 4096)) / n)
+            tracked.append(at_depth(depth - here - 1, loop) / n)
             assert memviz._core.block_totals()[0]["allocs"] >= n
     print(json.dumps({"base_ns": base, "tracked_ns": tracked, "frames": frames}))
 
@@ -63,22 +73,37 @@ def main():
     ap.add_argument("--n", type=int, default=200000)
     ap.add_argument("--procs", type=int, default=5)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--gap", type=int, default=0, help="bytes written between tensors (cold lines)")
+    ap.add_argument("--against", help="another checkout (its extension built), in alternating processes")
+    ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true")
     a = ap.parse_args()
     if a.child:
-        child(a.depth, a.n, a.reps)
+        child(a.depth, a.n, a.reps, a.gap, a.root)
         return
-    added, frames = [], None
-    for _ in range(a.procs):
-        p = subprocess.run([sys.executable, __file__, "--child", "--depth", str(a.depth), "--n", str(a.n),
-                            "--reps", str(a.reps)], capture_output=True, text=True, check=True)
-        r = json.loads(p.stdout.strip().splitlines()[-1])
-        frames = r["frames"]
-        added.append(min(t - b for t, b in zip(r["tracked_ns"], r["base_ns"])))
-    print(json.dumps({"depth_frames_seen": frames, "n": a.n, "procs": a.procs,
-                      "added_ns_per_event_min_per_process": [round(x, 1) for x in added],
-                      "median_ns": round(statistics.median(added), 1),
-                      "spread_ns": [round(min(added), 1), round(max(added), 1)]}))
+    roots = {"this": None}
+    if a.against:
+        roots["against"] = os.path.abspath(a.against)
+    added = {k: [] for k in roots}
+    frames = None
+    for i in range(a.procs):
+        order = list(roots) if i % 2 == 0 else list(roots)[::-1]
+        for k in order:
+            cmd = [sys.executable, __file__, "--child", "--depth", str(a.depth), "--n", str(a.n),
+                   "--reps", str(a.reps), "--gap", str(a.gap)] + (["--root", roots[k]] if roots[k] else [])
+            p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            r = json.loads(p.stdout.strip().splitlines()[-1])
+            frames = r["frames"]
+            added[k].append(min(t - b for t, b in zip(r["tracked_ns"], r["base_ns"])))
+    out = {"depth_frames_seen": frames, "n": a.n, "procs": a.procs, "gap": a.gap}
+    for k, xs in added.items():
+        out[k] = {"added_ns_per_pair_min_per_process": [round(x, 1) for x in xs],
+                  "median_ns": round(statistics.median(xs), 1), "spread_ns": [round(min(xs), 1), round(max(xs), 1)]}
+    if a.against:
+        ratios = [x / y for x, y in zip(added["this"], added["against"])]
+        out["this_over_against"] = {"median": round(statistics.median(ratios), 3),
+                                    "spread": [round(min(ratios), 3), round(max(ratios), 3)]}
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -148,9 +148,20 @@ static inline int device_of_word(uintptr_t w)
     return (int)(int8_t)((w >> 8) & 0xff);
 }
 
+/* The stamp, and the capture queue's next unit asked for (for writing)
+ * while PyTorch allocates: its line, cold once a lap, is then near when the
+ * capture path writes the entry. A prefetch: nothing is read or written. */
+static inline uint64_t before_allocate(void)
+{
+    if (!mvz_capture_active())
+        return 0;
+    mvz_store_prefetch_claim();
+    return mvz_store_stamp();
+}
+
 static void *wrap_allocate(void *sret, void *self, size_t n)
 {
-    uint64_t stamp = mvz_capture_active() ? mvz_store_stamp() : 0;
+    uint64_t stamp = before_allocate();
     void *r = ((allocate_fn)A.orig[SLOT_ALLOCATE])(sret, self, n);
     uintptr_t *w = sret;
     if (!__atomic_load_n(&A.committed, __ATOMIC_ACQUIRE)) {
@@ -225,7 +236,7 @@ static void wrap_record_stream1(void *self, const uintptr_t *dp, uint64_t s0, ui
 
 static void *wrap_raw_alloc_stream(void *self, size_t n, void *stream)
 {
-    uint64_t stamp = mvz_capture_active() ? mvz_store_stamp() : 0;
+    uint64_t stamp = before_allocate();
     void *p = ((raw_alloc_stream_fn)A.orig[A.raw_alloc_slot])(self, n, stream);
     if (p)
         mvz_capture_block(0, (uint64_t)(uintptr_t)p, n, (uint64_t)(uintptr_t)stream, -1,

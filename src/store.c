@@ -614,6 +614,8 @@ static inline void prefetch_claim(void)
     __builtin_prefetch(&capq.units[h & capq.mask], 1, 3);
 }
 
+void mvz_store_prefetch_claim(void) { prefetch_claim(); }
+
 /* Capture path, no GIL: this thread's own buffer (see `walked`) to walk its
  * next stack into, or NULL for a thread the store could not register. The
  * queue's next unit is fetched meanwhile (prefetch_claim). */

@@ -72,6 +72,9 @@ void mvz_store_publish(mvz_capq_entry *e, uint64_t pos);
  * writes its frames, depth, kept and thread_idx; the caller fills the rest
  * in and publishes it. */
 mvz_frame *mvz_store_walk_buffer(uint32_t thread_idx);
+/* Capture path, no GIL, no lock: the queue's next unit, prefetched for
+ * writing (a hint; the producers' line is read). */
+void mvz_store_prefetch_claim(void);
 mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f, int depth,
                                         uint64_t *pos);
 /* Any thread: whether entries leave shared frames out (tests turn it off

@@ -727,6 +727,33 @@ uint64_t sa_loop(int count, size_t size)
     return (uint64_t)(b.tv_sec - a.tv_sec) * 1000000000u + (uint64_t)(b.tv_nsec - a.tv_nsec);
 }
 
+/* As sa_loop, with `gap` bytes of a buffer of its own written between one
+ * tensor's free and the next allocation (a cache line every 64 bytes), as
+ * an operation's work would: what the capture path reads is cold, as
+ * inside a training step. The calling thread's CPU time (benchmarks on a
+ * shared machine), the writes included. */
+uint64_t sa_loop_gap(int count, size_t size, size_t gap)
+{
+    static volatile char *buf;
+    static size_t have;
+    if (gap > have) {
+        free((void *)buf);
+        buf = malloc(gap);
+        have = buf ? gap : 0;
+        if (!buf)
+            return 0;
+    }
+    struct timespec a, b;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+    for (int i = 0; i < count; i++) {
+        for (size_t k = 0; k < gap; k += 64)
+            buf[k] = (char)i;
+        sa_tensor_free(sa_tensor_new(size));
+    }
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    return (uint64_t)(b.tv_sec - a.tv_sec) * 1000000000u + (uint64_t)(b.tv_nsec - a.tv_nsec);
+}
+
 /* A churn of `count` tensor allocations of mixed sizes (a training step's
  * shape: many small, some of a few MiB, a few large), each freed when
  * `live` newer ones exist (a random one of the older half), from the
