@@ -49,30 +49,9 @@ VARIANTS = {"base": (None, None), "q4k": (4096, None), "huge": (65536, True), "q
 def child(a):
     import torch
 
-    from bench_train_step import build, build_alloc_bound
+    from bench_train_step import make_step
 
-    torch.manual_seed(0)
-    if a.model == "alloc_bound":
-        model = build_alloc_bound(torch).cuda()
-        data = torch.randn(32, 256, device="cuda")
-
-        def step():
-            model(data).pow(2).mean().backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    else:
-        model = build(torch)().cuda()
-        data = torch.randint(0, 50257, (8, 513), device="cuda")
-
-        def step():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = model(data[:, :-1])
-                loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]),
-                                                         data[:, 1:].reshape(-1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    step = make_step(torch, a.model)
     for _ in range(10):
         step()
     torch.cuda.synchronize()

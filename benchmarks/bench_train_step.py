@@ -67,6 +67,36 @@ def build_alloc_bound(torch, layers=48, width=256):
                            for _ in range(layers)])
 
 
+def make_step(torch, model_name: str, batch: int = 8, seq: int = 512):
+    """The model (seeded), on the GPU, with AdamW; returns one training step
+    of it: ``alloc_bound_step`` or ``gpt_step`` (bf16 autocast), the names
+    the profiles' ``--within`` look for (benchmarks/gpu_check.sh)."""
+    torch.manual_seed(0)
+    if model_name == "alloc_bound":
+        model = build_alloc_bound(torch).cuda()
+        data = torch.randn(32, 256, device="cuda")
+    else:
+        model = build(torch)().cuda()
+        data = torch.randint(0, 50257, (batch, seq + 1), device="cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def gpt_step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(data[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]),
+                                                     data[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def alloc_bound_step():
+        model(data).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return alloc_bound_step if model_name == "alloc_bound" else gpt_step
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", default="none", choices=[
@@ -130,35 +160,11 @@ def main():
 
         integ._hook_graph = timed_walk
 
-    torch.manual_seed(0)
-    if a.model == "alloc_bound":
-        model = build_alloc_bound(torch).cuda()
-        data = torch.randn(32, 256, device="cuda")
-    else:
-        GPT = build(torch)
-        model = GPT().cuda()
-        data = torch.randint(0, 50257, (a.batch, a.seq + 1), device="cuda")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    step = make_step(torch, a.model, a.batch, a.seq)
     if a.mode == "memviz_after":  # a notebook user: torch, CUDA and the model first, then track()
         import memviz
         tracker = memviz.track().start()
         integ = tracker.torch
-
-    def gpt_step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(data[:, :-1])
-            loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]),
-                                                     data[:, 1:].reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    def alloc_bound_step():
-        model(data).pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    step = alloc_bound_step if a.model == "alloc_bound" else gpt_step
 
     if a.mode == "alternate":
         return alternate(a, torch, step)
