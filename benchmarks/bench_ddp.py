@@ -60,23 +60,11 @@ def worker(a) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     sys.path.insert(0, HERE)
-    from bench_train_step import build
+    from bench_train_step import make_step
 
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    torch.manual_seed(0)
-    model = DDP(build(torch)().cuda(), device_ids=[local])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    data = torch.randint(0, 50257, (a.batch, a.seq + 1), device="cuda")
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(data[:, :-1])
-            loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]),
-                                                     data[:, 1:].reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    step = make_step(torch, "gpt", a.batch, a.seq, wrap=lambda m: DDP(m, device_ids=[local]))
 
     times = []
     for i in range(a.warmup + a.steps):

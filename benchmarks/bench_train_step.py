@@ -67,10 +67,11 @@ def build_alloc_bound(torch, layers=48, width=256):
                            for _ in range(layers)])
 
 
-def make_step(torch, model_name: str, batch: int = 8, seq: int = 512):
-    """The model (seeded), on the GPU, with AdamW; returns one training step
-    of it: ``alloc_bound_step`` or ``gpt_step`` (bf16 autocast), the names
-    the profiles' ``--within`` look for (benchmarks/gpu_check.sh)."""
+def make_step(torch, model_name: str, batch: int = 8, seq: int = 512, wrap=None):
+    """The model (seeded), on the GPU (through ``wrap``, e.g. DDP, if given),
+    with AdamW; returns one training step of it: ``alloc_bound_step`` or
+    ``gpt_step`` (bf16 autocast), the names the profiles' ``--within`` look
+    for (benchmarks/gpu_check.sh)."""
     torch.manual_seed(0)
     if model_name == "alloc_bound":
         model = build_alloc_bound(torch).cuda()
@@ -78,6 +79,8 @@ def make_step(torch, model_name: str, batch: int = 8, seq: int = 512):
     else:
         model = build(torch)().cuda()
         data = torch.randint(0, 50257, (batch, seq + 1), device="cuda")
+    if wrap is not None:
+        model = wrap(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def gpt_step():
