@@ -70,14 +70,15 @@ def _read_counter_in_place(torch, peek, libname: str) -> bool:
     """Let the capture path read PyTorch's node counter where libtorch
     keeps it (one load of the thread's own TLS, src/nodes.h) rather than
     call peek() for every allocation (a call into libtorch and a TLS lookup
-    there). The place is found once per process, and each attach checks the
-    reader against peek() on this thread and on a new one; where anything
-    does not agree, peek() stays."""
+    there). The place is found once per process and checked then against
+    peek() on this thread and on a new one; each later attach checks it again
+    on the attaching thread. Where anything does not agree, peek() stays."""
     global _COUNTER_PLACE
     if not _core.nodes_supported():
         return False
     with _NODE_LOCK:
-        if _COUNTER_PLACE is None:
+        first = _COUNTER_PLACE is None
+        if first:
             try:
                 _COUNTER_PLACE = _counter_place(torch, peek, libname) or False
             except Exception:  # noqa: BLE001 - a probe, never an error for the user
@@ -87,7 +88,7 @@ def _read_counter_in_place(torch, peek, libname: str) -> bool:
         return False
     try:
         _core.seqmap_attach_counter(*place)
-        ok = _counter_agrees(torch, peek)
+        ok = _counter_agrees(torch, peek, other_thread=first)
     except Exception:  # noqa: BLE001
         ok = False
     if not ok:
@@ -122,9 +123,9 @@ def _counter_place(torch, peek, libname: str):
     return modid, places.pop() * 8
 
 
-def _counter_agrees(torch, peek) -> bool:
+def _counter_agrees(torch, peek, other_thread: bool = True) -> bool:
     """The attached reader gives peek()'s value before and after nodes are
-    made, here and on a thread that starts after the attach."""
+    made, here and (other_thread) on a thread that starts after the attach."""
 
     def check() -> bool:
         with torch.inference_mode(False), torch.enable_grad():
@@ -135,6 +136,8 @@ def _counter_agrees(torch, peek) -> bool:
                 x * 2
         return _core.seqmap_counter() == peek()
 
+    if not other_thread:
+        return check()
     result = []
     t = threading.Thread(target=lambda: result.append(check()), name="memviz-probe")
     t.start()
