@@ -2,14 +2,14 @@
 read from the capture path itself rather than from the step's wall time.
 
     python benchmarks/bench_in_step.py [--procs 4] [--steps 200] [--model alloc_bound|gpt]
-                                       [--variants base,q4k,q4k_huge] --out F.json
+                                       [--against DIR] --out F.json
 
 Each fresh process builds the model (torch, CUDA and the model first, as
 ``memviz_after`` in bench_train_step.py), warms up untracked, then runs
 ``--steps`` steps under ``memviz.track()`` with the allocator route's
 capture path timed (``_core._callback_profile("time")``: two reads of the
 capture path's clock around ``mvz_capture_block``, added per thread into a
-slot of its own; src/capture.c). What it gives, per variant:
+slot of its own; src/capture.c). What it gives:
 
 - ns per allocation and per free, on the training thread and on the
   autograd engine's thread;
@@ -23,12 +23,9 @@ evicts from PyTorch's own working set. The paired wall-time protocol
 (run_alternate_bench.py) sees those, at a resolution of a few per cent on
 the H200's host; this sees the direct part at well under one.
 
-Variants (each a fresh process; processes alternate variants, order
-rotated): ``base`` (the capture queue as shipped), ``q4k`` (a queue of
-4,096 units instead of 65,536), ``huge`` (huge pages asked for the queue),
-``q4k_huge`` (both). ``--against DIR``: another checkout (its extension
-built, with this script) runs the same variants in alternating processes,
-reported as ``VARIANT@against``.
+``--against DIR``: another checkout (its extension built, with this
+script) runs in alternating fresh processes, order rotated, reported as
+``against`` beside ``this``.
 """
 
 import argparse
@@ -42,8 +39,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-
-VARIANTS = {"base": (None, None), "q4k": (4096, None), "huge": (65536, True), "q4k_huge": (4096, True)}
 
 
 def child(a):
@@ -59,10 +54,6 @@ def child(a):
     import memviz
     import memviz._core as core
 
-    core.init()
-    units, huge = VARIANTS[a.variant]
-    if units is not None:
-        core._queue_shape(units, huge)
     core._callback_profile("time")
     tracker = memviz.track().start()
     for _ in range(5):  # the route's first blocks and the stacks' first sight
@@ -85,7 +76,7 @@ def child(a):
         b = before.get(tid, (0, 0.0, 0, 0.0))
         threads.append({"main": tid == main_tid, "allocs": na - b[0], "alloc_ns": ta - b[1],
                         "frees": nf - b[2], "free_ns": tf - b[3]})
-    print(json.dumps({"variant": a.variant, "model": a.model, "step_ns": times, "threads": threads,
+    print(json.dumps({"model": a.model, "step_ns": times, "threads": threads,
                       "queue_full": stats.get("queue_full"), "queue_kicks": stats.get("queue_kicks")}))
 
 
@@ -106,32 +97,25 @@ def summarize_one(r):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--procs", type=int, default=4, help="fresh processes per variant")
+    ap.add_argument("--procs", type=int, default=4, help="fresh processes per build")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--model", default="alloc_bound", choices=["alloc_bound", "gpt"])
-    ap.add_argument("--variants", default="base,q4k")
-    ap.add_argument("--variant", help=argparse.SUPPRESS)
+    ap.add_argument("--variant", help=argparse.SUPPRESS)  # the first version's scripts want one
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--against", help="another checkout, its extension built: its own bench_in_step.py")
     ap.add_argument("--out", default="in_step.json")
     a = ap.parse_args()
     if a.child:
         return child(a)
-    variants = a.variants.split(",")
-    for v in variants:
-        if v not in VARIANTS:
-            sys.exit(f"unknown variant {v!r}: one of {', '.join(VARIANTS)}")
-    scripts = {"": os.path.abspath(__file__)}
+    scripts = {"this": os.path.abspath(__file__)}
     if a.against:
-        scripts["@against"] = os.path.join(os.path.abspath(a.against), "benchmarks", "bench_in_step.py")
-    todo = [(v, tag) for v in variants for tag in scripts]
-    runs = {v + tag: [] for v, tag in todo}
+        scripts["against"] = os.path.join(os.path.abspath(a.against), "benchmarks", "bench_in_step.py")
+    runs = {v: [] for v in scripts}
     for i in range(a.procs):
-        order = todo[i % len(todo):] + todo[:i % len(todo)]
-        for v, tag in order:
-            p = subprocess.run([sys.executable, scripts[tag], "--child", "--variant", v, "--model", a.model,
+        order = list(scripts) if i % 2 == 0 else list(scripts)[::-1]
+        for v in order:
+            p = subprocess.run([sys.executable, scripts[v], "--child", "--variant", "base", "--model", a.model,
                                 "--steps", str(a.steps)], capture_output=True, text=True, timeout=600)
-            v = v + tag
             if p.returncode != 0:
                 print(f"{v}: process failed:\n{p.stderr[-2000:]}", file=sys.stderr)
                 continue
@@ -139,7 +123,7 @@ def main():
             r["summary"] = summarize_one(r)
             runs[v].append(r)
             s = r["summary"]
-            print(f"{v:17s} step {s['step_ms']:.2f} ms  {s['events_per_step']:.0f} events  "
+            print(f"{v:8s} step {s['step_ms']:.2f} ms  {s['events_per_step']:.0f} events  "
                   f"{s['ns_per_event']:.1f} ns/event  share {100 * s['share']:.3f}%  main alloc/free "
                   f"{s['main_ns_per_alloc']:.0f}/{s['main_ns_per_free']:.0f}  autograd "
                   f"{s['autograd_ns_per_alloc']:.0f}/{s['autograd_ns_per_free']:.0f}  "
@@ -153,7 +137,7 @@ def main():
         summary[v]["share_spread"] = [min(r["summary"]["share"] for r in rs),
                                       max(r["summary"]["share"] for r in rs)]
         s = summary[v]
-        print(f"{v:17s} median: {s['ns_per_event']:.1f} ns/event, share {100 * s['share']:.3f}% "
+        print(f"{v:8s} median: {s['ns_per_event']:.1f} ns/event, share {100 * s['share']:.3f}% "
               f"({100 * s['share_spread'][0]:.3f}-{100 * s['share_spread'][1]:.3f}), step {s['step_ms']:.2f} ms")
     with open(a.out, "w") as f:
         json.dump({"model": a.model, "steps": a.steps, "summary": summary, "runs": runs}, f, indent=1)

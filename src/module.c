@@ -658,28 +658,6 @@ static PyObject *core_drainer(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* _queue_shape(units, hugepages=None) -> the size before: benchmarks only
- * (bench_in_step.py), while nothing captures. */
-static PyObject *core_queue_shape(PyObject *self, PyObject *args)
-{
-    (void)self;
-    long units;
-    PyObject *huge = Py_None;
-    if (!PyArg_ParseTuple(args, "l|O", &units, &huge))
-        return NULL;
-    int h = huge == Py_None ? -1 : PyObject_IsTrue(huge);
-    if (h < -1 || (huge != Py_None && h < 0))
-        return NULL;
-    if (mvz_capture_active() || !mvz_store_ready())
-        return PyErr_Format(PyExc_RuntimeError, "_queue_shape: after _core.init(), with capture stopped");
-    long before = mvz_store_queue_shape(units, h);
-    if (before < 0)
-        return PyErr_Format(PyExc_ValueError,
-                            "_queue_shape: %ld units: a power of two from 1024 to 65536, "
-                            "with the queue empty", units);
-    return PyLong_FromLong(before);
-}
-
 /* _share_frames(on): whether an allocation's entry leaves out the frames it
  * shares with its thread's previous stack (store.c; on by default). Tests
  * that must fill the queue with large entries turn it off. Returns the
@@ -863,9 +841,6 @@ static PyMethodDef core_methods[] = {
      "_callback_profile(mode) -> the mode before: benchmarks only; from the next start "
      "'time' times the CUPTI callback, 'noop' returns from it at once (recording nothing), "
      "'noasync' leaves the stream-ordered callbacks off, 'off' records as always."},
-    {"_queue_shape", core_queue_shape, METH_VARARGS,
-     "_queue_shape(units, hugepages=None) -> units before: the capture queue's size and page "
-     "advice (benchmarks only, while nothing captures)."},
     {"_capture_timings", core_capture_timings, METH_NOARGS,
      "_capture_timings() -> [(thread id, allocations, ns, frees, ns), ...]: the allocator "
      "route's capture path, timed per thread under _callback_profile('time') (benchmarks)."},

@@ -36,13 +36,3 @@ void mvz_region_release(mvz_region *r)
     r->base = NULL;
     r->reserved = r->touched = 0;
 }
-
-void mvz_region_hugepages(mvz_region *r, int on)
-{
-    if (!r->base)
-        return;
-#ifdef MADV_HUGEPAGE
-    madvise(r->base, r->reserved, on ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-#endif
-    madvise(r->base, r->reserved, MADV_DONTNEED); /* faulted in anew, as advised */
-}

@@ -28,11 +28,6 @@ void mvz_region_discard(mvz_region *r);
 
 void mvz_region_release(mvz_region *r);
 
-/* With the GIL, while nothing uses the region: ask for transparent huge
- * pages (on) or plain pages, and drop what is resident so that it is
- * faulted in anew that way. Advice only: the kernel may ignore it. */
-void mvz_region_hugepages(mvz_region *r, int on);
-
 /* Ensure `bytes` from the start are usable; returns 0, or -1 when the
  * reservation is too small. Safe without the GIL: it only does arithmetic
  * (the pages are already mapped, the kernel fills them on first touch). */

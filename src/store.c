@@ -628,22 +628,6 @@ mvz_frame *mvz_store_walk_buffer(uint32_t thread_idx)
     return mine + (size_t)(!tl_walk_last) * MVZ_MAX_DEPTH;
 }
 
-long mvz_store_queue_shape(long units, int hugepages)
-{
-    long before = (long)capq.cap;
-    LOCK();
-    int idle = !mvz_capq_busy(&capq) && capq.next == capq.head; /* capture is off: the caller's */
-    int ok = idle && units >= 1024 && units <= (long)CAPQ_UNITS && (units & (units - 1)) == 0;
-    if (ok) {
-        capq.cap = (uint64_t)units;
-        capq.mask = (uint64_t)units - 1;
-        if (hugepages >= 0)
-            mvz_region_hugepages(&capq.r, hugepages);
-    }
-    UNLOCK();
-    return ok ? before : -1;
-}
-
 static int share_frames = 1; /* atomic: mvz_store_share_frames */
 
 int mvz_store_share_frames(int on)

@@ -80,12 +80,6 @@ mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f,
 /* Any thread: whether entries leave shared frames out (tests turn it off
  * to fill the queue); returns the setting before. */
 int mvz_store_share_frames(int on);
-/* Benchmarks only, with the GIL, while nothing captures (the caller's
- * check) and the queue is empty: the capture queue's size in units (a power of two, 1,024 up to
- * the 65,536 reserved), and whether its pages are asked to be huge pages
- * (hugepages: 1 yes, 0 no, -1 as it is). Returns the size before, or -1
- * when the queue is in use or the size is not one of those. */
-long mvz_store_queue_shape(long units, int hugepages);
 /* Capture path, no GIL: a free, queued; `op` is counted when it is
  * applied (mvz_store_op_counts). */
 void mvz_store_enqueue_free(uint64_t address, int kind, int op);

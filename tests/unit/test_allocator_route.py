@@ -463,24 +463,3 @@ def test_the_timed_capture_path_counts_every_block_event_per_thread(standin):
     assert (allocs, frees) == (50, 50)
     assert 0 < alloc_ns / allocs < 1e6 and 0 < free_ns / frees < 1e6
 
-
-def test_the_queue_shape_hook_refuses_while_capturing_and_odd_sizes(fake):
-    _core.init()
-    with memviz.track():
-        with pytest.raises(RuntimeError, match="capture stopped"):
-            _core._queue_shape(4096)
-    with pytest.raises(ValueError, match="power of two"):
-        _core._queue_shape(5000)
-    was = _core._queue_shape(4096)
-    try:
-        with memviz.track() as t:  # a small queue still records every event, in order
-            _core._drainer(False)  # so that the allocating thread finds it full
-            try:
-                fake.alloc_loop(3000, 512)
-                fake.alloc_free_loop(5000, 512)  # 13,000 events: thrice the queue's room
-            finally:
-                _core._drainer(True)
-            assert len([a for a in t.snapshot().allocations if a.size == 512]) == 3000
-            assert _core.stats()["queue_full"] > 0
-    finally:
-        assert _core._queue_shape(was) == 4096
