@@ -54,12 +54,17 @@ def child(a):
     import memviz
     import memviz._core as core
 
-    core._callback_profile("time")
+    stages = a.stages and core._stage_timings() is not None
+    if a.stages and not stages:
+        raise SystemExit("--stages: this build has no stage points (build it with CFLAGS=-DMVZ_STAGES)")
+    if not stages:  # the stage points time the same path, finer: not both at once
+        core._callback_profile("time")
     tracker = memviz.track().start()
     for _ in range(5):  # the route's first blocks and the stacks' first sight
         step()
     torch.cuda.synchronize()
     before = {r[0]: r[1:] for r in core._capture_timings()}
+    stages_before = dict(core._stage_timings() or [])
     times = []
     for _ in range(a.steps):
         torch.cuda.synchronize()
@@ -68,6 +73,7 @@ def child(a):
         torch.cuda.synchronize()
         times.append(time.perf_counter_ns() - t0)
     after = {r[0]: r[1:] for r in core._capture_timings()}
+    stages_after = dict(core._stage_timings() or [])
     stats = core.stats()
     tracker.stop()
     main_tid = threading.get_native_id()
@@ -76,6 +82,16 @@ def child(a):
         b = before.get(tid, (0, 0.0, 0, 0.0))
         threads.append({"main": tid == main_tid, "allocs": na - b[0], "alloc_ns": ta - b[1],
                         "frees": nf - b[2], "free_ns": tf - b[3]})
+    if stages:  # per thread and stage: points and ns in the timed steps
+        threads = []
+        for tid, d in stages_after.items():
+            b = stages_before.get(tid, {})
+            st = {k: (n - b.get(k, (0, 0))[0], ns - b.get(k, (0, 0))[1]) for k, (n, ns) in d.items()}
+            # allocations: one a_enter each; frees: one f_enter each
+            threads.append({"main": tid == main_tid, "allocs": st["a_enter"][0], "frees": st["f_enter"][0],
+                            "alloc_ns": sum(v[1] for k, v in st.items() if k.startswith("a_")),
+                            "free_ns": sum(v[1] for k, v in st.items() if k.startswith("f_")),
+                            "stages": st})
     print(json.dumps({"model": a.model, "step_ns": times, "threads": threads,
                       "queue_full": stats.get("queue_full"), "queue_kicks": stats.get("queue_kicks")}))
 
@@ -92,6 +108,10 @@ def summarize_one(r):
         out[f"{who}_ns_per_alloc"] = sum(t["alloc_ns"] for t in ts) / max(na, 1)
         out[f"{who}_ns_per_free"] = sum(t["free_ns"] for t in ts) / max(nf, 1)
         out[f"{who}_events"] = na + nf
+        for t in ts:  # a stage build: ns per point of each stage
+            for k, (n, ns) in t.get("stages", {}).items():
+                if n:
+                    out[f"{who}_{k}"] = ns / n
     return out
 
 
@@ -104,6 +124,9 @@ def main():
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--against", help="another checkout, its extension built: its own bench_in_step.py")
     ap.add_argument("--out", default="in_step.json")
+    ap.add_argument("--stages", action="store_true",
+                    help="a stage build's points (CFLAGS=-DMVZ_STAGES, src/clock.h): ns per stage, per thread; "
+                         "every process must be such a build")
     a = ap.parse_args()
     if a.child:
         return child(a)
@@ -115,7 +138,8 @@ def main():
         order = list(scripts) if i % 2 == 0 else list(scripts)[::-1]
         for v in order:
             p = subprocess.run([sys.executable, scripts[v], "--child", "--variant", "base", "--model", a.model,
-                                "--steps", str(a.steps)], capture_output=True, text=True, timeout=600)
+                                "--steps", str(a.steps)] + (["--stages"] if a.stages else []),
+                               capture_output=True, text=True, timeout=600)
             if p.returncode != 0:
                 print(f"{v}: process failed:\n{p.stderr[-2000:]}", file=sys.stderr)
                 continue
@@ -139,6 +163,10 @@ def main():
         s = summary[v]
         print(f"{v:8s} median: {s['ns_per_event']:.1f} ns/event, share {100 * s['share']:.3f}% "
               f"({100 * s['share_spread'][0]:.3f}-{100 * s['share_spread'][1]:.3f}), step {s['step_ms']:.2f} ms")
+        if a.stages:
+            for who in ("main", "autograd"):
+                print(f"  {who}: " + "  ".join(f"{k[len(who) + 1:]} {s[k]:.1f}" for k in s
+                                               if k.startswith(who + "_") and k[len(who) + 1:][:2] in ("nu", "a_", "f_")))
     with open(a.out, "w") as f:
         json.dump({"model": a.model, "steps": a.steps, "summary": summary, "runs": runs}, f, indent=1)
 

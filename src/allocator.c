@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "capture.h"
+#include "clock.h"
 #include "interpose.h"
 #include "store.h"
 
@@ -148,21 +149,27 @@ static inline int device_of_word(uintptr_t w)
     return (int)(int8_t)((w >> 8) & 0xff);
 }
 
-/* The stamp, and the capture queue's next unit asked for (for writing)
- * while PyTorch allocates: its line, cold once a lap, is then near when the
- * capture path writes the entry. A prefetch: nothing is read or written. */
+/* The stamp, and what the capture path will touch asked for while PyTorch
+ * allocates (mvz_store_prefetch: the queue's next unit, the frames of this
+ * thread's last walk, its walk buffers): those lines, cold inside a step,
+ * are then near when the capture path walks and writes. Prefetches only:
+ * nothing is read or written. */
 static inline uint64_t before_allocate(void)
 {
     if (!mvz_capture_active())
         return 0;
-    mvz_store_prefetch_claim();
+    mvz_store_prefetch();
     return mvz_store_stamp();
 }
 
 static void *wrap_allocate(void *sret, void *self, size_t n)
 {
+    MVZ_STAGE_BEGIN();
+    MVZ_STAGE(MVZ_ST_NULL);
     uint64_t stamp = before_allocate();
+    MVZ_STAGE(MVZ_ST_A_BEFORE);
     void *r = ((allocate_fn)A.orig[SLOT_ALLOCATE])(sret, self, n);
+    MVZ_STAGE_BEGIN();
     uintptr_t *w = sret;
     if (!__atomic_load_n(&A.committed, __ATOMIC_ACQUIRE)) {
         int expected = 0; /* probing: keep the first non-empty DataPtr */
@@ -184,7 +191,9 @@ static void *wrap_allocate(void *sret, void *self, size_t n)
             return r;
         }
         w[A.deleter_w] = (uintptr_t)wrap_delete;
+        MVZ_STAGE(MVZ_ST_A_WRAP);
         mvz_capture_block(0, w[A.data_w], n, 0, device_of_word(w[A.device_w]), stamp);
+        MVZ_STAGE(MVZ_ST_A_EXIT);
     }
     return r;
 }
@@ -195,9 +204,13 @@ static void *wrap_allocate(void *sret, void *self, size_t n)
  * after this free in the store. */
 static void wrap_delete(void *ctx)
 {
+    MVZ_STAGE_BEGIN();
     mvz_capture_block(1, (uint64_t)(uintptr_t)ctx, 0, 0, 0, 0);
+    MVZ_STAGE(MVZ_ST_F_EXIT);
     A.orig_deleter(ctx);
+    MVZ_STAGE_BEGIN();
     release_one();
+    MVZ_STAGE(MVZ_ST_F_RELEASE);
 }
 
 static void *wrap_raw_deleter(const void *self)

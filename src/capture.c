@@ -434,15 +434,18 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
 {
     decoded d = *dp;
     if (d.is_free) { /* the store knows the device of what it frees */
+        MVZ_STAGE(MVZ_ST_F_ENTER);
         if (result == 0) /* counted as the store applies it */
             mvz_store_enqueue_free(d.address, d.kind, d.op);
         return;
     }
+    MVZ_STAGE(MVZ_ST_A_ENTER);
     int limit = __atomic_load_n(&depth_limit, __ATOMIC_RELAXED);
     const void *node = mvz_nodes_current();
     int line;
     uint64_t node_seq = 0;
     uint32_t lab = current_label(node, &line, &node_seq);
+    MVZ_STAGE(MVZ_ST_A_LABEL);
     if (result != 0 || d.address == 0) { /* rare, and read at once: recorded under the lock */
         if (line) { /* the forward line now: its note applied first */
             mvz_store_sync();
@@ -469,12 +472,16 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
      * the publish only that copy is made (a reader that reaches this entry
      * waits for it meanwhile). The store joins, hashes and interns the
      * frames when it applies the entry. */
+    MVZ_STAGE(MVZ_ST_A_NOTE);
     mvz_frame *walk = mvz_store_walk_buffer(thread_idx);
     if (walk == NULL) { /* a thread the store could not register: all its frames */
         queue_alloc_unbuffered(&d, slot, lab, thread_idx, note, line, tsc, clock, stamp, limit);
         return;
     }
-    int depth = mvz_frames_capture(walk, limit);
+    int nwhere;
+    const void **where = mvz_store_walk_where(thread_idx, &nwhere);
+    int depth = mvz_frames_capture_at(walk, limit, where, nwhere);
+    MVZ_STAGE(MVZ_ST_A_WALK);
     queue_alloc(&d, slot, lab, thread_idx, note, line, tsc, clock, stamp, walk, depth);
 }
 
@@ -500,7 +507,9 @@ static void queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thre
     e->kind = (uint8_t)d.kind;
     e->flags = tl_own ? MVZ_FLAG_MEMVIZ : 0;
     e->seq_note = line || depth > 0 ? note : 0;
+    MVZ_STAGE(MVZ_ST_A_FILL);
     mvz_store_publish(e, pos);
+    MVZ_STAGE(MVZ_ST_A_PUBLISH);
 }
 
 /* Capture path, no GIL: as queue_alloc, for a thread past the store's

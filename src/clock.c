@@ -129,3 +129,66 @@ uint64_t mvz_clock_tickmap_ns(const mvz_tickmap *m, uint64_t tick)
         return 0;
     return m->ns1 + (uint64_t)dn;
 }
+
+#ifdef MVZ_STAGES
+/* Stage timing (clock.h): a benchmark build's. */
+#include <sys/syscall.h>
+#include <unistd.h>
+#define STAGE_SLOTS 64
+typedef struct {
+    uint64_t ticks[MVZ_STAGES_N], n[MVZ_STAGES_N];
+    uint64_t last;
+    long tid;
+} stage_slot;
+static stage_slot stage_slots[STAGE_SLOTS] __attribute__((aligned(64)));
+static int stage_used; /* atomic */
+static __thread stage_slot *tl_stage __attribute__((tls_model("initial-exec")));
+static __thread int tl_stage_none __attribute__((tls_model("initial-exec")));
+
+/* Any thread, no GIL: this thread's slot, taken once. */
+static stage_slot *my_stage(void)
+{
+    if (tl_stage || tl_stage_none)
+        return tl_stage;
+    int i = __atomic_fetch_add(&stage_used, 1, __ATOMIC_RELAXED);
+    if (i >= STAGE_SLOTS) {
+        tl_stage_none = 1;
+        return NULL;
+    }
+    stage_slots[i].tid = (long)syscall(SYS_gettid);
+    tl_stage = &stage_slots[i];
+    return tl_stage;
+}
+
+void mvz_stage_begin(void)
+{
+    stage_slot *s = my_stage();
+    if (s)
+        s->last = mvz_rdtsc();
+}
+
+void mvz_stage(int stage)
+{
+    stage_slot *s = my_stage();
+    if (s) {
+        uint64_t t = mvz_rdtsc();
+        s->ticks[stage] += t - s->last;
+        s->n[stage]++;
+        s->last = t;
+    }
+}
+
+int mvz_stage_read(long *tid, uint64_t (*ticks)[MVZ_STAGES_N], uint64_t (*n)[MVZ_STAGES_N], int max)
+{
+    int used = __atomic_load_n(&stage_used, __ATOMIC_RELAXED);
+    if (used > STAGE_SLOTS)
+        used = STAGE_SLOTS;
+    int k = 0;
+    for (; k < used && k < max; k++) {
+        tid[k] = stage_slots[k].tid;
+        memcpy(ticks[k], stage_slots[k].ticks, sizeof ticks[k]);
+        memcpy(n[k], stage_slots[k].n, sizeof n[k]);
+    }
+    return k;
+}
+#endif

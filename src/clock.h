@@ -49,6 +49,46 @@ static inline int mvz_tick_is_tsc(void) { return __atomic_load_n(&mvz_clock_tsc,
  * mvz_tick_is_tsc): the TSC's, or mvz_now_ns(). Neither takes a lock. */
 static inline uint64_t mvz_tick_as(int tsc) { return tsc ? mvz_rdtsc() : mvz_now_ns(); }
 
+/* Stage timing, in a benchmark build only (CFLAGS=-DMVZ_STAGES;
+ * benchmarks/bench_in_step.py --stages): the allocator route's path cut at
+ * the points MVZ_STAGE names, each thread adding the TSC ticks since its
+ * previous point into a slot of its own (plain stores). Compiled out of
+ * every other build: the points cost nothing there. */
+enum {
+    MVZ_ST_NULL,          /* a point right after begin: what one point costs */
+    MVZ_ST_A_BEFORE,      /* allocate's wrapper, up to PyTorch's allocate */
+    MVZ_ST_A_WRAP,        /* after it, the wrapper's own checks and count */
+    MVZ_ST_A_ENTER,       /* the capture path's entry (capturing, the busy count) */
+    MVZ_ST_A_LABEL,       /* the autograd node and the label */
+    MVZ_ST_A_NOTE,        /* thread index, node counter, tick */
+    MVZ_ST_A_WALK,        /* the frame walk */
+    MVZ_ST_A_COMPARE,     /* the stack compared with the last */
+    MVZ_ST_A_CLAIM,       /* room in the queue */
+    MVZ_ST_A_FILL,        /* frames and header written */
+    MVZ_ST_A_PUBLISH,     /* published, the drainer maybe kicked */
+    MVZ_ST_A_EXIT,        /* back to the wrapper's end */
+    MVZ_ST_F_ENTER,       /* the deleter's wrapper to the capture path's free */
+    MVZ_ST_F_TICK,        /* the free's tick */
+    MVZ_ST_F_CLAIM,       /* room in the queue */
+    MVZ_ST_F_PUBLISH,     /* written and published */
+    MVZ_ST_F_EXIT,        /* back to the wrapper, up to PyTorch's free */
+    MVZ_ST_F_RELEASE,     /* after it, the wrapper's count */
+    MVZ_STAGES_N
+};
+#ifdef MVZ_STAGES
+/* Any thread, no GIL: this thread's slot (taken once with one atomic add)
+ * and plain stores to it. begin: a point that adds to no stage. */
+void mvz_stage_begin(void);
+void mvz_stage(int stage);
+/* With the GIL: up to `max` threads' sums; returns how many. */
+int mvz_stage_read(long *tid, uint64_t (*ticks)[MVZ_STAGES_N], uint64_t (*n)[MVZ_STAGES_N], int max);
+#define MVZ_STAGE_BEGIN() mvz_stage_begin()
+#define MVZ_STAGE(k) mvz_stage(k)
+#else
+#define MVZ_STAGE_BEGIN() ((void)0)
+#define MVZ_STAGE(k) ((void)0)
+#endif
+
 /* With the GIL, once, at import: whether the TSC is invariant (one rate on
  * every core, never stopped) and the kernel keeps time with it; if so, a
  * first rate (a 200 microsecond wait) and mvz_clock_tsc on. */

@@ -298,14 +298,24 @@ static inline int read_frame(pyframe *f, mvz_frame *out)
  * for them. */
 int mvz_frames_capture(mvz_frame *out, int max_depth)
 {
+    return mvz_frames_capture_at(out, max_depth, NULL, 0);
+}
+
+/* Capture path, no GIL: as mvz_frames_capture; `where` is this thread's
+ * own row (store.c). */
+int mvz_frames_capture_at(mvz_frame *out, int max_depth, const void **where, int nwhere)
+{
     PyThreadState *tstate = PyGILState_GetThisThreadState();
     if (tstate == NULL)
         return 0; /* a thread Python never saw: no frames, only a label */
     int n = 0;
     pyframe *f = innermost(tstate);
     for (; f && n < max_depth; f = outer(f))
-        if (read_frame(f, &out[n]))
+        if (read_frame(f, &out[n])) {
+            if (n < nwhere)
+                where[n] = f;
             n++;
+        }
     if (f == NULL || n < max_depth)
         return n;
     int tail = max_depth >= 8 ? max_depth / 4 : 0;

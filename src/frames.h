@@ -14,6 +14,10 @@
  * frame beyond them whose file is not a library's with its callers (the
  * rules below; frames.c says how). */
 int mvz_frames_capture(mvz_frame *out, int max_depth);
+/* As mvz_frames_capture, also noting in where[0..nwhere) (NULL, 0: not
+ * at all) the addresses of the first frames it reads, for the next walk's
+ * prefetch (store.c, mvz_store_prefetch). */
+int mvz_frames_capture_at(mvz_frame *out, int max_depth, const void **where, int nwhere);
 
 /* Kinds of the rules Python hands down (memviz/model/frame_filter.py). */
 enum {

@@ -717,6 +717,42 @@ static PyObject *core_capture_timings(PyObject *self, PyObject *unused)
     return out;
 }
 
+/* _stage_timings() -> None, or in a stage build (clock.h, -DMVZ_STAGES)
+ * [(thread id, {stage: (points, ns)}), ...] (bench_in_step.py --stages). */
+static PyObject *core_stage_timings(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+#ifdef MVZ_STAGES
+    static const char *const names[MVZ_STAGES_N] = {
+        "null", "a_before", "a_wrap", "a_enter", "a_label", "a_note", "a_walk", "a_compare",
+        "a_claim", "a_fill", "a_publish", "a_exit", "f_enter", "f_tick", "f_claim", "f_publish",
+        "f_exit", "f_release"};
+    enum { MAX = 64 };
+    static long tid[MAX];
+    static uint64_t ticks[MAX][MVZ_STAGES_N], n[MAX][MVZ_STAGES_N];
+    int k = mvz_stage_read(tid, ticks, n, MAX);
+    double per_tick = mvz_clock_ns_per_tick();
+    PyObject *out = PyList_New(0);
+    for (int i = 0; out && i < k; i++) {
+        PyObject *d = PyDict_New();
+        for (int j = 0; d && j < MVZ_STAGES_N; j++) {
+            PyObject *v = Py_BuildValue("(Kd)", (unsigned long long)n[i][j], (double)ticks[i][j] * per_tick);
+            if (!v || PyDict_SetItemString(d, names[j], v) < 0)
+                Py_CLEAR(d);
+            Py_XDECREF(v);
+        }
+        PyObject *row = d ? Py_BuildValue("(lN)", tid[i], d) : NULL;
+        if (!row || PyList_Append(out, row) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(row);
+    }
+    return out;
+#else
+    Py_RETURN_NONE;
+#endif
+}
+
 /* _capture_stack(depth): what the walk keeps here (tests of deep stacks). */
 static PyObject *core_capture_stack(PyObject *self, PyObject *arg)
 {
@@ -841,6 +877,8 @@ static PyMethodDef core_methods[] = {
      "_callback_profile(mode) -> the mode before: benchmarks only; from the next start "
      "'time' times the CUPTI callback, 'noop' returns from it at once (recording nothing), "
      "'noasync' leaves the stream-ordered callbacks off, 'off' records as always."},
+    {"_stage_timings", core_stage_timings, METH_NOARGS,
+     "_stage_timings() -> None, or in a stage build (-DMVZ_STAGES) each thread's ticks per stage."},
     {"_capture_timings", core_capture_timings, METH_NOARGS,
      "_capture_timings() -> [(thread id, allocations, ns, frees, ns), ...]: the allocator "
      "route's capture path, timed per thread under _callback_profile('time') (benchmarks)."},

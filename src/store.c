@@ -120,6 +120,16 @@ static void drain_locked(uint64_t limit);
  * 3 pages resident (12 KiB). */
 static mvz_region walked;  /* [MVZ_MAX_THREADS][2][MVZ_MAX_DEPTH] */
 static mvz_region applied; /* [MVZ_MAX_THREADS][MVZ_MAX_DEPTH] */
+/* The addresses of the frames each thread's last walk read (its innermost
+ * WHERE_N), which the next allocation on that thread prefetches, with its
+ * last stack and the buffer it walks into, while PyTorch allocates
+ * (mvz_store_prefetch): the walk that follows is a chain of dependent
+ * loads, one frame after another, and inside a step those lines have left
+ * the core's nearest cache (benchmarks/RESULTS.md, "Leave it on, seventh
+ * session"). Only that thread writes its row. */
+#define WHERE_N 32
+static mvz_region walked_where; /* [MVZ_MAX_THREADS][WHERE_N] */
+static __thread uint8_t tl_where_n __attribute__((tls_model("initial-exec")));
 static uint16_t applied_n[MVZ_MAX_THREADS];
 static uint8_t applied_reg[MVZ_MAX_THREADS]; /* the registration, as MVZ_CAPQ_KEPT's high bits */
 /* The stack id that last stack was interned as, while no stack's frames
@@ -189,7 +199,8 @@ int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames)
         mvz_peakset_init(&graves, max_live) || mvz_blocks_init(&blocks) ||
         mvz_capq_init(&capq, CAPQ_UNITS) ||
         mvz_region_reserve(&walked, (size_t)MVZ_MAX_THREADS * 2 * MVZ_MAX_DEPTH * sizeof(mvz_frame), 0) ||
-        mvz_region_reserve(&applied, (size_t)MVZ_MAX_THREADS * MVZ_MAX_DEPTH * sizeof(mvz_frame), 0))
+        mvz_region_reserve(&applied, (size_t)MVZ_MAX_THREADS * MVZ_MAX_DEPTH * sizeof(mvz_frame), 0) ||
+        mvz_region_reserve(&walked_where, (size_t)MVZ_MAX_THREADS * WHERE_N * sizeof(void *), 0))
         return -1;
     initialized = 1;
     return 0;
@@ -614,7 +625,43 @@ static inline void prefetch_claim(void)
     __builtin_prefetch(&capq.units[h & capq.mask], 1, 3);
 }
 
-void mvz_store_prefetch_claim(void) { prefetch_claim(); }
+/* Capture path, no GIL, no lock: see store.h. Reads this thread's TLS and
+ * its own rows; a prefetch neither faults nor writes, so an address that
+ * no longer holds a frame (its thread's stack moved on) costs nothing. */
+void mvz_store_prefetch(void)
+{
+    prefetch_claim();
+    int n = tl_where_n;
+    if (n == 0 || tl_generation != __atomic_load_n(&generation, __ATOMIC_RELAXED) || !tl_thread_plus1)
+        return;
+    uint32_t idx = tl_thread_plus1 - 1;
+    const void *const *w = (const void *const *)walked_where.base + (size_t)idx * WHERE_N;
+    for (int i = 0; i < n; i++) {
+        __builtin_prefetch(w[i], 0, 3);
+        __builtin_prefetch((const char *)w[i] + 64, 0, 3);
+    }
+    if (tl_walk_gen != tl_generation || tl_walk_idx != idx)
+        return;
+    /* the last stack, which the store compares the walk with, and the
+     * buffer the walk writes */
+    const char *last = (const char *)((const mvz_frame *)walked.base +
+                                      ((size_t)idx * 2 + (size_t)tl_walk_last) * MVZ_MAX_DEPTH);
+    const char *next = (const char *)((const mvz_frame *)walked.base +
+                                      ((size_t)idx * 2 + (size_t)!tl_walk_last) * MVZ_MAX_DEPTH);
+    size_t bytes = (size_t)(tl_walk_n < 2 * WHERE_N ? tl_walk_n : 2 * WHERE_N) * sizeof(mvz_frame);
+    for (size_t b = 0; b < bytes; b += 64) {
+        __builtin_prefetch(last + b, 0, 3);
+        __builtin_prefetch(next + b, 1, 3);
+    }
+}
+
+/* Capture path, no GIL: this thread's own row (see `walked_where`). */
+const void **mvz_store_walk_where(uint32_t thread_idx, int *n)
+{
+    tl_where_n = 0; /* until this walk's are written (mvz_store_enqueue_alloc) */
+    *n = thread_idx < MVZ_MAX_THREADS ? WHERE_N : 0;
+    return *n ? (const void **)walked_where.base + (size_t)thread_idx * WHERE_N : NULL;
+}
 
 /* Capture path, no GIL: this thread's own buffer (see `walked`) to walk its
  * next stack into, or NULL for a thread the store could not register. The
@@ -672,12 +719,15 @@ mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f,
         kept = shared_outer(f, depth, last, tl_walk_n);
     }
     int written = depth - kept;
+    MVZ_STAGE(MVZ_ST_A_COMPARE);
     mvz_capq_entry *e = mvz_store_enqueue(MVZ_CAPQ_UNITS(written), pos);
+    MVZ_STAGE(MVZ_ST_A_CLAIM);
     memcpy(mvz_capq_frames(e), f, (size_t)written * sizeof *f);
     e->depth = (uint16_t)written;
     e->kept = (uint16_t)((unsigned)kept | (gen & 127u) << MVZ_CAPQ_KEPT_SHIFT);
     e->thread_idx = (uint16_t)(thread_idx < MVZ_MAX_THREADS ? thread_idx : MVZ_THREAD_OVERFLOW);
     if (mine) { /* f is this thread's last stack now */
+        tl_where_n = (uint8_t)(depth < WHERE_N ? depth : WHERE_N);
         tl_walk_last = !tl_walk_last;
         tl_walk_n = (uint16_t)depth;
         tl_walk_gen = gen;
@@ -731,8 +781,10 @@ void mvz_store_enqueue_free(uint64_t address, int kind, int op)
     prefetch_claim();
     int tsc = mvz_tick_is_tsc();
     uint64_t clock = mvz_tick_as(tsc);
+    MVZ_STAGE(MVZ_ST_F_TICK);
     uint64_t pos;
     mvz_capq_entry *e = mvz_store_enqueue(1, &pos);
+    MVZ_STAGE(MVZ_ST_F_CLAIM);
     e->what = (uint8_t)(MVZ_CAPQ_FREE | (tsc ? MVZ_CAPQ_TSC : 0));
     e->address = address;
     e->kind = (uint8_t)kind;
@@ -741,6 +793,7 @@ void mvz_store_enqueue_free(uint64_t address, int kind, int op)
     e->seq_note = 0;
     mvz_capq_publish(e, pos);
     kick_drainer(pos);
+    MVZ_STAGE(MVZ_ST_F_PUBLISH);
 }
 
 /* Lock held: the label of a backward node's allocation, its class label

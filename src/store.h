@@ -72,9 +72,15 @@ void mvz_store_publish(mvz_capq_entry *e, uint64_t pos);
  * writes its frames, depth, kept and thread_idx; the caller fills the rest
  * in and publishes it. */
 mvz_frame *mvz_store_walk_buffer(uint32_t thread_idx);
-/* Capture path, no GIL, no lock: the queue's next unit, prefetched for
- * writing (a hint; the producers' line is read). */
-void mvz_store_prefetch_claim(void);
+/* Capture path, no GIL, no lock, ahead of an allocation (allocator.c,
+ * while PyTorch allocates): hints only. The queue's next unit, for writing
+ * (the producers' line is read); the frames this thread's last walk read
+ * (mvz_store_walk_where), its last stack, and the buffer its next walk
+ * writes. */
+void mvz_store_prefetch(void);
+/* Capture path, no GIL: where this thread's walk notes the addresses of
+ * the frames it reads (*n of them at most; NULL, 0 where none is kept). */
+const void **mvz_store_walk_where(uint32_t thread_idx, int *n);
 mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f, int depth,
                                         uint64_t *pos);
 /* Any thread: whether entries leave shared frames out (tests turn it off
