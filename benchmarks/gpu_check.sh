@@ -2,7 +2,9 @@
 # One device call: build, CPU suite on the GPU machine's Python, GPU suite,
 # the demo, and (with BENCH=1) the GPU benchmarks; COST=1: issue 27's paired cost runs
 # (both steps, five configurations) and the C capture cost; LAUNCH=1: a kernel launch's
-# cost under memviz, with and without CUPTI (bench_launch.py). Results land in $OUT.
+# cost under memviz, with and without CUPTI (bench_launch.py); IN_STEP=1 (IN_STEP_AGAINST=DIR):
+# memviz's own share of the allocation-bound step (bench_in_step.py); STAGES=1: the same on a
+# stage build, ns per stage. Results land in $OUT.
 # Usage on the GPU machine:  bash benchmarks/gpu_check.sh [quick|full]
 set -u
 OUT=${OUT:-/tmp/memviz-out}
@@ -67,6 +69,23 @@ if [ -n "${COST:-}" ]; then
         --configs ${COST_CONFIGS:-none,memviz_after,memviz_after_trace,memviz_after_flight,torch_history} \
         --cycles ${CYCLES:-6} --block ${BLOCK:-12} --out "$OUT/cost_$model.json" 2>&1 | tail -8
   done
+fi
+if [ -n "${IN_STEP:-}" ]; then
+  # issue 27: memviz's own time inside the allocation-bound step, read from the capture path;
+  # IN_STEP_AGAINST: another checkout (built here first) in alternating processes
+  echo "== in step"
+  AGAINST=""
+  if [ -n "${IN_STEP_AGAINST:-}" ]; then
+    (cd "$IN_STEP_AGAINST" && $PY setup.py -q build_ext --inplace > /dev/null 2>&1) && AGAINST="--against $IN_STEP_AGAINST"
+  fi
+  $PY benchmarks/bench_in_step.py --procs ${PROCS:-5} --steps ${STEPS:-200} $AGAINST --out "$OUT/in_step.json" 2>&1 | tail -4
+fi
+if [ -n "${STAGES:-}" ]; then
+  # issue 27: the same step on a stage build of this tree (src/clock.h, CFLAGS=-DMVZ_STAGES), in /tmp
+  echo "== stages"
+  rm -rf /tmp/memviz-stages && mkdir -p /tmp/memviz-stages && cp -r setup.py src memviz benchmarks /tmp/memviz-stages/
+  (cd /tmp/memviz-stages && CFLAGS=-DMVZ_STAGES $PY setup.py -q build_ext --inplace > /dev/null 2>&1) || echo "stage build failed"
+  $PY /tmp/memviz-stages/benchmarks/bench_in_step.py --stages --procs ${STAGE_PROCS:-2} --out "$OUT/stages.json" 2>&1 | tail -3
 fi
 if [ -n "${LAUNCH:-}" ]; then
   # issue 27: what memviz (and CUPTI within it) adds to a kernel launch that allocates nothing

@@ -117,7 +117,7 @@ static void drain_locked(uint64_t limit);
  * thread writes (its last stack and the one it walks now), and the last
  * stack the store applied from it, which only the lock holder writes. Both
  * are reserved once, untouched until used: a thread that allocates keeps
- * 3 pages resident (12 KiB). */
+ * 3 pages resident (12 KiB), and 256 bytes of `walked_where` below. */
 static mvz_region walked;  /* [MVZ_MAX_THREADS][2][MVZ_MAX_DEPTH] */
 static mvz_region applied; /* [MVZ_MAX_THREADS][MVZ_MAX_DEPTH] */
 /* The addresses of the frames each thread's last walk read (its innermost
