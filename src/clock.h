@@ -52,8 +52,10 @@ static inline uint64_t mvz_tick_as(int tsc) { return tsc ? mvz_rdtsc() : mvz_now
 /* Stage timing, in a benchmark build only (CFLAGS=-DMVZ_STAGES;
  * benchmarks/bench_in_step.py --stages): the allocator route's path cut at
  * the points MVZ_STAGE names, each thread adding the TSC ticks since its
- * previous point into a slot of its own (plain stores). Compiled out of
- * every other build: the points cost nothing there. */
+ * previous point into a slot of its own (plain stores); read as
+ * nanoseconds where the capture path's ticks are the TSC's (x86 with an
+ * invariant TSC: elsewhere every stage reads 0). Compiled out of every
+ * other build: the points cost nothing there. */
 enum {
     MVZ_ST_NULL,          /* a point right after begin: what one point costs */
     MVZ_ST_A_BEFORE,      /* allocate's wrapper, up to PyTorch's allocate */

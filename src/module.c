@@ -724,10 +724,11 @@ static PyObject *core_stage_timings(PyObject *self, PyObject *unused)
     (void)self;
     (void)unused;
 #ifdef MVZ_STAGES
-    static const char *const names[MVZ_STAGES_N] = {
+    static const char *const names[] = {
         "null", "a_before", "a_wrap", "a_enter", "a_label", "a_note", "a_walk", "a_compare",
         "a_claim", "a_fill", "a_publish", "a_exit", "f_enter", "f_tick", "f_claim", "f_publish",
         "f_exit", "f_release"};
+    _Static_assert(sizeof names / sizeof *names == MVZ_STAGES_N, "a name for every stage, in order");
     enum { MAX = 64 };
     static long tid[MAX];
     static uint64_t ticks[MAX][MVZ_STAGES_N], n[MAX][MVZ_STAGES_N];

@@ -81,4 +81,5 @@ def test_a_stage_build_counts_every_point_of_each_allocation_and_free(tmp_path):
     assert counts["capture frees"] >= counts["route frees"], counts
     assert st["a_before"][0] >= counts["route allocations"]
     assert all(ns >= 0 for _, ns in st.values())
-    assert st["a_walk"][1] > 0 and st["f_claim"][1] > 0
+    if _core._clock()[0]:  # read as ns where the ticks are the TSC's (src/clock.h)
+        assert st["a_walk"][1] > 0 and st["f_claim"][1] > 0
