@@ -247,7 +247,9 @@ def _core_stats():
     return memviz._core.trace_writer_stats()
 
 
-#: issue 27's breakdown: memviz (the allocator route) with one part left out each
+#: issue 27's breakdown: memviz (the allocator route) with one part left out each; and
+#: memviz_noop (alternate()): track() as always, then the route's capture path returning at
+#: once (_core._capture_noop), so that what is left is the route's wrappers and memviz's threads
 ABLATIONS = {
     "memviz_noactivity": {"activity": False},  # no CUPTI activity records (MEMORY2)
     "memviz_nocupti": {"cupti": False},  # no CUPTI at all: the route and the segment wrappers
@@ -268,7 +270,7 @@ def alternate(a, torch, step):
     configs = a.configs.split(",")
     for c in configs:
         if c not in ("none", "memviz_after", "memviz_after_trace", "memviz_after_flight", "segments_trace",
-                     "torch_history") and c not in ABLATIONS:
+                     "torch_history", "memviz_noop") and c not in ABLATIONS:
             raise SystemExit(f"unknown configuration {c!r}")
     times = {c: [] for c in configs}
     trace_stats = {c: [] for c in configs}
@@ -282,7 +284,13 @@ def alternate(a, torch, step):
         order = configs[cycle % n:] + configs[:cycle % n]
         for c in order:
             tracker = None
-            if c in ABLATIONS:
+            if c == "memviz_noop":  # everything track() sets up, the capture path returning at once
+                import memviz._core as core
+                tracker = memviz.track().start()
+                core._capture_noop(True)  # after the route's probe, which checks what was recorded
+                integ = getattr(tracker, "torch", None)
+                routes.add(integ.route.route if integ is not None and integ.route else None)
+            elif c in ABLATIONS:
                 tracker = memviz.track(**ABLATIONS[c]).start()
                 integ = getattr(tracker, "torch", None)
                 routes.add(integ.route.route if integ is not None and integ.route else None)

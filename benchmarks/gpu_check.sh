@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: build, CPU suite on the GPU machine's Python, GPU suite,
 # the demo, and (with BENCH=1) the GPU benchmarks; COST=1: issue 27's paired cost runs
-# (both steps, five configurations) and the C capture cost; LAUNCH=1: a kernel launch's
+# (both steps, five configurations; COST_CONFIGS may add memviz_noop, the route with its capture
+# path returning at once, and bench_train_step.py's ABLATIONS) and the C capture cost; LAUNCH=1: a kernel launch's
 # cost under memviz, with and without CUPTI (bench_launch.py); IN_STEP=1 (IN_STEP_AGAINST=DIR):
 # memviz's own share of the allocation-bound step (bench_in_step.py); STAGES=1: the same on a
 # stage build, ns per stage. Results land in $OUT.

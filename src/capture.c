@@ -52,9 +52,13 @@ static const uint32_t memory_cbids[] = {
 };
 #define N_CBIDS (sizeof memory_cbids / sizeof memory_cbids[0])
 
-static int capturing;  /* read with atomics on the hot path: 0 off, 1 on, CAPTURING_TIMED */
+static int capturing;  /* read with atomics on the hot path: 0 off, 1 on, CAPTURING_TIMED or _NOOP */
 /* On, with the allocator route's capture path timed (capture_block_timed). */
 #define CAPTURING_TIMED 2
+/* On, with the allocator route's capture path returning at once (a
+ * benchmark's, mvz_capture_noop: the route's wrappers and everything around
+ * them, without recording). */
+#define CAPTURING_NOOP 3
 /* Recordings under way (record()): stop waits for them, so that once it
  * returns nothing more reaches the store. Two ways of counting them:
  *  - per thread (busy[]), with no atomic read-modify-write and no fence on
@@ -595,8 +599,9 @@ void mvz_capture_block(int is_free, uint64_t address, uint64_t size, uint64_t st
     int on = __atomic_load_n(&capturing, __ATOMIC_ACQUIRE);
     if (!on)
         return;
-    if (__builtin_expect(on == CAPTURING_TIMED, 0)) {
-        capture_block_timed(is_free, address, size, stream, slot, stamp);
+    if (__builtin_expect(on >= CAPTURING_TIMED, 0)) { /* benchmarks only: one branch for both */
+        if (on == CAPTURING_TIMED)
+            capture_block_timed(is_free, address, size, stream, slot, stamp);
         return;
     }
     capture_block(is_free, address, size, stream, slot, stamp);
@@ -1000,6 +1005,21 @@ void mvz_capture_counts(uint64_t out[MVZ_OP_COUNT])
     mvz_store_op_counts(applied);
     for (int i = 0; i < MVZ_OP_COUNT; i++)
         out[i] = __atomic_load_n(&counts[i], __ATOMIC_RELAXED) + applied[i];
+}
+
+/* With the GIL, benchmarks only: while capture is on (plainly, not timed),
+ * the allocator route's capture path returns at once (on) or records again
+ * (off). Only this nonzero word changes, so stop's protocol is as ever.
+ * Returns 1 if it was returning at once, 0 if not, -1 if capture is off or
+ * timed. */
+int mvz_capture_noop(int on)
+{
+    int from = on ? 1 : CAPTURING_NOOP, to = on ? CAPTURING_NOOP : 1;
+    int cur = __atomic_load_n(&capturing, __ATOMIC_ACQUIRE);
+    if (cur != 1 && cur != CAPTURING_NOOP)
+        return -1;
+    __atomic_compare_exchange_n(&capturing, &from, to, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    return cur == CAPTURING_NOOP;
 }
 
 int mvz_capture_set_profile(int mode)

@@ -76,6 +76,8 @@ void mvz_capture_counts(uint64_t out[MVZ_OP_COUNT]);
  * (NOASYNC). With the GIL, while nothing captures; returns the mode before. */
 enum { MVZ_PROFILE_OFF, MVZ_PROFILE_TIME, MVZ_PROFILE_NOOP, MVZ_PROFILE_NOASYNC };
 int mvz_capture_set_profile(int mode);
+/* With the GIL, benchmarks only (_core._capture_noop): see capture.c. */
+int mvz_capture_noop(int on);
 /* The profile's counters: callbacks seen and ns spent in them. */
 void mvz_capture_profile(uint64_t *calls, uint64_t *ns);
 /* Under TIME, the allocator route's capture path (mvz_capture_block) per

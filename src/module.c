@@ -717,6 +717,24 @@ static PyObject *core_capture_timings(PyObject *self, PyObject *unused)
     return out;
 }
 
+/* _capture_noop(on) -> was it on: while capture is on, the allocator route's
+ * capture path returns at once (benchmarks/bench_train_step.py memviz_noop:
+ * the route's wrappers and the tracker's threads, with nothing recorded). */
+static PyObject *core_capture_noop(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    int was = mvz_capture_noop(on);
+    if (was < 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "_capture_noop: capture is not on (or is timed): start a tracker first");
+        return NULL;
+    }
+    return PyBool_FromLong(was);
+}
+
 /* _stage_timings() -> None, or in a stage build (clock.h, -DMVZ_STAGES)
  * [(thread id, {stage: (points, ns)}), ...] (bench_in_step.py --stages). */
 static PyObject *core_stage_timings(PyObject *self, PyObject *unused)
@@ -878,6 +896,9 @@ static PyMethodDef core_methods[] = {
      "_callback_profile(mode) -> the mode before: benchmarks only; from the next start "
      "'time' times the CUPTI callback, 'noop' returns from it at once (recording nothing), "
      "'noasync' leaves the stream-ordered callbacks off, 'off' records as always."},
+    {"_capture_noop", core_capture_noop, METH_O,
+     "_capture_noop(on) -> bool: benchmarks only; while capture is on, the allocator route's "
+     "capture path returns at once (on) or records again (off)."},
     {"_stage_timings", core_stage_timings, METH_NOARGS,
      "_stage_timings() -> None, or in a stage build (-DMVZ_STAGES) each thread's ticks per stage."},
     {"_capture_timings", core_capture_timings, METH_NOARGS,

@@ -463,3 +463,37 @@ def test_the_timed_capture_path_counts_every_block_event_per_thread(standin):
     assert (allocs, frees) == (50, 50)
     assert 0 < alloc_ns / allocs < 1e6 and 0 < free_ns / frees < 1e6
 
+
+
+def test_the_capture_path_can_return_at_once_with_the_route_attached(standin):
+    """benchmarks/bench_train_step.py's memviz_noop: with _capture_noop(True)
+    after track() attached the route, the wrappers run (they count the blocks
+    carrying memviz's deleter) and the store records none of them (a snapshot
+    then reads them from PyTorch as there before tracking); off again, the next
+    block is recorded; the next start records as always; with capture off,
+    the hook says what to do."""
+    ans = standin()
+    with memviz.track() as t:
+        _attach(t, ans)
+        assert _core._capture_noop(True) is False
+        assert _core._capture_noop(True) is True
+        seen = _core.block_totals()[0]["allocs"]  # the probe's, at attach
+        outstanding = _core.allocator_state()["outstanding"]
+        blocks = [ans.alloc(1 << 12)[0] for _ in range(20)]
+        recorded = _core.block_totals()[0]["allocs"] - seen
+        through = _core.allocator_state()["outstanding"] - outstanding
+        del blocks
+        assert through == 20 and recorded == 0, (through, recorded)
+        assert _core.allocator_state()["outstanding"] == outstanding
+        assert _core._capture_noop(False) is True
+        kept, _ = ans.alloc(1 << 12)
+        assert [x.size for x in t.snapshot().allocations if x.kind == "block"] == [1 << 12]
+        del kept
+        _core._capture_noop(True)
+    with pytest.raises(RuntimeError, match="start a tracker first"):
+        _core._capture_noop(True)
+    with memviz.track() as t:  # a new start records as always
+        _attach(t, ans)
+        kept, _ = ans.alloc(1 << 12)
+        assert [x.size for x in t.snapshot().allocations if x.kind == "block"] == [1 << 12]
+        del kept
