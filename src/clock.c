@@ -155,7 +155,7 @@ static stage_slot *my_stage(void)
         tl_stage_none = 1;
         return NULL;
     }
-    stage_slots[i].tid = (long)syscall(SYS_gettid);
+    __atomic_store_n(&stage_slots[i].tid, (long)syscall(SYS_gettid), __ATOMIC_RELAXED);
     tl_stage = &stage_slots[i];
     return tl_stage;
 }
@@ -170,10 +170,10 @@ void mvz_stage_begin(void)
 void mvz_stage(int stage)
 {
     stage_slot *s = my_stage();
-    if (s) {
+    if (s) { /* relaxed stores, read while they are made (mvz_stage_read) */
         uint64_t t = mvz_rdtsc();
-        s->ticks[stage] += t - s->last;
-        s->n[stage]++;
+        __atomic_store_n(&s->ticks[stage], s->ticks[stage] + (t - s->last), __ATOMIC_RELAXED);
+        __atomic_store_n(&s->n[stage], s->n[stage] + 1, __ATOMIC_RELAXED);
         s->last = t;
     }
 }
@@ -185,9 +185,11 @@ int mvz_stage_read(long *tid, uint64_t (*ticks)[MVZ_STAGES_N], uint64_t (*n)[MVZ
         used = STAGE_SLOTS;
     int k = 0;
     for (; k < used && k < max; k++) {
-        tid[k] = stage_slots[k].tid;
-        memcpy(ticks[k], stage_slots[k].ticks, sizeof ticks[k]);
-        memcpy(n[k], stage_slots[k].n, sizeof n[k]);
+        tid[k] = __atomic_load_n(&stage_slots[k].tid, __ATOMIC_RELAXED);
+        for (int j = 0; j < MVZ_STAGES_N; j++) {
+            ticks[k][j] = __atomic_load_n(&stage_slots[k].ticks[j], __ATOMIC_RELAXED);
+            n[k][j] = __atomic_load_n(&stage_slots[k].n[j], __ATOMIC_RELAXED);
+        }
     }
     return k;
 }
