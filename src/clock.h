@@ -52,7 +52,7 @@ static inline uint64_t mvz_tick_as(int tsc) { return tsc ? mvz_rdtsc() : mvz_now
 /* Stage timing, in a benchmark build only (CFLAGS=-DMVZ_STAGES;
  * benchmarks/bench_in_step.py --stages): the allocator route's path cut at
  * the points MVZ_STAGE names, each thread adding the TSC ticks since its
- * previous point into a slot of its own (plain stores); read as
+ * previous point into a slot of its own (relaxed stores); read as
  * nanoseconds where the capture path's ticks are the TSC's (x86 with an
  * invariant TSC: elsewhere every stage reads 0). Compiled out of every
  * other build: the points cost nothing there. */
@@ -79,7 +79,7 @@ enum {
 };
 #ifdef MVZ_STAGES
 /* Any thread, no GIL: this thread's slot (taken once with one atomic add)
- * and plain stores to it. begin: a point that adds to no stage. */
+ * and relaxed stores to it. begin: a point that adds to no stage. */
 void mvz_stage_begin(void);
 void mvz_stage(int stage);
 /* With the GIL: up to `max` threads' sums; returns how many. */
