@@ -729,7 +729,8 @@ static PyObject *core_capture_noop(PyObject *self, PyObject *arg)
     int was = mvz_capture_noop(on);
     if (was < 0) {
         PyErr_SetString(PyExc_RuntimeError,
-                        "_capture_noop: capture is not on (or is timed): start a tracker first");
+                        "_capture_noop: no tracker is capturing, or its capture path is timed "
+                        "(_callback_profile('time')): start a tracker with the profile off first");
         return NULL;
     }
     return PyBool_FromLong(was);

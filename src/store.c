@@ -625,6 +625,13 @@ static inline void prefetch_claim(void)
     __builtin_prefetch(&capq.units[h & capq.mask], 1, 3);
 }
 
+/* Capture path, no GIL: thread idx's walk buffer `which` (tl_walk_last: the
+ * one holding its last stack), in `walked`. Arithmetic only. */
+static inline mvz_frame *walk_row(uint32_t idx, int which)
+{
+    return (mvz_frame *)walked.base + ((size_t)idx * 2 + (size_t)(which != 0)) * MVZ_MAX_DEPTH;
+}
+
 /* Capture path, no GIL, no lock: see store.h. Reads this thread's TLS and
  * its own rows; a prefetch neither faults nor writes, so an address that
  * no longer holds a frame (its thread's stack moved on) costs nothing. */
@@ -644,10 +651,8 @@ void mvz_store_prefetch(void)
         return;
     /* the last stack, which the store compares the walk with, and the
      * buffer the walk writes */
-    const char *last = (const char *)((const mvz_frame *)walked.base +
-                                      ((size_t)idx * 2 + (size_t)tl_walk_last) * MVZ_MAX_DEPTH);
-    const char *next = (const char *)((const mvz_frame *)walked.base +
-                                      ((size_t)idx * 2 + (size_t)!tl_walk_last) * MVZ_MAX_DEPTH);
+    const char *last = (const char *)walk_row(idx, tl_walk_last);
+    const char *next = (const char *)walk_row(idx, !tl_walk_last);
     size_t bytes = (size_t)(tl_walk_n < 2 * WHERE_N ? tl_walk_n : 2 * WHERE_N) * sizeof(mvz_frame);
     for (size_t b = 0; b < bytes; b += 64) {
         __builtin_prefetch(last + b, 0, 3);
@@ -671,8 +676,7 @@ mvz_frame *mvz_store_walk_buffer(uint32_t thread_idx)
     prefetch_claim();
     if (thread_idx >= MVZ_MAX_THREADS)
         return NULL;
-    mvz_frame *mine = (mvz_frame *)walked.base + (size_t)thread_idx * 2 * MVZ_MAX_DEPTH;
-    return mine + (size_t)(!tl_walk_last) * MVZ_MAX_DEPTH;
+    return walk_row(thread_idx, !tl_walk_last);
 }
 
 static int share_frames = 1; /* atomic: mvz_store_share_frames */
@@ -714,9 +718,7 @@ mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f,
     int mine = thread_idx < MVZ_MAX_THREADS && f == mvz_store_walk_buffer(thread_idx);
     if (mine && tl_walk_gen == gen && tl_walk_idx == thread_idx &&
         __atomic_load_n(&share_frames, __ATOMIC_RELAXED)) {
-        const mvz_frame *last = (const mvz_frame *)walked.base +
-                                ((size_t)thread_idx * 2 + (size_t)tl_walk_last) * MVZ_MAX_DEPTH;
-        kept = shared_outer(f, depth, last, tl_walk_n);
+        kept = shared_outer(f, depth, walk_row(thread_idx, tl_walk_last), tl_walk_n);
     }
     int written = depth - kept;
     MVZ_STAGE(MVZ_ST_A_COMPARE);

@@ -464,7 +464,6 @@ def test_the_timed_capture_path_counts_every_block_event_per_thread(standin):
     assert 0 < alloc_ns / allocs < 1e6 and 0 < free_ns / frees < 1e6
 
 
-
 def test_the_capture_path_can_return_at_once_with_the_route_attached(standin):
     """benchmarks/bench_train_step.py's memviz_noop: with _capture_noop(True)
     after track() attached the route, the wrappers run (they count the blocks
@@ -490,7 +489,7 @@ def test_the_capture_path_can_return_at_once_with_the_route_attached(standin):
         assert [x.size for x in t.snapshot().allocations if x.kind == "block"] == [1 << 12]
         del kept
         _core._capture_noop(True)
-    with pytest.raises(RuntimeError, match="start a tracker first"):
+    with pytest.raises(RuntimeError, match="start a tracker with the profile off first"):
         _core._capture_noop(True)
     with memviz.track() as t:  # a new start records as always
         _attach(t, ans)
