@@ -249,7 +249,9 @@ def _core_stats():
 
 #: issue 27's breakdown: memviz (the allocator route) with one part left out each; and
 #: memviz_noop (alternate()): track() as always, then the route's capture path returning at
-#: once (_core._capture_noop), so that what is left is the route's wrappers and memviz's threads
+#: once (_core._capture_noop), so that what is left is the route's wrappers and memviz's threads;
+#: X_noop for an ablation X: that ablation, its capture path returning at once (memviz_nocupti_noop:
+#: the route's wrappers alone)
 ABLATIONS = {
     "memviz_noactivity": {"activity": False},  # no CUPTI activity records (MEMORY2)
     "memviz_nocupti": {"cupti": False},  # no CUPTI at all: the route and the segment wrappers
@@ -270,7 +272,7 @@ def alternate(a, torch, step):
     configs = a.configs.split(",")
     for c in configs:
         if c not in ("none", "memviz_after", "memviz_after_trace", "memviz_after_flight", "segments_trace",
-                     "torch_history", "memviz_noop") and c not in ABLATIONS:
+                     "torch_history", "memviz_noop") and c not in ABLATIONS and c.removesuffix("_noop") not in ABLATIONS:
             raise SystemExit(f"unknown configuration {c!r}")
     times = {c: [] for c in configs}
     trace_stats = {c: [] for c in configs}
@@ -290,8 +292,11 @@ def alternate(a, torch, step):
                 core._capture_noop(True)  # after the route's probe, which checks what was recorded
                 integ = getattr(tracker, "torch", None)
                 routes.add(integ.route.route if integ is not None and integ.route else None)
-            elif c in ABLATIONS:
-                tracker = memviz.track(**ABLATIONS[c]).start()
+            elif c.removesuffix("_noop") in ABLATIONS:  # X_noop: ablation X, then its capture path returning at once
+                tracker = memviz.track(**ABLATIONS[c.removesuffix("_noop")]).start()
+                if c.endswith("_noop"):
+                    import memviz._core as core
+                    core._capture_noop(True)
                 integ = getattr(tracker, "torch", None)
                 routes.add(integ.route.route if integ is not None and integ.route else None)
             elif c.startswith(("memviz_after", "segments")):
