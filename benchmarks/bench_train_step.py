@@ -251,13 +251,33 @@ def _core_stats():
 #: memviz_noop (alternate()): track() as always, then the route's capture path returning at
 #: once (_core._capture_noop), so that what is left is the route's wrappers and memviz's threads;
 #: X_noop for an ablation X: that ablation, its capture path returning at once (memviz_nocupti_noop:
-#: the route's wrappers alone)
+#: the route's wrappers alone); memviz_nodrain: track() with its drainer thread paused, so the
+#: queue (4 MiB: a block's events fit) is applied at stop, outside the timed steps;
+#: memviz_drainN: track() with its drainer waking every N ms (4 by default)
 ABLATIONS = {
     "memviz_noactivity": {"activity": False},  # no CUPTI activity records (MEMORY2)
     "memviz_nocupti": {"cupti": False},  # no CUPTI at all: the route and the segment wrappers
     "memviz_depth1": {"depth": 1},  # one frame kept: the frame walk, hash and intern mostly gone
     "memviz_noautograd": {"autograd": False},  # no autograd node read on the capture path
 }
+
+
+def _thread_cpu_ns(name: str) -> int:
+    """CPU time (ns) of this process's threads named `name` (Linux schedstat; 0 elsewhere)."""
+    total = 0
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    if f.read().strip() != name:
+                        continue
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except OSError:
+                continue
+    except OSError:
+        return 0
+    return total
 
 
 def alternate(a, torch, step):
@@ -272,7 +292,7 @@ def alternate(a, torch, step):
     configs = a.configs.split(",")
     for c in configs:
         if c not in ("none", "memviz_after", "memviz_after_trace", "memviz_after_flight", "segments_trace",
-                     "torch_history", "memviz_noop") and c not in ABLATIONS and c.removesuffix("_noop") not in ABLATIONS:
+                     "torch_history", "memviz_noop", "memviz_nodrain") and not c.startswith("memviz_drain") and c not in ABLATIONS and c.removesuffix("_noop") not in ABLATIONS:
             raise SystemExit(f"unknown configuration {c!r}")
     times = {c: [] for c in configs}
     trace_stats = {c: [] for c in configs}
@@ -290,6 +310,18 @@ def alternate(a, torch, step):
                 import memviz._core as core
                 tracker = memviz.track().start()
                 core._capture_noop(True)  # after the route's probe, which checks what was recorded
+                integ = getattr(tracker, "torch", None)
+                routes.add(integ.route.route if integ is not None and integ.route else None)
+            elif c.startswith("memviz_drain"):  # memviz_drainN: track(), its drainer every N ms
+                import memviz._core as core
+                tracker = memviz.track().start()
+                core._drain_period(int(float(c[len("memviz_drain"):]) * 1e6))
+                integ = getattr(tracker, "torch", None)
+                routes.add(integ.route.route if integ is not None and integ.route else None)
+            elif c == "memviz_nodrain":  # track(), its drainer paused: the queue is applied at stop
+                import memviz._core as core
+                tracker = memviz.track().start()
+                core._drainer(False)
                 integ = getattr(tracker, "torch", None)
                 routes.add(integ.route.route if integ is not None and integ.route else None)
             elif c.removesuffix("_noop") in ABLATIONS:  # X_noop: ablation X, then its capture path returning at once
@@ -321,6 +353,9 @@ def alternate(a, torch, step):
                         allocs_s[0] += _allocs(torch) - n0
                         allocs_s[1] += times[c][-1] / 1e3
             if tracker is not None:
+                drain_ns = _thread_cpu_ns("memviz-drain")  # the drainer's CPU time this block
+                if c.startswith("memviz_drain"):
+                    core._drain_period(0)
                 fr = tracker.flight_recorder
                 tracker.stop()
                 if tracker.trace_path:
@@ -331,6 +366,8 @@ def alternate(a, torch, step):
                     os.unlink(tracker.trace_path)
                 elif fr is not None:
                     trace_stats[c].append({"dropped": _core_stats()["dropped"]})
+                else:
+                    trace_stats[c].append({"drain_cpu_ns": drain_ns, "steps": a.block})
                 del tracker
             elif c == "torch_history":
                 torch.cuda.memory._record_memory_history(enabled=None)

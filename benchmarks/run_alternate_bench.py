@@ -102,6 +102,11 @@ def summarize(runs, block):
             summary[c]["dropped_events"] = sum(x["dropped"] for x in stats)
             print(f"{c:14s} trace: {b / max(e, 1):.2f} bytes per event over {e:,} events, "
                   f"{summary[c]['dropped_events']} dropped")
+        elif stats and "drain_cpu_ns" in stats[0]:  # the drainer thread's CPU time a step
+            per_step = [x["drain_cpu_ns"] / max(x["steps"], 1) / 1e3 for x in stats]
+            summary[c]["drain_cpu_us_per_step"] = statistics.median(per_step)
+            print(f"{c:14s} the drainer thread: {statistics.median(per_step):.0f} us of CPU a step "
+                  f"(median over {len(per_step)} blocks)")
         elif stats:
             summary[c]["dropped_events"] = sum(x["dropped"] for x in stats)
     rates = [r["untracked_allocs_per_s"] for r in runs if r.get("untracked_allocs_per_s")]

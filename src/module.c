@@ -671,6 +671,20 @@ static PyObject *core_share_frames(PyObject *self, PyObject *arg)
     return PyBool_FromLong(mvz_store_share_frames(on));
 }
 
+/* _drain_period(ns) -> the period before: a benchmark's hook, never a
+ * user's setting. The drainer applies the queue every `ns` nanoseconds
+ * (0: the default, 4 ms) from its next wait. */
+static PyObject *core_drain_period(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    long ns = PyLong_AsLong(arg);
+    if (ns == -1 && PyErr_Occurred())
+        return NULL;
+    if (ns < 0 || ns > 10L * 1000 * 1000 * 1000)
+        return PyErr_Format(PyExc_ValueError, "_drain_period: %ld ns is not between 0 (the default) and 10 s", ns);
+    return PyLong_FromLong(mvz_store_drain_period(ns));
+}
+
 /* _callback_profile(mode) -> the mode before: a benchmark's hook, never a
  * user's setting. From the next start, "time" times the CUPTI callback
  * (stats()'s profile_calls and profile_ns), "noop" returns from it at once
@@ -892,6 +906,7 @@ static PyMethodDef core_methods[] = {
     {"_capture_depth", core_capture_depth, METH_O, "Frames the walker sees here."},
     {"_clock", core_clock, METH_VARARGS,
      "_clock(on=None) -> (tsc, ns_per_tick): the capture path's clock (tests may switch it)."},
+    {"_drain_period", core_drain_period, METH_O, "A benchmark's: the drainer's period in ns (0: the default); returns the one before."},
     {"_drainer", core_drainer, METH_O, "Pause (False) or run (True) the capture queue's drainer thread."},
     {"_callback_profile", core_callback_profile, METH_O,
      "_callback_profile(mode) -> the mode before: benchmarks only; from the next start "

@@ -919,6 +919,9 @@ void mvz_store_sync(void)
  * writer is: where cores are short, it waits and the capture path applies
  * the queue itself when full. */
 #define DRAIN_PERIOD_NS 4000000L
+/* The period in force (atomic): DRAIN_PERIOD_NS but under a benchmark's
+ * mvz_store_drain_period. */
+static long drain_period_ns = DRAIN_PERIOD_NS;
 static pthread_t drainer;
 static int drainer_running; /* with the GIL (start/stop) */
 static int drainer_stopping;
@@ -960,7 +963,8 @@ static void *drainer_main(void *unused)
     pthread_mutex_lock(&drainer_lock);
     while (!drainer_stopping) {
         if (!__atomic_load_n(&drainer_kicked, __ATOMIC_RELAXED))
-            mvz_cond_wait_ns(&drainer_cond, &drainer_lock, DRAIN_PERIOD_NS);
+            mvz_cond_wait_ns(&drainer_cond, &drainer_lock,
+                             __atomic_load_n(&drain_period_ns, __ATOMIC_RELAXED));
         if (drainer_stopping)
             break;
         pthread_mutex_unlock(&drainer_lock);
@@ -971,6 +975,13 @@ static void *drainer_main(void *unused)
     }
     pthread_mutex_unlock(&drainer_lock);
     return NULL;
+}
+
+long mvz_store_drain_period(long ns)
+{
+    if (ns <= 0)
+        ns = DRAIN_PERIOD_NS;
+    return __atomic_exchange_n(&drain_period_ns, ns, __ATOMIC_RELAXED);
 }
 
 int mvz_store_drainer(int on)

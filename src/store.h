@@ -102,6 +102,9 @@ void mvz_store_sync(void);
  * capture runs (on) or not; joined when off. 0, or -1 when it could not
  * start (the capture path then applies the queue when it is full). */
 int mvz_store_drainer(int on);
+/* A benchmark's: the drainer's period from its next wait (ns <= 0: the
+ * default); returns the one before. With the GIL. */
+long mvz_store_drain_period(long ns);
 /* Called after the store's lock is released when the queue interned new
  * stacks, when set: codeobj.c uses it on Python < 3.12 to schedule keeping
  * their code objects alive (Py_AddPendingCall, which CPython documents as

@@ -374,3 +374,44 @@ def test_shared_frames_start_afresh_with_a_new_tracker(fake):
     # all of the first, after a new tracker; of the second, only what is not pytest's
     assert (w, k) == (outer + len(three) + len(two), outer), (w, k, outer)
     assert now["queue_kept_mismatch"] == 0
+
+
+def _drainer_runs():
+    """How many times memviz's drainer thread has been put on a CPU (Linux schedstat)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() != "memviz-drain":
+                    continue
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                return int(f.read().split()[2])
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="needs Linux's schedstat")
+def test_a_benchmark_can_set_the_drainers_period(fake):
+    """_drain_period (a benchmark's hook) sets how often the drainer wakes,
+    from its next wait, and says what it was; 0 gives the default back, and
+    a period out of range is refused with what is allowed."""
+    with pytest.raises(ValueError, match="between 0 .the default. and 10 s"):
+        _core._drain_period(-1)
+    with pytest.raises(ValueError, match="between 0"):
+        _core._drain_period(11 * 10**9)
+    with memviz.track(torch=False):
+        try:
+            assert _core._drain_period(10**9) == 4_000_000  # the default: 4 ms
+            time.sleep(0.02)  # the wait under way (at most 4 ms) ends
+            r0 = _drainer_runs()
+            time.sleep(0.3)
+            slow = _drainer_runs() - r0
+            assert _core._drain_period(1_000_000) == 10**9
+            time.sleep(1.05)  # the 1 s wait under way ends
+            r1 = _drainer_runs()
+            time.sleep(0.3)
+            fast = _drainer_runs() - r1
+        finally:
+            assert _core._drain_period(0) == 1_000_000
+    assert _core._drain_period(0) == 4_000_000
+    assert slow <= 2 and fast >= 30, (slow, fast)
