@@ -253,7 +253,8 @@ def _core_stats():
 #: X_noop for an ablation X: that ablation, its capture path returning at once (memviz_nocupti_noop:
 #: the route's wrappers alone); memviz_nodrain: track() with its drainer thread paused, so the
 #: queue (4 MiB: a block's events fit) is applied at stop, outside the timed steps;
-#: memviz_drainN: track() with its drainer waking every N ms (4 by default)
+#: memviz_drainN: track() with its drainer waking every N ms (4 by default); X_nopf: configuration
+#: X with the allocator route's prefetches left out (_core._prefetch(False))
 ABLATIONS = {
     "memviz_noactivity": {"activity": False},  # no CUPTI activity records (MEMORY2)
     "memviz_nocupti": {"cupti": False},  # no CUPTI at all: the route and the segment wrappers
@@ -291,6 +292,7 @@ def alternate(a, torch, step):
 
     configs = a.configs.split(",")
     for c in configs:
+        c = c.removesuffix("_nopf")  # X_nopf: configuration X, the route's prefetches left out
         if c not in ("none", "memviz_after", "memviz_after_trace", "memviz_after_flight", "segments_trace",
                      "torch_history", "memviz_noop", "memviz_nodrain") and not c.startswith("memviz_drain") and c not in ABLATIONS and c.removesuffix("_noop") not in ABLATIONS:
             raise SystemExit(f"unknown configuration {c!r}")
@@ -304,8 +306,9 @@ def alternate(a, torch, step):
     routes = set()
     for cycle in range(a.cycles):
         order = configs[cycle % n:] + configs[:cycle % n]
-        for c in order:
+        for cn in order:
             tracker = None
+            c = cn.removesuffix("_nopf")
             if c == "memviz_noop":  # everything track() sets up, the capture path returning at once
                 import memviz._core as core
                 tracker = memviz.track().start()
@@ -341,6 +344,10 @@ def alternate(a, torch, step):
                 routes.add(integ.route.route if integ is not None and integ.route else None)
             elif c == "torch_history":
                 torch.cuda.memory._record_memory_history(stacks="python")
+            if cn.endswith("_nopf"):
+                import memviz._core as core
+                core._prefetch(False)
+            c = cn
             for i in range(a.block):
                 torch.cuda.synchronize()
                 n0 = _allocs(torch) if c == "none" else 0
@@ -352,6 +359,8 @@ def alternate(a, torch, step):
                     if c == "none":
                         allocs_s[0] += _allocs(torch) - n0
                         allocs_s[1] += times[c][-1] / 1e3
+            if c.endswith("_nopf"):
+                core._prefetch(True)
             if tracker is not None:
                 drain_ns = _thread_cpu_ns("memviz-drain")  # the drainer's CPU time this block
                 if c.startswith("memviz_drain"):

@@ -685,6 +685,18 @@ static PyObject *core_drain_period(PyObject *self, PyObject *arg)
     return PyLong_FromLong(mvz_store_drain_period(ns));
 }
 
+/* _prefetch(on) -> the setting before: a benchmark's hook, never a user's
+ * setting. False leaves out what the allocator route asks for ahead while
+ * PyTorch allocates (mvz_store_prefetch). */
+static PyObject *core_prefetch(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    return PyBool_FromLong(mvz_store_prefetch_on(on));
+}
+
 /* _callback_profile(mode) -> the mode before: a benchmark's hook, never a
  * user's setting. From the next start, "time" times the CUPTI callback
  * (stats()'s profile_calls and profile_ns), "noop" returns from it at once
@@ -907,6 +919,7 @@ static PyMethodDef core_methods[] = {
     {"_clock", core_clock, METH_VARARGS,
      "_clock(on=None) -> (tsc, ns_per_tick): the capture path's clock (tests may switch it)."},
     {"_drain_period", core_drain_period, METH_O, "A benchmark's: the drainer's period in ns (0: the default); returns the one before."},
+    {"_prefetch", core_prefetch, METH_O, "A benchmark's: the route's prefetches on (True, the default) or left out."},
     {"_drainer", core_drainer, METH_O, "Pause (False) or run (True) the capture queue's drainer thread."},
     {"_callback_profile", core_callback_profile, METH_O,
      "_callback_profile(mode) -> the mode before: benchmarks only; from the next start "

@@ -635,8 +635,19 @@ static inline mvz_frame *walk_row(uint32_t idx, int which)
 /* Capture path, no GIL, no lock: see store.h. Reads this thread's TLS and
  * its own rows; a prefetch neither faults nor writes, so an address that
  * no longer holds a frame (its thread's stack moved on) costs nothing. */
+/* A benchmark's switch (mvz_store_prefetch_on): 1 leaves mvz_store_prefetch
+ * out. Read-mostly, atomic. */
+static int prefetch_off;
+
+int mvz_store_prefetch_on(int on)
+{
+    return !__atomic_exchange_n(&prefetch_off, !on, __ATOMIC_RELAXED);
+}
+
 void mvz_store_prefetch(void)
 {
+    if (__atomic_load_n(&prefetch_off, __ATOMIC_RELAXED))
+        return;
     prefetch_claim();
     int n = tl_where_n;
     if (n == 0 || tl_generation != __atomic_load_n(&generation, __ATOMIC_RELAXED) || !tl_thread_plus1)

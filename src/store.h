@@ -105,6 +105,9 @@ int mvz_store_drainer(int on);
 /* A benchmark's: the drainer's period from its next wait (ns <= 0: the
  * default); returns the one before. With the GIL. */
 long mvz_store_drain_period(long ns);
+/* A benchmark's: mvz_store_prefetch on (1, the default) or left out (0);
+ * returns the setting before. */
+int mvz_store_prefetch_on(int on);
 /* Called after the store's lock is released when the queue interned new
  * stacks, when set: codeobj.c uses it on Python < 3.12 to schedule keeping
  * their code objects alive (Py_AddPendingCall, which CPython documents as

@@ -496,3 +496,28 @@ def test_the_capture_path_can_return_at_once_with_the_route_attached(standin):
         kept, _ = ans.alloc(1 << 12)
         assert [x.size for x in t.snapshot().allocations if x.kind == "block"] == [1 << 12]
         del kept
+
+
+def test_the_routes_prefetches_can_be_left_out_and_nothing_recorded_changes(standin):
+    """benchmarks/bench_train_step.py's X_nopf: _prefetch(False) leaves out
+    what the route asks for ahead while PyTorch allocates; the blocks, their
+    sizes and their lines are recorded as with it, and the hook says what
+    the setting was."""
+    ans = standin()
+
+    def lines(t):
+        return sorted((a.size, a.traceback[0].lineno) for a in t.snapshot().allocations if a.kind == "block")
+
+    seen = {}
+    for on in (True, False):
+        was = _core._prefetch(on)
+        assert was is True  # the default, and given back below
+        try:
+            with memviz.track() as t:
+                _attach(t, ans)
+                kept = [ans.alloc(1 << k)[0] for k in range(12, 16)]
+                seen[on] = lines(t)
+                del kept
+        finally:
+            assert _core._prefetch(True) is on
+    assert seen[True] == seen[False] and len(seen[True]) == 4, seen
