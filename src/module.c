@@ -685,16 +685,21 @@ static PyObject *core_drain_period(PyObject *self, PyObject *arg)
     return PyLong_FromLong(mvz_store_drain_period(ns));
 }
 
-/* _prefetch(on) -> the setting before: a benchmark's hook, never a user's
- * setting. False leaves out what the allocator route asks for ahead while
- * PyTorch allocates (mvz_store_prefetch). */
+/* _prefetch(mode) -> the mode before: a benchmark's hook, never a user's
+ * setting. Which of the capture path's prefetches run (store.h MVZ_PF_*:
+ * 1 the walk's frames and stacks, 2 the queue's unit before a claim, 4 the
+ * next unit after a publish); True is the default, False none. */
 static PyObject *core_prefetch(PyObject *self, PyObject *arg)
 {
     (void)self;
-    int on = PyObject_IsTrue(arg);
-    if (on < 0)
+    long mode;
+    if (PyBool_Check(arg))
+        mode = arg == Py_True ? MVZ_PF_DEFAULT : 0;
+    else if ((mode = PyLong_AsLong(arg)) == -1 && PyErr_Occurred())
         return NULL;
-    return PyBool_FromLong(mvz_store_prefetch_on(on));
+    if (mode < 0 || mode > (MVZ_PF_WALK | MVZ_PF_QUEUE | MVZ_PF_NEXT))
+        return PyErr_Format(PyExc_ValueError, "_prefetch: %ld is not True, False or a mode from 0 to 7", mode);
+    return PyLong_FromLong(mvz_store_prefetch_on((int)mode));
 }
 
 /* _callback_profile(mode) -> the mode before: a benchmark's hook, never a

@@ -607,11 +607,14 @@ mvz_capq_entry *mvz_store_enqueue(unsigned units, uint64_t *pos)
     }
 }
 
-/* Capture path, no GIL, no lock: the entry is whole. */
-void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
+/* Which prefetches run (MVZ_PF_*; a benchmark's switch, mvz_store_prefetch_on).
+ * Read-mostly, atomic. */
+static int prefetch_mode = MVZ_PF_DEFAULT;
+#define PF(bit) (__atomic_load_n(&prefetch_mode, __ATOMIC_RELAXED) & (bit))
+
+int mvz_store_prefetch_on(int mode)
 {
-    mvz_capq_publish(e, pos);
-    kick_drainer(pos);
+    return __atomic_exchange_n(&prefetch_mode, mode, __ATOMIC_RELAXED);
 }
 
 /* Capture path, no GIL, no lock: ask for the queue's next unit to be
@@ -625,6 +628,16 @@ static inline void prefetch_claim(void)
     __builtin_prefetch(&capq.units[h & capq.mask], 1, 3);
 }
 
+/* Capture path, no GIL, no lock: the entry is whole. */
+void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
+{
+    mvz_capq_publish(e, pos);
+    if (PF(MVZ_PF_NEXT))
+        prefetch_claim();
+    kick_drainer(pos);
+}
+
+
 /* Capture path, no GIL: thread idx's walk buffer `which` (tl_walk_last: the
  * one holding its last stack), in `walked`. Arithmetic only. */
 static inline mvz_frame *walk_row(uint32_t idx, int which)
@@ -635,20 +648,12 @@ static inline mvz_frame *walk_row(uint32_t idx, int which)
 /* Capture path, no GIL, no lock: see store.h. Reads this thread's TLS and
  * its own rows; a prefetch neither faults nor writes, so an address that
  * no longer holds a frame (its thread's stack moved on) costs nothing. */
-/* A benchmark's switch (mvz_store_prefetch_on): 1 leaves mvz_store_prefetch
- * out. Read-mostly, atomic. */
-static int prefetch_off;
-
-int mvz_store_prefetch_on(int on)
-{
-    return !__atomic_exchange_n(&prefetch_off, !on, __ATOMIC_RELAXED);
-}
-
 void mvz_store_prefetch(void)
 {
-    if (__atomic_load_n(&prefetch_off, __ATOMIC_RELAXED))
+    if (PF(MVZ_PF_QUEUE))
+        prefetch_claim();
+    if (!PF(MVZ_PF_WALK))
         return;
-    prefetch_claim();
     int n = tl_where_n;
     if (n == 0 || tl_generation != __atomic_load_n(&generation, __ATOMIC_RELAXED) || !tl_thread_plus1)
         return;
@@ -684,7 +689,8 @@ const void **mvz_store_walk_where(uint32_t thread_idx, int *n)
  * queue's next unit is fetched meanwhile (prefetch_claim). */
 mvz_frame *mvz_store_walk_buffer(uint32_t thread_idx)
 {
-    prefetch_claim();
+    if (PF(MVZ_PF_QUEUE))
+        prefetch_claim();
     if (thread_idx >= MVZ_MAX_THREADS)
         return NULL;
     return walk_row(thread_idx, !tl_walk_last);
@@ -791,7 +797,8 @@ static const mvz_frame *entry_stack(const mvz_capq_entry *e, int *depth, uint32_
 /* Capture path, no GIL: a free, queued (its tick read before the claim). */
 void mvz_store_enqueue_free(uint64_t address, int kind, int op)
 {
-    prefetch_claim();
+    if (PF(MVZ_PF_QUEUE))
+        prefetch_claim();
     int tsc = mvz_tick_is_tsc();
     uint64_t clock = mvz_tick_as(tsc);
     MVZ_STAGE(MVZ_ST_F_TICK);
@@ -805,6 +812,8 @@ void mvz_store_enqueue_free(uint64_t address, int kind, int op)
     e->clock = clock;
     e->seq_note = 0;
     mvz_capq_publish(e, pos);
+    if (PF(MVZ_PF_NEXT))
+        prefetch_claim();
     kick_drainer(pos);
     MVZ_STAGE(MVZ_ST_F_PUBLISH);
 }

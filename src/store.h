@@ -105,9 +105,15 @@ int mvz_store_drainer(int on);
 /* A benchmark's: the drainer's period from its next wait (ns <= 0: the
  * default); returns the one before. With the GIL. */
 long mvz_store_drain_period(long ns);
-/* A benchmark's: mvz_store_prefetch on (1, the default) or left out (0);
- * returns the setting before. */
-int mvz_store_prefetch_on(int on);
+/* Which of the capture path's prefetches run: the frames and stacks the
+ * walk will read (WALK, in mvz_store_prefetch), the queue's next unit before
+ * a claim (QUEUE), and the next unit again after a publish (NEXT). A
+ * benchmark's: mvz_store_prefetch_on sets the bits and returns those before. */
+#define MVZ_PF_WALK 1
+#define MVZ_PF_QUEUE 2
+#define MVZ_PF_NEXT 4
+#define MVZ_PF_DEFAULT (MVZ_PF_WALK | MVZ_PF_QUEUE)
+int mvz_store_prefetch_on(int mode);
 /* Called after the store's lock is released when the queue interned new
  * stacks, when set: codeobj.c uses it on Python < 3.12 to schedule keeping
  * their code objects alive (Py_AddPendingCall, which CPython documents as

@@ -509,15 +509,17 @@ def test_the_routes_prefetches_can_be_left_out_and_nothing_recorded_changes(stan
         return sorted((a.size, a.traceback[0].lineno) for a in t.snapshot().allocations if a.kind == "block")
 
     seen = {}
-    for on in (True, False):
-        was = _core._prefetch(on)
-        assert was is True  # the default, and given back below
+    for mode in (True, False, 4, 7):
+        was = _core._prefetch(mode)
+        assert was == 3  # the default (True), given back below
         try:
             with memviz.track() as t:
                 _attach(t, ans)
                 kept = [ans.alloc(1 << k)[0] for k in range(12, 16)]
-                seen[on] = lines(t)
+                seen[mode] = lines(t)
                 del kept
         finally:
-            assert _core._prefetch(True) is on
-    assert seen[True] == seen[False] and len(seen[True]) == 4, seen
+            assert _core._prefetch(True) == {True: 3, False: 0}.get(mode, mode)
+    assert len(seen[True]) == 4 and all(v == seen[True] for v in seen.values()), seen
+    with pytest.raises(ValueError, match="a mode from 0 to 7"):
+        _core._prefetch(8)

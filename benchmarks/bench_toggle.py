@@ -1,0 +1,144 @@
+"""What a runtime setting of memviz's capture path costs inside a real step,
+switched every step within one tracking session.
+
+    python benchmarks/bench_toggle.py [--procs 5] [--rounds 200] [--model alloc_bound|gpt]
+                                      [--modes rec:3,rec:0,noop:0] --out F.json
+
+The paired protocol (run_alternate_bench.py) compares configurations a block
+of steps apart, each block with its own attach: on the H200's host its
+per-block ratios spread ±5%, so two configurations a fraction of a per cent
+apart cannot be told apart. What can be switched without stopping the
+tracker is switched here every step instead: each round runs one step in
+each mode, the order rotated every round, so the pairs are milliseconds
+apart and the host's drift cancels.
+
+A mode is ``rec:P`` (recording, the capture path's prefetches set to P,
+``_core._prefetch``: 1 the walk's frames and stacks, 2 the queue's unit
+before a claim, 4 the next unit after a publish; 3 is the default) or
+``noop:P`` (the allocator route attached, its capture path returning at
+once, ``_core._capture_noop``). The first mode is the baseline every other
+is divided by, per round; each process reports the median of its rounds'
+ratios, and the summary the median over processes, their spread, and the
+median of all rounds.
+
+What it cannot give: untracked against tracked (that needs the route
+attached and detached; run_alternate_bench.py does it). A ``noop`` step's
+frees of blocks a ``rec`` step recorded go unrecorded: the store keeps
+those blocks as live, which changes the drain thread's work, not the
+capture path's.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+
+def parse_modes(text):
+    modes = []
+    for m in text.split(","):
+        kind, _, pf = m.partition(":")
+        if kind not in ("rec", "noop") or not pf.isdigit() or not 0 <= int(pf) <= 7:
+            raise SystemExit(f"--modes: {m!r} is not rec:P or noop:P with P from 0 to 7")
+        modes.append((m, kind, int(pf)))
+    if len({m for m, _, _ in modes}) != len(modes):
+        raise SystemExit("--modes: a mode is named twice")
+    return modes
+
+
+def child(a):
+    import torch
+
+    from bench_train_step import make_step
+
+    import memviz
+    import memviz._core as core
+
+    modes = parse_modes(a.modes)
+    step = make_step(torch, a.model)
+    for _ in range(10):
+        step()
+    torch.cuda.synchronize()
+    tracker = memviz.track().start()
+    route = getattr(getattr(tracker, "torch", None), "route", None)
+    for _ in range(5):  # the route's first blocks and the stacks' first sight
+        step()
+    torch.cuda.synchronize()
+    times = {m: [] for m, _, _ in modes}
+    try:
+        for r in range(a.rounds):
+            k = r % len(modes)
+            for m, kind, pf in modes[k:] + modes[:k]:
+                core._capture_noop(kind == "noop")
+                core._prefetch(pf)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter_ns()
+                step()
+                torch.cuda.synchronize()
+                times[m].append(time.perf_counter_ns() - t0)
+    finally:
+        core._prefetch(True)
+        core._capture_noop(False)
+        tracker.stop()
+    print(json.dumps({"model": a.model, "route": str(route.route) if route else None, "times_ns": times}))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--procs", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--model", default="alloc_bound", choices=["alloc_bound", "gpt"])
+    ap.add_argument("--modes", default="rec:3,rec:0,noop:0",
+                    help="comma-separated rec:P / noop:P (P: _core._prefetch's bits); the first is the baseline")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="toggle.json")
+    a = ap.parse_args()
+    modes = parse_modes(a.modes)
+    if a.child:
+        return child(a)
+    runs = []
+    for i in range(a.procs):
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--model", a.model,
+                            "--rounds", str(a.rounds), "--modes", a.modes],
+                           capture_output=True, text=True, timeout=600)
+        if p.returncode != 0:
+            print(f"process {i} failed:\n{p.stderr[-2000:]}", file=sys.stderr)
+            continue
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        runs.append(r)
+        base = r["times_ns"][modes[0][0]]
+        line = []
+        for m, _, _ in modes:
+            ratios = [x / b for x, b in zip(r["times_ns"][m], base)]
+            line.append(f"{m} {statistics.median(r['times_ns'][m]) / 1e6:.2f} ms ({statistics.median(ratios):.4f})")
+        print(f"process {i} (route {r['route']}): " + "  ".join(line), flush=True)
+    if not runs:
+        sys.exit("no process finished")
+    summary = {}
+    b0 = modes[0][0]
+    for m, _, _ in modes:
+        per = [statistics.median(x / b for x, b in zip(r["times_ns"][m], r["times_ns"][b0])) for r in runs]
+        every = sorted(x / b for r in runs for x, b in zip(r["times_ns"][m], r["times_ns"][b0]))
+        q = statistics.quantiles(every, n=4) if len(every) > 1 else every * 3
+        summary[m] = {"median_ratio": statistics.median(per), "ratio_spread": [min(per), max(per)],
+                      "per_process_ratio": per, "rounds_median": statistics.median(every),
+                      "rounds_quartiles": [q[0], q[2]], "rounds": len(every),
+                      "median_ms": statistics.median(statistics.median(r["times_ns"][m]) for r in runs) / 1e6,
+                      "min_of_min_ms": min(min(r["times_ns"][m]) for r in runs) / 1e6}
+        s = summary[m]
+        print(f"{m:8s} over {b0}: {s['median_ratio']:.4f} ({min(per):.4f}-{max(per):.4f})  every round "
+              f"{s['rounds_median']:.4f} ({q[0]:.4f}-{q[2]:.4f}, {len(every)})  median {s['median_ms']:.2f} ms  "
+              f"min-of-min {s['min_of_min_ms']:.2f} ms")
+    with open(a.out, "w") as f:
+        json.dump({"model": a.model, "rounds": a.rounds, "modes": a.modes, "summary": summary, "runs": runs},
+                  f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
