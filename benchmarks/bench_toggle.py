@@ -14,7 +14,9 @@ apart and the host's drift cancels.
 
 A mode is ``rec:P`` (recording, the capture path's prefetches set to P,
 ``_core._prefetch``: 1 the walk's frames and stacks, 2 the queue's unit
-before a claim, 4 the next unit after a publish; 3 is the default) or
+before a claim, 4 the next unit after a publish, 8 an entry's lines
+demoted to the shared cache once published; 3 is the default), with
+``:dN`` the stack cut to N frames (``_core._depth``), or
 ``noop:P`` (the allocator route attached, its capture path returning at
 once, ``_core._capture_noop``). The first mode is the baseline every other
 is divided by, per round; each process reports the median of its rounds'
@@ -41,13 +43,17 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 
 def parse_modes(text):
+    """[(name, kind, prefetch bits, depth or None)]"""
     modes = []
     for m in text.split(","):
-        kind, _, pf = m.partition(":")
-        if kind not in ("rec", "noop") or not pf.isdigit() or not 0 <= int(pf) <= 7:
-            raise SystemExit(f"--modes: {m!r} is not rec:P or noop:P with P from 0 to 7")
-        modes.append((m, kind, int(pf)))
-    if len({m for m, _, _ in modes}) != len(modes):
+        kind, _, rest = m.partition(":")
+        pf, _, depth = rest.partition(":d")
+        if kind not in ("rec", "noop") or not pf.isdigit() or not 0 <= int(pf) <= 15 or \
+                (depth and not (depth.isdigit() and 0 <= int(depth) <= 256)):
+            raise SystemExit(f"--modes: {m!r} is not rec:P or noop:P (P from 0 to 15), "
+                             f"optionally :dN (N frames, at most 256)")
+        modes.append((m, kind, int(pf), int(depth) if depth else None))
+    if len({m[0] for m in modes}) != len(modes):
         raise SystemExit("--modes: a mode is named twice")
     return modes
 
@@ -70,13 +76,16 @@ def child(a):
     for _ in range(5):  # the route's first blocks and the stacks' first sight
         step()
     torch.cuda.synchronize()
-    times = {m: [] for m, _, _ in modes}
+    times = {m[0]: [] for m in modes}
+    depth = core._depth(32)  # track()'s own, as set at start
+    core._depth(depth)
     try:
         for r in range(a.rounds):
             k = r % len(modes)
-            for m, kind, pf in modes[k:] + modes[:k]:
+            for m, kind, pf, d in modes[k:] + modes[:k]:
                 core._capture_noop(kind == "noop")
                 core._prefetch(pf)
+                core._depth(depth if d is None else d)
                 torch.cuda.synchronize()
                 t0 = time.perf_counter_ns()
                 step()
@@ -84,6 +93,7 @@ def child(a):
                 times[m].append(time.perf_counter_ns() - t0)
     finally:
         core._prefetch(True)
+        core._depth(depth)
         core._capture_noop(False)
         tracker.stop()
     print(json.dumps({"model": a.model, "route": str(route.route) if route else None, "times_ns": times}))
@@ -114,7 +124,7 @@ def main():
         runs.append(r)
         base = r["times_ns"][modes[0][0]]
         line = []
-        for m, _, _ in modes:
+        for m, *_ in modes:
             ratios = [x / b for x, b in zip(r["times_ns"][m], base)]
             line.append(f"{m} {statistics.median(r['times_ns'][m]) / 1e6:.2f} ms ({statistics.median(ratios):.4f})")
         print(f"process {i} (route {r['route']}): " + "  ".join(line), flush=True)
@@ -122,7 +132,7 @@ def main():
         sys.exit("no process finished")
     summary = {}
     b0 = modes[0][0]
-    for m, _, _ in modes:
+    for m, *_ in modes:
         per = [statistics.median(x / b for x, b in zip(r["times_ns"][m], r["times_ns"][b0])) for r in runs]
         every = sorted(x / b for r in runs for x, b in zip(r["times_ns"][m], r["times_ns"][b0]))
         q = statistics.quantiles(every, n=4) if len(every) > 1 else every * 3

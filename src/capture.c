@@ -786,6 +786,13 @@ static void on_buffer_completed(mvz_CUcontext ctx, uint32_t stream, uint8_t *buf
     free(buffer);
 }
 
+/* A benchmark's (_core._depth): the depth from the next event on; returns
+ * the one before. With the GIL; the capture path reads it once an event. */
+int mvz_capture_depth(int depth)
+{
+    return __atomic_exchange_n(&depth_limit, depth, __ATOMIC_RELAXED);
+}
+
 /* ---- start / stop (with the GIL) -------------------------------------- */
 
 void mvz_capture_configure(int depth)

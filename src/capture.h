@@ -49,6 +49,7 @@ typedef struct {
  * another subscriber (allow_shared). Without CUPTI, capture runs on the
  * wrappers alone (allocator.c's blocks, interpose.c's segments). */
 void mvz_capture_configure(int depth);
+int mvz_capture_depth(int depth); /* a benchmark's: see capture.c */
 int mvz_capture_start(int want_cupti, int want_activity, int allow_shared, mvz_start_status *st);
 /* With the GIL released: give CUPTI up while capture goes on (another
  * tool, torch.profiler, is about to subscribe): activity records are

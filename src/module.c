@@ -688,7 +688,8 @@ static PyObject *core_drain_period(PyObject *self, PyObject *arg)
 /* _prefetch(mode) -> the mode before: a benchmark's hook, never a user's
  * setting. Which of the capture path's prefetches run (store.h MVZ_PF_*:
  * 1 the walk's frames and stacks, 2 the queue's unit before a claim, 4 the
- * next unit after a publish); True is the default, False none. */
+ * next unit after a publish, 8 an entry's lines demoted once published);
+ * True is the default, False none. */
 static PyObject *core_prefetch(PyObject *self, PyObject *arg)
 {
     (void)self;
@@ -697,9 +698,23 @@ static PyObject *core_prefetch(PyObject *self, PyObject *arg)
         mode = arg == Py_True ? MVZ_PF_DEFAULT : 0;
     else if ((mode = PyLong_AsLong(arg)) == -1 && PyErr_Occurred())
         return NULL;
-    if (mode < 0 || mode > (MVZ_PF_WALK | MVZ_PF_QUEUE | MVZ_PF_NEXT))
-        return PyErr_Format(PyExc_ValueError, "_prefetch: %ld is not True, False or a mode from 0 to 7", mode);
+    if (mode < 0 || mode > (MVZ_PF_WALK | MVZ_PF_QUEUE | MVZ_PF_NEXT | MVZ_PF_DEMOTE))
+        return PyErr_Format(PyExc_ValueError, "_prefetch: %ld is not True, False or a mode from 0 to 15", mode);
     return PyLong_FromLong(mvz_store_prefetch_on((int)mode));
+}
+
+/* _depth(n) -> the depth before: a benchmark's hook, never a user's
+ * setting (track(depth=) is): the frames kept from the next event on,
+ * while capture runs. */
+static PyObject *core_depth(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0 || n > MVZ_MAX_DEPTH)
+        return PyErr_Format(PyExc_ValueError, "_depth: %ld is not between 0 and %d", n, MVZ_MAX_DEPTH);
+    return PyLong_FromLong(mvz_capture_depth((int)n));
 }
 
 /* _callback_profile(mode) -> the mode before: a benchmark's hook, never a
@@ -924,6 +939,7 @@ static PyMethodDef core_methods[] = {
     {"_clock", core_clock, METH_VARARGS,
      "_clock(on=None) -> (tsc, ns_per_tick): the capture path's clock (tests may switch it)."},
     {"_drain_period", core_drain_period, METH_O, "A benchmark's: the drainer's period in ns (0: the default); returns the one before."},
+    {"_depth", core_depth, METH_O, "A benchmark's: the frames kept from the next event on; returns the depth before."},
     {"_prefetch", core_prefetch, METH_O, "A benchmark's: the route's prefetches on (True, the default) or left out."},
     {"_drainer", core_drainer, METH_O, "Pause (False) or run (True) the capture queue's drainer thread."},
     {"_callback_profile", core_callback_profile, METH_O,

@@ -628,10 +628,29 @@ static inline void prefetch_claim(void)
     __builtin_prefetch(&capq.units[h & capq.mask], 1, 3);
 }
 
+/* Capture path, no GIL, no lock: a hint that the `units` lines from e on,
+ * just written, go to the shared cache (CLDEMOTE, a no-op where the CPU
+ * lacks it), out of this core's, where the drain thread reads them from.
+ * Only this entry's own units, which its producer reads no more. */
+static inline void demote(mvz_capq_entry *e, unsigned units)
+{
+#if defined(__x86_64__)
+    mvz_capq_entry *end = capq.units + capq.mask + 1;
+    for (unsigned u = 0; u < units && e + u < end; u++)
+        __asm__ volatile(".byte 0x0f, 0x1c, 0x00" ::"a"(e + u) : "memory"); /* cldemote (%rax) */
+#else
+    (void)e;
+    (void)units;
+#endif
+}
+
 /* Capture path, no GIL, no lock: the entry is whole. */
 void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
 {
+    unsigned units = e->units;
     mvz_capq_publish(e, pos);
+    if (PF(MVZ_PF_DEMOTE))
+        demote(e, units);
     if (PF(MVZ_PF_NEXT))
         prefetch_claim();
     kick_drainer(pos);
@@ -812,6 +831,8 @@ void mvz_store_enqueue_free(uint64_t address, int kind, int op)
     e->clock = clock;
     e->seq_note = 0;
     mvz_capq_publish(e, pos);
+    if (PF(MVZ_PF_DEMOTE))
+        demote(e, 1);
     if (PF(MVZ_PF_NEXT))
         prefetch_claim();
     kick_drainer(pos);

@@ -509,7 +509,7 @@ def test_the_routes_prefetches_can_be_left_out_and_nothing_recorded_changes(stan
         return sorted((a.size, a.traceback[0].lineno) for a in t.snapshot().allocations if a.kind == "block")
 
     seen = {}
-    for mode in (True, False, 4, 7):
+    for mode in (True, False, 4, 7, 15):
         was = _core._prefetch(mode)
         assert was == 3  # the default (True), given back below
         try:
@@ -521,5 +521,27 @@ def test_the_routes_prefetches_can_be_left_out_and_nothing_recorded_changes(stan
         finally:
             assert _core._prefetch(True) == {True: 3, False: 0}.get(mode, mode)
     assert len(seen[True]) == 4 and all(v == seen[True] for v in seen.values()), seen
-    with pytest.raises(ValueError, match="a mode from 0 to 7"):
-        _core._prefetch(8)
+    with pytest.raises(ValueError, match="a mode from 0 to 15"):
+        _core._prefetch(16)
+
+
+def test_a_benchmark_can_change_the_depth_while_capture_runs(standin):
+    """benchmarks/bench_toggle.py's d<N>: _depth sets the frames kept from
+    the next event on, says what it was, and refuses what no stack holds."""
+    ans = standin()
+
+    def depths(t):
+        return sorted(len(a.traceback) for a in t.snapshot().allocations if a.kind == "block")
+
+    with memviz.track(depth=16) as t:
+        _attach(t, ans)
+        a, _ = ans.alloc(1 << 12)
+        assert _core._depth(1) == 16
+        try:
+            b, _ = ans.alloc(1 << 13)
+            seen = depths(t)
+        finally:
+            assert _core._depth(16) == 1
+    assert seen[0] == 1 and seen[1] > 1, seen
+    with pytest.raises(ValueError, match="between 0 and 256"):
+        _core._depth(257)
