@@ -202,6 +202,7 @@ int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames)
         mvz_region_reserve(&applied, (size_t)MVZ_MAX_THREADS * MVZ_MAX_DEPTH * sizeof(mvz_frame), 0) ||
         mvz_region_reserve(&walked_where, (size_t)MVZ_MAX_THREADS * WHERE_N * sizeof(void *), 0))
         return -1;
+    capq.hints = MVZ_PF_DEFAULT;
     initialized = 1;
     return 0;
 }
@@ -607,14 +608,13 @@ mvz_capq_entry *mvz_store_enqueue(unsigned units, uint64_t *pos)
     }
 }
 
-/* Which prefetches run (MVZ_PF_*; a benchmark's switch, mvz_store_prefetch_on).
- * Read-mostly, atomic. */
-static int prefetch_mode = MVZ_PF_DEFAULT;
-#define PF(bit) (__atomic_load_n(&prefetch_mode, __ATOMIC_RELAXED) & (bit))
+/* Which prefetches run (MVZ_PF_*; a benchmark's switch, mvz_store_prefetch_on):
+ * capq.hints, on the queue's read-mostly line. */
+#define PF(bit) (__atomic_load_n(&capq.hints, __ATOMIC_RELAXED) & (bit))
 
 int mvz_store_prefetch_on(int mode)
 {
-    return __atomic_exchange_n(&prefetch_mode, mode, __ATOMIC_RELAXED);
+    return __atomic_exchange_n(&capq.hints, mode, __ATOMIC_RELAXED);
 }
 
 /* Capture path, no GIL, no lock: ask for the queue's next unit to be
