@@ -15,7 +15,9 @@ apart and the host's drift cancels.
 A mode is ``rec:P`` (recording, the capture path's prefetches set to P,
 ``_core._prefetch``: 1 the walk's frames and stacks, 2 the queue's unit
 before a claim, 4 the next unit after a publish, 8 an entry's lines
-demoted to the shared cache once published; 3 is the default), with
+demoted to the shared cache once published, 16 entries written to the
+thread's own room and never queued, so that what is left is the capture
+path without the shared queue and the drain; 3 is the default), with
 ``:dN`` the stack cut to N frames (``_core._depth``), or
 ``noop:P`` (the allocator route attached, its capture path returning at
 once, ``_core._capture_noop``). The first mode is the baseline every other
@@ -48,9 +50,9 @@ def parse_modes(text):
     for m in text.split(","):
         kind, _, rest = m.partition(":")
         pf, _, depth = rest.partition(":d")
-        if kind not in ("rec", "noop") or not pf.isdigit() or not 0 <= int(pf) <= 15 or \
+        if kind not in ("rec", "noop") or not pf.isdigit() or not 0 <= int(pf) <= 31 or \
                 (depth and not (depth.isdigit() and 0 <= int(depth) <= 256)):
-            raise SystemExit(f"--modes: {m!r} is not rec:P or noop:P (P from 0 to 15), "
+            raise SystemExit(f"--modes: {m!r} is not rec:P or noop:P (P from 0 to 31), "
                              f"optionally :dN (N frames, at most 256)")
         modes.append((m, kind, int(pf), int(depth) if depth else None))
     if len({m[0] for m in modes}) != len(modes):
@@ -105,7 +107,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--model", default="alloc_bound", choices=["alloc_bound", "gpt"])
     ap.add_argument("--modes", default="rec:3,rec:0,noop:0",
-                    help="comma-separated rec:P / noop:P (P: _core._prefetch's bits); the first is the baseline")
+                    help="comma-separated rec:P[:dN] / noop:P (P: _core._prefetch's bits, N: frames); the first is the baseline")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="toggle.json")
     a = ap.parse_args()

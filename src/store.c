@@ -58,7 +58,7 @@ static mvz_windows windows;
 static mvz_trace_ring ring;
 static mvz_blocks blocks; /* PyTorch's block sizes (blocks.h) */
 /* The capture queue: filled without the lock, applied with it (capq.h). */
-static mvz_capq capq;
+static mvz_capq capq = {.hints = MVZ_PF_DEFAULT};
 #define CAPQ_UNITS (1u << 16) /* 4 MiB: 7,281 allocations of 32 frames, 1,008 of 256 */
 /* A backward node's label with its forward line ("\x01<name>\x1f#<stack>"),
  * by the class label the capture path queued and the stack its number's
@@ -107,6 +107,9 @@ static uint32_t generation = 1;
 /* Per-thread registration, initial-exec so reading it never allocates (a
  * dynamically loaded module's general-dynamic TLS may call malloc). */
 static __thread uint32_t tl_thread_plus1 __attribute__((tls_model("initial-exec")));
+/* This thread discarded an allocation since it last queued one: the store's
+ * last stack of this thread is not the one its buffers hold. */
+static __thread uint8_t tl_discarded __attribute__((tls_model("initial-exec")));
 static __thread uint32_t tl_generation __attribute__((tls_model("initial-exec")));
 static __thread uint64_t tl_serial __attribute__((tls_model("initial-exec")));
 
@@ -129,6 +132,12 @@ static mvz_region applied; /* [MVZ_MAX_THREADS][MVZ_MAX_DEPTH] */
  * session"). Only that thread writes its row. */
 #define WHERE_N 32
 static mvz_region walked_where; /* [MVZ_MAX_THREADS][WHERE_N] */
+/* A benchmark's (MVZ_PF_DISCARD): where a registered thread writes the
+ * entries it discards instead of queueing, [MVZ_MAX_THREADS][DISCARD_UNITS];
+ * reserved, and resident only for threads that discarded. */
+static mvz_region discarded;
+#define DISCARD_UNITS MVZ_CAPQ_UNITS(MVZ_MAX_DEPTH)
+#define DISCARDED UINT64_MAX /* a discarded entry's place: never published */
 static __thread uint8_t tl_where_n __attribute__((tls_model("initial-exec")));
 static uint16_t applied_n[MVZ_MAX_THREADS];
 static uint8_t applied_reg[MVZ_MAX_THREADS]; /* the registration, as MVZ_CAPQ_KEPT's high bits */
@@ -195,14 +204,16 @@ int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames)
 {
     if (initialized)
         return 0;
+    int hints = capq.hints; /* mvz_capq_init clears the queue's fields */
     if (mvz_livetab_init(&live, max_live) || mvz_stacks_init(&stacks, max_stacks, max_frames) ||
         mvz_peakset_init(&graves, max_live) || mvz_blocks_init(&blocks) ||
         mvz_capq_init(&capq, CAPQ_UNITS) ||
         mvz_region_reserve(&walked, (size_t)MVZ_MAX_THREADS * 2 * MVZ_MAX_DEPTH * sizeof(mvz_frame), 0) ||
         mvz_region_reserve(&applied, (size_t)MVZ_MAX_THREADS * MVZ_MAX_DEPTH * sizeof(mvz_frame), 0) ||
-        mvz_region_reserve(&walked_where, (size_t)MVZ_MAX_THREADS * WHERE_N * sizeof(void *), 0))
+        mvz_region_reserve(&walked_where, (size_t)MVZ_MAX_THREADS * WHERE_N * sizeof(void *), 0) ||
+        mvz_region_reserve(&discarded, (size_t)MVZ_MAX_THREADS * DISCARD_UNITS * sizeof(mvz_capq_entry), 0))
         return -1;
-    capq.hints = MVZ_PF_DEFAULT;
+    capq.hints = hints;
     initialized = 1;
     return 0;
 }
@@ -647,6 +658,8 @@ static inline void demote(mvz_capq_entry *e, unsigned units)
 /* Capture path, no GIL, no lock: the entry is whole. */
 void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
 {
+    if (pos == DISCARDED)
+        return;
     unsigned units = e->units;
     mvz_capq_publish(e, pos);
     if (PF(MVZ_PF_DEMOTE))
@@ -746,19 +759,41 @@ static inline int shared_outer(const mvz_frame *f, int n, const mvz_frame *last,
  * thread (or the caller's own, for a thread with no index: then every
  * frame is written). Only this thread's buffers and TLS are read. The
  * caller fills the rest in and publishes it. */
+/* Capture path, no GIL: under MVZ_PF_DISCARD (a benchmark's), this
+ * registered thread's own room for an entry it writes and never queues
+ * (*pos DISCARDED), so that a benchmark sees the capture path without the
+ * shared queue and the drain; NULL otherwise, or for a thread with no
+ * index. */
+static inline mvz_capq_entry *discard_room(uint64_t *pos)
+{
+    if (__builtin_expect(!PF(MVZ_PF_DISCARD), 1) || !tl_thread_plus1 ||
+        tl_generation != __atomic_load_n(&generation, __ATOMIC_RELAXED) ||
+        tl_thread_plus1 > MVZ_MAX_THREADS)
+        return NULL;
+    *pos = DISCARDED;
+    return (mvz_capq_entry *)discarded.base + (size_t)(tl_thread_plus1 - 1) * DISCARD_UNITS;
+}
+
 mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f, int depth,
                                         uint64_t *pos)
 {
     int kept = 0;
     uint32_t gen = tl_generation; /* the registration thread_idx comes from */
     int mine = thread_idx < MVZ_MAX_THREADS && f == mvz_store_walk_buffer(thread_idx);
-    if (mine && tl_walk_gen == gen && tl_walk_idx == thread_idx &&
+    mvz_capq_entry *e = discard_room(pos);
+    /* after a discarded allocation, the next queued one writes every frame */
+    if (mine && tl_walk_gen == gen && tl_walk_idx == thread_idx && (e || !tl_discarded) &&
         __atomic_load_n(&share_frames, __ATOMIC_RELAXED)) {
         kept = shared_outer(f, depth, walk_row(thread_idx, tl_walk_last), tl_walk_n);
     }
     int written = depth - kept;
     MVZ_STAGE(MVZ_ST_A_COMPARE);
-    mvz_capq_entry *e = mvz_store_enqueue(MVZ_CAPQ_UNITS(written), pos);
+    if (e)
+        tl_discarded = 1;
+    else {
+        tl_discarded = 0;
+        e = mvz_store_enqueue(MVZ_CAPQ_UNITS(written), pos);
+    }
     MVZ_STAGE(MVZ_ST_A_CLAIM);
     memcpy(mvz_capq_frames(e), f, (size_t)written * sizeof *f);
     e->depth = (uint16_t)written;
@@ -822,7 +857,9 @@ void mvz_store_enqueue_free(uint64_t address, int kind, int op)
     uint64_t clock = mvz_tick_as(tsc);
     MVZ_STAGE(MVZ_ST_F_TICK);
     uint64_t pos;
-    mvz_capq_entry *e = mvz_store_enqueue(1, &pos);
+    mvz_capq_entry *e = discard_room(&pos);
+    if (!e)
+        e = mvz_store_enqueue(1, &pos);
     MVZ_STAGE(MVZ_ST_F_CLAIM);
     e->what = (uint8_t)(MVZ_CAPQ_FREE | (tsc ? MVZ_CAPQ_TSC : 0));
     e->address = address;
@@ -830,12 +867,14 @@ void mvz_store_enqueue_free(uint64_t address, int kind, int op)
     e->op = (uint8_t)op;
     e->clock = clock;
     e->seq_note = 0;
-    mvz_capq_publish(e, pos);
-    if (PF(MVZ_PF_DEMOTE))
-        demote(e, 1);
-    if (PF(MVZ_PF_NEXT))
-        prefetch_claim();
-    kick_drainer(pos);
+    if (pos != DISCARDED) {
+        mvz_capq_publish(e, pos);
+        if (PF(MVZ_PF_DEMOTE))
+            demote(e, 1);
+        if (PF(MVZ_PF_NEXT))
+            prefetch_claim();
+        kick_drainer(pos);
+    }
     MVZ_STAGE(MVZ_ST_F_PUBLISH);
 }
 

@@ -113,6 +113,7 @@ long mvz_store_drain_period(long ns);
 #define MVZ_PF_QUEUE 2
 #define MVZ_PF_NEXT 4
 #define MVZ_PF_DEMOTE 8 /* not a prefetch: an entry's lines pushed out to the shared cache once published */
+#define MVZ_PF_DISCARD 16 /* not a prefetch: entries written to the thread's own room, never queued */
 #define MVZ_PF_DEFAULT (MVZ_PF_WALK | MVZ_PF_QUEUE)
 int mvz_store_prefetch_on(int mode);
 /* Called after the store's lock is released when the queue interned new

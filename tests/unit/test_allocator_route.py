@@ -521,8 +521,9 @@ def test_the_routes_prefetches_can_be_left_out_and_nothing_recorded_changes(stan
         finally:
             assert _core._prefetch(True) == {True: 3, False: 0}.get(mode, mode)
     assert len(seen[True]) == 4 and all(v == seen[True] for v in seen.values()), seen
-    with pytest.raises(ValueError, match="a mode from 0 to 15"):
-        _core._prefetch(16)
+    with pytest.raises(ValueError, match="a mode from 0 to 31"):
+        _core._prefetch(32)
+    assert _core._prefetch(True) == 3
 
 
 def test_a_benchmark_can_change_the_depth_while_capture_runs(standin):
@@ -545,3 +546,35 @@ def test_a_benchmark_can_change_the_depth_while_capture_runs(standin):
     assert seen[0] == 1 and seen[1] > 1, seen
     with pytest.raises(ValueError, match="between 0 and 256"):
         _core._depth(257)
+
+
+def test_discarded_entries_are_not_recorded_and_the_next_stack_is_whole(standin):
+    """_prefetch's bit 16 (bench_toggle.py): entries are written to the
+    thread's own room and never queued, so nothing is recorded. The thread's
+    next queued allocation then writes its whole stack: the one it matches
+    (the discarded one) is not the store's last, and a join with the store's
+    last would name the wrong line."""
+    ans = standin()
+
+    def at_line(n):
+        return ans.alloc(n)[0], here()
+
+    with memviz.track() as t:
+        _attach(t, ans)
+        a = ans.alloc(4096)[0]; la = here()  # noqa: E702
+        mismatch = _core.stats()["queue_kept_mismatch"]
+        out = []
+        for n, mode in ((8192, 3 | 16), (16384, True)):
+            _core._prefetch(mode)
+            out.append(at_line(n)); loop = here()  # noqa: E702
+        _core._prefetch(True)
+        got = {x.size: x.traceback for x in t.snapshot().allocations if x.kind == "block"}
+        assert _core.stats()["queue_kept_mismatch"] == mismatch
+        del a, out
+    # the discarded block is PyTorch's alone: read from its snapshot, with no line
+    assert set(got) == {4096, 8192, 16384} and len(got[8192]) == 0, sorted(got)
+    assert got[4096].user_frame.lineno == la
+    c = got[16384]
+    # the whole stack it was allocated with: at_line's line, from the loop's
+    assert c.user_frame.lineno == at_line.__code__.co_firstlineno + 1, c
+    assert loop in [f.lineno for f in c], (c, loop)
