@@ -2,7 +2,7 @@
 switched every step within one tracking session.
 
     python benchmarks/bench_toggle.py [--procs 5] [--rounds 200] [--model alloc_bound|gpt]
-                                      [--modes rec:3,rec:0,noop:0] --out F.json
+                                      [--modes rec:2,rec:0,noop:0] --out F.json
 
 The paired protocol (run_alternate_bench.py) compares configurations a block
 of steps apart, each block with its own attach: on the H200's host its
@@ -17,7 +17,8 @@ A mode is ``rec:P`` (recording, the capture path's prefetches set to P,
 before a claim, 4 the next unit after a publish, 8 an entry's lines
 demoted to the shared cache once published, 16 entries written to the
 thread's own room and never queued, so that what is left is the capture
-path without the shared queue and the drain; 3 is the default), with
+path without the shared queue and the drain; 2 is the default, 3 was
+until 2026-12-04), with
 ``:dN`` the stack cut to N frames (``_core._depth``), or
 ``noop:P`` (the allocator route attached, its capture path returning at
 once, ``_core._capture_noop``). The first mode is the baseline every other
@@ -106,7 +107,7 @@ def main():
     ap.add_argument("--procs", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--model", default="alloc_bound", choices=["alloc_bound", "gpt"])
-    ap.add_argument("--modes", default="rec:3,rec:0,noop:0",
+    ap.add_argument("--modes", default="rec:2,rec:3,rec:18,noop:0",
                     help="comma-separated rec:P[:dN] / noop:P (P: _core._prefetch's bits, N: frames); the first is the baseline")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="toggle.json")

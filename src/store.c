@@ -120,7 +120,8 @@ static void drain_locked(uint64_t limit);
  * thread writes (its last stack and the one it walks now), and the last
  * stack the store applied from it, which only the lock holder writes. Both
  * are reserved once, untouched until used: a thread that allocates keeps
- * 3 pages resident (12 KiB), and 256 bytes of `walked_where` below. */
+ * 3 pages resident (12 KiB), and, with the walk's prefetch switched on,
+ * 256 bytes of `walked_where` below. */
 static mvz_region walked;  /* [MVZ_MAX_THREADS][2][MVZ_MAX_DEPTH] */
 static mvz_region applied; /* [MVZ_MAX_THREADS][MVZ_MAX_DEPTH] */
 /* The addresses of the frames each thread's last walk read (its innermost
@@ -129,7 +130,9 @@ static mvz_region applied; /* [MVZ_MAX_THREADS][MVZ_MAX_DEPTH] */
  * (mvz_store_prefetch): the walk that follows is a chain of dependent
  * loads, one frame after another, and inside a step those lines have left
  * the core's nearest cache (benchmarks/RESULTS.md, "Leave it on, seventh
- * session"). Only that thread writes its row. */
+ * session"). Off by default since the step's wall time showed no gain from
+ * it ("eighth session"); a benchmark switches it on (MVZ_PF_WALK). Only that
+ * thread writes its row. */
 #define WHERE_N 32
 static mvz_region walked_where; /* [MVZ_MAX_THREADS][WHERE_N] */
 /* A benchmark's (MVZ_PF_DISCARD): where a registered thread writes the
@@ -139,6 +142,8 @@ static mvz_region discarded;
 #define DISCARD_UNITS MVZ_CAPQ_UNITS(MVZ_MAX_DEPTH)
 #define DISCARDED UINT64_MAX /* a discarded entry's place: never published */
 static __thread uint8_t tl_where_n __attribute__((tls_model("initial-exec")));
+/* The walk under way notes its frames' addresses (MVZ_PF_WALK was on). */
+static __thread uint8_t tl_where_asked __attribute__((tls_model("initial-exec")));
 static uint16_t applied_n[MVZ_MAX_THREADS];
 static uint8_t applied_reg[MVZ_MAX_THREADS]; /* the registration, as MVZ_CAPQ_KEPT's high bits */
 /* The stack id that last stack was interned as, while no stack's frames
@@ -708,11 +713,14 @@ void mvz_store_prefetch(void)
     }
 }
 
-/* Capture path, no GIL: this thread's own row (see `walked_where`). */
+/* Capture path, no GIL: this thread's own row (see `walked_where`), or
+ * none while the walk's prefetch (MVZ_PF_WALK) is off: then the walk notes
+ * no address. */
 const void **mvz_store_walk_where(uint32_t thread_idx, int *n)
 {
     tl_where_n = 0; /* until this walk's are written (mvz_store_enqueue_alloc) */
-    *n = thread_idx < MVZ_MAX_THREADS ? WHERE_N : 0;
+    *n = thread_idx < MVZ_MAX_THREADS && PF(MVZ_PF_WALK) ? WHERE_N : 0;
+    tl_where_asked = *n != 0;
     return *n ? (const void **)walked_where.base + (size_t)thread_idx * WHERE_N : NULL;
 }
 
@@ -800,7 +808,7 @@ mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f,
     e->kept = (uint16_t)((unsigned)kept | (gen & 127u) << MVZ_CAPQ_KEPT_SHIFT);
     e->thread_idx = (uint16_t)(thread_idx < MVZ_MAX_THREADS ? thread_idx : MVZ_THREAD_OVERFLOW);
     if (mine) { /* f is this thread's last stack now */
-        tl_where_n = (uint8_t)(depth < WHERE_N ? depth : WHERE_N);
+        tl_where_n = tl_where_asked ? (uint8_t)(depth < WHERE_N ? depth : WHERE_N) : 0;
         tl_walk_last = !tl_walk_last;
         tl_walk_n = (uint16_t)depth;
         tl_walk_gen = gen;

@@ -114,7 +114,10 @@ long mvz_store_drain_period(long ns);
 #define MVZ_PF_NEXT 4
 #define MVZ_PF_DEMOTE 8 /* not a prefetch: an entry's lines pushed out to the shared cache once published */
 #define MVZ_PF_DISCARD 16 /* not a prefetch: entries written to the thread's own room, never queued */
-#define MVZ_PF_DEFAULT (MVZ_PF_WALK | MVZ_PF_QUEUE)
+/* The queue's unit only: the walk's prefetch (c44c366) moved time out of
+ * the capture path's timer but gained no wall time in the step, while it
+ * adds ~300 instructions an allocation (benchmarks/RESULTS.md, 2026-12-04). */
+#define MVZ_PF_DEFAULT MVZ_PF_QUEUE
 int mvz_store_prefetch_on(int mode);
 /* Called after the store's lock is released when the queue interned new
  * stacks, when set: codeobj.c uses it on Python < 3.12 to schedule keeping

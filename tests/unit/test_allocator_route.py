@@ -511,7 +511,7 @@ def test_the_routes_prefetches_can_be_left_out_and_nothing_recorded_changes(stan
     seen = {}
     for mode in (True, False, 4, 7, 15):
         was = _core._prefetch(mode)
-        assert was == 3  # the default (True), given back below
+        assert was == 2  # the default (True): the queue's unit only, given back below
         try:
             with memviz.track() as t:
                 _attach(t, ans)
@@ -519,11 +519,11 @@ def test_the_routes_prefetches_can_be_left_out_and_nothing_recorded_changes(stan
                 seen[mode] = lines(t)
                 del kept
         finally:
-            assert _core._prefetch(True) == {True: 3, False: 0}.get(mode, mode)
+            assert _core._prefetch(True) == {True: 2, False: 0}.get(mode, mode)
     assert len(seen[True]) == 4 and all(v == seen[True] for v in seen.values()), seen
     with pytest.raises(ValueError, match="a mode from 0 to 31"):
         _core._prefetch(32)
-    assert _core._prefetch(True) == 3
+    assert _core._prefetch(True) == 2
 
 
 def test_a_benchmark_can_change_the_depth_while_capture_runs(standin):
@@ -564,7 +564,7 @@ def test_discarded_entries_are_not_recorded_and_the_next_stack_is_whole(standin)
         a = ans.alloc(4096)[0]; la = here()  # noqa: E702
         mismatch = _core.stats()["queue_kept_mismatch"]
         out = []
-        for n, mode in ((8192, 3 | 16), (16384, True)):
+        for n, mode in ((8192, 2 | 16), (16384, True)):
             _core._prefetch(mode)
             out.append(at_line(n)); loop = here()  # noqa: E702
         _core._prefetch(True)
