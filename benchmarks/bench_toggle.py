@@ -37,12 +37,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
+
+
+from run_alternate_bench import fresh_process  # noqa: E402  (after the path is set)
 
 
 def parse_modes(text):
@@ -117,13 +119,10 @@ def main():
         return child(a)
     runs = []
     for i in range(a.procs):
-        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--model", a.model,
-                            "--rounds", str(a.rounds), "--modes", a.modes],
-                           capture_output=True, text=True, timeout=600)
-        if p.returncode != 0:
-            print(f"process {i} failed:\n{p.stderr[-2000:]}", file=sys.stderr)
+        r = fresh_process([os.path.abspath(__file__), "--child", "--model", a.model,
+                           "--rounds", str(a.rounds), "--modes", a.modes], i)
+        if r is None:
             continue
-        r = json.loads(p.stdout.strip().splitlines()[-1])
         runs.append(r)
         base = r["times_ns"][modes[0][0]]
         line = []

@@ -44,14 +44,11 @@ def main():
         return
     runs = []
     for i in range(a.procs):
-        p = subprocess.run([sys.executable, os.path.join(HERE, "bench_train_step.py"), "--mode", "alternate",
-                            "--cycles", str(a.cycles), "--block", str(a.block), "--configs", a.configs,
-                            "--model", a.model],
-                           capture_output=True, text=True, timeout=600)
-        if p.returncode != 0:
-            print(f"process {i} failed:\n{p.stderr[-2000:]}", file=sys.stderr)
+        res = fresh_process([os.path.join(HERE, "bench_train_step.py"), "--mode", "alternate",
+                             "--cycles", str(a.cycles), "--block", str(a.block), "--configs", a.configs,
+                             "--model", a.model], i)
+        if res is None:
             continue
-        res = json.loads(p.stdout.strip().splitlines()[-1])
         runs.append(res)
         print(f"process {i}: " + "  ".join(f"{c} {m:.2f}" for c, m in res["medians_ms"].items())
               + f"  routes {res['routes']}", flush=True)
@@ -61,6 +58,16 @@ def main():
     with open(a.out, "w") as f:
         json.dump({"model": a.model, "block": a.block, "summary": summary, "untracked_allocs_per_s": rates,
                    "runs": runs}, f, indent=1)
+
+
+def fresh_process(args, i):
+    """One fresh Python process running `args`; its last stdout line as
+    JSON, or None (its error printed) when it failed."""
+    p = subprocess.run([sys.executable] + args, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        print(f"process {i} failed:\n{p.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def block_ratios(run, c, timed):
