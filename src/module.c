@@ -941,7 +941,7 @@ static PyMethodDef core_methods[] = {
      "_clock(on=None) -> (tsc, ns_per_tick): the capture path's clock (tests may switch it)."},
     {"_drain_period", core_drain_period, METH_O, "A benchmark's: the drainer's period in ns (0: the default); returns the one before."},
     {"_depth", core_depth, METH_O, "A benchmark's: the frames kept from the next event on; returns the depth before."},
-    {"_prefetch", core_prefetch, METH_O, "A benchmark's: the route's prefetches on (True, the default) or left out."},
+    {"_prefetch", core_prefetch, METH_O, "A benchmark's: the capture path's prefetch and queue switches (store.h MVZ_PF_*; True the default, False none); returns the mode before."},
     {"_drainer", core_drainer, METH_O, "Pause (False) or run (True) the capture queue's drainer thread."},
     {"_callback_profile", core_callback_profile, METH_O,
      "_callback_profile(mode) -> the mode before: benchmarks only; from the next start "

@@ -674,7 +674,6 @@ void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
     kick_drainer(pos);
 }
 
-
 /* Capture path, no GIL: thread idx's walk buffer `which` (tl_walk_last: the
  * one holding its last stack), in `walked`. Arithmetic only. */
 static inline mvz_frame *walk_row(uint32_t idx, int which)
@@ -758,15 +757,6 @@ static inline int shared_outer(const mvz_frame *f, int n, const mvz_frame *last,
     return k;
 }
 
-/* Capture path, no GIL, no lock held: an allocation's entry, claimed, with
- * its stack f[0..depth) written in as far as it differs from the previous
- * stack this thread queued (MVZ_CAPQ_KEPT): inside a step most allocations
- * come from the same few lines, and their callers' frames, a cold cache
- * line per four frames written into the queue, are the ones the thread
- * queued just before. `f` is the buffer mvz_store_walk_buffer gave this
- * thread (or the caller's own, for a thread with no index: then every
- * frame is written). Only this thread's buffers and TLS are read. The
- * caller fills the rest in and publishes it. */
 /* Capture path, no GIL: under MVZ_PF_DISCARD (a benchmark's), this
  * registered thread's own room for an entry it writes and never queues
  * (*pos DISCARDED), so that a benchmark sees the capture path without the
@@ -782,6 +772,15 @@ static inline mvz_capq_entry *discard_room(uint64_t *pos)
     return (mvz_capq_entry *)discarded.base + (size_t)(tl_thread_plus1 - 1) * DISCARD_UNITS;
 }
 
+/* Capture path, no GIL, no lock held: an allocation's entry, claimed, with
+ * its stack f[0..depth) written in as far as it differs from the previous
+ * stack this thread queued (MVZ_CAPQ_KEPT): inside a step most allocations
+ * come from the same few lines, and their callers' frames, a cold cache
+ * line per four frames written into the queue, are the ones the thread
+ * queued just before. `f` is the buffer mvz_store_walk_buffer gave this
+ * thread (or the caller's own, for a thread with no index: then every
+ * frame is written). Only this thread's buffers and TLS are read. The
+ * caller fills the rest in and publishes it. */
 mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f, int depth,
                                         uint64_t *pos)
 {
