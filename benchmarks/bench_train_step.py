@@ -263,6 +263,24 @@ ABLATIONS = {
 }
 
 
+def _after_start(c):
+    """The configurations that change one thing of track() once it has
+    started: (track()'s arguments, what to do then, what to undo before
+    stop), or None for any other name."""
+    import memviz._core as core
+    if c == "memviz_noop":  # after the route's probe, which checks what was recorded
+        return {}, lambda: core._capture_noop(True), None
+    if c == "memviz_nodrain":
+        return {}, lambda: core._drainer(False), None
+    ms = c.removeprefix("memviz_drain")
+    if ms != c and ms.replace(".", "", 1).isdigit():
+        return {}, lambda: core._drain_period(int(float(ms) * 1e6)), lambda: core._drain_period(0)
+    base = c.removesuffix("_noop")
+    if base in ABLATIONS:
+        return ABLATIONS[base], (lambda: core._capture_noop(True)) if base != c else None, None
+    return None
+
+
 def _thread_cpu_ns(name: str) -> int:
     """CPU time (ns) of this process's threads named `name` (Linux schedstat; 0 elsewhere)."""
     total = 0
@@ -290,11 +308,13 @@ def alternate(a, torch, step):
     (attach, the first allocations seen) are dropped from its times."""
     import memviz
 
+    import memviz._core as core
+
     configs = a.configs.split(",")
     for c in configs:
         c = c.removesuffix("_nopf")  # X_nopf: configuration X, the route's prefetches left out
         if c not in ("none", "memviz_after", "memviz_after_trace", "memviz_after_flight", "segments_trace",
-                     "torch_history", "memviz_noop", "memviz_nodrain") and not c.startswith("memviz_drain") and c not in ABLATIONS and c.removesuffix("_noop") not in ABLATIONS:
+                     "torch_history") and _after_start(c) is None:
             raise SystemExit(f"unknown configuration {c!r}")
     times = {c: [] for c in configs}
     trace_stats = {c: [] for c in configs}
@@ -309,43 +329,24 @@ def alternate(a, torch, step):
         for cn in order:
             tracker = None
             c = cn.removesuffix("_nopf")
-            if c == "memviz_noop":  # everything track() sets up, the capture path returning at once
-                import memviz._core as core
-                tracker = memviz.track().start()
-                core._capture_noop(True)  # after the route's probe, which checks what was recorded
-                integ = getattr(tracker, "torch", None)
-                routes.add(integ.route.route if integ is not None and integ.route else None)
-            elif c.startswith("memviz_drain"):  # memviz_drainN: track(), its drainer every N ms
-                import memviz._core as core
-                tracker = memviz.track().start()
-                core._drain_period(int(float(c[len("memviz_drain"):]) * 1e6))
-                integ = getattr(tracker, "torch", None)
-                routes.add(integ.route.route if integ is not None and integ.route else None)
-            elif c == "memviz_nodrain":  # track(), its drainer paused: the queue is applied at stop
-                import memviz._core as core
-                tracker = memviz.track().start()
-                core._drainer(False)
-                integ = getattr(tracker, "torch", None)
-                routes.add(integ.route.route if integ is not None and integ.route else None)
-            elif c.removesuffix("_noop") in ABLATIONS:  # X_noop: ablation X, then its capture path returning at once
-                tracker = memviz.track(**ABLATIONS[c.removesuffix("_noop")]).start()
-                if c.endswith("_noop"):
-                    import memviz._core as core
-                    core._capture_noop(True)
-                integ = getattr(tracker, "torch", None)
-                routes.add(integ.route.route if integ is not None and integ.route else None)
+            split, undo = _after_start(c), None
+            if split is not None:
+                kwargs, then, undo = split
+                tracker = memviz.track(**kwargs).start()
+                if then is not None:
+                    then()
             elif c.startswith(("memviz_after", "segments")):
                 trace = (os.path.join(a.trace_dir, f"bench_{os.getpid()}.memviz")
                          if c.endswith("_trace") else None)
                 tracker = memviz.track(trace=trace, torch=False if c.startswith("segments") else None,
                                        flight_recorder="256 MiB" if c.endswith("_flight") else None,
                                        flight_dir=a.trace_dir if c.endswith("_flight") else None).start()
-                integ = getattr(tracker, "torch", None)
-                routes.add(integ.route.route if integ is not None and integ.route else None)
             elif c == "torch_history":
                 torch.cuda.memory._record_memory_history(stacks="python")
+            if tracker is not None:
+                integ = getattr(tracker, "torch", None)
+                routes.add(integ.route.route if integ is not None and integ.route else None)
             if cn.endswith("_nopf"):
-                import memviz._core as core
                 core._prefetch(False)
             c = cn
             for i in range(a.block):
@@ -363,8 +364,8 @@ def alternate(a, torch, step):
                 core._prefetch(True)
             if tracker is not None:
                 drain_ns = _thread_cpu_ns("memviz-drain")  # the drainer's CPU time this block
-                if c.startswith("memviz_drain"):
-                    core._drain_period(0)
+                if undo is not None:
+                    undo()
                 fr = tracker.flight_recorder
                 tracker.stop()
                 if tracker.trace_path:

@@ -638,8 +638,10 @@ int mvz_store_prefetch_on(int mode)
  * once a lap) arrives while the caller walks the stack or reads the clock,
  * not while it writes. A hint: whichever unit the claim then gets, nothing
  * depends on it. Reads the producers' line, which the claim reads next. */
-static inline void prefetch_claim(void)
+static inline void prefetch_claim(int bit)
 {
+    if (!PF(bit)) /* which of the callers' prefetches run (MVZ_PF_QUEUE or _NEXT) */
+        return;
     uint64_t h = __atomic_load_n(&capq.head, __ATOMIC_RELAXED);
     __builtin_prefetch(&capq.units[h & capq.mask], 1, 3);
 }
@@ -669,8 +671,7 @@ void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
     mvz_capq_publish(e, pos);
     if (PF(MVZ_PF_DEMOTE))
         demote(e, units);
-    if (PF(MVZ_PF_NEXT))
-        prefetch_claim();
+    prefetch_claim(MVZ_PF_NEXT);
     kick_drainer(pos);
 }
 
@@ -686,8 +687,7 @@ static inline mvz_frame *walk_row(uint32_t idx, int which)
  * no longer holds a frame (its thread's stack moved on) costs nothing. */
 void mvz_store_prefetch(void)
 {
-    if (PF(MVZ_PF_QUEUE))
-        prefetch_claim();
+    prefetch_claim(MVZ_PF_QUEUE);
     if (!PF(MVZ_PF_WALK))
         return;
     int n = tl_where_n;
@@ -728,8 +728,7 @@ const void **mvz_store_walk_where(uint32_t thread_idx, int *n)
  * queue's next unit is fetched meanwhile (prefetch_claim). */
 mvz_frame *mvz_store_walk_buffer(uint32_t thread_idx)
 {
-    if (PF(MVZ_PF_QUEUE))
-        prefetch_claim();
+    prefetch_claim(MVZ_PF_QUEUE);
     if (thread_idx >= MVZ_MAX_THREADS)
         return NULL;
     return walk_row(thread_idx, !tl_walk_last);
@@ -858,8 +857,7 @@ static const mvz_frame *entry_stack(const mvz_capq_entry *e, int *depth, uint32_
 /* Capture path, no GIL: a free, queued (its tick read before the claim). */
 void mvz_store_enqueue_free(uint64_t address, int kind, int op)
 {
-    if (PF(MVZ_PF_QUEUE))
-        prefetch_claim();
+    prefetch_claim(MVZ_PF_QUEUE);
     int tsc = mvz_tick_is_tsc();
     uint64_t clock = mvz_tick_as(tsc);
     MVZ_STAGE(MVZ_ST_F_TICK);
@@ -874,14 +872,7 @@ void mvz_store_enqueue_free(uint64_t address, int kind, int op)
     e->op = (uint8_t)op;
     e->clock = clock;
     e->seq_note = 0;
-    if (pos != DISCARDED) {
-        mvz_capq_publish(e, pos);
-        if (PF(MVZ_PF_DEMOTE))
-            demote(e, 1);
-        if (PF(MVZ_PF_NEXT))
-            prefetch_claim();
-        kick_drainer(pos);
-    }
+    mvz_store_publish(e, pos);
     MVZ_STAGE(MVZ_ST_F_PUBLISH);
 }
 
