@@ -21,7 +21,10 @@ path without the shared queue and the drain; 2 is the default, 3 was
 until 2026-12-04), with
 ``:dN`` the stack cut to N frames (``_core._depth``), or
 ``noop:P`` (the allocator route attached, its capture path returning at
-once, ``_core._capture_noop``). The first mode is the baseline every other
+once, ``_core._capture_noop``), or ``off`` (the route bypassed: the
+allocator's slots hold PyTorch's own entries, ``_core.allocator_bypass``, so
+nothing of memviz runs for a block and none is recorded, while CUPTI and
+memviz's threads run as ever). The first mode is the baseline every other
 is divided by, per round; each process reports the median of its rounds'
 ratios, and the summary the median over processes, their spread, and the
 median of all rounds.
@@ -30,7 +33,8 @@ What it cannot give: untracked against tracked (that needs the route
 attached and detached; run_alternate_bench.py does it). A ``noop`` step's
 frees of blocks a ``rec`` step recorded go unrecorded: the store keeps
 those blocks as live, which changes the drain thread's work, not the
-capture path's.
+capture path's; an ``off`` step's blocks are not recorded at all, nor their
+frees.
 """
 
 import argparse
@@ -51,12 +55,15 @@ def parse_modes(text):
     """[(name, kind, prefetch bits, depth or None)]"""
     modes = []
     for m in text.split(","):
+        if m == "off":
+            modes.append((m, "off", 0, None))
+            continue
         kind, _, rest = m.partition(":")
         pf, _, depth = rest.partition(":d")
         if kind not in ("rec", "noop") or not pf.isdigit() or not 0 <= int(pf) <= 31 or \
                 (depth and not (depth.isdigit() and 0 <= int(depth) <= 256)):
             raise SystemExit(f"--modes: {m!r} is not rec:P or noop:P (P from 0 to 31), "
-                             f"optionally :dN (N frames, at most 256)")
+                             f"optionally :dN (N frames, at most 256), or off")
         modes.append((m, kind, int(pf), int(depth) if depth else None))
     if len({m[0] for m in modes}) != len(modes):
         raise SystemExit("--modes: a mode is named twice")
@@ -78,6 +85,9 @@ def child(a):
     torch.cuda.synchronize()
     tracker = memviz.track().start()
     route = getattr(getattr(tracker, "torch", None), "route", None)
+    if any(m[1] == "off" for m in modes) and (route is None or str(route.route) != "allocator"):
+        tracker.stop()
+        raise SystemExit(f"--modes off needs the allocator route; this run has {route}")
     for _ in range(5):  # the route's first blocks and the stacks' first sight
         step()
     torch.cuda.synchronize()
@@ -88,6 +98,7 @@ def child(a):
         for r in range(a.rounds):
             k = r % len(modes)
             for m, kind, pf, d in modes[k:] + modes[:k]:
+                core.allocator_bypass(kind == "off")
                 core._capture_noop(kind == "noop")
                 core._prefetch(pf)
                 core._depth(depth if d is None else d)
@@ -100,6 +111,8 @@ def child(a):
         core._prefetch(True)
         core._depth(depth)
         core._capture_noop(False)
+        if route is not None and str(route.route) == "allocator":
+            core.allocator_bypass(False)
         tracker.stop()
     print(json.dumps({"model": a.model, "route": str(route.route) if route else None, "times_ns": times}))
 
@@ -110,7 +123,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--model", default="alloc_bound", choices=["alloc_bound", "gpt"])
     ap.add_argument("--modes", default="rec:2,rec:3,rec:18,noop:0",
-                    help="comma-separated rec:P[:dN] / noop:P (P: _core._prefetch's bits, N: frames); the first is the baseline")
+                    help="comma-separated rec:P[:dN] / noop:P / off (P: _core._prefetch's bits, N: frames); the first is the baseline")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="toggle.json")
     a = ap.parse_args()

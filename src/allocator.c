@@ -51,6 +51,7 @@ static struct {
     int raw_alloc_slot, raw_delete_slot;
     uintptr_t sample[4];     /* the first DataPtr allocate returned since reset */
     int sampled;             /* 0 empty, 1 being written, 2 full */
+    int bypassed;            /* benchmarks only: attached, with PyTorch's entries (allocator_bypass) */
 } A = {.rs_slot = {-1, -1}, .raw_alloc_slot = -1, .raw_delete_slot = -1};
 
 /* Blocks alive that carry memviz's deleter: the one word of the route that
@@ -274,6 +275,8 @@ static void set_slot(int slot, void *value)
 /* The entry slot `slot` of the copy has when no tripwire is on it. */
 static void *slot_entry(int slot)
 {
+    if (A.bypassed && slot != A.rs_slot[0] && slot != A.rs_slot[1])
+        return A.orig[slot]; /* allocator_bypass: PyTorch's own, but recordStream's wrappers */
     if (slot == SLOT_ALLOCATE)
         return (void *)wrap_allocate;
     if (A.committed && slot == SLOT_RAW_DELETER && A.orig_deleter &&
@@ -589,6 +592,7 @@ static PyObject *allocator_detach(PyObject *self, PyObject *unused)
     (void)unused;
     if (A.attached) {
         A.attached = 0;
+        A.bypassed = 0;
         __atomic_store_n(&A.state, ST_DRAINING, __ATOMIC_SEQ_CST);
         for (int i = 0; i < A.nslots; i++)
             if (i != A.rs_slot[0] && i != A.rs_slot[1])
@@ -616,6 +620,36 @@ static PyObject *allocator_reset(PyObject *self, PyObject *unused)
     __atomic_store_n(&OUTSTANDING, 0, __ATOMIC_SEQ_CST);
     A.rs_slot[0] = A.rs_slot[1] = A.raw_alloc_slot = A.raw_delete_slot = -1;
     Py_RETURN_NONE;
+}
+
+/* allocator_bypass(on) -> whether it was on. Benchmarks only
+ * (benchmarks/bench_toggle.py's "off" mode, switched between two steps):
+ * while attached and committed, the copy's slots hold PyTorch's own
+ * entries, as while draining (recordStream's wrappers stay, so a block
+ * made before keeps its stream uses): nothing of memviz runs for a block
+ * PyTorch hands out meanwhile, and none is recorded, nor its free; a block
+ * made before is still recorded as it is freed (its deleter is memviz's).
+ * So one tracking session can time a step with the route and without it.
+ * Off again, the route records as before. Refused unless attached and
+ * committed; detach ends it. */
+static PyObject *allocator_bypass(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    if (!A.attached || !A.committed) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "allocator_bypass(): the route is not attached and committed (track() first)");
+        return NULL;
+    }
+    int was = A.bypassed;
+#if HAVE_ALLOCATOR
+    A.bypassed = on;
+    for (int i = 0; i < A.nslots; i++)
+        set_slot(i, slot_entry(i));
+#endif
+    return PyBool_FromLong(was);
 }
 
 /* allocator_state() -> dict, for capture_info and tests. */
@@ -652,6 +686,8 @@ PyMethodDef mvz_allocator_methods[] = {
      "allocator_commit(data, deleter, ctx, device, (rs0, rs1), raw_alloc, raw_delete)."},
     {"allocator_detach", allocator_detach, METH_NOARGS, "Put PyTorch's vtable back."},
     {"allocator_state", allocator_state, METH_NOARGS, "What the allocator route knows."},
+    {"allocator_bypass", allocator_bypass, METH_O,
+     "allocator_bypass(on): benchmarks only; PyTorch's entries while attached. Returns the old setting."},
     {"allocator_reset", allocator_reset, METH_NOARGS, "Forget the route (tests only)."},
     {NULL, NULL, 0, NULL},
 };

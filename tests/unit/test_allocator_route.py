@@ -578,3 +578,44 @@ def test_discarded_entries_are_not_recorded_and_the_next_stack_is_whole(standin)
     # the whole stack it was allocated with: at_line's line, from the loop's
     assert c.user_frame.lineno == at_line.__code__.co_firstlineno + 1, c
     assert loop in [f.lineno for f in c], (c, loop)
+
+
+def test_a_benchmark_can_bypass_the_route_while_attached(standin):
+    """bench_toggle.py's off mode: allocator_bypass(True) puts PyTorch's own
+    entries in the copy's slots. A block made meanwhile carries PyTorch's
+    deleter and is neither recorded nor counted; a block made before is
+    still recorded as freed, and keeps its stream uses (recordStream's
+    wrappers stay). Off again, the route records as before; detach ends a
+    bypass; without a route attached it says what to do."""
+    ans = standin()
+    with pytest.raises(RuntimeError, match="track\\(\\) first"):
+        _core.allocator_bypass(True)
+    with memviz.track() as t:
+        _attach(t, ans)
+        before, _ = ans.alloc(1 << 12)
+        seen = _core.block_totals()[0]["allocs"]
+        outstanding = _core.allocator_state()["outstanding"]
+        assert _core.allocator_bypass(True) is False
+        during, _ = ans.alloc(1 << 13)
+        assert ans.lib.sa_tensor_deleter(during.handle) != _core.allocator_state()["memviz_deleter"]
+        assert _core.block_totals()[0]["allocs"] == seen
+        assert _core.allocator_state()["outstanding"] == outstanding
+        where = before.data_ptr()
+        ans.record_stream(before)  # made before the bypass: its stream use still reaches PyTorch
+        del before
+        assert ans.lib.sa_state(where) == 2
+        ans.lib.sa_process_events()
+        assert _core.allocator_state()["outstanding"] == outstanding - 1
+        assert _core.allocator_bypass(False) is True
+        after, _ = ans.alloc(1 << 14); line = here()  # noqa: E702
+        blocks = {x.size: x for x in t.snapshot().allocations if x.kind == "block"}
+        assert blocks[1 << 14].user_frame.lineno == line
+        assert 1 << 12 not in blocks  # its free was recorded
+        assert _core.allocator_bypass(True) is False
+        del during, after
+    assert _core.allocator_state()["vtable"] == "pytorch"
+    with memviz.track() as t:  # detach ended the bypass: a new start records
+        _attach(t, ans)
+        kept, _ = ans.alloc(1 << 12); line = here()  # noqa: E702
+        assert [x.user_frame.lineno for x in t.snapshot().allocations if x.kind == "block"] == [line]
+        del kept
