@@ -163,7 +163,7 @@ static inline uint64_t before_allocate(void)
     return mvz_store_stamp();
 }
 
-static void *wrap_allocate(void *sret, void *self, size_t n)
+MVZ_HOT static void *wrap_allocate(void *sret, void *self, size_t n)
 {
     MVZ_STAGE_BEGIN();
     MVZ_STAGE(MVZ_ST_NULL);
@@ -203,7 +203,7 @@ static void *wrap_allocate(void *sret, void *self, size_t n)
  * recorded before PyTorch takes the block back: once it has, another
  * thread may be handed the same address, and its allocation must come
  * after this free in the store. */
-static void wrap_delete(void *ctx)
+MVZ_HOT static void wrap_delete(void *ctx)
 {
     MVZ_STAGE_BEGIN();
     mvz_capture_block(1, (uint64_t)(uintptr_t)ctx, 0, 0, 0, 0);

@@ -27,7 +27,7 @@ int mvz_capq_init(mvz_capq *q, uint64_t cap_units)
  * the tail a producer last saw; only when that says full is the consumer's
  * tail read (acquire, and handed on with release through tail_seen, so a
  * producer writes into room only after the consumer has read it). */
-mvz_capq_entry *mvz_capq_claim(mvz_capq *q, unsigned units, uint64_t *pos)
+MVZ_HOT mvz_capq_entry *mvz_capq_claim(mvz_capq *q, unsigned units, uint64_t *pos)
 {
     uint64_t h = __atomic_load_n(&q->head, __ATOMIC_RELAXED);
     uint64_t t = __atomic_load_n(&q->tail_seen, __ATOMIC_ACQUIRE);

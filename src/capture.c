@@ -138,7 +138,7 @@ void mvz_capture_label_set(uint32_t id)
  * before it, in claim order), so this thread reads neither the seqmap nor
  * waits for the queue. A node label Python set during this very node is
  * taken as it is (*line 0). */
-static uint32_t current_label(const void *node, int *line, uint64_t *seq)
+MVZ_HOT static uint32_t current_label(const void *node, int *line, uint64_t *seq)
 {
     uint32_t lab = tl_label;
     *line = 0;
@@ -403,7 +403,7 @@ static inline int *busy_counter(void)
     return &busy[i].n;
 }
 
-static void record(const decoded *dp, int result, int slot, uint64_t stamp)
+MVZ_HOT static void record(const decoded *dp, int result, int slot, uint64_t stamp)
 {
     int *mine = busy_counter();
     if (mine) {
@@ -434,7 +434,7 @@ static void queue_alloc_unbuffered(const decoded *dp, int slot, uint32_t lab, ui
                                    uint64_t note, int line, int tsc, uint64_t clock,
                                    uint64_t stamp, int limit);
 
-static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
+MVZ_HOT static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
 {
     decoded d = *dp;
     if (d.is_free) { /* the store knows the device of what it frees */
@@ -492,7 +492,7 @@ static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
 /* Capture path, no GIL: record_body's allocation, queued from the stack
  * f[0..depth) just walked (only this thread's buffers, the queue's room
  * and its own TLS are written). */
-static void queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
+MVZ_HOT static void queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
                         uint64_t note, int line, int tsc, uint64_t clock, uint64_t stamp,
                         const mvz_frame *f, int depth)
 {
@@ -593,7 +593,7 @@ static __attribute__((noinline)) void capture_block_timed(int is_free, uint64_t 
                                                           uint64_t size, uint64_t stream,
                                                           int slot, uint64_t stamp);
 
-void mvz_capture_block(int is_free, uint64_t address, uint64_t size, uint64_t stream, int slot,
+MVZ_HOT void mvz_capture_block(int is_free, uint64_t address, uint64_t size, uint64_t stream, int slot,
                        uint64_t stamp)
 {
     int on = __atomic_load_n(&capturing, __ATOMIC_ACQUIRE);
@@ -999,7 +999,7 @@ void mvz_capture_stop(void)
     __atomic_store_n(&cupti_held, 0, __ATOMIC_RELEASE);
 }
 
-int mvz_capture_active(void) { return __atomic_load_n(&capturing, __ATOMIC_ACQUIRE); }
+MVZ_HOT int mvz_capture_active(void) { return __atomic_load_n(&capturing, __ATOMIC_ACQUIRE); }
 
 _Static_assert(MVZ_OP_COUNT <= MVZ_STORE_OPS, "the store counts the queue's operations");
 _Static_assert(MVZ_NSLOTS <= 127, "a queue entry's slot is one signed byte");

@@ -303,7 +303,7 @@ int mvz_frames_capture(mvz_frame *out, int max_depth)
 
 /* Capture path, no GIL: as mvz_frames_capture; `where` is this thread's
  * own row (store.c). */
-int mvz_frames_capture_at(mvz_frame *out, int max_depth, const void **where, int nwhere)
+MVZ_HOT int mvz_frames_capture_at(mvz_frame *out, int max_depth, const void **where, int nwhere)
 {
     PyThreadState *tstate = PyGILState_GetThisThreadState();
     if (tstate == NULL)

@@ -690,7 +690,8 @@ static PyObject *core_drain_period(PyObject *self, PyObject *arg)
  * 1 the walk's frames and stacks, 2 the queue's unit before a claim, 4 the
  * next unit after a publish, 8 an entry's lines demoted once published,
  * 16 entries written to the thread's own room and never queued: events
- * lost, for a benchmark only); True is the default, False none. */
+ * lost, for a benchmark only; 32 and 64, 32 more cold code or data lines an
+ * event); True is the default, False none. */
 static PyObject *core_prefetch(PyObject *self, PyObject *arg)
 {
     (void)self;
@@ -699,8 +700,8 @@ static PyObject *core_prefetch(PyObject *self, PyObject *arg)
         mode = arg == Py_True ? MVZ_PF_DEFAULT : 0;
     else if ((mode = PyLong_AsLong(arg)) == -1 && PyErr_Occurred())
         return NULL;
-    if (mode < 0 || mode > (MVZ_PF_WALK | MVZ_PF_QUEUE | MVZ_PF_NEXT | MVZ_PF_DEMOTE | MVZ_PF_DISCARD))
-        return PyErr_Format(PyExc_ValueError, "_prefetch: %ld is not True, False or a mode from 0 to 31", mode);
+    if (mode < 0 || mode > MVZ_PF_ALL)
+        return PyErr_Format(PyExc_ValueError, "_prefetch: %ld is not True, False or a mode from 0 to 127", mode);
     return PyLong_FromLong(mvz_store_prefetch_on((int)mode));
 }
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "labels.h"
+#include "types.h"
 #include "libfind.h"
 #include "seqmap.h"
 
@@ -65,7 +66,7 @@ static __thread const void *const *tl_slot __attribute__((tls_model("initial-exe
  * fast path: libtorch's block on this thread already exists because
  * PyTorch wrote the slot; on a thread PyTorch never ran on, glibc
  * allocates the block once, as PyTorch's own first access would). */
-const void *mvz_nodes_current(void)
+MVZ_HOT const void *mvz_nodes_current(void)
 {
 #if HAVE_TLS_READ
     const mvz_node_layout *L = __atomic_load_n(&current_layout, __ATOMIC_ACQUIRE);
@@ -108,7 +109,7 @@ int mvz_nodes_counter_at(size_t modid, size_t offset)
 /* Hot path, no GIL: one load of this thread's own slot of libtorch's TLS
  * (the address looked up once per thread, as in mvz_nodes_current; the
  * place never changes once set). No call into libtorch, no lock. */
-uint64_t mvz_nodes_counter(void)
+MVZ_HOT uint64_t mvz_nodes_counter(void)
 {
 #if HAVE_TLS_READ
     const uint64_t *p = tl_counter;
@@ -126,7 +127,7 @@ uint64_t mvz_nodes_counter(void)
 
 /* Hot path, no GIL: `node` is the one this thread is evaluating, so the
  * engine holds a reference to it for as long as we can be here. */
-uint64_t mvz_nodes_seq(const void *node)
+MVZ_HOT uint64_t mvz_nodes_seq(const void *node)
 {
     const mvz_node_layout *L = __atomic_load_n(&current_layout, __ATOMIC_ACQUIRE);
     if (!L || !node)
@@ -258,7 +259,7 @@ static int same_name(const char *label_name, const char *name)
     return strncmp(label_name, name, n) == 0 && label_name[n] == '\x1f';
 }
 
-static uint32_t cached(const void *key, uint32_t stack, const char *pyname)
+MVZ_HOT static uint32_t cached(const void *key, uint32_t stack, const char *pyname)
 {
     uint32_t s = slot_of(key, stack);
     for (uint32_t i = 0; i < PROBES; i++) {
@@ -291,7 +292,7 @@ uint32_t mvz_nodes_label(const void *node)
 /* Hot path, no GIL: as mvz_nodes_label, the forward line left out (the
  * store adds it): no read of the seqmap's ring, and one cache entry per
  * class rather than per class and line. */
-uint32_t mvz_nodes_class_label(const void *node)
+MVZ_HOT uint32_t mvz_nodes_class_label(const void *node)
 {
     const mvz_node_layout *L = __atomic_load_n(&current_layout, __ATOMIC_ACQUIRE);
     if (!L || !node)
@@ -302,7 +303,7 @@ uint32_t mvz_nodes_class_label(const void *node)
 /* Hot path, no GIL: the node's label with the forward line `stack` (0:
  * none), from the lock-free cache, else formatted and interned once under
  * cache_lock (and the label table's). */
-static uint32_t label_with(const mvz_node_layout *L, const void *node, uint32_t stack)
+MVZ_HOT static uint32_t label_with(const mvz_node_layout *L, const void *node, uint32_t stack)
 {
     const void *vptr = *(const void *const *)node;
     const void *key = vptr;

@@ -2,6 +2,7 @@
 #include "seqmap.h"
 
 #include <stddef.h>
+#include "types.h"
 
 #define RING (1u << 15) /* a slot per counter value, modulo: 32,768 nodes back */
 
@@ -32,7 +33,7 @@ void mvz_seqmap_attach(mvz_seq_fn fn)
  * meet in a slot, or a reader racing a writer, can only see a stale or the
  * other thread's pair, which names a wrong line, never a bad pointer (the
  * reader checks the value). */
-uint64_t mvz_seqmap_next(void)
+MVZ_HOT uint64_t mvz_seqmap_next(void)
 {
     mvz_seq_fn fn = __atomic_load_n(&seq_fn, __ATOMIC_ACQUIRE);
     if (!fn)

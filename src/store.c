@@ -265,7 +265,7 @@ uint64_t mvz_store_thread_serial(void)
 
 /* Capture path, no GIL: reads this thread's own TLS; registration takes the
  * store lock briefly and makes two system calls (gettid, PR_GET_NAME). */
-uint32_t mvz_store_thread_index(void)
+MVZ_HOT uint32_t mvz_store_thread_index(void)
 {
     uint32_t gen = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
     if (tl_thread_plus1 && tl_generation == gen)
@@ -383,7 +383,7 @@ uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int s
  * clock), no lock, no memory of memviz's written. Not unique: a block
  * dated with it may share its nanosecond with the segment made for it,
  * which only keeps it in that peak's set, where it belongs. */
-uint64_t mvz_store_stamp(void) { return mvz_tick_as(mvz_tick_is_tsc()); }
+MVZ_HOT uint64_t mvz_store_stamp(void) { return mvz_tick_as(mvz_tick_is_tsc()); }
 
 static int free_locked(uint64_t address, int kind, uint64_t ts);
 
@@ -603,7 +603,7 @@ static void kick_drainer(uint64_t pos);
  * the lock is free (a leaf lock, as the capture path always took), else
  * yields to whoever holds it: every holder applies the queue. Nothing is
  * dropped. */
-mvz_capq_entry *mvz_store_enqueue(unsigned units, uint64_t *pos)
+MVZ_HOT mvz_capq_entry *mvz_store_enqueue(unsigned units, uint64_t *pos)
 {
     for (;;) {
         mvz_capq_entry *e = mvz_capq_claim(&capq, units, pos);
@@ -662,9 +662,43 @@ static inline void demote(mvz_capq_entry *e, unsigned units)
 #endif
 }
 
-/* Capture path, no GIL, no lock: the entry is whole. */
-void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
+/* A benchmark's weights (MVZ_PF_PAD_CODE, _DATA): 32 code lines, each a
+ * jump to the next (the last returns), in a section of their own away from
+ * the capture path's code; and 32 data lines a page and a line apart. */
+#define PAD_LINES 32
+#if defined(__x86_64__)
+#define PAD_ONE ".p2align 6\n1:\n  jmp 1f\n"
+#define PAD_EIGHT PAD_ONE PAD_ONE PAD_ONE PAD_ONE PAD_ONE PAD_ONE PAD_ONE PAD_ONE
+__asm__(".pushsection .text.mvz_pad,\"ax\",@progbits\n"
+        ".p2align 6\n"
+        "mvz_store_pad_code:\n"
+        PAD_EIGHT PAD_EIGHT PAD_EIGHT PAD_EIGHT
+        ".p2align 6\n1:\n  ret\n"
+        ".popsection\n");
+void mvz_store_pad_code(void) __attribute__((visibility("hidden")));
+#endif
+static char pad_data[PAD_LINES * (4096 + 64)] __attribute__((aligned(64)));
+
+/* Capture path, no GIL, benchmarks only: the weights the hints ask for. */
+static __attribute__((noinline)) void pad(int hints)
 {
+#if defined(__x86_64__)
+    if (hints & MVZ_PF_PAD_CODE)
+        mvz_store_pad_code();
+#endif
+    if (hints & MVZ_PF_PAD_DATA) {
+        unsigned sum = 0;
+        for (int i = 0; i < PAD_LINES; i++)
+            sum += (unsigned char)__atomic_load_n(&pad_data[(size_t)i * (4096 + 64)], __ATOMIC_RELAXED);
+        __asm__ volatile("" ::"r"(sum));
+    }
+}
+
+/* Capture path, no GIL, no lock: the entry is whole. */
+MVZ_HOT void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
+{
+    if (__builtin_expect(PF(MVZ_PF_PAD_CODE | MVZ_PF_PAD_DATA), 0))
+        pad(PF(MVZ_PF_PAD_CODE | MVZ_PF_PAD_DATA));
     if (pos == DISCARDED)
         return;
     unsigned units = e->units;
@@ -685,7 +719,7 @@ static inline mvz_frame *walk_row(uint32_t idx, int which)
 /* Capture path, no GIL, no lock: see store.h. Reads this thread's TLS and
  * its own rows; a prefetch neither faults nor writes, so an address that
  * no longer holds a frame (its thread's stack moved on) costs nothing. */
-void mvz_store_prefetch(void)
+MVZ_HOT void mvz_store_prefetch(void)
 {
     prefetch_claim(MVZ_PF_QUEUE);
     if (!PF(MVZ_PF_WALK))
@@ -715,7 +749,7 @@ void mvz_store_prefetch(void)
 /* Capture path, no GIL: this thread's own row (see `walked_where`), or
  * none while the walk's prefetch (MVZ_PF_WALK) is off: then the walk notes
  * no address. */
-const void **mvz_store_walk_where(uint32_t thread_idx, int *n)
+MVZ_HOT const void **mvz_store_walk_where(uint32_t thread_idx, int *n)
 {
     tl_where_n = 0; /* until this walk's are written (mvz_store_enqueue_alloc) */
     *n = thread_idx < MVZ_MAX_THREADS && PF(MVZ_PF_WALK) ? WHERE_N : 0;
@@ -726,7 +760,7 @@ const void **mvz_store_walk_where(uint32_t thread_idx, int *n)
 /* Capture path, no GIL: this thread's own buffer (see `walked`) to walk its
  * next stack into, or NULL for a thread the store could not register. The
  * queue's next unit is fetched meanwhile (prefetch_claim). */
-mvz_frame *mvz_store_walk_buffer(uint32_t thread_idx)
+MVZ_HOT mvz_frame *mvz_store_walk_buffer(uint32_t thread_idx)
 {
     prefetch_claim(MVZ_PF_QUEUE);
     if (thread_idx >= MVZ_MAX_THREADS)
@@ -780,7 +814,7 @@ static inline mvz_capq_entry *discard_room(uint64_t *pos)
  * thread (or the caller's own, for a thread with no index: then every
  * frame is written). Only this thread's buffers and TLS are read. The
  * caller fills the rest in and publishes it. */
-mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f, int depth,
+MVZ_HOT mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f, int depth,
                                         uint64_t *pos)
 {
     int kept = 0;
@@ -855,7 +889,7 @@ static const mvz_frame *entry_stack(const mvz_capq_entry *e, int *depth, uint32_
 }
 
 /* Capture path, no GIL: a free, queued (its tick read before the claim). */
-void mvz_store_enqueue_free(uint64_t address, int kind, int op)
+MVZ_HOT void mvz_store_enqueue_free(uint64_t address, int kind, int op)
 {
     prefetch_claim(MVZ_PF_QUEUE);
     int tsc = mvz_tick_is_tsc();

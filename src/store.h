@@ -114,6 +114,13 @@ long mvz_store_drain_period(long ns);
 #define MVZ_PF_NEXT 4
 #define MVZ_PF_DEMOTE 8 /* not a prefetch: an entry's lines pushed out to the shared cache once published */
 #define MVZ_PF_DISCARD 16 /* not a prefetch: entries written to the thread's own room, never queued */
+/* Not prefetches: a benchmark's weights, to learn what one more cold line
+ * costs an event inside a real step. Each event (at its publish) runs 32
+ * more code lines (a chain of jumps, one a line, away from the capture
+ * path's code) or reads 32 more data lines (the same ones each time). */
+#define MVZ_PF_PAD_CODE 32
+#define MVZ_PF_PAD_DATA 64
+#define MVZ_PF_ALL 127
 /* The queue's unit only: the walk's prefetch (c44c366) moved time out of
  * the capture path's timer but gained no wall time in the step, while it
  * adds ~300 instructions an allocation (benchmarks/RESULTS.md, 2026-12-04). */

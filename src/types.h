@@ -8,6 +8,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* A function of the capture path (what an allocation or a free runs on the
+ * allocating thread): all of them in one stretch of the text, whichever file
+ * they are in (the linker puts every .text.hot.* section together). Between
+ * two events PyTorch runs microseconds of its own code, so an event finds
+ * memviz's code out of the first-level instruction cache; spread over the
+ * library it also spans a page per file (issue 27, RESULTS.md). */
+#define MVZ_HOT __attribute__((section(".text.hot.mvz")))
+
 #define MVZ_MAX_DEPTH 256
 #define MVZ_MAX_DEVICES 64
 #define MVZ_HOST_SLOT MVZ_MAX_DEVICES     /* pinned host memory */
