@@ -160,9 +160,13 @@ def test_real_ctrl_c(tmp_path):
     """)
     full_env = dict(os.environ, PYTHONPATH=str(ROOT))
     full_env.pop(_capture.ENV_LIBRARY, None)
+    # SIGINT's default in the child even where this run inherited it ignored (a
+    # suite started in the background by a shell without job control): Python
+    # keeps an ignored SIGINT ignored, and the Ctrl-C below would never land.
     proc = subprocess.Popen([sys.executable, "-m", "memviz", "run", *GPU_FLAG, "sleepy.py"],
                             cwd=tmp_path, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.readline() == "ready\n"
         proc.send_signal(signal.SIGINT)
