@@ -2,6 +2,7 @@
 switched every step within one tracking session.
 
     python benchmarks/bench_toggle.py [--procs 5] [--rounds 200] [--model alloc_bound|gpt]
+                                      [--track plain|trace|flight]
                                       [--modes rec:2,rec:0,noop:0] --out F.json
 
 The paired protocol (run_alternate_bench.py) compares configurations a block
@@ -84,7 +85,11 @@ def child(a):
     for _ in range(10):
         step()
     torch.cuda.synchronize()
-    tracker = memviz.track().start()
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="memviz-toggle-")
+    kwargs = {"plain": {}, "trace": {"trace": os.path.join(tmp, "toggle.memviz")},
+              "flight": {"flight_recorder": "256 MiB", "flight_dir": tmp}}[a.track]
+    tracker = memviz.track(**kwargs).start()
     route = getattr(getattr(tracker, "torch", None), "route", None)
     if any(m[1] == "off" for m in modes) and (route is None or str(route.route) != "allocator"):
         tracker.stop()
@@ -115,7 +120,9 @@ def child(a):
         if route is not None and str(route.route) == "allocator":
             core.allocator_bypass(False)
         tracker.stop()
-    print(json.dumps({"model": a.model, "route": str(route.route) if route else None, "times_ns": times}))
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps({"model": a.model, "track": a.track, "route": str(route.route) if route else None, "times_ns": times}))
 
 
 def main():
@@ -125,6 +132,9 @@ def main():
     ap.add_argument("--model", default="alloc_bound", choices=["alloc_bound", "gpt"])
     ap.add_argument("--modes", default="rec:2,rec:3,rec:18,noop:0",
                     help="comma-separated rec:P[:dN] / noop:P / off (P: _core._prefetch's bits, N: frames); the first is the baseline")
+    ap.add_argument("--track", default="plain", choices=["plain", "trace", "flight"],
+                    help="the session the modes run in: track(), track(trace=...) or "
+                         "track(flight_recorder='256 MiB')")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="toggle.json")
     a = ap.parse_args()
@@ -133,7 +143,7 @@ def main():
         return child(a)
     runs = []
     for i in range(a.procs):
-        r = fresh_process([os.path.abspath(__file__), "--child", "--model", a.model,
+        r = fresh_process([os.path.abspath(__file__), "--child", "--model", a.model, "--track", a.track,
                            "--rounds", str(a.rounds), "--modes", a.modes], i)
         if r is None:
             continue
