@@ -104,7 +104,8 @@ def child(a):
         for r in range(a.rounds):
             k = r % len(modes)
             for m, kind, pf, d in modes[k:] + modes[:k]:
-                core.allocator_bypass(kind == "off")
+                if any(m[1] == "off" for m in modes):  # else the route may be another
+                    core.allocator_bypass(kind == "off")
                 core._capture_noop(kind == "noop")
                 core._prefetch(pf)
                 core._depth(depth if d is None else d)
@@ -117,7 +118,7 @@ def child(a):
         core._prefetch(True)
         core._depth(depth)
         core._capture_noop(False)
-        if route is not None and str(route.route) == "allocator":
+        if any(m[1] == "off" for m in modes):
             core.allocator_bypass(False)
         tracker.stop()
         import shutil

@@ -666,7 +666,8 @@ static inline void demote(mvz_capq_entry *e, unsigned units)
  * jump to the next (the last returns), in a section of their own away from
  * the capture path's code; and 32 data lines a page and a line apart. */
 #define PAD_LINES 32
-#if defined(__x86_64__)
+#if defined(__x86_64__) && defined(__ELF__)
+#define PAD_CODE 1
 #define PAD_ONE ".p2align 6\n1:\n  jmp 1f\n"
 #define PAD_EIGHT PAD_ONE PAD_ONE PAD_ONE PAD_ONE PAD_ONE PAD_ONE PAD_ONE PAD_ONE
 __asm__(".pushsection .text.mvz_pad,\"ax\",@progbits\n"
@@ -682,7 +683,7 @@ static char pad_data[PAD_LINES * (4096 + 64)] __attribute__((aligned(64)));
 /* Capture path, no GIL, benchmarks only: the weights the hints ask for. */
 static __attribute__((noinline)) void pad(int hints)
 {
-#if defined(__x86_64__)
+#if defined(PAD_CODE)
     if (hints & MVZ_PF_PAD_CODE)
         mvz_store_pad_code();
 #endif

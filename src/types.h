@@ -14,7 +14,11 @@
  * two events PyTorch runs microseconds of its own code, so an event finds
  * memviz's code out of the first-level instruction cache; spread over the
  * library it also spans a page per file (issue 27, RESULTS.md). */
+#if defined(__ELF__)
 #define MVZ_HOT __attribute__((section(".text.hot.mvz")))
+#else
+#define MVZ_HOT /* Mach-O and others: sections are named otherwise; left where they are */
+#endif
 
 #define MVZ_MAX_DEPTH 256
 #define MVZ_MAX_DEVICES 64
