@@ -72,6 +72,19 @@ def parse_modes(text):
     return modes
 
 
+def apply(core, mode, depth, bypass):
+    """Switch the running tracker to `mode` (a parse_modes tuple); `depth`:
+    the stack depth when the mode names none. `bypass`: whether the route's
+    bypass is switched (only with the allocator route, for an ``off``
+    mode; else the route may be another)."""
+    _, kind, pf, d = mode
+    if bypass:
+        core.allocator_bypass(kind == "off")
+    core._capture_noop(kind == "noop")
+    core._prefetch(pf)
+    core._depth(depth if d is None else d)
+
+
 def child(a):
     import torch
 
@@ -103,12 +116,9 @@ def child(a):
     try:
         for r in range(a.rounds):
             k = r % len(modes)
-            for m, kind, pf, d in modes[k:] + modes[:k]:
-                if any(m[1] == "off" for m in modes):  # else the route may be another
-                    core.allocator_bypass(kind == "off")
-                core._capture_noop(kind == "noop")
-                core._prefetch(pf)
-                core._depth(depth if d is None else d)
+            for mode in modes[k:] + modes[:k]:
+                m = mode[0]
+                apply(core, mode, depth, bypass=any(x[1] == "off" for x in modes))
                 torch.cuda.synchronize()
                 t0 = time.perf_counter_ns()
                 step()

@@ -1,0 +1,215 @@
+"""What the capture path touches per event, counted exactly (valgrind's callgrind).
+
+    python benchmarks/capture_lines.py [--depth 23] [--n 4000] [--gap 131072]
+                                       [--mode rec:2] [--mode lean] ... [--json OUT]
+
+Inside a step, every cache line the capture path touches is cold and costs
+a few nanoseconds (RESULTS.md, ninth session: about 3 ns a line, code or
+data), so the number of lines is the capture path's cost model. Timing on
+this shared machine cannot resolve a few lines; callgrind's counts are
+exact. Each mode runs in its own process under callgrind, collecting only
+inside the stand-in allocator's loop (tests/stand_in_allocator: n tensor
+allocations and frees through the real allocator route under
+memviz.track(), `depth` Python frames deep, with `gap` bytes written
+between tensors so that the simulated first-level data cache holds nothing
+of the last event). Reported per event (an allocation or a free):
+
+- ``code_lines``: distinct 64-byte lines of memviz's extension executed at
+  least once per event pair (`lines_alloc_pair`), halved;
+- ``ir``: instructions in memviz's extension;
+- ``d1_miss``: first-level data-cache misses (reads and writes) of memviz's
+  instructions: the data lines it touches that the step's work evicted
+  (``d1_miss_walk``: those of the frame walk, Python's frames: inside a
+  real step the interpreter has just used most of them);
+- per function, the same.
+
+A mode is bench_toggle.py's: ``rec:P[:dN]`` (recording with _core._prefetch(P),
+optionally _core._depth(N)), ``noop:P``, ``off`` (the route bypassed),
+``lean`` (the lean capture path, when the build has it).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+WALK = ("mvz_frames_capture_at",)
+
+
+def child(depth, n, gap, mode):
+    sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+    from fake_cupti import FakeCupti, build
+
+    path = build()
+    os.environ["MEMVIZ_CUPTI_LIBRARY"] = path
+    import ctypes as c
+
+    import memviz
+    import stand_in_allocator as sa
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import memviz._core as core
+    from bench_toggle import apply, parse_modes
+
+    mode = parse_modes(mode)[0]
+    default = parse_modes("rec:2")[0]
+
+    fake = FakeCupti(path)
+    fake.reset()
+    lib = sa.build(Path(tempfile.mkdtemp()) / "lines")
+    ans = sa.StandInAnswers(lib, fake.lib.fake_alloc)
+    ans.lib.sa_loop_gap.restype, ans.lib.sa_loop_gap.argtypes = c.c_uint64, [c.c_int, c.c_size_t, c.c_size_t]
+
+    def at_depth(k, fn):
+        return at_depth(k - 1, fn) if k > 0 else fn()
+
+    here = len(__import__("inspect").stack())
+    with memviz.track(depth=64) as t:
+        r = t.torch.use_answers(ans)
+        assert r.route == "allocator", r.reason
+        depth_set = core._depth(64)
+        apply(core, mode, depth_set, bypass=mode[1] == "off")
+        at_depth(depth - here - 1, lambda: ans.lib.sa_loop_gap(200, 4096, gap))  # warm: threads, labels
+        at_depth(depth - here - 1, lambda: ans.lib.sa_loop_gap(n, 4096, gap))
+        apply(core, default, depth_set, bypass=mode[1] == "off")
+        frames = at_depth(depth - here - 1, lambda: memviz._core._capture_depth(64))
+    print(json.dumps({"frames": frames}))
+
+
+def parse(path, exclude):
+    """{(object, function): {"ir", "d1", "lines": {line: ir}}}, objects whose name
+    holds a string of `exclude` left out."""
+    fns = defaultdict(lambda: {"ir": 0, "d1": 0, "lines": defaultdict(int)})
+    events = None
+    npos = 1
+    ob = fn = None
+    skip = False
+    names = {}
+
+    def name(v):  # "(id) name" or "(id)"
+        v = v.strip()
+        if v.startswith("("):
+            k, _, rest = v.partition(")")
+            if rest.strip():
+                names[k] = rest.strip()
+            return names.get(k, v)
+        return v
+
+    for raw in open(path):
+        line = raw.rstrip("\n")
+        if not line:
+            continue
+        if line.startswith("positions:"):
+            npos = len(line.split()) - 1
+            continue
+        if line.startswith("events:"):
+            events = line.split()[1:]
+            continue
+        if line.startswith("ob="):
+            ob = name(line[3:])
+            continue
+        if line.startswith("fn="):
+            fn = name(line[3:])
+            continue
+        if line.startswith(("cob=", "cfi=", "cfl=", "cfn=")):
+            name(line[4:])
+            continue
+        if line.startswith("calls="):
+            skip = True  # the next cost line is the call's inclusive cost
+            continue
+        if not (line[0].isdigit() or line[0] in "+-*"):
+            continue
+        if skip:
+            skip = False
+            continue
+        if not ob or any(x in ob for x in exclude):
+            continue
+        parts = line.split()
+        addr = int(parts[0], 16)
+        costs = dict(zip(events, (int(x) for x in parts[npos:])))
+        f = fns[(os.path.basename(ob), fn)]
+        ir = costs.get("Ir", 0)
+        f["ir"] += ir
+        f["d1"] += costs.get("D1mr", 0) + costs.get("D1mw", 0)
+        f["lines"][addr >> 6] += ir
+    return fns
+
+
+def summarise(fns, pairs):
+    """Per event (half a pair): code lines (those run at least once in two
+    events), instructions and first-level data misses, for memviz's
+    extension (``_core``) and for the rest (Python, the C library, the
+    loader) that the capture path calls."""
+    total = {}
+    per_fn = {}
+    for who in ("memviz", "other"):
+        lines = set()
+        ir = d1 = walk = 0.0
+        for (ob, fn), f in fns.items():
+            if ("_core" in ob) != (who == "memviz"):
+                continue
+            hot = [ln for ln, n in f["lines"].items() if n >= pairs * 0.5]
+            lines.update(hot)
+            ir += f["ir"]
+            d1 += f["d1"]
+            if fn in WALK:
+                walk += f["d1"]
+            if f["ir"] >= pairs * 0.5:
+                per_fn[f"{fn} ({ob.split('.')[0]})"] = {
+                    "lines_per_pair": len(hot), "ir_per_event": round(f["ir"] / pairs / 2, 1),
+                    "d1_miss_per_event": round(f["d1"] / pairs / 2, 2)}
+        total[who] = {"code_lines": len(lines) / 2, "ir": round(ir / pairs / 2, 1),
+                      "d1_miss": round(d1 / pairs / 2, 2), "d1_miss_walk": round(walk / pairs / 2, 2)}
+    total["functions"] = dict(sorted(per_fn.items(), key=lambda kv: -kv[1]["lines_per_pair"]))
+    return total
+
+
+def run_mode(mode, a):
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "cg.out")
+        cmd = ["valgrind", "--tool=callgrind", "--dump-instr=yes", "--cache-sim=yes",
+               "--I1=32768,8,64", "--D1=32768,8,64", "--LL=2097152,16,64",
+               "--toggle-collect=wrap_allocate", "--toggle-collect=wrap_delete", "--compress-strings=no", "--compress-pos=no",
+               f"--callgrind-out-file={out}", sys.executable, __file__, "--child",
+               "--depth", str(a.depth), "--n", str(a.n), "--gap", str(a.gap), "--mode", mode]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit(f"{mode}: callgrind run failed:\n{p.stderr[-3000:]}")
+        frames = json.loads(p.stdout.strip().splitlines()[-1])["frames"]
+        r = summarise(parse(out, ("standin", "libc10_cuda")), a.n + 200)
+        r["frames"] = frames
+        return r
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--depth", type=int, default=23)
+    ap.add_argument("--n", type=int, default=4000)
+    ap.add_argument("--gap", type=int, default=131072)
+    ap.add_argument("--mode", action="append")
+    ap.add_argument("--json")
+    ap.add_argument("--child", action="store_true")
+    a = ap.parse_args()
+    if a.child:
+        child(a.depth, a.n, a.gap, (a.mode or ["rec:2"])[0])
+        return
+    res = {"depth": a.depth, "n": a.n, "gap": a.gap, "modes": {}}
+    for m in a.mode or ["rec:2", "noop:0"]:
+        r = run_mode(m, a)
+        res["modes"][m] = r
+        fn = ", ".join(f"{k} {v['lines_per_pair']}" for k, v in list(r["functions"].items())[:14])
+        m1, m2 = r["memviz"], r["other"]
+        print(f"{m:10s} per event: memviz's code lines {m1['code_lines']:5.1f}, instructions {m1['ir']:6.1f}, "
+              f"data misses {m1['d1_miss']:5.2f} (walk {m1['d1_miss_walk']:.2f}); called code (Python, libc) "
+              f"lines {m2['code_lines']:4.1f}, instructions {m2['ir']:5.1f}, data misses {m2['d1_miss']:5.2f}; "
+              f"frames {r['frames']}\n           code lines a pair: {fn}", flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
