@@ -38,7 +38,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-WALK = ("mvz_frames_capture_at",)
+WALK = ("mvz_frames_capture_at", "mvz_frames_capture_cmp")
 
 
 def child(depth, n, gap, mode):
@@ -173,7 +173,7 @@ def run_mode(mode, a):
         out = os.path.join(d, "cg.out")
         cmd = ["valgrind", "--tool=callgrind", "--dump-instr=yes", "--cache-sim=yes",
                "--I1=32768,8,64", "--D1=32768,8,64", "--LL=2097152,16,64",
-               "--toggle-collect=wrap_allocate", "--toggle-collect=wrap_delete", "--compress-strings=no", "--compress-pos=no",
+               "--toggle-collect=wrap_allocate*", "--toggle-collect=wrap_delete*", "--compress-strings=no", "--compress-pos=no",
                f"--callgrind-out-file={out}", sys.executable, __file__, "--child",
                "--depth", str(a.depth), "--n", str(a.n), "--gap", str(a.gap), "--mode", mode]
         p = subprocess.run(cmd, capture_output=True, text=True)

@@ -429,7 +429,7 @@ MVZ_HOT static void record(const decoded *dp, int result, int slot, uint64_t sta
 
 static void queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
                         uint64_t note, int line, int tsc, uint64_t clock, uint64_t stamp,
-                        const mvz_frame *f, int depth);
+                        const mvz_frame *f, int depth, int kept);
 static void queue_alloc_unbuffered(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
                                    uint64_t note, int line, int tsc, uint64_t clock,
                                    uint64_t stamp, int limit);
@@ -477,16 +477,21 @@ MVZ_HOT static void record_body(const decoded *dp, int result, int slot, uint64_
      * waits for it meanwhile). The store joins, hashes and interns the
      * frames when it applies the entry. */
     MVZ_STAGE(MVZ_ST_A_NOTE);
-    mvz_frame *walk = mvz_store_walk_buffer(thread_idx);
+    const mvz_frame *last;
+    int m;
+    mvz_frame *walk = mvz_store_walk_buffer(thread_idx, &last, &m);
     if (walk == NULL) { /* a thread the store could not register: all its frames */
         queue_alloc_unbuffered(&d, slot, lab, thread_idx, note, line, tsc, clock, stamp, limit);
         return;
     }
-    int nwhere;
+    int nwhere, kept = -1, depth;
     const void **where = mvz_store_walk_where(thread_idx, &nwhere);
-    int depth = mvz_frames_capture_at(walk, limit, where, nwhere);
+    if (__builtin_expect(nwhere != 0, 0)) /* the walk's prefetch (a benchmark's) */
+        depth = mvz_frames_capture_at(walk, limit, where, nwhere);
+    else /* compared with the last stack as it walks */
+        depth = mvz_frames_capture_cmp(walk, limit, last, m, &kept);
     MVZ_STAGE(MVZ_ST_A_WALK);
-    queue_alloc(&d, slot, lab, thread_idx, note, line, tsc, clock, stamp, walk, depth);
+    queue_alloc(&d, slot, lab, thread_idx, note, line, tsc, clock, stamp, walk, depth, kept);
 }
 
 /* Capture path, no GIL: record_body's allocation, queued from the stack
@@ -494,11 +499,11 @@ MVZ_HOT static void record_body(const decoded *dp, int result, int slot, uint64_
  * and its own TLS are written). */
 MVZ_HOT static void queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
                         uint64_t note, int line, int tsc, uint64_t clock, uint64_t stamp,
-                        const mvz_frame *f, int depth)
+                        const mvz_frame *f, int depth, int kept)
 {
     const decoded d = *dp;
     uint64_t pos;
-    mvz_capq_entry *e = mvz_store_enqueue_alloc(thread_idx, f, depth, &pos);
+    mvz_capq_entry *e = mvz_store_enqueue_alloc(thread_idx, f, depth, kept, &pos);
     e->what = (uint8_t)(MVZ_CAPQ_ALLOC | (stamp ? MVZ_CAPQ_STAMPED : 0) | (tsc ? MVZ_CAPQ_TSC : 0) |
                         (line ? MVZ_CAPQ_NODE_LINE : 0));
     e->address = d.address;
@@ -525,7 +530,7 @@ queue_alloc_unbuffered(const decoded *dp, int slot, uint32_t lab, uint32_t threa
 {
     mvz_frame frames[MVZ_MAX_DEPTH];
     int depth = mvz_frames_capture(frames, limit);
-    queue_alloc(dp, slot, lab, thread_idx, note, line, tsc, clock, stamp, frames, depth);
+    queue_alloc(dp, slot, lab, thread_idx, note, line, tsc, clock, stamp, frames, depth, -1);
 }
 
 static int (*ctx_get_current)(void **ctx); /* libcuda's cuCtxGetCurrent, when loaded */

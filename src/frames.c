@@ -22,6 +22,7 @@
 #include "frames.h"
 
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 
 #define STR_(x) #x
@@ -301,6 +302,8 @@ int mvz_frames_capture(mvz_frame *out, int max_depth)
     return mvz_frames_capture_at(out, max_depth, NULL, 0);
 }
 
+static int deep_stack(mvz_frame *out, int max_depth, int n, pyframe *f, int *kept_as_walked);
+
 /* Capture path, no GIL: as mvz_frames_capture; `where` is this thread's
  * own row (store.c). */
 MVZ_HOT int mvz_frames_capture_at(mvz_frame *out, int max_depth, const void **where, int nwhere)
@@ -318,6 +321,84 @@ MVZ_HOT int mvz_frames_capture_at(mvz_frame *out, int max_depth, const void **wh
         }
     if (f == NULL || n < max_depth)
         return n;
+    int as_walked;
+    return deep_stack(out, max_depth, n, f, &as_walked);
+}
+
+_Static_assert(sizeof(mvz_frame) == 16 && offsetof(mvz_frame, flags) == offsetof(mvz_frame, offset) + 4,
+               "a frame is a code pointer and one word of offset and flags");
+
+/* Capture path, no GIL: two words compared (a frame is 16 bytes). */
+static inline int same_frame(const mvz_frame *a, const mvz_frame *b)
+{
+    return memcmp(a, b, sizeof *a) == 0;
+}
+
+/* Capture path, no GIL: the caller's own buffers only. The usual case,
+ * the same depth and only the innermost frame moved, is one memcmp. */
+int mvz_frames_shared_outer(const mvz_frame *f, int n, const mvz_frame *last, int m)
+{
+    if (n == m && n > 0 && memcmp(f + 1, last + 1, (size_t)(n - 1) * sizeof *f) == 0)
+        return same_frame(f, last) ? n : n - 1;
+    int k = 0, most = n < m ? n : m;
+    const mvz_frame *a = f + n - 1, *b = last + m - 1;
+    for (; k < most; k++, a--, b--)
+        if (!same_frame(a, b))
+            break;
+    return k;
+}
+
+/* Capture path, no GIL: as mvz_frames_capture_at without `where`, the
+ * comparison with the previous stack made in the same pass (the frame
+ * just read is in a register; last[n] is this thread's own buffer): the
+ * outermost frame that differs is noted, so that at the same depth the
+ * frames out from it are the ones kept. */
+MVZ_HOT int mvz_frames_capture_cmp(mvz_frame *out, int max_depth, const mvz_frame *last, int m,
+                                   int *kept)
+{
+    *kept = -1;
+    PyThreadState *tstate = PyGILState_GetThisThreadState();
+    if (tstate == NULL)
+        return 0; /* a thread Python never saw: no frames, only a label */
+    if (last == NULL || max_depth <= 0) {
+        int n = mvz_frames_capture_at(out, max_depth, NULL, 0);
+        return n;
+    }
+    int n = 0, differs = -1; /* the outermost index where out and last differ */
+    pyframe *f = innermost(tstate);
+    mvz_frame fr;
+    while (f) {
+        pyframe *next = outer(f);
+        if (read_frame(f, &fr)) {
+            /* compared as two words from registers (a word load of the
+             * two 4-byte fields just stored would wait on the stores) */
+            const mvz_frame *l = &last[n];
+            uint64_t lw, fw;
+            memcpy(&lw, &l->offset, sizeof lw); /* offset and flags, one load */
+            memcpy(&fw, &fr.offset, sizeof fw); /* the same of a value in registers */
+            if (((uintptr_t)fr.code ^ (uintptr_t)l->code) | (fw ^ lw))
+                differs = n;
+            out[n] = fr;
+            if (++n == max_depth) {
+                f = next;
+                break;
+            }
+        }
+        f = next;
+    }
+    int as_walked = 1;
+    if (f != NULL && n == max_depth) /* deeper than max_depth */
+        n = deep_stack(out, max_depth, n, f, &as_walked);
+    if (as_walked && n == m) /* out[0..n) as compared */
+        *kept = n - 1 - differs;
+    return n;
+}
+
+/* Capture path, no GIL: a stack deeper than max_depth (the walk's comment
+ * above): out[0..max_depth) read, f the next frame. */
+static int deep_stack(mvz_frame *out, int max_depth, int n, pyframe *f, int *kept_as_walked)
+{
+    *kept_as_walked = 1; /* until the tail is rewritten */
     int tail = max_depth >= 8 ? max_depth / 4 : 0;
     const struct mvz_ruleset *rs = __atomic_load_n(&rules_now, __ATOMIC_ACQUIRE);
     if (tail == 0 || rs == NULL)
@@ -326,6 +407,7 @@ MVZ_HOT int mvz_frames_capture_at(mvz_frame *out, int max_depth, const void **wh
     for (int i = 0; i < max_depth; i++)
         if (!is_library(rs, out[i].code))
             return n; /* the user's frame is among those kept: as before */
+    *kept_as_walked = 0;
     /* Walk on: out[head..max_depth) is a ring of the last `tail` frames seen
      * (pos: the next to overwrite, the oldest written) until a user frame. */
     int pos = 0, k = -1;

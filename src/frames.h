@@ -18,6 +18,15 @@ int mvz_frames_capture(mvz_frame *out, int max_depth);
  * at all) the addresses of the first frames it reads, for the next walk's
  * prefetch (store.c, mvz_store_prefetch). */
 int mvz_frames_capture_at(mvz_frame *out, int max_depth, const void **where, int nwhere);
+/* As mvz_frames_capture, comparing as it walks: `last` (m frames, room for
+ * max_depth; NULL: nothing to compare with) is the thread's previous
+ * stack. *kept: how many outermost frames the walk shares with it, when
+ * the depths are the same; -1 when they are not, or for a stack deeper
+ * than max_depth (the caller compares; mvz_frames_shared_outer). */
+int mvz_frames_capture_cmp(mvz_frame *out, int max_depth, const mvz_frame *last, int m, int *kept);
+/* How many outermost frames f[0..n) (innermost first) shares with
+ * last[0..m), compared from the outer end. */
+int mvz_frames_shared_outer(const mvz_frame *f, int n, const mvz_frame *last, int m);
 
 /* Kinds of the rules Python hands down (memviz/model/frame_filter.py). */
 enum {

@@ -25,6 +25,7 @@
 #include "blocks.h"
 #include "capq.h"
 #include "clock.h"
+#include "frames.h"
 #include "hash.h"
 #include "labels.h"
 #include "livetab.h"
@@ -698,15 +699,18 @@ static __attribute__((noinline)) void pad(int hints)
 /* Capture path, no GIL, no lock: the entry is whole. */
 MVZ_HOT void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
 {
-    if (__builtin_expect(PF(MVZ_PF_PAD_CODE | MVZ_PF_PAD_DATA), 0))
-        pad(PF(MVZ_PF_PAD_CODE | MVZ_PF_PAD_DATA));
+    int hints = PF(MVZ_PF_ALL); /* one load: the benchmarks' switches below */
+    if (__builtin_expect(hints & (MVZ_PF_PAD_CODE | MVZ_PF_PAD_DATA), 0))
+        pad(hints & (MVZ_PF_PAD_CODE | MVZ_PF_PAD_DATA));
     if (pos == DISCARDED)
         return;
     unsigned units = e->units;
     mvz_capq_publish(e, pos);
-    if (PF(MVZ_PF_DEMOTE))
-        demote(e, units);
-    prefetch_claim(MVZ_PF_NEXT);
+    if (__builtin_expect(hints & (MVZ_PF_DEMOTE | MVZ_PF_NEXT), 0)) {
+        if (hints & MVZ_PF_DEMOTE)
+            demote(e, units);
+        prefetch_claim(MVZ_PF_NEXT);
+    }
     kick_drainer(pos);
 }
 
@@ -758,37 +762,31 @@ MVZ_HOT const void **mvz_store_walk_where(uint32_t thread_idx, int *n)
     return *n ? (const void **)walked_where.base + (size_t)thread_idx * WHERE_N : NULL;
 }
 
+static int share_frames = 1; /* atomic: mvz_store_share_frames */
+
 /* Capture path, no GIL: this thread's own buffer (see `walked`) to walk its
- * next stack into, or NULL for a thread the store could not register. The
- * queue's next unit is fetched meanwhile (prefetch_claim). */
-MVZ_HOT mvz_frame *mvz_store_walk_buffer(uint32_t thread_idx)
+ * next stack into, or NULL for a thread the store could not register; and
+ * in *last, *m the stack the walk compares with (its last one, NULL when
+ * mvz_store_enqueue_alloc will not keep frames of it). Reads this thread's
+ * TLS (the queue's next unit was asked for before PyTorch allocated:
+ * mvz_store_prefetch). */
+MVZ_HOT mvz_frame *mvz_store_walk_buffer(uint32_t thread_idx, const mvz_frame **last, int *m)
 {
-    prefetch_claim(MVZ_PF_QUEUE);
+    *last = NULL;
+    *m = 0;
     if (thread_idx >= MVZ_MAX_THREADS)
         return NULL;
+    if (tl_walk_gen == tl_generation && tl_walk_idx == thread_idx &&
+        (!tl_discarded || PF(MVZ_PF_DISCARD)) && __atomic_load_n(&share_frames, __ATOMIC_RELAXED)) {
+        *last = walk_row(thread_idx, tl_walk_last);
+        *m = tl_walk_n;
+    }
     return walk_row(thread_idx, !tl_walk_last);
 }
-
-static int share_frames = 1; /* atomic: mvz_store_share_frames */
 
 int mvz_store_share_frames(int on)
 {
     return __atomic_exchange_n(&share_frames, on ? 1 : 0, __ATOMIC_RELAXED);
-}
-
-/* Capture path, no GIL: how many outermost frames f[] (innermost first)
- * shares with last[], compared from the outer end. Both are this thread's
- * own buffers. The usual case, the same depth and only the innermost frame
- * moved, is one memcmp. */
-static inline int shared_outer(const mvz_frame *f, int n, const mvz_frame *last, int m)
-{
-    if (n == m && n > 0 && memcmp(f + 1, last + 1, (size_t)(n - 1) * sizeof *f) == 0)
-        return memcmp(f, last, sizeof *f) == 0 ? n : n - 1;
-    int k = 0;
-    while (k < n && k < m && f[n - 1 - k].code == last[m - 1 - k].code &&
-           f[n - 1 - k].offset == last[m - 1 - k].offset && f[n - 1 - k].flags == last[m - 1 - k].flags)
-        k++;
-    return k;
 }
 
 /* Capture path, no GIL: under MVZ_PF_DISCARD (a benchmark's), this
@@ -816,16 +814,18 @@ static inline mvz_capq_entry *discard_room(uint64_t *pos)
  * frame is written). Only this thread's buffers and TLS are read. The
  * caller fills the rest in and publishes it. */
 MVZ_HOT mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f, int depth,
-                                        uint64_t *pos)
+                                        int walked_kept, uint64_t *pos)
 {
     int kept = 0;
     uint32_t gen = tl_generation; /* the registration thread_idx comes from */
-    int mine = thread_idx < MVZ_MAX_THREADS && f == mvz_store_walk_buffer(thread_idx);
+    int mine = thread_idx < MVZ_MAX_THREADS && f == walk_row(thread_idx, !tl_walk_last);
     mvz_capq_entry *e = discard_room(pos);
     /* after a discarded allocation, the next queued one writes every frame */
     if (mine && tl_walk_gen == gen && tl_walk_idx == thread_idx && (e || !tl_discarded) &&
         __atomic_load_n(&share_frames, __ATOMIC_RELAXED)) {
-        kept = shared_outer(f, depth, walk_row(thread_idx, tl_walk_last), tl_walk_n);
+        kept = walked_kept >= 0 ? walked_kept /* compared by the walk (mvz_frames_capture_cmp) */
+                                : mvz_frames_shared_outer(f, depth, walk_row(thread_idx, tl_walk_last),
+                                                          tl_walk_n);
     }
     int written = depth - kept;
     MVZ_STAGE(MVZ_ST_A_COMPARE);
@@ -892,7 +892,6 @@ static const mvz_frame *entry_stack(const mvz_capq_entry *e, int *depth, uint32_
 /* Capture path, no GIL: a free, queued (its tick read before the claim). */
 MVZ_HOT void mvz_store_enqueue_free(uint64_t address, int kind, int op)
 {
-    prefetch_claim(MVZ_PF_QUEUE);
     int tsc = mvz_tick_is_tsc();
     uint64_t clock = mvz_tick_as(tsc);
     MVZ_STAGE(MVZ_ST_F_TICK);

@@ -71,7 +71,7 @@ void mvz_store_publish(mvz_capq_entry *e, uint64_t pos);
  * and writes every frame), then mvz_store_enqueue_alloc claims the entry,
  * writes its frames, depth, kept and thread_idx; the caller fills the rest
  * in and publishes it. */
-mvz_frame *mvz_store_walk_buffer(uint32_t thread_idx);
+mvz_frame *mvz_store_walk_buffer(uint32_t thread_idx, const mvz_frame **last, int *m);
 /* Capture path, no GIL, no lock, ahead of an allocation (allocator.c,
  * while PyTorch allocates): hints only. The queue's next unit, for writing
  * (the producers' line is read); the frames this thread's last walk read
@@ -81,8 +81,10 @@ void mvz_store_prefetch(void);
 /* Capture path, no GIL: where this thread's walk notes the addresses of
  * the frames it reads (*n of them at most; NULL, 0 where none is kept). */
 const void **mvz_store_walk_where(uint32_t thread_idx, int *n);
+/* `walked_kept`: the frames the walk found shared with *last (-1: not
+ * known; compared here). */
 mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f, int depth,
-                                        uint64_t *pos);
+                                        int walked_kept, uint64_t *pos);
 /* Any thread: whether entries leave shared frames out (tests turn it off
  * to fill the queue); returns the setting before. */
 int mvz_store_share_frames(int on);
