@@ -193,7 +193,7 @@ MVZ_HOT static void *wrap_allocate(void *sret, void *self, size_t n)
         }
         w[A.deleter_w] = (uintptr_t)wrap_delete;
         MVZ_STAGE(MVZ_ST_A_WRAP);
-        mvz_capture_block(0, w[A.data_w], n, 0, device_of_word(w[A.device_w]), stamp);
+        mvz_capture_block_alloc(w[A.data_w], n, device_of_word(w[A.device_w]), stamp);
         MVZ_STAGE(MVZ_ST_A_EXIT);
     }
     return r;
@@ -206,7 +206,7 @@ MVZ_HOT static void *wrap_allocate(void *sret, void *self, size_t n)
 MVZ_HOT static void wrap_delete(void *ctx)
 {
     MVZ_STAGE_BEGIN();
-    mvz_capture_block(1, (uint64_t)(uintptr_t)ctx, 0, 0, 0, 0);
+    mvz_capture_block_free((uint64_t)(uintptr_t)ctx);
     MVZ_STAGE(MVZ_ST_F_EXIT);
     A.orig_deleter(ctx);
     MVZ_STAGE_BEGIN();
@@ -261,7 +261,7 @@ static void *wrap_raw_alloc_stream(void *self, size_t n, void *stream)
 static void wrap_raw_delete(void *self, void *ptr)
 {
     if (ptr) /* recorded first, as in wrap_delete */
-        mvz_capture_block(1, (uint64_t)(uintptr_t)ptr, 0, 0, 0, 0);
+        mvz_capture_block_free((uint64_t)(uintptr_t)ptr);
     ((raw_delete_fn)A.orig[A.raw_delete_slot])(self, ptr);
 }
 

@@ -403,7 +403,24 @@ static inline int *busy_counter(void)
     return &busy[i].n;
 }
 
-MVZ_HOT static void record(const decoded *dp, int result, int slot, uint64_t stamp)
+/* Hot path, no GIL: a free goes straight to the queue (the store knows
+ * the device of what it frees); an allocation to record_body. Inlined into
+ * each caller, so that a caller whose event is known (a block's free) keeps
+ * only its own branch. */
+static inline __attribute__((always_inline)) void record_event(const decoded *dp, int result,
+                                                               int slot, uint64_t stamp)
+{
+    if (dp->is_free) {
+        MVZ_STAGE(MVZ_ST_F_ENTER);
+        if (result == 0) /* counted as the store applies it */
+            mvz_store_enqueue_free(dp->address, dp->kind, dp->op);
+        return;
+    }
+    record_body(dp, result, slot, stamp);
+}
+
+static inline __attribute__((always_inline)) void record(const decoded *dp, int result, int slot,
+                                                         uint64_t stamp)
 {
     int *mine = busy_counter();
     if (mine) {
@@ -414,7 +431,7 @@ MVZ_HOT static void record(const decoded *dp, int result, int slot, uint64_t sta
         __atomic_store_n(mine, was + 1, __ATOMIC_RELAXED);
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
         if (__atomic_load_n(&capturing, __ATOMIC_RELAXED))
-            record_body(dp, result, slot, stamp);
+            record_event(dp, result, slot, stamp);
         __atomic_store_n(mine, was, __ATOMIC_RELEASE);
         return;
     }
@@ -423,7 +440,7 @@ MVZ_HOT static void record(const decoded *dp, int result, int slot, uint64_t sta
      * and waits for it (no lock, no waiting on this side). */
     __atomic_fetch_add(&inflight, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&capturing, __ATOMIC_SEQ_CST))
-        record_body(dp, result, slot, stamp);
+        record_event(dp, result, slot, stamp);
     __atomic_fetch_sub(&inflight, 1, __ATOMIC_RELEASE);
 }
 
@@ -434,15 +451,10 @@ static void queue_alloc_unbuffered(const decoded *dp, int slot, uint32_t lab, ui
                                    uint64_t note, int line, int tsc, uint64_t clock,
                                    uint64_t stamp, int limit);
 
+/* Hot path, no GIL: an allocation (record_event). */
 MVZ_HOT static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
 {
     decoded d = *dp;
-    if (d.is_free) { /* the store knows the device of what it frees */
-        MVZ_STAGE(MVZ_ST_F_ENTER);
-        if (result == 0) /* counted as the store applies it */
-            mvz_store_enqueue_free(d.address, d.kind, d.op);
-        return;
-    }
     MVZ_STAGE(MVZ_ST_A_ENTER);
     int limit = __atomic_load_n(&depth_limit, __ATOMIC_RELAXED);
     const void *node = mvz_nodes_current();
@@ -477,19 +489,17 @@ MVZ_HOT static void record_body(const decoded *dp, int result, int slot, uint64_
      * waits for it meanwhile). The store joins, hashes and interns the
      * frames when it applies the entry. */
     MVZ_STAGE(MVZ_ST_A_NOTE);
-    const mvz_frame *last;
-    int m;
-    mvz_frame *walk = mvz_store_walk_buffer(thread_idx, &last, &m);
+    mvz_walk w;
+    mvz_frame *walk = mvz_store_walk_begin(thread_idx, &w);
     if (walk == NULL) { /* a thread the store could not register: all its frames */
         queue_alloc_unbuffered(&d, slot, lab, thread_idx, note, line, tsc, clock, stamp, limit);
         return;
     }
-    int nwhere, kept = -1, depth;
-    const void **where = mvz_store_walk_where(thread_idx, &nwhere);
-    if (__builtin_expect(nwhere != 0, 0)) /* the walk's prefetch (a benchmark's) */
-        depth = mvz_frames_capture_at(walk, limit, where, nwhere);
+    int kept = -1, depth;
+    if (__builtin_expect(w.nwhere != 0, 0)) /* the walk's prefetch (a benchmark's) */
+        depth = mvz_frames_capture_at(walk, limit, w.where, w.nwhere);
     else /* compared with the last stack as it walks */
-        depth = mvz_frames_capture_cmp(walk, limit, last, m, &kept);
+        depth = mvz_frames_capture_cmp(walk, limit, w.last, w.m, &kept);
     MVZ_STAGE(MVZ_ST_A_WALK);
     queue_alloc(&d, slot, lab, thread_idx, note, line, tsc, clock, stamp, walk, depth, kept);
 }
@@ -584,8 +594,9 @@ void mvz_capture_async(int is_free, int result, uint64_t address, uint64_t size,
  * allocator handed out (or took back) on this thread, from inside its
  * allocate/raw_alloc/deleter. Hot path, no GIL: as record(); the device is
  * the DataPtr's, or (slot < 0) the current context's (current_slot). */
-static inline void capture_block(int is_free, uint64_t address, uint64_t size, uint64_t stream,
-                                 int slot, uint64_t stamp)
+static inline __attribute__((always_inline)) void capture_block(int is_free, uint64_t address,
+                                                                uint64_t size, uint64_t stream,
+                                                                int slot, uint64_t stamp)
 {
     decoded d = {is_free ? MVZ_OP_BLOCK_FREE : MVZ_OP_BLOCK_ALLOC, MVZ_KIND_BLOCK, is_free,
                  address, size, stream};
@@ -598,8 +609,9 @@ static __attribute__((noinline)) void capture_block_timed(int is_free, uint64_t 
                                                           uint64_t size, uint64_t stream,
                                                           int slot, uint64_t stamp);
 
-MVZ_HOT void mvz_capture_block(int is_free, uint64_t address, uint64_t size, uint64_t stream, int slot,
-                       uint64_t stamp)
+static inline __attribute__((always_inline)) void block_event(int is_free, uint64_t address,
+                                                              uint64_t size, uint64_t stream,
+                                                              int slot, uint64_t stamp)
 {
     int on = __atomic_load_n(&capturing, __ATOMIC_ACQUIRE);
     if (!on)
@@ -611,6 +623,20 @@ MVZ_HOT void mvz_capture_block(int is_free, uint64_t address, uint64_t size, uin
     }
     capture_block(is_free, address, size, stream, slot, stamp);
 }
+
+MVZ_HOT void mvz_capture_block(int is_free, uint64_t address, uint64_t size, uint64_t stream, int slot,
+                       uint64_t stamp)
+{
+    block_event(is_free, address, size, stream, slot, stamp);
+}
+
+/* As mvz_capture_block, each with only its own branch. */
+MVZ_HOT void mvz_capture_block_alloc(uint64_t address, uint64_t size, int slot, uint64_t stamp)
+{
+    block_event(0, address, size, 0, slot, stamp);
+}
+
+MVZ_HOT void mvz_capture_block_free(uint64_t address) { block_event(1, address, 0, 0, 0, 0); }
 
 /* ---- the allocator route's capture path, timed (benchmarks only) --------
  * Under _core._callback_profile("time") the route's capture path runs

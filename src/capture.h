@@ -107,6 +107,9 @@ void mvz_capture_async(int is_free, int result, uint64_t address, uint64_t size,
  * ran (0: now). */
 void mvz_capture_block(int is_free, uint64_t address, uint64_t size, uint64_t stream, int slot,
                        uint64_t stamp);
+/* The same, for an allocation on no stream, and for a free. */
+void mvz_capture_block_alloc(uint64_t address, uint64_t size, int slot, uint64_t stamp);
+void mvz_capture_block_free(uint64_t address);
 /* Hot path (interpose.c's wrappers, no GIL): 1 while this thread runs the
  * real call from a wrapper, 0 after; the CUPTI callback then ignores that
  * call's own stream-ordered event. This thread's TLS only. */

@@ -751,37 +751,32 @@ MVZ_HOT void mvz_store_prefetch(void)
     }
 }
 
-/* Capture path, no GIL: this thread's own row (see `walked_where`), or
- * none while the walk's prefetch (MVZ_PF_WALK) is off: then the walk notes
- * no address. */
-MVZ_HOT const void **mvz_store_walk_where(uint32_t thread_idx, int *n)
-{
-    tl_where_n = 0; /* until this walk's are written (mvz_store_enqueue_alloc) */
-    *n = thread_idx < MVZ_MAX_THREADS && PF(MVZ_PF_WALK) ? WHERE_N : 0;
-    tl_where_asked = *n != 0;
-    return *n ? (const void **)walked_where.base + (size_t)thread_idx * WHERE_N : NULL;
-}
-
 static int share_frames = 1; /* atomic: mvz_store_share_frames */
 
-/* Capture path, no GIL: this thread's own buffer (see `walked`) to walk its
- * next stack into, or NULL for a thread the store could not register; and
- * in *last, *m the stack the walk compares with (its last one, NULL when
- * mvz_store_enqueue_alloc will not keep frames of it). Reads this thread's
- * TLS (the queue's next unit was asked for before PyTorch allocated:
- * mvz_store_prefetch). */
-MVZ_HOT mvz_frame *mvz_store_walk_buffer(uint32_t thread_idx, const mvz_frame **last, int *m)
+/* Capture path, no GIL: see store.h. Reads this thread's TLS and writes
+ * only *w and this thread's TLS (the queue's next unit was asked for
+ * before PyTorch allocated: mvz_store_prefetch). */
+MVZ_HOT mvz_frame *mvz_store_walk_begin(uint32_t thread_idx, mvz_walk *w)
 {
-    *last = NULL;
-    *m = 0;
+    w->last = NULL;
+    w->m = 0;
+    w->where = NULL;
+    w->nwhere = 0;
     if (thread_idx >= MVZ_MAX_THREADS)
-        return NULL;
-    if (tl_walk_gen == tl_generation && tl_walk_idx == thread_idx &&
-        (!tl_discarded || PF(MVZ_PF_DISCARD)) && __atomic_load_n(&share_frames, __ATOMIC_RELAXED)) {
-        *last = walk_row(thread_idx, tl_walk_last);
-        *m = tl_walk_n;
+        return w->buf = NULL;
+    int hints = PF(MVZ_PF_WALK | MVZ_PF_DISCARD);
+    tl_where_n = 0; /* until this walk's are written (mvz_store_enqueue_alloc) */
+    tl_where_asked = (hints & MVZ_PF_WALK) != 0;
+    if (__builtin_expect(hints & MVZ_PF_WALK, 0)) { /* the walk's prefetch: its row of addresses */
+        w->where = (const void **)walked_where.base + (size_t)thread_idx * WHERE_N;
+        w->nwhere = WHERE_N;
     }
-    return walk_row(thread_idx, !tl_walk_last);
+    if (tl_walk_gen == tl_generation && tl_walk_idx == thread_idx &&
+        (!tl_discarded || (hints & MVZ_PF_DISCARD)) && __atomic_load_n(&share_frames, __ATOMIC_RELAXED)) {
+        w->last = walk_row(thread_idx, tl_walk_last);
+        w->m = tl_walk_n;
+    }
+    return w->buf = walk_row(thread_idx, !tl_walk_last);
 }
 
 int mvz_store_share_frames(int on)
@@ -809,7 +804,7 @@ static inline mvz_capq_entry *discard_room(uint64_t *pos)
  * stack this thread queued (MVZ_CAPQ_KEPT): inside a step most allocations
  * come from the same few lines, and their callers' frames, a cold cache
  * line per four frames written into the queue, are the ones the thread
- * queued just before. `f` is the buffer mvz_store_walk_buffer gave this
+ * queued just before. `f` is the buffer mvz_store_walk_begin gave this
  * thread (or the caller's own, for a thread with no index: then every
  * frame is written). Only this thread's buffers and TLS are read. The
  * caller fills the rest in and publishes it. */

@@ -66,21 +66,27 @@ mvz_capq_entry *mvz_store_enqueue(unsigned units, uint64_t *pos);
 void mvz_store_publish(mvz_capq_entry *e, uint64_t pos);
 /* Capture path, no GIL: an allocation's stack goes into the queue as far as
  * it changed since the calling thread's previous one (capq.h,
- * MVZ_CAPQ_KEPT). The thread walks its stack into mvz_store_walk_buffer's
- * buffer (NULL: a thread past the thread table, which walks into its own
- * and writes every frame), then mvz_store_enqueue_alloc claims the entry,
- * writes its frames, depth, kept and thread_idx; the caller fills the rest
- * in and publishes it. */
-mvz_frame *mvz_store_walk_buffer(uint32_t thread_idx, const mvz_frame **last, int *m);
+ * MVZ_CAPQ_KEPT). mvz_store_walk_begin says where the thread walks its
+ * stack: `buf` (also returned; NULL: a thread past the thread table, which
+ * walks into its own and writes every frame), the stack to compare it
+ * with (`last`, `m` frames; NULL when none will be kept), and where the
+ * walk notes its frames' addresses (`where`, `nwhere`: only under the
+ * walk's prefetch, a benchmark's). Then mvz_store_enqueue_alloc claims the
+ * entry, writes its frames, depth, kept and thread_idx; the caller fills
+ * the rest in and publishes it. */
+typedef struct {
+    mvz_frame *buf;
+    const mvz_frame *last;
+    int m, nwhere;
+    const void **where;
+} mvz_walk;
+mvz_frame *mvz_store_walk_begin(uint32_t thread_idx, mvz_walk *w);
 /* Capture path, no GIL, no lock, ahead of an allocation (allocator.c,
  * while PyTorch allocates): hints only. The queue's next unit, for writing
  * (the producers' line is read); the frames this thread's last walk read
- * (mvz_store_walk_where), its last stack, and the buffer its next walk
+ * (mvz_walk's `where`), its last stack, and the buffer its next walk
  * writes. */
 void mvz_store_prefetch(void);
-/* Capture path, no GIL: where this thread's walk notes the addresses of
- * the frames it reads (*n of them at most; NULL, 0 where none is kept). */
-const void **mvz_store_walk_where(uint32_t thread_idx, int *n);
 /* `walked_kept`: the frames the walk found shared with *last (-1: not
  * known; compared here). */
 mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f, int depth,
