@@ -357,13 +357,11 @@ MVZ_HOT int mvz_frames_capture_cmp(mvz_frame *out, int max_depth, const mvz_fram
                                    int *kept)
 {
     *kept = -1;
+    if (last == NULL || max_depth <= 0) /* nothing to compare with */
+        return mvz_frames_capture_at(out, max_depth, NULL, 0);
     PyThreadState *tstate = PyGILState_GetThisThreadState();
     if (tstate == NULL)
         return 0; /* a thread Python never saw: no frames, only a label */
-    if (last == NULL || max_depth <= 0) {
-        int n = mvz_frames_capture_at(out, max_depth, NULL, 0);
-        return n;
-    }
     int n = 0, differs = -1; /* the outermost index where out and last differ */
     pyframe *f = innermost(tstate);
     mvz_frame fr;

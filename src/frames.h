@@ -21,8 +21,9 @@ int mvz_frames_capture_at(mvz_frame *out, int max_depth, const void **where, int
 /* As mvz_frames_capture, comparing as it walks: `last` (m frames, room for
  * max_depth; NULL: nothing to compare with) is the thread's previous
  * stack. *kept: how many outermost frames the walk shares with it, when
- * the depths are the same; -1 when they are not, or for a stack deeper
- * than max_depth (the caller compares; mvz_frames_shared_outer). */
+ * the depths are the same; -1 when they are not, when there was nothing to
+ * compare with, or when a stack deeper than max_depth had its last quarter
+ * rewritten (the caller compares: mvz_frames_shared_outer). */
 int mvz_frames_capture_cmp(mvz_frame *out, int max_depth, const mvz_frame *last, int m, int *kept);
 /* How many outermost frames f[0..n) (innermost first) shares with
  * last[0..m), compared from the outer end. */
