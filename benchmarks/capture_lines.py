@@ -31,6 +31,7 @@ optionally _core._depth(N)), ``noop:P``, ``off`` (the route bypassed),
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -197,6 +198,9 @@ def main():
     if a.child:
         child(a.depth, a.n, a.gap, (a.mode or ["rec:2"])[0])
         return
+    if shutil.which("valgrind") is None:
+        raise SystemExit("capture_lines.py counts with valgrind's callgrind, which is not installed here "
+                         "(Debian/Ubuntu: apt install valgrind)")
     res = {"depth": a.depth, "n": a.n, "gap": a.gap, "modes": {}}
     for m in a.mode or ["rec:2", "noop:0"]:
         r = run_mode(m, a)
