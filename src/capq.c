@@ -22,32 +22,6 @@ int mvz_capq_init(mvz_capq *q, uint64_t cap_units)
     return 0;
 }
 
-/* Capture path, no GIL, no lock: a compare-and-swap on the head, retried
- * only when another thread claimed in between. The room is checked against
- * the tail a producer last saw; only when that says full is the consumer's
- * tail read (acquire, and handed on with release through tail_seen, so a
- * producer writes into room only after the consumer has read it). */
-MVZ_HOT mvz_capq_entry *mvz_capq_claim(mvz_capq *q, unsigned units, uint64_t *pos)
-{
-    uint64_t h = __atomic_load_n(&q->head, __ATOMIC_RELAXED);
-    uint64_t t = __atomic_load_n(&q->tail_seen, __ATOMIC_ACQUIRE);
-    for (;;) {
-        if (h + units - t > q->cap) {
-            t = __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE);
-            __atomic_store_n(&q->tail_seen, t, __ATOMIC_RELEASE);
-            if (h + units - t > q->cap)
-                return NULL;
-        }
-        if (__atomic_compare_exchange_n(&q->head, &h, h + units, 1, __ATOMIC_RELAXED,
-                                        __ATOMIC_RELAXED))
-            break;
-    }
-    *pos = h;
-    mvz_capq_entry *e = &q->units[h & q->mask];
-    e->units = (uint8_t)units;
-    return e;
-}
-
 /* Store lock held (one consumer at a time). */
 mvz_capq_entry *mvz_capq_peek(mvz_capq *q, uint64_t limit)
 {

@@ -444,9 +444,9 @@ static inline __attribute__((always_inline)) void record(const decoded *dp, int 
     __atomic_fetch_sub(&inflight, 1, __ATOMIC_RELEASE);
 }
 
-static void queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
-                        uint64_t note, int line, int tsc, uint64_t clock, uint64_t stamp,
-                        const mvz_frame *f, int depth, int kept);
+static inline void queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
+                               uint64_t note, int line, int tsc, uint64_t clock, uint64_t stamp,
+                               const mvz_frame *f, int depth, int kept);
 static void queue_alloc_unbuffered(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
                                    uint64_t note, int line, int tsc, uint64_t clock,
                                    uint64_t stamp, int limit);
@@ -507,9 +507,9 @@ MVZ_HOT static void record_body(const decoded *dp, int result, int slot, uint64_
 /* Capture path, no GIL: record_body's allocation, queued from the stack
  * f[0..depth) just walked (only this thread's buffers, the queue's room
  * and its own TLS are written). */
-MVZ_HOT static void queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
-                        uint64_t note, int line, int tsc, uint64_t clock, uint64_t stamp,
-                        const mvz_frame *f, int depth, int kept)
+static inline __attribute__((always_inline)) void
+queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx, uint64_t note, int line,
+            int tsc, uint64_t clock, uint64_t stamp, const mvz_frame *f, int depth, int kept)
 {
     const decoded d = *dp;
     uint64_t pos;

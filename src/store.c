@@ -604,7 +604,18 @@ static void kick_drainer(uint64_t pos);
  * the lock is free (a leaf lock, as the capture path always took), else
  * yields to whoever holds it: every holder applies the queue. Nothing is
  * dropped. */
-MVZ_HOT mvz_capq_entry *mvz_store_enqueue(unsigned units, uint64_t *pos)
+static __attribute__((noinline, cold)) mvz_capq_entry *enqueue_full(unsigned units, uint64_t *pos);
+
+/* The claim inlined; the queue full, out of line. */
+static inline __attribute__((always_inline)) mvz_capq_entry *enqueue(unsigned units, uint64_t *pos)
+{
+    mvz_capq_entry *e = mvz_capq_claim(&capq, units, pos);
+    return __builtin_expect(e != NULL, 1) ? e : enqueue_full(units, pos);
+}
+
+MVZ_HOT mvz_capq_entry *mvz_store_enqueue(unsigned units, uint64_t *pos) { return enqueue(units, pos); }
+
+static __attribute__((noinline, cold)) mvz_capq_entry *enqueue_full(unsigned units, uint64_t *pos)
 {
     for (;;) {
         mvz_capq_entry *e = mvz_capq_claim(&capq, units, pos);
@@ -828,7 +839,7 @@ MVZ_HOT mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_f
         tl_discarded = 1;
     else {
         tl_discarded = 0;
-        e = mvz_store_enqueue(MVZ_CAPQ_UNITS(written), pos);
+        e = enqueue(MVZ_CAPQ_UNITS(written), pos);
     }
     MVZ_STAGE(MVZ_ST_A_CLAIM);
     memcpy(mvz_capq_frames(e), f, (size_t)written * sizeof *f);
@@ -893,7 +904,7 @@ MVZ_HOT void mvz_store_enqueue_free(uint64_t address, int kind, int op)
     uint64_t pos;
     mvz_capq_entry *e = discard_room(&pos);
     if (!e)
-        e = mvz_store_enqueue(1, &pos);
+        e = enqueue(1, &pos);
     MVZ_STAGE(MVZ_ST_F_CLAIM);
     e->what = (uint8_t)(MVZ_CAPQ_FREE | (tsc ? MVZ_CAPQ_TSC : 0));
     e->address = address;
