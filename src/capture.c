@@ -609,6 +609,8 @@ static __attribute__((noinline)) void capture_block_timed(int is_free, uint64_t 
                                                           uint64_t size, uint64_t stream,
                                                           int slot, uint64_t stamp);
 
+/* Hot path, no GIL: the capture flag read once (an atomic load), then
+ * capture_block, or its timed twin under a benchmark's profile. */
 static inline __attribute__((always_inline)) void block_event(int is_free, uint64_t address,
                                                               uint64_t size, uint64_t stream,
                                                               int slot, uint64_t stamp)
@@ -630,7 +632,8 @@ MVZ_HOT void mvz_capture_block(int is_free, uint64_t address, uint64_t size, uin
     block_event(is_free, address, size, stream, slot, stamp);
 }
 
-/* As mvz_capture_block, each with only its own branch. */
+/* As mvz_capture_block, each with only its own branch. Hot path, no GIL:
+ * as capture_block (this thread's TLS and buffers, the queue's room). */
 MVZ_HOT void mvz_capture_block_alloc(uint64_t address, uint64_t size, int slot, uint64_t stamp)
 {
     block_event(0, address, size, 0, slot, stamp);

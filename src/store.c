@@ -606,7 +606,8 @@ static void kick_drainer(uint64_t pos);
  * dropped. */
 static __attribute__((noinline, cold)) mvz_capq_entry *enqueue_full(unsigned units, uint64_t *pos);
 
-/* The claim inlined; the queue full, out of line. */
+/* Capture path, no GIL, no lock held: the claim inlined (a compare-and-swap
+ * on the producers' line); the queue full, out of line (enqueue_full). */
 static inline __attribute__((always_inline)) mvz_capq_entry *enqueue(unsigned units, uint64_t *pos)
 {
     mvz_capq_entry *e = mvz_capq_claim(&capq, units, pos);
