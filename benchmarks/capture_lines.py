@@ -1,31 +1,35 @@
 """What the capture path touches per event, counted exactly (valgrind's callgrind).
 
     python benchmarks/capture_lines.py [--depth 23] [--n 4000] [--gap 131072]
-                                       [--mode rec:2] [--mode lean] ... [--json OUT]
+                                       [--mode rec:2] [--mode noop:0] ... [--json OUT]
 
 Inside a step, every cache line the capture path touches is cold and costs
 a few nanoseconds (RESULTS.md, ninth session: about 3 ns a line, code or
 data), so the number of lines is the capture path's cost model. Timing on
 this shared machine cannot resolve a few lines; callgrind's counts are
 exact. Each mode runs in its own process under callgrind, collecting only
-inside the stand-in allocator's loop (tests/stand_in_allocator: n tensor
+inside the allocator route's wrappers (wrap_allocate, wrap_delete) while
+the stand-in allocator's loop runs (tests/stand_in_allocator: n tensor
 allocations and frees through the real allocator route under
 memviz.track(), `depth` Python frames deep, with `gap` bytes written
 between tensors so that the simulated first-level data cache holds nothing
-of the last event). Reported per event (an allocation or a free):
+of the last event). Reported per event (an allocation or a free), for
+memviz's extension and, apart, for the code it calls (Python, the C
+library; the stand-in allocator's own code is left out, but the C library
+functions it calls, its mutex, are counted there in every mode):
 
-- ``code_lines``: distinct 64-byte lines of memviz's extension executed at
-  least once per event pair (`lines_alloc_pair`), halved;
-- ``ir``: instructions in memviz's extension;
-- ``d1_miss``: first-level data-cache misses (reads and writes) of memviz's
-  instructions: the data lines it touches that the step's work evicted
-  (``d1_miss_walk``: those of the frame walk, Python's frames: inside a
-  real step the interpreter has just used most of them);
+- ``code_lines``: distinct 64-byte lines executed at least once per event
+  pair, halved;
+- ``ir``: instructions;
+- ``d1_miss``: first-level data-cache misses (reads and writes): the data
+  lines touched that the step's work evicted (``d1_miss_walk``: those of
+  the frame walk, Python's frames and the previous stack it compares with;
+  inside a real step the interpreter has just used most of the frames);
 - per function, the same.
 
 A mode is bench_toggle.py's: ``rec:P[:dN]`` (recording with _core._prefetch(P),
-optionally _core._depth(N)), ``noop:P``, ``off`` (the route bypassed),
-``lean`` (the lean capture path, when the build has it).
+optionally _core._depth(N)), ``noop:P`` (the route, nothing recorded), or
+``off`` (the route bypassed: nothing of memviz runs, so nothing is counted).
 """
 
 import argparse
