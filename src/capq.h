@@ -96,8 +96,7 @@ int mvz_capq_init(mvz_capq *q, uint64_t cap_units);
 
 /* Capture path, no GIL, no lock: room for `units` units, or NULL when the
  * queue is full. The caller fills the entry and its frames in, then
- * publishes it; *pos is its place. */
-/* Capture path, no GIL, no lock: a compare-and-swap on the head, retried
+ * publishes it; *pos is its place. A compare-and-swap on the head, retried
  * only when another thread claimed in between. The room is checked against
  * the tail a producer last saw; only when that says full is the consumer's
  * tail read (acquire, and handed on with release through tail_seen, so a

@@ -614,8 +614,6 @@ static inline __attribute__((always_inline)) mvz_capq_entry *enqueue(unsigned un
     return __builtin_expect(e != NULL, 1) ? e : enqueue_full(units, pos);
 }
 
-MVZ_HOT mvz_capq_entry *mvz_store_enqueue(unsigned units, uint64_t *pos) { return enqueue(units, pos); }
-
 static __attribute__((noinline, cold)) mvz_capq_entry *enqueue_full(unsigned units, uint64_t *pos)
 {
     for (;;) {
@@ -765,6 +763,17 @@ MVZ_HOT void mvz_store_prefetch(void)
 
 static int share_frames = 1; /* atomic: mvz_store_share_frames */
 
+/* Capture path, no GIL: whether this thread's next allocation may leave
+ * out the frames it shares with its last stack: that stack is in this
+ * thread's buffers under this registration `gen`, it was queued (after a
+ * discarded one the next writes every frame, unless this one is discarded
+ * too), and sharing is on. This thread's TLS and one relaxed load. */
+static inline int keeps_frames(uint32_t thread_idx, uint32_t gen, int discarding)
+{
+    return tl_walk_gen == gen && tl_walk_idx == thread_idx && (discarding || !tl_discarded) &&
+           __atomic_load_n(&share_frames, __ATOMIC_RELAXED);
+}
+
 /* Capture path, no GIL: see store.h. Reads this thread's TLS and writes
  * only *w and this thread's TLS (the queue's next unit was asked for
  * before PyTorch allocated: mvz_store_prefetch). */
@@ -783,8 +792,7 @@ MVZ_HOT mvz_frame *mvz_store_walk_begin(uint32_t thread_idx, mvz_walk *w)
         w->where = (const void **)walked_where.base + (size_t)thread_idx * WHERE_N;
         w->nwhere = WHERE_N;
     }
-    if (tl_walk_gen == tl_generation && tl_walk_idx == thread_idx &&
-        (!tl_discarded || (hints & MVZ_PF_DISCARD)) && __atomic_load_n(&share_frames, __ATOMIC_RELAXED)) {
+    if (keeps_frames(thread_idx, tl_generation, (hints & MVZ_PF_DISCARD) != 0)) {
         w->last = walk_row(thread_idx, tl_walk_last);
         w->m = tl_walk_n;
     }
@@ -827,9 +835,7 @@ MVZ_HOT mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_f
     uint32_t gen = tl_generation; /* the registration thread_idx comes from */
     int mine = thread_idx < MVZ_MAX_THREADS && f == walk_row(thread_idx, !tl_walk_last);
     mvz_capq_entry *e = discard_room(pos);
-    /* after a discarded allocation, the next queued one writes every frame */
-    if (mine && tl_walk_gen == gen && tl_walk_idx == thread_idx && (e || !tl_discarded) &&
-        __atomic_load_n(&share_frames, __ATOMIC_RELAXED)) {
+    if (mine && keeps_frames(thread_idx, gen, e != NULL)) {
         kept = walked_kept >= 0 ? walked_kept /* compared by the walk (mvz_frames_capture_cmp) */
                                 : mvz_frames_shared_outer(f, depth, walk_row(thread_idx, tl_walk_last),
                                                           tl_walk_n);

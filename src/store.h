@@ -59,10 +59,9 @@ void mvz_store_free(uint64_t address, int kind);
  * recorded on it (MVZ_FLAG_STREAM). */
 void mvz_store_mark_stream(uint64_t address);
 /* The capture queue (capq.h), the capture path's way into the store since
- * issue 27: no lock taken. Capture path, no GIL: room for an event of
- * `units` units (applying the queue itself when it is full, never
- * dropping); the caller fills it in and publishes it. */
-mvz_capq_entry *mvz_store_enqueue(unsigned units, uint64_t *pos);
+ * issue 27: no lock taken. Capture path, no GIL: an entry claimed by
+ * mvz_store_enqueue_alloc or _free (applying the queue itself when it is
+ * full, never dropping) is published, once filled in, here. */
 void mvz_store_publish(mvz_capq_entry *e, uint64_t pos);
 /* Capture path, no GIL: an allocation's stack goes into the queue as far as
  * it changed since the calling thread's previous one (capq.h,

@@ -360,7 +360,6 @@ USED_ALONE = {
     "mvz_allocator_trip_hits": "the tripwires' assembly reads it",
     "mvz_allocator_trip_table": "defined in assembly, read by name",
     "mvz_allocator_trip_targets": "the tripwires' assembly jumps through it",
-    "mvz_store_enqueue": "store.h's documented way into the queue; store.c calls it",
     "mvz_store_new_stack_hook": "codeobj.c sets it on Python before 3.12 only (Py_AddPendingCall there)",
     "mvz_replay_event": "replay.h's one-event step; replay.c's chunk and column replays call it",
     "mvz_tw_write": "trace_writer.h's plain write (trace_writer.c is another change's file)",
