@@ -15,6 +15,7 @@ core = Extension(
     sources=[
         "src/module.c",
         "src/capture.c",
+        "src/hot.c",
         "src/seqmap.c",
         "src/nodes.c",
         "src/interpose.c",

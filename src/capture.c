@@ -9,6 +9,7 @@
  * mvz_capture_async / mvz_capture_block / mvz_capture_set_inside.
  */
 #define _GNU_SOURCE
+#include "hot.h"
 #include "capture.h"
 #include "cupti.h"
 #include "frames.h"
@@ -52,7 +53,6 @@ static const uint32_t memory_cbids[] = {
 };
 #define N_CBIDS (sizeof memory_cbids / sizeof memory_cbids[0])
 
-static int capturing;  /* read with atomics on the hot path: 0 off, 1 on, CAPTURING_TIMED or _NOOP */
 /* On, with the allocator route's capture path timed (capture_block_timed). */
 #define CAPTURING_TIMED 2
 /* On, with the allocator route's capture path returning at once (a
@@ -64,10 +64,10 @@ static int capturing;  /* read with atomics on the hot path: 0 off, 1 on, CAPTUR
  *  - per thread (busy[]), with no atomic read-modify-write and no fence on
  *    the capture path: stop() pays instead, with one membarrier() that runs
  *    a full memory barrier on every thread of the process, between its
- *    clearing `capturing` and its reading the counters (an asymmetric
- *    Dekker: a recording either sees capturing off, or its counter was set
+ *    clearing `mvz_hot.capturing` and its reading the counters (an asymmetric
+ *    Dekker: a recording either sees mvz_hot.capturing off, or its counter was set
  *    before that barrier and stop sees it). Used once membarrier's private
- *    expedited command is registered (`fenced`, Linux 4.14 and later);
+ *    expedited command is registered (`mvz_hot.fenced`, Linux 4.14 and later);
  *  - one shared counter (inflight), a locked add and a sequentially
  *    consistent load a recording: where membarrier is missing or refused
  *    (a seccomp filter), and for threads beyond BUSY_SLOTS.
@@ -81,10 +81,7 @@ typedef struct {
 } busy_slot;
 static busy_slot busy[BUSY_SLOTS] __attribute__((aligned(64)));
 static int busy_used; /* slots handed out; atomic, never reset (threads keep theirs) */
-static int fenced;    /* 1 once membarrier is registered; atomic; 0 again only in a fork child */
-/* This thread's slot + 1; 0: none yet; -1: none left. */
-static __thread int tl_busy __attribute__((tls_model("initial-exec")));
-static int depth_limit = 32;
+/* This thread's slot + 1 is mvz_tl.busy (hot.h); 0: none yet; -1: none left. */
 static mvz_CUpti_SubscriberHandle subscriber;
 static uint64_t counts[MVZ_OP_COUNT];
 static int activity_on;
@@ -106,16 +103,15 @@ static uint64_t profile_calls, profile_ns;
 
 /* ---- this thread's label (labels.h has the table) ---------------------- */
 
-static __thread uint32_t tl_label __attribute__((tls_model("initial-exec")));
 /* 1 while this thread runs a real call from interpose.c's wrappers. */
 static __thread int tl_inside __attribute__((tls_model("initial-exec")));
-/* This thread is inside memviz's own work (the allocator route's probe):
- * what it allocates is memviz's (MVZ_FLAG_MEMVIZ), not the user's line. */
-static __thread int tl_own __attribute__((tls_model("initial-exec")));
+/* mvz_tl.own: this thread is inside memviz's own work (the allocator route's
+ * probe): what it allocates is memviz's (MVZ_FLAG_MEMVIZ), not the user's
+ * line. mvz_tl.label: its label. */
 
 /* Thread-local, initial-exec: reading it is one load from this thread's
  * own TLS block, safe in the callback. */
-uint32_t mvz_capture_label_get(void) { return tl_label; }
+uint32_t mvz_capture_label_get(void) { return mvz_tl.label; }
 
 /* A node label set from Python inside a node (a saved tensor's unpack hook
  * names its pack line) holds only while that same node runs: the callback
@@ -125,7 +121,7 @@ static __thread uint64_t tl_label_seq __attribute__((tls_model("initial-exec")))
 
 void mvz_capture_label_set(uint32_t id)
 {
-    tl_label = id;
+    mvz_tl.label = id;
     const void *node = mvz_labels_is_node(id) ? mvz_nodes_current() : NULL;
     tl_label_node = node;
     tl_label_seq = mvz_nodes_seq(node);
@@ -138,9 +134,10 @@ void mvz_capture_label_set(uint32_t id)
  * before it, in claim order), so this thread reads neither the seqmap nor
  * waits for the queue. A node label Python set during this very node is
  * taken as it is (*line 0). */
-MVZ_HOT static uint32_t current_label(const void *node, int *line, uint64_t *seq)
+static inline __attribute__((always_inline)) uint32_t current_label(const void *node, int *line,
+                                                                   uint64_t *seq)
 {
-    uint32_t lab = tl_label;
+    uint32_t lab = mvz_tl.label;
     *line = 0;
     if (!node)
         return lab;
@@ -357,7 +354,7 @@ static void record_call(int domain, uint32_t cbid, const void *data)
     const mvz_CUpti_CallbackData *cb = data;
     if (domain != MVZ_CUPTI_CB_DOMAIN_DRIVER_API || cb->callbackSite != MVZ_CUPTI_API_EXIT)
         return;
-    if (!__atomic_load_n(&capturing, __ATOMIC_ACQUIRE))
+    if (!__atomic_load_n(&mvz_hot.capturing, __ATOMIC_ACQUIRE))
         return;
     int result = cb->functionReturnValue ? *(const int *)cb->functionReturnValue : 0;
     decoded d;
@@ -377,29 +374,36 @@ static void record_call(int domain, uint32_t cbid, const void *data)
 /* Hot path, no GIL, any thread: the common tail of the CUPTI callback and
  * the stream-ordered wrappers (interpose.c). Same guarantees as
  * record_call: this thread's frames and TLS, leaf locks only. */
-static void record_body(const decoded *dp, int result, int slot, uint64_t stamp);
+static inline __attribute__((always_inline)) void record_body(const decoded *dp, int result,
+                                                              int slot, uint64_t stamp);
 
 /* Hot path, no GIL: this thread's recording counter (busy[] above), given
  * out once per thread by an atomic add; NULL when membarrier is not in use
  * or the slots are all taken (the shared counter then). Touches only this
  * thread's TLS and the slot it owns. */
-static inline int *busy_counter(void)
+static __attribute__((noinline, cold)) int *busy_claim(void);
+
+static inline __attribute__((always_inline)) int *busy_counter(void)
 {
-    if (!__atomic_load_n(&fenced, __ATOMIC_ACQUIRE))
+    if (!__atomic_load_n(&mvz_hot.fenced, __ATOMIC_ACQUIRE))
         return NULL;
-    int s = tl_busy;
-    if (s > 0)
+    int s = mvz_tl.busy;
+    if (__builtin_expect(s > 0, 1))
         return &busy[s - 1].n;
-    if (s < 0)
-        return NULL;
-    /* Once per thread; sequentially consistent, so that a thread that takes
-     * its slot after stop() read busy_used also reads capturing after it. */
+    return s < 0 ? NULL : busy_claim();
+}
+
+/* Capture path, no GIL: this thread's first recording takes its slot (out
+ * of line: once per thread). Sequentially consistent, so that a thread that
+ * takes its slot after stop() read busy_used also reads capturing after it. */
+static __attribute__((noinline, cold)) int *busy_claim(void)
+{
     int i = __atomic_fetch_add(&busy_used, 1, __ATOMIC_SEQ_CST);
     if (i >= BUSY_SLOTS) {
-        tl_busy = -1;
+        mvz_tl.busy = -1;
         return NULL;
     }
-    tl_busy = i + 1;
+    mvz_tl.busy = i + 1;
     return &busy[i].n;
 }
 
@@ -419,6 +423,9 @@ static inline __attribute__((always_inline)) void record_event(const decoded *dp
     record_body(dp, result, slot, stamp);
 }
 
+static void record_unfenced(int op, int kind, int is_free, uint64_t address, uint64_t size,
+                            uint64_t stream, int result, int slot, uint64_t stamp);
+
 static inline __attribute__((always_inline)) void record(const decoded *dp, int result, int slot,
                                                          uint64_t stamp)
 {
@@ -430,48 +437,73 @@ static inline __attribute__((always_inline)) void record(const decoded *dp, int 
         int was = __atomic_load_n(mine, __ATOMIC_RELAXED);
         __atomic_store_n(mine, was + 1, __ATOMIC_RELAXED);
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
-        if (__atomic_load_n(&capturing, __ATOMIC_RELAXED))
+        if (__atomic_load_n(&mvz_hot.capturing, __ATOMIC_RELAXED))
             record_event(dp, result, slot, stamp);
         __atomic_store_n(mine, was, __ATOMIC_RELEASE);
         return;
     }
-    /* Sequentially consistent both here and in mvz_capture_stop: either
-     * this sees capturing off and backs out, or stop sees this recording
-     * and waits for it (no lock, no waiting on this side). */
+    record_unfenced(dp->op, dp->kind, dp->is_free, dp->address, dp->size, dp->stream, result, slot,
+                    stamp);
+}
+
+/* Capture path, no GIL: record() where membarrier is not in use or this
+ * thread has no slot (rare), out of line. Sequentially consistent both
+ * here and in mvz_capture_stop: either this sees capturing off and backs
+ * out, or stop sees this recording and waits for it (no lock, no waiting
+ * on this side). */
+static __attribute__((noinline, cold)) void record_unfenced(int op, int kind, int is_free,
+                                                           uint64_t address, uint64_t size,
+                                                           uint64_t stream, int result, int slot,
+                                                           uint64_t stamp)
+{
+    decoded d = {op, kind, is_free, address, size, stream}; /* passed in registers: see record */
     __atomic_fetch_add(&inflight, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&capturing, __ATOMIC_SEQ_CST))
-        record_event(dp, result, slot, stamp);
+    if (__atomic_load_n(&mvz_hot.capturing, __ATOMIC_SEQ_CST))
+        record_event(&d, result, slot, stamp);
     __atomic_fetch_sub(&inflight, 1, __ATOMIC_RELEASE);
 }
 
 static inline void queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
                                uint64_t note, int line, int tsc, uint64_t clock, uint64_t stamp,
                                const mvz_frame *f, int depth, int kept);
-static void queue_alloc_unbuffered(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
+static void queue_alloc_unbuffered(int op, int kind, uint64_t address, uint64_t size,
+                                   uint64_t stream, int slot, uint32_t lab, uint32_t thread_idx,
                                    uint64_t note, int line, int tsc, uint64_t clock,
                                    uint64_t stamp, int limit);
 
-/* Hot path, no GIL: an allocation (record_event). */
-MVZ_HOT static void record_body(const decoded *dp, int result, int slot, uint64_t stamp)
+/* Capture path, no GIL: a failed allocation (rare, and read at once):
+ * recorded under the store's lock, out of the hot path's line. */
+static __attribute__((noinline, cold)) void record_failure(uint64_t size, uint64_t stream, int kind,
+                                                          int result, int slot, int limit,
+                                                          const void *node, uint32_t lab, int line)
+{
+    if (line) { /* the forward line now: its note applied first */
+        mvz_store_sync();
+        uint32_t full = mvz_nodes_label(node);
+        lab = full ? full : lab;
+    }
+    mvz_frame frames[MVZ_MAX_DEPTH];
+    int depth = mvz_frames_capture(frames, limit);
+    count(MVZ_OP_FAILED);
+    mvz_store_failure(size, stream, slot, kind, lab, result, frames, depth);
+}
+
+/* Hot path, no GIL: an allocation (record_event). Inlined into each entry
+ * point, so that the event's fields stay in registers (a block's kind and
+ * operation are constants there) instead of a struct on the stack. */
+static inline __attribute__((always_inline)) void record_body(const decoded *dp, int result,
+                                                              int slot, uint64_t stamp)
 {
     decoded d = *dp;
     MVZ_STAGE(MVZ_ST_A_ENTER);
-    int limit = __atomic_load_n(&depth_limit, __ATOMIC_RELAXED);
+    int limit = __atomic_load_n(&mvz_hot.depth_limit, __ATOMIC_RELAXED);
     const void *node = mvz_nodes_current();
     int line;
     uint64_t node_seq = 0;
     uint32_t lab = current_label(node, &line, &node_seq);
     MVZ_STAGE(MVZ_ST_A_LABEL);
-    if (result != 0 || d.address == 0) { /* rare, and read at once: recorded under the lock */
-        if (line) { /* the forward line now: its note applied first */
-            mvz_store_sync();
-            uint32_t full = mvz_nodes_label(node);
-            lab = full ? full : lab;
-        }
-        mvz_frame frames[MVZ_MAX_DEPTH];
-        int depth = mvz_frames_capture(frames, limit);
-        count(MVZ_OP_FAILED);
-        mvz_store_failure(d.size, d.stream, slot, d.kind, lab, result, frames, depth);
+    if (__builtin_expect(result != 0 || d.address == 0, 0)) {
+        record_failure(d.size, d.stream, d.kind, result, slot, limit, node, lab, line);
         return;
     }
     uint32_t thread_idx = mvz_store_thread_index();
@@ -492,7 +524,8 @@ MVZ_HOT static void record_body(const decoded *dp, int result, int slot, uint64_
     mvz_walk w;
     mvz_frame *walk = mvz_store_walk_begin(thread_idx, &w);
     if (walk == NULL) { /* a thread the store could not register: all its frames */
-        queue_alloc_unbuffered(&d, slot, lab, thread_idx, note, line, tsc, clock, stamp, limit);
+        queue_alloc_unbuffered(d.op, d.kind, d.address, d.size, d.stream, slot, lab, thread_idx, note,
+                               line, tsc, clock, stamp, limit);
         return;
     }
     int kept = -1, depth;
@@ -524,7 +557,7 @@ queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx, uint
     e->slot = (int8_t)(slot < 0 || slot >= MVZ_NSLOTS ? MVZ_HOST_SLOT : slot);
     e->op = (uint8_t)d.op; /* counted as the store applies it */
     e->kind = (uint8_t)d.kind;
-    e->flags = tl_own ? MVZ_FLAG_MEMVIZ : 0;
+    e->flags = mvz_tl.own ? MVZ_FLAG_MEMVIZ : 0;
     e->seq_note = line || depth > 0 ? note : 0;
     MVZ_STAGE(MVZ_ST_A_FILL);
     mvz_store_publish(e, pos);
@@ -534,13 +567,14 @@ queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx, uint
 /* Capture path, no GIL: as queue_alloc, for a thread past the store's
  * thread table (rare): walked on this stack. */
 static __attribute__((noinline, cold)) void
-queue_alloc_unbuffered(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx,
-                       uint64_t note, int line, int tsc, uint64_t clock, uint64_t stamp,
-                       int limit)
+queue_alloc_unbuffered(int op, int kind, uint64_t address, uint64_t size, uint64_t stream, int slot,
+                       uint32_t lab, uint32_t thread_idx, uint64_t note, int line, int tsc,
+                       uint64_t clock, uint64_t stamp, int limit)
 {
+    decoded d = {op, kind, 0, address, size, stream};
     mvz_frame frames[MVZ_MAX_DEPTH];
     int depth = mvz_frames_capture(frames, limit);
-    queue_alloc(dp, slot, lab, thread_idx, note, line, tsc, clock, stamp, frames, depth, -1);
+    queue_alloc(&d, slot, lab, thread_idx, note, line, tsc, clock, stamp, frames, depth, -1);
 }
 
 static int (*ctx_get_current)(void **ctx); /* libcuda's cuCtxGetCurrent, when loaded */
@@ -569,8 +603,8 @@ void mvz_capture_set_inside(int on) { tl_inside = on; }
 /* With the GIL, this thread's own TLS: memviz's own work begins or ends. */
 int mvz_capture_set_own(int on)
 {
-    int was = tl_own;
-    tl_own = on;
+    int was = mvz_tl.own;
+    mvz_tl.own = on;
     return was;
 }
 
@@ -579,7 +613,7 @@ int mvz_capture_set_own(int on)
  * (current_slot). Hot path, no GIL: as record(). */
 void mvz_capture_async(int is_free, int result, uint64_t address, uint64_t size, uint64_t stream)
 {
-    if (!__atomic_load_n(&capturing, __ATOMIC_ACQUIRE))
+    if (!__atomic_load_n(&mvz_hot.capturing, __ATOMIC_ACQUIRE))
         return;
     decoded d = {is_free ? MVZ_OP_FREE_ASYNC : MVZ_OP_ALLOC_ASYNC, MVZ_KIND_DEVICE, is_free,
                  address, size, stream};
@@ -615,7 +649,7 @@ static inline __attribute__((always_inline)) void block_event(int is_free, uint6
                                                               uint64_t size, uint64_t stream,
                                                               int slot, uint64_t stamp)
 {
-    int on = __atomic_load_n(&capturing, __ATOMIC_ACQUIRE);
+    int on = __atomic_load_n(&mvz_hot.capturing, __ATOMIC_ACQUIRE);
     if (!on)
         return;
     if (__builtin_expect(on >= CAPTURING_TIMED, 0)) { /* benchmarks only: one branch for both */
@@ -706,7 +740,7 @@ int mvz_capture_timings(long *tid, uint64_t (*n)[2], uint64_t (*ticks)[2], int m
  * (cudaFree(0), which only makes a context) is nothing. */
 void mvz_capture_segment(int is_free, int result, uint64_t address, uint64_t size)
 {
-    if (!__atomic_load_n(&capturing, __ATOMIC_ACQUIRE) || __atomic_load_n(&cupti_held, __ATOMIC_ACQUIRE))
+    if (!__atomic_load_n(&mvz_hot.capturing, __ATOMIC_ACQUIRE) || __atomic_load_n(&cupti_held, __ATOMIC_ACQUIRE))
         return;
     if (is_free && address == 0)
         return;
@@ -753,8 +787,8 @@ int mvz_capture_async_callbacks(int on)
 void mvz_capture_synthetic(uint64_t address, uint64_t size, int free_it)
 {
     mvz_frame frames[MVZ_MAX_DEPTH];
-    int depth = mvz_frames_capture(frames, __atomic_load_n(&depth_limit, __ATOMIC_RELAXED));
-    mvz_store_alloc(address, size, 0, 0, MVZ_KIND_DEVICE, tl_label, frames, depth);
+    int depth = mvz_frames_capture(frames, __atomic_load_n(&mvz_hot.depth_limit, __ATOMIC_RELAXED));
+    mvz_store_alloc(address, size, 0, 0, MVZ_KIND_DEVICE, mvz_tl.label, frames, depth);
     if (free_it)
         mvz_store_free(address, MVZ_KIND_DEVICE);
 }
@@ -806,7 +840,7 @@ static void on_buffer_completed(mvz_CUcontext ctx, uint32_t stream, uint8_t *buf
         if (r->kind != MVZ_CUPTI_ACTIVITY_KIND_MEMORY2 ||
             r->memoryKind != MVZ_CUPTI_ACTIVITY_MEMORY_KIND_DEVICE_STATIC)
             continue;
-        if (!__atomic_load_n(&capturing, __ATOMIC_ACQUIRE) && !activity_on)
+        if (!__atomic_load_n(&mvz_hot.capturing, __ATOMIC_ACQUIRE) && !activity_on)
             continue;
         if (r->memoryOperationType == MVZ_CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_ALLOCATION) {
             count(MVZ_OP_STATIC_ALLOC);
@@ -824,7 +858,7 @@ static void on_buffer_completed(mvz_CUcontext ctx, uint32_t stream, uint8_t *buf
  * the one before. With the GIL; the capture path reads it once an event. */
 int mvz_capture_depth(int depth)
 {
-    return __atomic_exchange_n(&depth_limit, depth, __ATOMIC_RELAXED);
+    return __atomic_exchange_n(&mvz_hot.depth_limit, depth, __ATOMIC_RELAXED);
 }
 
 /* ---- start / stop (with the GIL) -------------------------------------- */
@@ -835,7 +869,7 @@ void mvz_capture_configure(int depth)
         depth = 0;
     if (depth > MVZ_MAX_DEPTH)
         depth = MVZ_MAX_DEPTH;
-    __atomic_store_n(&depth_limit, depth, __ATOMIC_RELAXED);
+    __atomic_store_n(&mvz_hot.depth_limit, depth, __ATOMIC_RELAXED);
 }
 
 /* With the GIL released: subscribe (beside another subscriber where the
@@ -928,12 +962,12 @@ static void start_activity(mvz_start_status *st)
 static void register_barrier(void)
 {
 #if defined(__linux__) && defined(SYS_membarrier)
-    if (__atomic_load_n(&fenced, __ATOMIC_ACQUIRE))
+    if (__atomic_load_n(&mvz_hot.fenced, __ATOMIC_ACQUIRE))
         return;
     long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0);
     if (cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
         syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0) == 0)
-        __atomic_store_n(&fenced, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&mvz_hot.fenced, 1, __ATOMIC_RELEASE);
 #endif
 }
 
@@ -968,12 +1002,12 @@ int mvz_capture_start(int want_cupti, int want_activity, int allow_shared, mvz_s
     }
     __atomic_store_n(&cupti_held, st->cupti, __ATOMIC_SEQ_CST);
     mvz_store_drainer(1); /* could it not start, the capture path applies a full queue itself */
-    __atomic_store_n(&capturing, profile_mode == MVZ_PROFILE_TIME ? CAPTURING_TIMED : 1,
+    __atomic_store_n(&mvz_hot.capturing, profile_mode == MVZ_PROFILE_TIME ? CAPTURING_TIMED : 1,
                      __ATOMIC_RELEASE);
     return 0;
 }
 
-int mvz_capture_per_thread_counters(void) { return __atomic_load_n(&fenced, __ATOMIC_ACQUIRE); }
+int mvz_capture_per_thread_counters(void) { return __atomic_load_n(&mvz_hot.fenced, __ATOMIC_ACQUIRE); }
 
 int mvz_capture_cupti_held(void) { return __atomic_load_n(&cupti_held, __ATOMIC_ACQUIRE); }
 
@@ -1007,17 +1041,17 @@ void mvz_capture_flush(void)
 void mvz_capture_stop(void)
 {
     if (activity_on) {
-        mvz_capture_flush(); /* static records still count: capturing is on */
+        mvz_capture_flush(); /* static records still count: mvz_hot.capturing is on */
         if (mvz_cupti_api.ActivityDisable)
             mvz_cupti_api.ActivityDisable(MVZ_CUPTI_ACTIVITY_KIND_MEMORY2);
         if (mvz_cupti_api.ActivityFlushPeriod)
             mvz_cupti_api.ActivityFlushPeriod(0);
         activity_on = 0;
     }
-    __atomic_store_n(&capturing, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&mvz_hot.capturing, 0, __ATOMIC_SEQ_CST);
     /* Let recordings that passed their check finish (microseconds: they
      * never wait for anything this thread holds; the GIL is released). */
-    if (__atomic_load_n(&fenced, __ATOMIC_ACQUIRE))
+    if (__atomic_load_n(&mvz_hot.fenced, __ATOMIC_ACQUIRE))
         process_barrier(); /* every thread's counter store before it is seen after it */
     while (__atomic_load_n(&inflight, __ATOMIC_ACQUIRE))
         sched_yield();
@@ -1033,7 +1067,7 @@ void mvz_capture_stop(void)
     __atomic_store_n(&cupti_held, 0, __ATOMIC_RELEASE);
 }
 
-MVZ_HOT int mvz_capture_active(void) { return __atomic_load_n(&capturing, __ATOMIC_ACQUIRE); }
+MVZ_HOT int mvz_capture_active(void) { return __atomic_load_n(&mvz_hot.capturing, __ATOMIC_ACQUIRE); }
 
 _Static_assert(MVZ_OP_COUNT <= MVZ_STORE_OPS, "the store counts the queue's operations");
 _Static_assert(MVZ_NSLOTS <= 127, "a queue entry's slot is one signed byte");
@@ -1056,10 +1090,10 @@ void mvz_capture_counts(uint64_t out[MVZ_OP_COUNT])
 int mvz_capture_noop(int on)
 {
     int from = on ? 1 : CAPTURING_NOOP, to = on ? CAPTURING_NOOP : 1;
-    int cur = __atomic_load_n(&capturing, __ATOMIC_ACQUIRE);
+    int cur = __atomic_load_n(&mvz_hot.capturing, __ATOMIC_ACQUIRE);
     if (cur != 1 && cur != CAPTURING_NOOP)
         return -1;
-    __atomic_compare_exchange_n(&capturing, &from, to, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    __atomic_compare_exchange_n(&mvz_hot.capturing, &from, to, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     return cur == CAPTURING_NOOP;
 }
 
@@ -1087,13 +1121,13 @@ void mvz_capture_atfork_child(void)
 {
     /* CUDA cannot be used in a forked child; stop recording there without
      * calling into CUPTI (its state belongs to the parent). */
-    __atomic_store_n(&capturing, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&mvz_hot.capturing, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&inflight, 0, __ATOMIC_RELEASE); /* the parent's threads are not here */
     int used = __atomic_load_n(&busy_used, __ATOMIC_RELAXED);
     for (int i = 0; i < used && i < BUSY_SLOTS; i++)
         __atomic_store_n(&busy[i].n, 0, __ATOMIC_RELAXED);
     /* a child's memory is not the registered parent's: register again at the next start */
-    __atomic_store_n(&fenced, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&mvz_hot.fenced, 0, __ATOMIC_RELEASE);
     subscriber = NULL;
     activity_on = 0;
     cupti_held = 0;

@@ -14,7 +14,6 @@
 #define HAVE_TSC 0
 #endif
 
-int mvz_clock_tsc;
 static uint64_t init_tick, init_ns; /* the anchor mvz_clock_init took */
 static double init_rate;
 
@@ -86,7 +85,7 @@ void mvz_clock_init(void)
     init_tick = t1;
     init_ns = n1;
     init_rate = (double)(n1 - n0) / (double)(t1 - t0);
-    __atomic_store_n(&mvz_clock_tsc, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&mvz_hot.clock_tsc, 1, __ATOMIC_RELAXED);
 }
 
 double mvz_clock_ns_per_tick(void) { return init_rate; }

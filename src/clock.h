@@ -13,6 +13,8 @@
 #ifndef MEMVIZ_CLOCK_H
 #define MEMVIZ_CLOCK_H
 
+#include "hot.h"
+
 #include <pthread.h>
 #include <stdint.h>
 #include <time.h>
@@ -28,8 +30,8 @@ static inline uint64_t mvz_now_ns(void)
 
 /* Whether the capture path's ticks are the TSC's: decided once, with the
  * GIL, at import (mvz_clock_init); changed only by a test, while nothing
- * captures (module.c). Read with a relaxed load. */
-extern int mvz_clock_tsc;
+ * captures (module.c). Read with a relaxed load: mvz_hot.clock_tsc
+ * (types.h), on the capture path's read-mostly line. */
 
 /* Any thread, no GIL: one instruction, no memory touched. */
 static inline uint64_t mvz_rdtsc(void)
@@ -43,7 +45,7 @@ static inline uint64_t mvz_rdtsc(void)
 
 /* Capture path, any thread, no GIL: whether the capture path's ticks
  * (mvz_tick_as) are the TSC's now (a relaxed load of a word written once). */
-static inline int mvz_tick_is_tsc(void) { return __atomic_load_n(&mvz_clock_tsc, __ATOMIC_RELAXED); }
+static inline int mvz_tick_is_tsc(void) { return __atomic_load_n(&mvz_hot.clock_tsc, __ATOMIC_RELAXED); }
 
 /* Capture path, any thread, no GIL: a tick of the kind `tsc` says (see
  * mvz_tick_is_tsc): the TSC's, or mvz_now_ns(). Neither takes a lock. */
@@ -93,7 +95,7 @@ int mvz_stage_read(long *tid, uint64_t (*ticks)[MVZ_STAGES_N], uint64_t (*n)[MVZ
 
 /* With the GIL, once, at import: whether the TSC is invariant (one rate on
  * every core, never stopped) and the kernel keeps time with it; if so, a
- * first rate (a 200 microsecond wait) and mvz_clock_tsc on. */
+ * first rate (a 200 microsecond wait) and mvz_hot.clock_tsc on. */
 void mvz_clock_init(void);
 
 /* TSC ticks to this clock's nanoseconds, for one owner that serializes its

@@ -859,7 +859,7 @@ static PyObject *core_clock(PyObject *self, PyObject *args)
             return PyErr_Format(PyExc_RuntimeError, "_clock(): stop capturing first");
         if (want && mvz_clock_ns_per_tick() == 0)
             return PyErr_Format(PyExc_RuntimeError, "_clock(): this machine's TSC is not usable");
-        __atomic_store_n(&mvz_clock_tsc, want, __ATOMIC_RELAXED);
+        __atomic_store_n(&mvz_hot.clock_tsc, want, __ATOMIC_RELAXED);
     }
     return Py_BuildValue("(Od)", mvz_tick_is_tsc() ? Py_True : Py_False, mvz_clock_ns_per_tick());
 }

@@ -1,6 +1,7 @@
 /* See nodes.h. Calls down into labels.c, libfind.c and seqmap.c only. */
 #define _GNU_SOURCE 1 /* as pyconfig.h spells it: no redefinition warning */
 #include "nodes.h"
+#include "hot.h"
 
 #include <Python.h>
 #include <errno.h>
@@ -32,14 +33,13 @@ extern void *__tls_get_addr(tls_index_t *ti); /* glibc's x86-64 TLS ABI */
 #define MAX_LAYOUTS 8
 static mvz_node_layout layouts[MAX_LAYOUTS];
 static int nlayouts;
-static const mvz_node_layout *current_layout;
 
 int mvz_nodes_supported(void) { return HAVE_TLS_READ; }
 
 void mvz_nodes_attach(const mvz_node_layout *layout)
 {
     if (!layout || !HAVE_TLS_READ) {
-        __atomic_store_n(&current_layout, NULL, __ATOMIC_RELEASE);
+        __atomic_store_n(&mvz_hot.node_layout, NULL, __ATOMIC_RELEASE);
         return;
     }
     const mvz_node_layout *use = NULL;
@@ -50,16 +50,13 @@ void mvz_nodes_attach(const mvz_node_layout *layout)
         layouts[nlayouts] = *layout;
         use = &layouts[nlayouts++];
     }
-    __atomic_store_n(&current_layout, use, __ATOMIC_RELEASE);
+    __atomic_store_n(&mvz_hot.node_layout, use, __ATOMIC_RELEASE);
 }
 
-#if HAVE_TLS_READ
-/* This thread's address of libtorch's slot, and the layout it was found
- * by: a module's TLS block never moves for the life of a thread, and a
- * layout is never rewritten (see above), so the address stays good. */
-static __thread const mvz_node_layout *tl_slot_layout __attribute__((tls_model("initial-exec")));
-static __thread const void *const *tl_slot __attribute__((tls_model("initial-exec")));
-#endif
+/* This thread's address of libtorch's slot (mvz_tl.slot, hot.h), and the
+ * layout it was found by (mvz_tl.slot_layout): a module's TLS block never
+ * moves for the life of a thread, and a layout is never rewritten (see
+ * above), so the address stays good. */
 
 /* Hot path, no GIL: this thread's own TLS and one load of this thread's own
  * slot of libtorch's. Once per thread and layout, one TLS lookup (glibc's
@@ -69,15 +66,15 @@ static __thread const void *const *tl_slot __attribute__((tls_model("initial-exe
 MVZ_HOT const void *mvz_nodes_current(void)
 {
 #if HAVE_TLS_READ
-    const mvz_node_layout *L = __atomic_load_n(&current_layout, __ATOMIC_ACQUIRE);
+    const mvz_node_layout *L = __atomic_load_n(&mvz_hot.node_layout, __ATOMIC_ACQUIRE);
     if (!L)
         return NULL;
-    if (L != tl_slot_layout) {
+    if (L != mvz_tl.slot_layout) {
         tls_index_t ti = {L->modid, L->tls_offset};
-        tl_slot = (const void *const *)__tls_get_addr(&ti);
-        tl_slot_layout = L;
+        mvz_tl.slot = (const void *const *)__tls_get_addr(&ti);
+        mvz_tl.slot_layout = L;
     }
-    return *tl_slot;
+    return *mvz_tl.slot;
 #else
     return NULL;
 #endif
@@ -129,7 +126,7 @@ MVZ_HOT uint64_t mvz_nodes_counter(void)
  * engine holds a reference to it for as long as we can be here. */
 MVZ_HOT uint64_t mvz_nodes_seq(const void *node)
 {
-    const mvz_node_layout *L = __atomic_load_n(&current_layout, __ATOMIC_ACQUIRE);
+    const mvz_node_layout *L = __atomic_load_n(&mvz_hot.node_layout, __ATOMIC_ACQUIRE);
     if (!L || !node)
         return 0;
     return *(const uint64_t *)((const char *)node + L->seq_offset);
@@ -283,7 +280,7 @@ static uint32_t label_with(const mvz_node_layout *L, const void *node, uint32_t 
 
 uint32_t mvz_nodes_label(const void *node)
 {
-    const mvz_node_layout *L = __atomic_load_n(&current_layout, __ATOMIC_ACQUIRE);
+    const mvz_node_layout *L = __atomic_load_n(&mvz_hot.node_layout, __ATOMIC_ACQUIRE);
     if (!L || !node)
         return 0;
     return label_with(L, node, mvz_seqmap_stack(*(const uint64_t *)((const char *)node + L->seq_offset)));
@@ -294,7 +291,7 @@ uint32_t mvz_nodes_label(const void *node)
  * class rather than per class and line. */
 MVZ_HOT uint32_t mvz_nodes_class_label(const void *node)
 {
-    const mvz_node_layout *L = __atomic_load_n(&current_layout, __ATOMIC_ACQUIRE);
+    const mvz_node_layout *L = __atomic_load_n(&mvz_hot.node_layout, __ATOMIC_ACQUIRE);
     if (!L || !node)
         return 0;
     return label_with(L, node, 0);

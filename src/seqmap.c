@@ -1,5 +1,6 @@
 /* See seqmap.h. */
 #include "seqmap.h"
+#include "hot.h"
 
 #include <stddef.h>
 #include "types.h"
@@ -11,18 +12,16 @@ typedef struct {
     uint64_t stack; /* stack id */
 } note;
 
-static mvz_seq_fn seq_fn;
 static note ring[RING];
-static __thread uint64_t tl_last __attribute__((tls_model("initial-exec")));
 
 void mvz_seqmap_attach(mvz_seq_fn fn)
 {
-    __atomic_store_n(&seq_fn, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(&mvz_hot.seq_fn, NULL, __ATOMIC_RELEASE);
     for (size_t i = 0; i < RING; i++) {
         __atomic_store_n(&ring[i].seq, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&ring[i].stack, 0, __ATOMIC_RELAXED);
     }
-    __atomic_store_n(&seq_fn, fn, __ATOMIC_RELEASE);
+    __atomic_store_n(&mvz_hot.seq_fn, fn, __ATOMIC_RELEASE);
 }
 
 /* Hot path, no GIL: calls PyTorch's sequence_number::peek (it reads a C++
@@ -35,20 +34,20 @@ void mvz_seqmap_attach(mvz_seq_fn fn)
  * reader checks the value). */
 MVZ_HOT uint64_t mvz_seqmap_next(void)
 {
-    mvz_seq_fn fn = __atomic_load_n(&seq_fn, __ATOMIC_ACQUIRE);
+    mvz_seq_fn fn = __atomic_load_n(&mvz_hot.seq_fn, __ATOMIC_ACQUIRE);
     if (!fn)
         return 0;
     uint64_t v = fn() + 1;
-    if (v == tl_last)
+    if (v == mvz_tl.seq_last)
         return 0;
-    tl_last = v;
+    mvz_tl.seq_last = v;
     return v;
 }
 
 /* Any thread, no GIL: one call of the attached reader. */
 uint64_t mvz_seqmap_counter(void)
 {
-    mvz_seq_fn fn = __atomic_load_n(&seq_fn, __ATOMIC_ACQUIRE);
+    mvz_seq_fn fn = __atomic_load_n(&mvz_hot.seq_fn, __ATOMIC_ACQUIRE);
     return fn ? fn() : 0;
 }
 
@@ -56,7 +55,7 @@ uint64_t mvz_seqmap_counter(void)
  * release stores into the counter's slot. */
 void mvz_seqmap_put(uint64_t v, uint32_t stack_id)
 {
-    if (!v || !stack_id || !__atomic_load_n(&seq_fn, __ATOMIC_ACQUIRE))
+    if (!v || !stack_id || !__atomic_load_n(&mvz_hot.seq_fn, __ATOMIC_ACQUIRE))
         return;
     note *e = &ring[v % RING];
     __atomic_store_n(&e->seq, 0, __ATOMIC_RELAXED);

@@ -20,6 +20,7 @@
  * (docs/architecture.md, "Sizes"); what it owns lives in the files above.
  */
 #define _GNU_SOURCE
+#include "hot.h"
 #include "store.h"
 #include "accounting.h"
 #include "blocks.h"
@@ -103,15 +104,11 @@ static uint64_t op_counts[MVZ_STORE_OPS];
 static uint64_t last_ts, unmatched_frees, dropped_allocs, dropped_threads;
 static uint64_t stream_frees; /* frees of blocks flagged MVZ_FLAG_STREAM */
 static uint64_t last_serial; /* atomic */
-static uint32_t generation = 1;
 
 /* Per-thread registration, initial-exec so reading it never allocates (a
  * dynamically loaded module's general-dynamic TLS may call malloc). */
-static __thread uint32_t tl_thread_plus1 __attribute__((tls_model("initial-exec")));
 /* This thread discarded an allocation since it last queued one: the store's
  * last stack of this thread is not the one its buffers hold. */
-static __thread uint8_t tl_discarded __attribute__((tls_model("initial-exec")));
-static __thread uint32_t tl_generation __attribute__((tls_model("initial-exec")));
 static __thread uint64_t tl_serial __attribute__((tls_model("initial-exec")));
 
 static void drain_locked(uint64_t limit);
@@ -142,9 +139,7 @@ static mvz_region walked_where; /* [MVZ_MAX_THREADS][WHERE_N] */
 static mvz_region discarded;
 #define DISCARD_UNITS MVZ_CAPQ_UNITS(MVZ_MAX_DEPTH)
 #define DISCARDED UINT64_MAX /* a discarded entry's place: never published */
-static __thread uint8_t tl_where_n __attribute__((tls_model("initial-exec")));
 /* The walk under way notes its frames' addresses (MVZ_PF_WALK was on). */
-static __thread uint8_t tl_where_asked __attribute__((tls_model("initial-exec")));
 static uint16_t applied_n[MVZ_MAX_THREADS];
 static uint8_t applied_reg[MVZ_MAX_THREADS]; /* the registration, as MVZ_CAPQ_KEPT's high bits */
 /* The stack id that last stack was interned as, while no stack's frames
@@ -158,10 +153,6 @@ static uint32_t stacks_changed = 1;
 static uint64_t frames_written, frames_kept, kept_mismatch;
 /* This thread's side: which buffer holds its last stack, how deep, and
  * under which registration (generation) it was queued. */
-static __thread int tl_walk_last __attribute__((tls_model("initial-exec")));
-static __thread uint16_t tl_walk_n __attribute__((tls_model("initial-exec")));
-static __thread uint32_t tl_walk_gen __attribute__((tls_model("initial-exec"))); /* 0: none */
-static __thread uint32_t tl_walk_idx __attribute__((tls_model("initial-exec")));
 _Static_assert(MVZ_THREAD_OVERFLOW <= UINT16_MAX, "a queue entry's thread index is 16 bits");
 _Static_assert(MVZ_MAX_DEPTH <= MVZ_CAPQ_KEPT_MASK, "kept frames fit their bits");
 
@@ -220,6 +211,7 @@ int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames)
         mvz_region_reserve(&discarded, (size_t)MVZ_MAX_THREADS * DISCARD_UNITS * sizeof(mvz_capq_entry), 0))
         return -1;
     capq.hints = hints;
+    __atomic_store_n(&mvz_hot.walked_base, walked.base, __ATOMIC_RELEASE); /* never moves */
     initialized = 1;
     return 0;
 }
@@ -249,7 +241,7 @@ void mvz_store_clear(void ***refs, size_t *nrefs)
     mvz_accounting_series_reset(&timeline);
     nthreads = 0;
     unmatched_frees = dropped_allocs = dropped_threads = stream_frees = 0;
-    generation++;
+    mvz_hot.generation++;
     UNLOCK();
     *refs = out;
     *nrefs = n;
@@ -268,9 +260,9 @@ uint64_t mvz_store_thread_serial(void)
  * store lock briefly and makes two system calls (gettid, PR_GET_NAME). */
 MVZ_HOT uint32_t mvz_store_thread_index(void)
 {
-    uint32_t gen = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
-    if (tl_thread_plus1 && tl_generation == gen)
-        return tl_thread_plus1 - 1;
+    uint32_t gen = __atomic_load_n(&mvz_hot.generation, __ATOMIC_ACQUIRE);
+    if (mvz_tl.thread_plus1 && mvz_tl.generation == gen)
+        return mvz_tl.thread_plus1 - 1;
     mvz_thread t;
     memset(&t, 0, sizeof t);
     t.native_id = (int64_t)syscall(SYS_gettid);
@@ -287,10 +279,10 @@ MVZ_HOT uint32_t mvz_store_thread_index(void)
         idx = MVZ_THREAD_OVERFLOW; /* the table is full: counted, and named as such */
         dropped_threads++;
     }
-    gen = generation;
+    gen = mvz_hot.generation;
     UNLOCK();
-    tl_thread_plus1 = idx + 1;
-    tl_generation = gen;
+    mvz_tl.thread_plus1 = idx + 1;
+    mvz_tl.generation = gen;
     return idx;
 }
 
@@ -724,11 +716,11 @@ MVZ_HOT void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
     kick_drainer(pos);
 }
 
-/* Capture path, no GIL: thread idx's walk buffer `which` (tl_walk_last: the
+/* Capture path, no GIL: thread idx's walk buffer `which` (mvz_tl.walk_last: the
  * one holding its last stack), in `walked`. Arithmetic only. */
 static inline mvz_frame *walk_row(uint32_t idx, int which)
 {
-    return (mvz_frame *)walked.base + ((size_t)idx * 2 + (size_t)(which != 0)) * MVZ_MAX_DEPTH;
+    return (mvz_frame *)mvz_hot.walked_base + ((size_t)idx * 2 + (size_t)(which != 0)) * MVZ_MAX_DEPTH;
 }
 
 /* Capture path, no GIL, no lock: see store.h. Reads this thread's TLS and
@@ -739,29 +731,28 @@ MVZ_HOT void mvz_store_prefetch(void)
     prefetch_claim(MVZ_PF_QUEUE);
     if (!PF(MVZ_PF_WALK))
         return;
-    int n = tl_where_n;
-    if (n == 0 || tl_generation != __atomic_load_n(&generation, __ATOMIC_RELAXED) || !tl_thread_plus1)
+    int n = mvz_tl.where_n;
+    if (n == 0 || mvz_tl.generation != __atomic_load_n(&mvz_hot.generation, __ATOMIC_RELAXED) || !mvz_tl.thread_plus1)
         return;
-    uint32_t idx = tl_thread_plus1 - 1;
+    uint32_t idx = mvz_tl.thread_plus1 - 1;
     const void *const *w = (const void *const *)walked_where.base + (size_t)idx * WHERE_N;
     for (int i = 0; i < n; i++) {
         __builtin_prefetch(w[i], 0, 3);
         __builtin_prefetch((const char *)w[i] + 64, 0, 3);
     }
-    if (tl_walk_gen != tl_generation || tl_walk_idx != idx)
+    if (mvz_tl.walk_gen != mvz_tl.generation || mvz_tl.walk_idx != idx)
         return;
     /* the last stack, which the store compares the walk with, and the
      * buffer the walk writes */
-    const char *last = (const char *)walk_row(idx, tl_walk_last);
-    const char *next = (const char *)walk_row(idx, !tl_walk_last);
-    size_t bytes = (size_t)(tl_walk_n < 2 * WHERE_N ? tl_walk_n : 2 * WHERE_N) * sizeof(mvz_frame);
+    const char *last = (const char *)walk_row(idx, mvz_tl.walk_last);
+    const char *next = (const char *)walk_row(idx, !mvz_tl.walk_last);
+    size_t bytes = (size_t)(mvz_tl.walk_n < 2 * WHERE_N ? mvz_tl.walk_n : 2 * WHERE_N) * sizeof(mvz_frame);
     for (size_t b = 0; b < bytes; b += 64) {
         __builtin_prefetch(last + b, 0, 3);
         __builtin_prefetch(next + b, 1, 3);
     }
 }
 
-static int share_frames = 1; /* atomic: mvz_store_share_frames */
 
 /* Capture path, no GIL: whether this thread's next allocation may leave
  * out the frames it shares with its last stack: that stack is in this
@@ -770,8 +761,8 @@ static int share_frames = 1; /* atomic: mvz_store_share_frames */
  * too), and sharing is on. This thread's TLS and one relaxed load. */
 static inline int keeps_frames(uint32_t thread_idx, uint32_t gen, int discarding)
 {
-    return tl_walk_gen == gen && tl_walk_idx == thread_idx && (discarding || !tl_discarded) &&
-           __atomic_load_n(&share_frames, __ATOMIC_RELAXED);
+    return mvz_tl.walk_gen == gen && mvz_tl.walk_idx == thread_idx && (discarding || !mvz_tl.discarded) &&
+           __atomic_load_n(&mvz_hot.share_frames, __ATOMIC_RELAXED);
 }
 
 /* Capture path, no GIL: see store.h. Reads this thread's TLS and writes
@@ -786,22 +777,22 @@ MVZ_HOT mvz_frame *mvz_store_walk_begin(uint32_t thread_idx, mvz_walk *w)
     if (thread_idx >= MVZ_MAX_THREADS)
         return w->buf = NULL;
     int hints = PF(MVZ_PF_WALK | MVZ_PF_DISCARD);
-    tl_where_n = 0; /* until this walk's are written (mvz_store_enqueue_alloc) */
-    tl_where_asked = (hints & MVZ_PF_WALK) != 0;
+    mvz_tl.where_n = 0; /* until this walk's are written (mvz_store_enqueue_alloc) */
+    mvz_tl.where_asked = (hints & MVZ_PF_WALK) != 0;
     if (__builtin_expect(hints & MVZ_PF_WALK, 0)) { /* the walk's prefetch: its row of addresses */
         w->where = (const void **)walked_where.base + (size_t)thread_idx * WHERE_N;
         w->nwhere = WHERE_N;
     }
-    if (keeps_frames(thread_idx, tl_generation, (hints & MVZ_PF_DISCARD) != 0)) {
-        w->last = walk_row(thread_idx, tl_walk_last);
-        w->m = tl_walk_n;
+    if (keeps_frames(thread_idx, mvz_tl.generation, (hints & MVZ_PF_DISCARD) != 0)) {
+        w->last = walk_row(thread_idx, mvz_tl.walk_last);
+        w->m = mvz_tl.walk_n;
     }
-    return w->buf = walk_row(thread_idx, !tl_walk_last);
+    return w->buf = walk_row(thread_idx, !mvz_tl.walk_last);
 }
 
 int mvz_store_share_frames(int on)
 {
-    return __atomic_exchange_n(&share_frames, on ? 1 : 0, __ATOMIC_RELAXED);
+    return __atomic_exchange_n(&mvz_hot.share_frames, on ? 1 : 0, __ATOMIC_RELAXED);
 }
 
 /* Capture path, no GIL: under MVZ_PF_DISCARD (a benchmark's), this
@@ -811,12 +802,12 @@ int mvz_store_share_frames(int on)
  * index. */
 static inline mvz_capq_entry *discard_room(uint64_t *pos)
 {
-    if (__builtin_expect(!PF(MVZ_PF_DISCARD), 1) || !tl_thread_plus1 ||
-        tl_generation != __atomic_load_n(&generation, __ATOMIC_RELAXED) ||
-        tl_thread_plus1 > MVZ_MAX_THREADS)
+    if (__builtin_expect(!PF(MVZ_PF_DISCARD), 1) || !mvz_tl.thread_plus1 ||
+        mvz_tl.generation != __atomic_load_n(&mvz_hot.generation, __ATOMIC_RELAXED) ||
+        mvz_tl.thread_plus1 > MVZ_MAX_THREADS)
         return NULL;
     *pos = DISCARDED;
-    return (mvz_capq_entry *)discarded.base + (size_t)(tl_thread_plus1 - 1) * DISCARD_UNITS;
+    return (mvz_capq_entry *)discarded.base + (size_t)(mvz_tl.thread_plus1 - 1) * DISCARD_UNITS;
 }
 
 /* Capture path, no GIL, no lock held: an allocation's entry, claimed, with
@@ -832,20 +823,20 @@ MVZ_HOT mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_f
                                         int walked_kept, uint64_t *pos)
 {
     int kept = 0;
-    uint32_t gen = tl_generation; /* the registration thread_idx comes from */
-    int mine = thread_idx < MVZ_MAX_THREADS && f == walk_row(thread_idx, !tl_walk_last);
+    uint32_t gen = mvz_tl.generation; /* the registration thread_idx comes from */
+    int mine = thread_idx < MVZ_MAX_THREADS && f == walk_row(thread_idx, !mvz_tl.walk_last);
     mvz_capq_entry *e = discard_room(pos);
     if (mine && keeps_frames(thread_idx, gen, e != NULL)) {
         kept = walked_kept >= 0 ? walked_kept /* compared by the walk (mvz_frames_capture_cmp) */
-                                : mvz_frames_shared_outer(f, depth, walk_row(thread_idx, tl_walk_last),
-                                                          tl_walk_n);
+                                : mvz_frames_shared_outer(f, depth, walk_row(thread_idx, mvz_tl.walk_last),
+                                                          mvz_tl.walk_n);
     }
     int written = depth - kept;
     MVZ_STAGE(MVZ_ST_A_COMPARE);
     if (e)
-        tl_discarded = 1;
+        mvz_tl.discarded = 1;
     else {
-        tl_discarded = 0;
+        mvz_tl.discarded = 0;
         e = enqueue(MVZ_CAPQ_UNITS(written), pos);
     }
     MVZ_STAGE(MVZ_ST_A_CLAIM);
@@ -854,13 +845,13 @@ MVZ_HOT mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_f
     e->kept = (uint16_t)((unsigned)kept | (gen & 127u) << MVZ_CAPQ_KEPT_SHIFT);
     e->thread_idx = (uint16_t)(thread_idx < MVZ_MAX_THREADS ? thread_idx : MVZ_THREAD_OVERFLOW);
     if (mine) { /* f is this thread's last stack now */
-        tl_where_n = tl_where_asked ? (uint8_t)(depth < WHERE_N ? depth : WHERE_N) : 0;
-        tl_walk_last = !tl_walk_last;
-        tl_walk_n = (uint16_t)depth;
-        tl_walk_gen = gen;
-        tl_walk_idx = thread_idx;
+        mvz_tl.where_n = mvz_tl.where_asked ? (uint8_t)(depth < WHERE_N ? depth : WHERE_N) : 0;
+        mvz_tl.walk_last = !mvz_tl.walk_last;
+        mvz_tl.walk_n = (uint16_t)depth;
+        mvz_tl.walk_gen = gen;
+        mvz_tl.walk_idx = thread_idx;
     } else {
-        tl_walk_gen = 0; /* the store's last stack of this thread is not in its buffers */
+        mvz_tl.walk_gen = 0; /* the store's last stack of this thread is not in its buffers */
     }
     return e;
 }
@@ -1054,7 +1045,6 @@ static pthread_mutex_t drainer_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t drainer_cond = PTHREAD_COND_INITIALIZER;
 /* Set by the capture path that found the queue a quarter full, cleared by
  * the drainer as it applies the queue (atomic): one wake-up a cycle. */
-static int drainer_kicked;
 #define KICK_FILL(q) ((q)->cap / 4)
 
 /* Capture path, no GIL, no lock: an allocation storm (thousands of events
@@ -1069,9 +1059,9 @@ static void kick_drainer(uint64_t pos)
     /* Kicked already: a plain load, nothing else (in a storm the queue
      * stays over a quarter full until the drainer runs, and every event
      * would else read the consumer's line and exchange the drainer's word). */
-    if (__atomic_load_n(&drainer_kicked, __ATOMIC_RELAXED) ||
+    if (__atomic_load_n(&mvz_hot.drainer_kicked, __ATOMIC_RELAXED) ||
         !mvz_capq_over(&capq, pos, KICK_FILL(&capq)) ||
-        __atomic_exchange_n(&drainer_kicked, 1, __ATOMIC_RELAXED))
+        __atomic_exchange_n(&mvz_hot.drainer_kicked, 1, __ATOMIC_RELAXED))
         return;
     __atomic_fetch_add(&queue_kicks, 1, __ATOMIC_RELAXED);
     pthread_cond_signal(&drainer_cond);
@@ -1087,13 +1077,13 @@ static void *drainer_main(void *unused)
     prctl(PR_SET_NAME, "memviz-drain", 0, 0, 0);
     pthread_mutex_lock(&drainer_lock);
     while (!drainer_stopping) {
-        if (!__atomic_load_n(&drainer_kicked, __ATOMIC_RELAXED))
+        if (!__atomic_load_n(&mvz_hot.drainer_kicked, __ATOMIC_RELAXED))
             mvz_cond_wait_ns(&drainer_cond, &drainer_lock,
                              __atomic_load_n(&drain_period_ns, __ATOMIC_RELAXED));
         if (drainer_stopping)
             break;
         pthread_mutex_unlock(&drainer_lock);
-        __atomic_store_n(&drainer_kicked, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&mvz_hot.drainer_kicked, 0, __ATOMIC_RELAXED);
         if (mvz_capq_busy(&capq))
             mvz_store_sync();
         pthread_mutex_lock(&drainer_lock);
@@ -1115,7 +1105,7 @@ int mvz_store_drainer(int on)
         return 0;
     if (on) {
         drainer_stopping = 0;
-        __atomic_store_n(&drainer_kicked, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&mvz_hot.drainer_kicked, 0, __ATOMIC_RELAXED);
         if (pthread_create(&drainer, NULL, drainer_main, NULL) != 0)
             return -1; /* the capture path then applies the queue itself when full */
         drainer_running = 1;
@@ -1356,7 +1346,7 @@ void mvz_store_get_stats(mvz_store_stats *o)
     o->dropped_stacks = stacks.dropped;
     o->dropped_threads = dropped_threads;
     o->timeline_points = timeline.n;
-    o->generation = generation;
+    o->generation = mvz_hot.generation;
     o->max_live = (uint32_t)live.max;
     /* Bytes in use: what each region has handed out (an upper bound of its
      * resident pages) plus the fixed tables. */
@@ -1602,11 +1592,11 @@ void mvz_store_atfork_child(void)
         mvz_capq_abandon(&capq);
     pthread_mutex_init(&drainer_lock, NULL);
     pthread_cond_init(&drainer_cond, NULL);
-    drainer_running = drainer_stopping = drainer_kicked = 0;
+    drainer_running = drainer_stopping = mvz_hot.drainer_kicked = 0;
     new_stacks = 0;
     /* Only the forking thread exists in the child; the lock it took in
      * prepare is released and fresh, and threads registered in the parent
      * are forgotten by bumping the generation. */
     pthread_mutex_init(&store_lock, NULL);
-    generation++;
+    mvz_hot.generation++;
 }
