@@ -4,6 +4,7 @@
 #include "allocator.h"
 
 #include <link.h>
+#include <stddef.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -37,22 +38,27 @@ typedef void (*deleter_fn)(void *ctx);
  * and each slot write are release stores) and never change afterwards, so
  * a wrapper still running after detach reads what it always read. */
 static struct {
-    void **object;           /* the allocator object: its first word is the vptr */
-    void **vptr;             /* the original vptr (its slot 0) */
-    int nslots;
-    void *orig[MAX_SLOTS];   /* the original entries */
-    void *table[2 + MAX_SLOTS]; /* the copy: offset to top, typeinfo, slots */
-    int attached;            /* state == ST_ATTACHED, for the GIL side */
+    /* The wrappers' line: what every allocation and free reads (the state,
+     * the layout, PyTorch's deleter and allocate entry: orig[SLOT_ALLOCATE]
+     * is at byte 48), so that the route touches one line of A an event. */
     int state;               /* ST_*: whose vtable the object uses, and why */
     int committed;           /* the layout below is known: wrappers record */
     int data_w, deleter_w, ctx_w, device_w; /* DataPtr words */
     deleter_fn orig_deleter; /* PyTorch's deleter for its blocks */
+    void *orig[MAX_SLOTS];   /* the original entries */
+    void **object;           /* the allocator object: its first word is the vptr */
+    void **vptr;             /* the original vptr (its slot 0) */
+    int nslots;
+    void *table[2 + MAX_SLOTS]; /* the copy: offset to top, typeinfo, slots */
+    int attached;            /* state == ST_ATTACHED, for the GIL side */
     int rs_slot[2];          /* recordStream variants wrapped (-1: none) */
     int raw_alloc_slot, raw_delete_slot;
     uintptr_t sample[4];     /* the first DataPtr allocate returned since reset */
     int sampled;             /* 0 empty, 1 being written, 2 full */
     int bypassed;            /* benchmarks only: attached, with PyTorch's entries (allocator_bypass) */
-} A = {.rs_slot = {-1, -1}, .raw_alloc_slot = -1, .raw_delete_slot = -1};
+} A __attribute__((aligned(64))) = {.rs_slot = {-1, -1}, .raw_alloc_slot = -1, .raw_delete_slot = -1};
+_Static_assert(offsetof(__typeof__(A), orig) + (SLOT_ALLOCATE + 1) * sizeof(void *) <= 64,
+               "the wrappers' words and PyTorch's allocate entry share A's first line");
 
 /* Blocks alive that carry memviz's deleter: the one word of the route that
  * every allocation and free writes (a locked add), on a cache line of its
@@ -157,10 +163,12 @@ static inline int device_of_word(uintptr_t w)
  * nothing is read or written. */
 static inline uint64_t before_allocate(void)
 {
-    if (!mvz_capture_active())
+    /* the capture flag and the clock's kind, read from the capture path's
+     * read-mostly line (hot.h), without a call */
+    if (!__atomic_load_n(&mvz_hot.capturing, __ATOMIC_ACQUIRE))
         return 0;
     mvz_store_prefetch();
-    return mvz_store_stamp();
+    return mvz_tick_as(mvz_tick_is_tsc());
 }
 
 MVZ_HOT static void *wrap_allocate(void *sret, void *self, size_t n)

@@ -103,8 +103,8 @@ void mvz_capture_async(int is_free, int result, uint64_t address, uint64_t size,
 
 /* allocator.h's wrappers: a block of PyTorch's caching allocator handed out
  * (is_free 0) or taken back on this thread. slot: the device, or -1 for the
- * current context's; stamp: mvz_store_stamp() taken before the allocator
- * ran (0: now). */
+ * current context's; stamp: a tick (clock.h's mvz_tick_as) read before the
+ * allocator ran (0: now). */
 void mvz_capture_block(int is_free, uint64_t address, uint64_t size, uint64_t stream, int slot,
                        uint64_t stamp);
 /* The same, for an allocation on no stream, and for a free. */

@@ -372,11 +372,6 @@ uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int s
     return mvz_store_record_alloc(0, address, size, 0, stream, slot, kind, label_id, 0, f, depth);
 }
 
-/* Capture path, no GIL: one tick read (clock.h: a TSC read or the vDSO's
- * clock), no lock, no memory of memviz's written. Not unique: a block
- * dated with it may share its nanosecond with the segment made for it,
- * which only keeps it in that peak's set, where it belongs. */
-MVZ_HOT uint64_t mvz_store_stamp(void) { return mvz_tick_as(mvz_tick_is_tsc()); }
 
 static int free_locked(uint64_t address, int kind, uint64_t ts);
 

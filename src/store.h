@@ -41,10 +41,12 @@ uint64_t mvz_store_thread_serial(void);
 uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int slot,
                          int kind, uint32_t label_id, const mvz_frame *frames, int depth);
 /* The whole form, which mvz_store_alloc calls: dated `stamp` (a value
- * mvz_store_stamp returned earlier on this thread; 0: now). A block is
- * dated when it was asked for, so that the segment the allocator created
- * for it, recorded in between, never makes a peak the block is missing
- * from. Such dates are not unique (store timestamps otherwise are).
+ * tick, clock.h's mvz_tick_as, read earlier on this thread; 0: now). A
+ * block is dated when it was asked for, so that the segment the allocator
+ * created for it, recorded in between, never makes a peak the block is
+ * missing from. Such dates are not unique (store timestamps otherwise are):
+ * a block may share its nanosecond with the segment made for it, which
+ * only keeps it in that peak's set, where it belongs.
  * `requested`, when not 0, says the
  * allocation's size is known and what was asked for (a block read from
  * PyTorch at attach); else a block's `size` is the request, and its size is
@@ -52,8 +54,6 @@ uint32_t mvz_store_alloc(uint64_t address, uint64_t size, uint64_t stream, int s
 uint32_t mvz_store_record_alloc(uint64_t stamp, uint64_t address, uint64_t size,
                                 uint64_t requested, uint64_t stream, int slot, int kind,
                                 uint32_t label_id, int flags, const mvz_frame *frames, int depth);
-/* The store's clock now (no lock, no allocation). */
-uint64_t mvz_store_stamp(void);
 void mvz_store_free(uint64_t address, int kind);
 /* Any thread, no GIL: the block at `address` had another stream's use
  * recorded on it (MVZ_FLAG_STREAM). */
