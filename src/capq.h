@@ -70,9 +70,6 @@ typedef struct {
     mvz_region r;
     mvz_capq_entry *units; /* cap units, then room for one whole entry past the end */
     uint64_t cap, mask;
-    /* The producers' cache hints (store.h MVZ_PF_*; a benchmark's switch,
-     * atomic): on this read-mostly line, which every claim reads anyway. */
-    int hints;
     /* The producers' line: the place claimed up to (compare-and-swap), and
      * the tail as a producer last read it (so that a claim reads the
      * consumer's line only when the queue looks full). */

@@ -63,20 +63,17 @@ void mvz_nodes_attach(const mvz_node_layout *layout)
  * fast path: libtorch's block on this thread already exists because
  * PyTorch wrote the slot; on a thread PyTorch never ran on, glibc
  * allocates the block once, as PyTorch's own first access would). */
-MVZ_HOT const void *mvz_nodes_current(void)
+const void *mvz_nodes_slot_find(const void *layout)
 {
 #if HAVE_TLS_READ
-    const mvz_node_layout *L = __atomic_load_n(&mvz_hot.node_layout, __ATOMIC_ACQUIRE);
-    if (!L)
-        return NULL;
-    if (L != mvz_tl.slot_layout) {
-        tls_index_t ti = {L->modid, L->tls_offset};
-        mvz_tl.slot = (const void *const *)__tls_get_addr(&ti);
-        mvz_tl.slot_layout = L;
-    }
+    const mvz_node_layout *L = layout;
+    tls_index_t ti = {L->modid, L->tls_offset};
+    mvz_tl.slot = (const void *const *)__tls_get_addr(&ti);
+    mvz_tl.slot_layout = L;
     return *mvz_tl.slot;
 #else
-    return NULL;
+    (void)layout;
+    return NULL; /* never attached here (mvz_nodes_attach) */
 #endif
 }
 

@@ -27,6 +27,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hot.h"
+
 typedef struct {
     size_t modid;            /* libtorch's TLS module id */
     size_t tls_offset;       /* offset of the current-node pointer in its block */
@@ -42,8 +44,20 @@ int mvz_nodes_supported(void);
 void mvz_nodes_attach(const mvz_node_layout *layout);
 
 /* Hot path (any thread, no GIL): the node this thread is evaluating, or NULL
- * when not attached or not inside a node. */
-const void *mvz_nodes_current(void);
+ * when not attached or not inside a node. Inline: the attached layout (the
+ * capture path's read-mostly line) and this thread's slot of libtorch's,
+ * whose address is in this thread's TLS line (hot.h); found out of line
+ * (mvz_nodes_slot_find) once per thread and layout. */
+const void *mvz_nodes_slot_find(const void *layout);
+static inline const void *mvz_nodes_current(void)
+{
+    const void *L = __atomic_load_n(&mvz_hot.node_layout, __ATOMIC_ACQUIRE);
+    if (!L)
+        return NULL;
+    if (__builtin_expect(L != mvz_tl.slot_layout, 0))
+        return mvz_nodes_slot_find(L);
+    return *mvz_tl.slot;
+}
 
 /* PyTorch's node counter (the value at::sequence_number::peek returns),
  * read in place: a thread-local of libtorch at `offset` in the TLS block of

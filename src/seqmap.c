@@ -24,26 +24,6 @@ void mvz_seqmap_attach(mvz_seq_fn fn)
     __atomic_store_n(&mvz_hot.seq_fn, fn, __ATOMIC_RELEASE);
 }
 
-/* Hot path, no GIL: calls PyTorch's sequence_number::peek (it reads a C++
- * thread-local counter: no lock, no Python, no CUDA; a thread's first call
- * may let the C library set up that library's thread-local block) and
- * reads and writes this thread's TLS. The note itself is written when the
- * store applies the allocation (mvz_seqmap_put). Two threads whose counters
- * meet in a slot, or a reader racing a writer, can only see a stale or the
- * other thread's pair, which names a wrong line, never a bad pointer (the
- * reader checks the value). */
-MVZ_HOT uint64_t mvz_seqmap_next(void)
-{
-    mvz_seq_fn fn = __atomic_load_n(&mvz_hot.seq_fn, __ATOMIC_ACQUIRE);
-    if (!fn)
-        return 0;
-    uint64_t v = fn() + 1;
-    if (v == mvz_tl.seq_last)
-        return 0;
-    mvz_tl.seq_last = v;
-    return v;
-}
-
 /* Any thread, no GIL: one call of the attached reader. */
 uint64_t mvz_seqmap_counter(void)
 {

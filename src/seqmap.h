@@ -18,6 +18,8 @@
 
 #include <stdint.h>
 
+#include "hot.h"
+
 typedef uint64_t (*mvz_seq_fn)(void);
 
 /* With the GIL; NULL detaches. Forgets what was noted. */
@@ -27,7 +29,25 @@ void mvz_seqmap_attach(mvz_seq_fn fn);
  * this thread is recording, or 0 when this thread noted that value already
  * (or nothing is attached). The note is written once the allocation's
  * stack is interned, by the store (capq.h): mvz_seqmap_put. */
-uint64_t mvz_seqmap_next(void);
+static inline uint64_t mvz_seqmap_next(void)
+{
+    /* Inline, no GIL: calls PyTorch's sequence_number::peek through the
+     * attached reader (a C++ thread-local counter: no lock, no Python, no
+     * CUDA; a thread's first call may let the C library set up that
+     * library's thread-local block) and reads and writes this thread's TLS
+     * line (hot.h). Two threads whose counters meet in a slot of the note
+     * ring, or a reader racing a writer, can only see a stale or the other
+     * thread's pair, which names a wrong line, never a bad pointer (the
+     * reader checks the value). */
+    mvz_seq_fn fn = __atomic_load_n(&mvz_hot.seq_fn, __ATOMIC_ACQUIRE);
+    if (!fn)
+        return 0;
+    uint64_t v = fn() + 1;
+    if (v == mvz_tl.seq_last)
+        return 0;
+    mvz_tl.seq_last = v;
+    return v;
+}
 /* Any thread: the attached counter's value now (0 when none is attached):
  * the probe checks a reader against PyTorch's peek with it. */
 uint64_t mvz_seqmap_counter(void);

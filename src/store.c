@@ -60,7 +60,7 @@ static mvz_windows windows;
 static mvz_trace_ring ring;
 static mvz_blocks blocks; /* PyTorch's block sizes (blocks.h) */
 /* The capture queue: filled without the lock, applied with it (capq.h). */
-static mvz_capq capq = {.hints = MVZ_PF_DEFAULT};
+static mvz_capq capq;
 #define CAPQ_UNITS (1u << 16) /* 4 MiB: 7,281 allocations of 32 frames, 1,008 of 256 */
 /* A backward node's label with its forward line ("\x01<name>\x1f#<stack>"),
  * by the class label the capture path queued and the stack its number's
@@ -131,7 +131,7 @@ static mvz_region applied; /* [MVZ_MAX_THREADS][MVZ_MAX_DEPTH] */
  * session"). Off by default since the step's wall time showed no gain from
  * it ("eighth session"); a benchmark switches it on (MVZ_PF_WALK). Only that
  * thread writes its row. */
-#define WHERE_N 32
+#define WHERE_N MVZ_STORE_WHERE_N
 static mvz_region walked_where; /* [MVZ_MAX_THREADS][WHERE_N] */
 /* A benchmark's (MVZ_PF_DISCARD): where a registered thread writes the
  * entries it discards instead of queueing, [MVZ_MAX_THREADS][DISCARD_UNITS];
@@ -201,7 +201,6 @@ int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames)
 {
     if (initialized)
         return 0;
-    int hints = capq.hints; /* mvz_capq_init clears the queue's fields */
     if (mvz_livetab_init(&live, max_live) || mvz_stacks_init(&stacks, max_stacks, max_frames) ||
         mvz_peakset_init(&graves, max_live) || mvz_blocks_init(&blocks) ||
         mvz_capq_init(&capq, CAPQ_UNITS) ||
@@ -210,7 +209,6 @@ int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames)
         mvz_region_reserve(&walked_where, (size_t)MVZ_MAX_THREADS * WHERE_N * sizeof(void *), 0) ||
         mvz_region_reserve(&discarded, (size_t)MVZ_MAX_THREADS * DISCARD_UNITS * sizeof(mvz_capq_entry), 0))
         return -1;
-    capq.hints = hints;
     __atomic_store_n(&mvz_hot.walked_base, walked.base, __ATOMIC_RELEASE); /* never moves */
     initialized = 1;
     return 0;
@@ -256,9 +254,10 @@ uint64_t mvz_store_thread_serial(void)
     return tl_serial;
 }
 
-/* Capture path, no GIL: reads this thread's own TLS; registration takes the
+/* Capture path, no GIL: mvz_store_thread_index's first call on a thread
+ * (and its first after the store was cleared): registration takes the
  * store lock briefly and makes two system calls (gettid, PR_GET_NAME). */
-MVZ_HOT uint32_t mvz_store_thread_index(void)
+uint32_t mvz_store_thread_register(void)
 {
     uint32_t gen = __atomic_load_n(&mvz_hot.generation, __ATOMIC_ACQUIRE);
     if (mvz_tl.thread_plus1 && mvz_tl.generation == gen)
@@ -623,12 +622,13 @@ static __attribute__((noinline, cold)) mvz_capq_entry *enqueue_full(unsigned uni
 }
 
 /* Which prefetches run (MVZ_PF_*; a benchmark's switch, mvz_store_prefetch_on):
- * capq.hints, on the queue's read-mostly line. */
-#define PF(bit) (__atomic_load_n(&capq.hints, __ATOMIC_RELAXED) & (bit))
+ * mvz_hot.hints, on the capture path's read-mostly line (hot.h). */
+#define PF(bit) (__atomic_load_n(&mvz_hot.hints, __ATOMIC_RELAXED) & (bit))
+_Static_assert(MVZ_PF_DEFAULT == 2, "hot.c starts mvz_hot.hints at MVZ_PF_DEFAULT");
 
 int mvz_store_prefetch_on(int mode)
 {
-    return __atomic_exchange_n(&capq.hints, mode, __ATOMIC_RELAXED);
+    return __atomic_exchange_n(&mvz_hot.hints, mode, __ATOMIC_RELAXED);
 }
 
 /* Capture path, no GIL, no lock: ask for the queue's next unit to be
@@ -713,10 +713,7 @@ MVZ_HOT void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
 
 /* Capture path, no GIL: thread idx's walk buffer `which` (mvz_tl.walk_last: the
  * one holding its last stack), in `walked`. Arithmetic only. */
-static inline mvz_frame *walk_row(uint32_t idx, int which)
-{
-    return (mvz_frame *)mvz_hot.walked_base + ((size_t)idx * 2 + (size_t)(which != 0)) * MVZ_MAX_DEPTH;
-}
+static inline mvz_frame *walk_row(uint32_t idx, int which) { return mvz_store_walk_row(idx, which); }
 
 /* Capture path, no GIL, no lock: see store.h. Reads this thread's TLS and
  * its own rows; a prefetch neither faults nor writes, so an address that
@@ -749,40 +746,16 @@ MVZ_HOT void mvz_store_prefetch(void)
 }
 
 
-/* Capture path, no GIL: whether this thread's next allocation may leave
- * out the frames it shares with its last stack: that stack is in this
- * thread's buffers under this registration `gen`, it was queued (after a
- * discarded one the next writes every frame, unless this one is discarded
- * too), and sharing is on. This thread's TLS and one relaxed load. */
-static inline int keeps_frames(uint32_t thread_idx, uint32_t gen, int discarding)
+/* Capture path, no GIL: the row of addresses a walk notes under the walk's
+ * prefetch (MVZ_PF_WALK, a benchmark's), for mvz_store_walk_begin. */
+const void **mvz_store_walk_where(uint32_t thread_idx)
 {
-    return mvz_tl.walk_gen == gen && mvz_tl.walk_idx == thread_idx && (discarding || !mvz_tl.discarded) &&
-           __atomic_load_n(&mvz_hot.share_frames, __ATOMIC_RELAXED);
+    return (const void **)walked_where.base + (size_t)thread_idx * WHERE_N;
 }
 
-/* Capture path, no GIL: see store.h. Reads this thread's TLS and writes
- * only *w and this thread's TLS (the queue's next unit was asked for
- * before PyTorch allocated: mvz_store_prefetch). */
-MVZ_HOT mvz_frame *mvz_store_walk_begin(uint32_t thread_idx, mvz_walk *w)
+static inline int keeps_frames(uint32_t thread_idx, uint32_t gen, int discarding)
 {
-    w->last = NULL;
-    w->m = 0;
-    w->where = NULL;
-    w->nwhere = 0;
-    if (thread_idx >= MVZ_MAX_THREADS)
-        return w->buf = NULL;
-    int hints = PF(MVZ_PF_WALK | MVZ_PF_DISCARD);
-    mvz_tl.where_n = 0; /* until this walk's are written (mvz_store_enqueue_alloc) */
-    mvz_tl.where_asked = (hints & MVZ_PF_WALK) != 0;
-    if (__builtin_expect(hints & MVZ_PF_WALK, 0)) { /* the walk's prefetch: its row of addresses */
-        w->where = (const void **)walked_where.base + (size_t)thread_idx * WHERE_N;
-        w->nwhere = WHERE_N;
-    }
-    if (keeps_frames(thread_idx, mvz_tl.generation, (hints & MVZ_PF_DISCARD) != 0)) {
-        w->last = walk_row(thread_idx, mvz_tl.walk_last);
-        w->m = mvz_tl.walk_n;
-    }
-    return w->buf = walk_row(thread_idx, !mvz_tl.walk_last);
+    return mvz_store_keeps_frames(thread_idx, gen, discarding);
 }
 
 int mvz_store_share_frames(int on)

@@ -20,6 +20,7 @@
 
 #include "blocks.h"
 #include "capq.h"
+#include "hot.h"
 #include "store_types.h"
 
 /* Lifetime (with the GIL). */
@@ -31,8 +32,11 @@ int mvz_store_ready(void);
  * for the caller to release after the lock is dropped. */
 void mvz_store_clear(void ***refs, size_t *nrefs);
 
-/* Hot path (any thread, no GIL). */
-uint32_t mvz_store_thread_index(void);
+/* Hot path (any thread, no GIL): this thread's index in the store's thread
+ * table (inline below: two TLS words and the generation, read from the
+ * capture path's lines); registered on its first call, out of line. */
+static inline uint32_t mvz_store_thread_index(void);
+uint32_t mvz_store_thread_register(void);
 /* This thread's serial: 1, 2, ... in the order threads first ask, never
  * reused within the process (glibc reuses pthread_self() values, and the
  * kernel thread ids, of threads that ended). */
@@ -79,7 +83,10 @@ typedef struct {
     int m, nwhere;
     const void **where;
 } mvz_walk;
-mvz_frame *mvz_store_walk_begin(uint32_t thread_idx, mvz_walk *w);
+static inline mvz_frame *mvz_store_walk_begin(uint32_t thread_idx, mvz_walk *w);
+/* The walk's prefetch (a benchmark's): where thread_idx's walk notes its
+ * frames' addresses. */
+const void **mvz_store_walk_where(uint32_t thread_idx);
 /* Capture path, no GIL, no lock, ahead of an allocation (allocator.c,
  * while PyTorch allocates): hints only. The queue's next unit, for writing
  * (the producers' line is read); the frames this thread's last walk read
@@ -132,6 +139,8 @@ long mvz_store_drain_period(long ns);
  * the capture path's timer but gained no wall time in the step, while it
  * adds ~300 instructions an allocation (benchmarks/RESULTS.md, 2026-12-04). */
 #define MVZ_PF_DEFAULT MVZ_PF_QUEUE
+/* Frame addresses a walk notes under MVZ_PF_WALK. */
+#define MVZ_STORE_WHERE_N 32
 int mvz_store_prefetch_on(int mode);
 /* Called after the store's lock is released when the queue interned new
  * stacks, when set: codeobj.c uses it on Python < 3.12 to schedule keeping
@@ -233,5 +242,57 @@ int mvz_store_copy(int w, int close, mvz_store_copy_t *out);
 void mvz_store_atfork_prepare(void);
 void mvz_store_atfork_parent(void);
 void mvz_store_atfork_child(void);
+
+/* ---- the capture path's inline parts (no GIL, no lock: this thread's
+ * TLS and the capture path's read-mostly line, hot.h) ------------------- */
+
+static inline uint32_t mvz_store_thread_index(void)
+{
+    uint32_t gen = __atomic_load_n(&mvz_hot.generation, __ATOMIC_ACQUIRE);
+    if (__builtin_expect(mvz_tl.thread_plus1 && mvz_tl.generation == gen, 1))
+        return mvz_tl.thread_plus1 - 1;
+    return mvz_store_thread_register();
+}
+
+/* Thread idx's walk buffer `which` (mvz_tl.walk_last: the one holding its
+ * last stack). Arithmetic only. */
+static inline mvz_frame *mvz_store_walk_row(uint32_t idx, int which)
+{
+    return (mvz_frame *)mvz_hot.walked_base + ((size_t)idx * 2 + (size_t)(which != 0)) * MVZ_MAX_DEPTH;
+}
+
+/* Whether this thread's next allocation may leave out the frames it shares
+ * with its last stack: that stack is in this thread's buffers under this
+ * registration `gen`, it was queued (after a discarded one the next writes
+ * every frame, unless this one is discarded too), and sharing is on. */
+static inline int mvz_store_keeps_frames(uint32_t thread_idx, uint32_t gen, int discarding)
+{
+    return mvz_tl.walk_gen == gen && mvz_tl.walk_idx == thread_idx &&
+           (discarding || !mvz_tl.discarded) && __atomic_load_n(&mvz_hot.share_frames, __ATOMIC_RELAXED);
+}
+
+/* See mvz_walk above. Reads this thread's TLS and writes only *w and this
+ * thread's TLS. */
+static inline mvz_frame *mvz_store_walk_begin(uint32_t thread_idx, mvz_walk *w)
+{
+    w->last = NULL;
+    w->m = 0;
+    w->where = NULL;
+    w->nwhere = 0;
+    if (thread_idx >= MVZ_MAX_THREADS)
+        return w->buf = NULL;
+    int hints = __atomic_load_n(&mvz_hot.hints, __ATOMIC_RELAXED) & (MVZ_PF_WALK | MVZ_PF_DISCARD);
+    mvz_tl.where_n = 0; /* until this walk's are written (mvz_store_enqueue_alloc) */
+    mvz_tl.where_asked = (hints & MVZ_PF_WALK) != 0;
+    if (__builtin_expect(hints & MVZ_PF_WALK, 0)) { /* the walk's prefetch: its row of addresses */
+        w->where = mvz_store_walk_where(thread_idx);
+        w->nwhere = MVZ_STORE_WHERE_N;
+    }
+    if (mvz_store_keeps_frames(thread_idx, mvz_tl.generation, (hints & MVZ_PF_DISCARD) != 0)) {
+        w->last = mvz_store_walk_row(thread_idx, mvz_tl.walk_last);
+        w->m = mvz_tl.walk_n;
+    }
+    return w->buf = mvz_store_walk_row(thread_idx, !mvz_tl.walk_last);
+}
 
 #endif
