@@ -556,6 +556,7 @@ queue_alloc(const decoded *dp, int slot, uint32_t lab, uint32_t thread_idx, uint
     e->label_id = lab; /* thread_idx: set by the store with the frames */
     e->slot = (int8_t)(slot < 0 || slot >= MVZ_NSLOTS ? MVZ_HOST_SLOT : slot);
     e->op = (uint8_t)d.op; /* counted as the store applies it */
+    MVZ_STORE_BYTES_APART();
     e->kind = (uint8_t)d.kind;
     e->flags = mvz_tl.own ? MVZ_FLAG_MEMVIZ : 0;
     e->seq_note = line || depth > 0 ? note : 0;

@@ -51,8 +51,12 @@ uint64_t mvz_labels_reclaims(void);
 extern uint8_t mvz_labels_node[MVZ_MAX_LABELS];
 
 /* Hot path (any thread, no GIL): whether `id` names an autograd node; 0 for
- * ids out of range. One byte read, inline: the callback asks on every event. */
-static inline int mvz_labels_is_node(uint32_t id) { return id < MVZ_MAX_LABELS && mvz_labels_node[id]; }
+ * ids out of range. One byte read, inline: the callback asks on every event;
+ * none for id 0 ("no label", the usual case), which is never a node's. */
+static inline int mvz_labels_is_node(uint32_t id)
+{
+    return id != 0 && id < MVZ_MAX_LABELS && mvz_labels_node[id];
+}
 /* After fork, in the child: the table's lock is fresh. */
 void mvz_labels_atfork_child(void);
 

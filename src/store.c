@@ -20,8 +20,8 @@
  * (docs/architecture.md, "Sizes"); what it owns lives in the files above.
  */
 #define _GNU_SOURCE
-#include "hot.h"
 #include "store.h"
+#include "hot.h"
 #include "accounting.h"
 #include "blocks.h"
 #include "capq.h"
@@ -60,7 +60,7 @@ static mvz_windows windows;
 static mvz_trace_ring ring;
 static mvz_blocks blocks; /* PyTorch's block sizes (blocks.h) */
 /* The capture queue: filled without the lock, applied with it (capq.h). */
-static mvz_capq capq;
+mvz_capq mvz_store_capq; /* store.h: the capture path claims and publishes inline */
 #define CAPQ_UNITS (1u << 16) /* 4 MiB: 7,281 allocations of 32 frames, 1,008 of 256 */
 /* A backward node's label with its forward line ("\x01<name>\x1f#<stack>"),
  * by the class label the capture path queued and the stack its number's
@@ -138,7 +138,7 @@ static mvz_region walked_where; /* [MVZ_MAX_THREADS][WHERE_N] */
  * reserved, and resident only for threads that discarded. */
 static mvz_region discarded;
 #define DISCARD_UNITS MVZ_CAPQ_UNITS(MVZ_MAX_DEPTH)
-#define DISCARDED UINT64_MAX /* a discarded entry's place: never published */
+#define DISCARDED MVZ_STORE_DISCARDED
 /* The walk under way notes its frames' addresses (MVZ_PF_WALK was on). */
 static uint16_t applied_n[MVZ_MAX_THREADS];
 static uint8_t applied_reg[MVZ_MAX_THREADS]; /* the registration, as MVZ_CAPQ_KEPT's high bits */
@@ -203,7 +203,7 @@ int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames)
         return 0;
     if (mvz_livetab_init(&live, max_live) || mvz_stacks_init(&stacks, max_stacks, max_frames) ||
         mvz_peakset_init(&graves, max_live) || mvz_blocks_init(&blocks) ||
-        mvz_capq_init(&capq, CAPQ_UNITS) ||
+        mvz_capq_init(&mvz_store_capq, CAPQ_UNITS) ||
         mvz_region_reserve(&walked, (size_t)MVZ_MAX_THREADS * 2 * MVZ_MAX_DEPTH * sizeof(mvz_frame), 0) ||
         mvz_region_reserve(&applied, (size_t)MVZ_MAX_THREADS * MVZ_MAX_DEPTH * sizeof(mvz_frame), 0) ||
         mvz_region_reserve(&walked_where, (size_t)MVZ_MAX_THREADS * WHERE_N * sizeof(void *), 0) ||
@@ -293,7 +293,7 @@ uint32_t mvz_store_thread_register(void)
  * dies). */
 int mvz_store_has_pending(void)
 {
-    return __atomic_load_n(&stacks.npending, __ATOMIC_RELAXED) != 0 || mvz_capq_busy(&capq);
+    return __atomic_load_n(&stacks.npending, __ATOMIC_RELAXED) != 0 || mvz_capq_busy(&mvz_store_capq);
 }
 
 void mvz_store_adopt_pending(void (*adopt)(void *code))
@@ -583,27 +583,17 @@ void mvz_store_free(uint64_t address, int kind)
 
 /* ---- the capture queue (capq.h) ------------------------------------------ */
 
-static void kick_drainer(uint64_t pos);
 
 /* Capture path, no GIL, no lock held: room in the queue for an event of
  * `units` units. When the queue is full the caller applies it itself, if
  * the lock is free (a leaf lock, as the capture path always took), else
  * yields to whoever holds it: every holder applies the queue. Nothing is
  * dropped. */
-static __attribute__((noinline, cold)) mvz_capq_entry *enqueue_full(unsigned units, uint64_t *pos);
 
-/* Capture path, no GIL, no lock held: the claim inlined (a compare-and-swap
- * on the producers' line); the queue full, out of line (enqueue_full). */
-static inline __attribute__((always_inline)) mvz_capq_entry *enqueue(unsigned units, uint64_t *pos)
-{
-    mvz_capq_entry *e = mvz_capq_claim(&capq, units, pos);
-    return __builtin_expect(e != NULL, 1) ? e : enqueue_full(units, pos);
-}
-
-static __attribute__((noinline, cold)) mvz_capq_entry *enqueue_full(unsigned units, uint64_t *pos)
+__attribute__((noinline, cold)) mvz_capq_entry *mvz_store_enqueue_full(unsigned units, uint64_t *pos)
 {
     for (;;) {
-        mvz_capq_entry *e = mvz_capq_claim(&capq, units, pos);
+        mvz_capq_entry *e = mvz_capq_claim(&mvz_store_capq, units, pos);
         if (e)
             return e;
         __atomic_fetch_add(&queue_full, 1, __ATOMIC_RELAXED);
@@ -614,9 +604,9 @@ static __attribute__((noinline, cold)) mvz_capq_entry *enqueue_full(unsigned uni
         }
         /* Whoever holds the lock is applying the queue and gives room back
          * every 256 units: look again for a while before giving the CPU up. */
-        for (int k = 0; k < 256 && !mvz_capq_room(&capq, units); k++)
+        for (int k = 0; k < 256 && !mvz_capq_room(&mvz_store_capq, units); k++)
             mvz_cpu_relax();
-        if (!mvz_capq_room(&capq, units))
+        if (!mvz_capq_room(&mvz_store_capq, units))
             sched_yield();
     }
 }
@@ -640,8 +630,8 @@ static inline void prefetch_claim(int bit)
 {
     if (!PF(bit)) /* which of the callers' prefetches run (MVZ_PF_QUEUE or _NEXT) */
         return;
-    uint64_t h = __atomic_load_n(&capq.head, __ATOMIC_RELAXED);
-    __builtin_prefetch(&capq.units[h & capq.mask], 1, 3);
+    uint64_t h = __atomic_load_n(&mvz_store_capq.head, __ATOMIC_RELAXED);
+    __builtin_prefetch(&mvz_store_capq.units[h & mvz_store_capq.mask], 1, 3);
 }
 
 /* Capture path, no GIL, no lock: a hint that the `units` lines from e on,
@@ -651,7 +641,7 @@ static inline void prefetch_claim(int bit)
 static inline void demote(mvz_capq_entry *e, unsigned units)
 {
 #if defined(__x86_64__)
-    mvz_capq_entry *end = capq.units + capq.mask + 1;
+    mvz_capq_entry *end = mvz_store_capq.units + mvz_store_capq.mask + 1;
     for (unsigned u = 0; u < units && e + u < end; u++)
         __asm__ volatile(".byte 0x0f, 0x1c, 0x00" ::"a"(e + u) : "memory"); /* cldemote (%rax) */
 #else
@@ -693,10 +683,11 @@ static __attribute__((noinline)) void pad(int hints)
     }
 }
 
-/* Capture path, no GIL, no lock: the entry is whole. */
-MVZ_HOT void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
+/* Capture path, no GIL, no lock: mvz_store_publish (store.h) under a
+ * benchmark's switches (`hints`: weights, a discarded entry, the lines
+ * demoted, the next unit asked for), out of line. */
+void mvz_store_publish_slow(mvz_capq_entry *e, uint64_t pos, int hints)
 {
-    int hints = PF(MVZ_PF_ALL); /* one load: the benchmarks' switches below */
     if (__builtin_expect(hints & (MVZ_PF_PAD_CODE | MVZ_PF_PAD_DATA), 0))
         pad(hints & (MVZ_PF_PAD_CODE | MVZ_PF_PAD_DATA));
     if (pos == DISCARDED)
@@ -708,21 +699,15 @@ MVZ_HOT void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
             demote(e, units);
         prefetch_claim(MVZ_PF_NEXT);
     }
-    kick_drainer(pos);
+    mvz_store_kick_if_over(pos);
 }
 
-/* Capture path, no GIL: thread idx's walk buffer `which` (mvz_tl.walk_last: the
- * one holding its last stack), in `walked`. Arithmetic only. */
-static inline mvz_frame *walk_row(uint32_t idx, int which) { return mvz_store_walk_row(idx, which); }
 
 /* Capture path, no GIL, no lock: see store.h. Reads this thread's TLS and
  * its own rows; a prefetch neither faults nor writes, so an address that
  * no longer holds a frame (its thread's stack moved on) costs nothing. */
-MVZ_HOT void mvz_store_prefetch(void)
+void mvz_store_prefetch_walk(void)
 {
-    prefetch_claim(MVZ_PF_QUEUE);
-    if (!PF(MVZ_PF_WALK))
-        return;
     int n = mvz_tl.where_n;
     if (n == 0 || mvz_tl.generation != __atomic_load_n(&mvz_hot.generation, __ATOMIC_RELAXED) || !mvz_tl.thread_plus1)
         return;
@@ -736,8 +721,8 @@ MVZ_HOT void mvz_store_prefetch(void)
         return;
     /* the last stack, which the store compares the walk with, and the
      * buffer the walk writes */
-    const char *last = (const char *)walk_row(idx, mvz_tl.walk_last);
-    const char *next = (const char *)walk_row(idx, !mvz_tl.walk_last);
+    const char *last = (const char *)mvz_store_walk_row(idx, mvz_tl.walk_last);
+    const char *next = (const char *)mvz_store_walk_row(idx, !mvz_tl.walk_last);
     size_t bytes = (size_t)(mvz_tl.walk_n < 2 * WHERE_N ? mvz_tl.walk_n : 2 * WHERE_N) * sizeof(mvz_frame);
     for (size_t b = 0; b < bytes; b += 64) {
         __builtin_prefetch(last + b, 0, 3);
@@ -753,11 +738,6 @@ const void **mvz_store_walk_where(uint32_t thread_idx)
     return (const void **)walked_where.base + (size_t)thread_idx * WHERE_N;
 }
 
-static inline int keeps_frames(uint32_t thread_idx, uint32_t gen, int discarding)
-{
-    return mvz_store_keeps_frames(thread_idx, gen, discarding);
-}
-
 int mvz_store_share_frames(int on)
 {
     return __atomic_exchange_n(&mvz_hot.share_frames, on ? 1 : 0, __ATOMIC_RELAXED);
@@ -768,7 +748,7 @@ int mvz_store_share_frames(int on)
  * (*pos DISCARDED), so that a benchmark sees the capture path without the
  * shared queue and the drain; NULL otherwise, or for a thread with no
  * index. */
-static inline mvz_capq_entry *discard_room(uint64_t *pos)
+mvz_capq_entry *mvz_store_discard_room(uint64_t *pos)
 {
     if (__builtin_expect(!PF(MVZ_PF_DISCARD), 1) || !mvz_tl.thread_plus1 ||
         mvz_tl.generation != __atomic_load_n(&mvz_hot.generation, __ATOMIC_RELAXED) ||
@@ -776,52 +756,6 @@ static inline mvz_capq_entry *discard_room(uint64_t *pos)
         return NULL;
     *pos = DISCARDED;
     return (mvz_capq_entry *)discarded.base + (size_t)(mvz_tl.thread_plus1 - 1) * DISCARD_UNITS;
-}
-
-/* Capture path, no GIL, no lock held: an allocation's entry, claimed, with
- * its stack f[0..depth) written in as far as it differs from the previous
- * stack this thread queued (MVZ_CAPQ_KEPT): inside a step most allocations
- * come from the same few lines, and their callers' frames, a cold cache
- * line per four frames written into the queue, are the ones the thread
- * queued just before. `f` is the buffer mvz_store_walk_begin gave this
- * thread (or the caller's own, for a thread with no index: then every
- * frame is written). Only this thread's buffers and TLS are read. The
- * caller fills the rest in and publishes it. */
-MVZ_HOT mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f, int depth,
-                                        int walked_kept, uint64_t *pos)
-{
-    int kept = 0;
-    uint32_t gen = mvz_tl.generation; /* the registration thread_idx comes from */
-    int mine = thread_idx < MVZ_MAX_THREADS && f == walk_row(thread_idx, !mvz_tl.walk_last);
-    mvz_capq_entry *e = discard_room(pos);
-    if (mine && keeps_frames(thread_idx, gen, e != NULL)) {
-        kept = walked_kept >= 0 ? walked_kept /* compared by the walk (mvz_frames_capture_cmp) */
-                                : mvz_frames_shared_outer(f, depth, walk_row(thread_idx, mvz_tl.walk_last),
-                                                          mvz_tl.walk_n);
-    }
-    int written = depth - kept;
-    MVZ_STAGE(MVZ_ST_A_COMPARE);
-    if (e)
-        mvz_tl.discarded = 1;
-    else {
-        mvz_tl.discarded = 0;
-        e = enqueue(MVZ_CAPQ_UNITS(written), pos);
-    }
-    MVZ_STAGE(MVZ_ST_A_CLAIM);
-    memcpy(mvz_capq_frames(e), f, (size_t)written * sizeof *f);
-    e->depth = (uint16_t)written;
-    e->kept = (uint16_t)((unsigned)kept | (gen & 127u) << MVZ_CAPQ_KEPT_SHIFT);
-    e->thread_idx = (uint16_t)(thread_idx < MVZ_MAX_THREADS ? thread_idx : MVZ_THREAD_OVERFLOW);
-    if (mine) { /* f is this thread's last stack now */
-        mvz_tl.where_n = mvz_tl.where_asked ? (uint8_t)(depth < WHERE_N ? depth : WHERE_N) : 0;
-        mvz_tl.walk_last = !mvz_tl.walk_last;
-        mvz_tl.walk_n = (uint16_t)depth;
-        mvz_tl.walk_gen = gen;
-        mvz_tl.walk_idx = thread_idx;
-    } else {
-        mvz_tl.walk_gen = 0; /* the store's last stack of this thread is not in its buffers */
-    }
-    return e;
 }
 
 /* Lock held: the whole stack of an allocation entry, joined from its frames
@@ -861,26 +795,6 @@ static const mvz_frame *entry_stack(const mvz_capq_entry *e, int *depth, uint32_
     return last;
 }
 
-/* Capture path, no GIL: a free, queued (its tick read before the claim). */
-MVZ_HOT void mvz_store_enqueue_free(uint64_t address, int kind, int op)
-{
-    int tsc = mvz_tick_is_tsc();
-    uint64_t clock = mvz_tick_as(tsc);
-    MVZ_STAGE(MVZ_ST_F_TICK);
-    uint64_t pos;
-    mvz_capq_entry *e = discard_room(&pos);
-    if (!e)
-        e = enqueue(1, &pos);
-    MVZ_STAGE(MVZ_ST_F_CLAIM);
-    e->what = (uint8_t)(MVZ_CAPQ_FREE | (tsc ? MVZ_CAPQ_TSC : 0));
-    e->address = address;
-    e->kind = (uint8_t)kind;
-    e->op = (uint8_t)op;
-    e->clock = clock;
-    e->seq_note = 0;
-    mvz_store_publish(e, pos);
-    MVZ_STAGE(MVZ_ST_F_PUBLISH);
-}
 
 /* Lock held: the label of a backward node's allocation, its class label
  * `cls` (the capture path's) with the forward line of the node numbered
@@ -927,9 +841,9 @@ static uint32_t node_line(uint32_t cls, uint64_t seq)
 static void drain_locked(uint64_t limit)
 {
     mvz_capq_entry *e;
-    if (mvz_capq_busy(&capq))
+    if (mvz_capq_busy(&mvz_store_capq))
         mvz_clock_tickmap_anchor(&ticks); /* the entries' ticks convert from now */
-    while ((e = mvz_capq_peek(&capq, limit)) != NULL) {
+    while ((e = mvz_capq_peek(&mvz_store_capq, limit)) != NULL) {
         uint64_t clock = e->what & MVZ_CAPQ_TSC ? mvz_clock_tickmap_ns(&ticks, e->clock) : e->clock;
         op_counts[e->op % MVZ_STORE_OPS]++;
         if (e->what & MVZ_CAPQ_FREE) {
@@ -959,10 +873,10 @@ static void drain_locked(uint64_t limit)
             if (stacks.n != before)
                 new_stacks = 1;
         }
-        mvz_capq_pop(&capq, e);
+        mvz_capq_pop(&mvz_store_capq, e);
         queue_events++;
     }
-    mvz_capq_release(&capq);
+    mvz_capq_release(&mvz_store_capq);
 }
 
 void mvz_store_op_counts(uint64_t out[MVZ_STORE_OPS])
@@ -994,7 +908,7 @@ void mvz_store_sync(void)
 /* ---- the drainer thread --------------------------------------------------- */
 
 /* Applies the queue every 4 ms while capture runs (sooner when an
- * allocating thread finds it a quarter full: kick_drainer), so that the
+ * allocating thread finds it a quarter full: mvz_store_kick), so that the
  * allocating threads find room and readers little left to apply: at the 100,000
  * events a second of an allocation-bound step that is 400 events, 3% of
  * the queue at 32 frames (a wake-up costs a few microseconds; every
@@ -1013,7 +927,6 @@ static pthread_mutex_t drainer_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t drainer_cond = PTHREAD_COND_INITIALIZER;
 /* Set by the capture path that found the queue a quarter full, cleared by
  * the drainer as it applies the queue (atomic): one wake-up a cycle. */
-#define KICK_FILL(q) ((q)->cap / 4)
 
 /* Capture path, no GIL, no lock: an allocation storm (thousands of events
  * within the 4 ms period) wakes the drainer early, so the allocating thread
@@ -1022,14 +935,9 @@ static pthread_cond_t drainer_cond = PTHREAD_COND_INITIALIZER;
  * run. A signal that finds the
  * drainer between its check and its wait is lost: it then runs at its
  * period, as without the kick. pthread_cond_signal takes no lock of ours. */
-static void kick_drainer(uint64_t pos)
+void mvz_store_kick(void)
 {
-    /* Kicked already: a plain load, nothing else (in a storm the queue
-     * stays over a quarter full until the drainer runs, and every event
-     * would else read the consumer's line and exchange the drainer's word). */
-    if (__atomic_load_n(&mvz_hot.drainer_kicked, __ATOMIC_RELAXED) ||
-        !mvz_capq_over(&capq, pos, KICK_FILL(&capq)) ||
-        __atomic_exchange_n(&mvz_hot.drainer_kicked, 1, __ATOMIC_RELAXED))
+    if (__atomic_exchange_n(&mvz_hot.drainer_kicked, 1, __ATOMIC_RELAXED))
         return;
     __atomic_fetch_add(&queue_kicks, 1, __ATOMIC_RELAXED);
     pthread_cond_signal(&drainer_cond);
@@ -1052,7 +960,7 @@ static void *drainer_main(void *unused)
             break;
         pthread_mutex_unlock(&drainer_lock);
         __atomic_store_n(&mvz_hot.drainer_kicked, 0, __ATOMIC_RELAXED);
-        if (mvz_capq_busy(&capq))
+        if (mvz_capq_busy(&mvz_store_capq))
             mvz_store_sync();
         pthread_mutex_lock(&drainer_lock);
     }
@@ -1321,10 +1229,10 @@ void mvz_store_get_stats(mvz_store_stats *o)
     o->bytes_used = live.count * sizeof(mvz_alloc) + live.index_cap * sizeof(uint32_t) +
                     mvz_stacks_bytes_used(&stacks) + graves.n * sizeof(mvz_grave) +
                     sizeof totals + sizeof failures + sizeof timeline_points + sizeof threads +
-                    mvz_capq_bytes_used(&capq);
+                    mvz_capq_bytes_used(&mvz_store_capq);
     o->bytes_reserved = live.allocs_r.reserved + live.index_a_r.reserved +
                         live.index_b_r.reserved + mvz_stacks_bytes_reserved(&stacks) +
-                        graves.r.reserved + mvz_capq_bytes_reserved(&capq);
+                        graves.r.reserved + mvz_capq_bytes_reserved(&mvz_store_capq);
     UNLOCK();
 }
 
@@ -1557,7 +1465,7 @@ void mvz_store_atfork_child(void)
      * the child does not have (one may never be published here); the
      * drainer thread is the parent's. */
     if (initialized)
-        mvz_capq_abandon(&capq);
+        mvz_capq_abandon(&mvz_store_capq);
     pthread_mutex_init(&drainer_lock, NULL);
     pthread_cond_init(&drainer_cond, NULL);
     drainer_running = drainer_stopping = mvz_hot.drainer_kicked = 0;

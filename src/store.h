@@ -20,8 +20,12 @@
 
 #include "blocks.h"
 #include "capq.h"
+#include "clock.h"
+#include "frames.h"
 #include "hot.h"
 #include "store_types.h"
+
+#include <string.h>
 
 /* Lifetime (with the GIL). */
 int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames);
@@ -66,7 +70,7 @@ void mvz_store_mark_stream(uint64_t address);
  * issue 27: no lock taken. Capture path, no GIL: an entry claimed by
  * mvz_store_enqueue_alloc or _free (applying the queue itself when it is
  * full, never dropping) is published, once filled in, here. */
-void mvz_store_publish(mvz_capq_entry *e, uint64_t pos);
+static inline void mvz_store_publish(mvz_capq_entry *e, uint64_t pos);
 /* Capture path, no GIL: an allocation's stack goes into the queue as far as
  * it changed since the calling thread's previous one (capq.h,
  * MVZ_CAPQ_KEPT). mvz_store_walk_begin says where the thread walks its
@@ -92,17 +96,17 @@ const void **mvz_store_walk_where(uint32_t thread_idx);
  * (the producers' line is read); the frames this thread's last walk read
  * (mvz_walk's `where`), its last stack, and the buffer its next walk
  * writes. */
-void mvz_store_prefetch(void);
+static inline void mvz_store_prefetch(void);
 /* `walked_kept`: the frames the walk found shared with *last (-1: not
  * known; compared here). */
-mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f, int depth,
-                                        int walked_kept, uint64_t *pos);
+static inline mvz_capq_entry *mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f,
+                                                      int depth, int walked_kept, uint64_t *pos);
 /* Any thread: whether entries leave shared frames out (tests turn it off
  * to fill the queue); returns the setting before. */
 int mvz_store_share_frames(int on);
 /* Capture path, no GIL: a free, queued; `op` is counted when it is
  * applied (mvz_store_op_counts). */
-void mvz_store_enqueue_free(uint64_t address, int kind, int op);
+static inline void mvz_store_enqueue_free(uint64_t address, int kind, int op);
 /* Operations the queue has applied, by the capture path's numbers
  * (capture.h, under MVZ_STORE_OPS, store_types.h): the capture path counts
  * them without a locked add. Any thread, no store lock held (it applies the
@@ -293,6 +297,161 @@ static inline mvz_frame *mvz_store_walk_begin(uint32_t thread_idx, mvz_walk *w)
         w->m = mvz_tl.walk_n;
     }
     return w->buf = mvz_store_walk_row(thread_idx, !mvz_tl.walk_last);
+}
+
+/* The capture queue itself, which the inline parts below claim from and
+ * publish to; the rest of the store reaches it only with its lock held. */
+extern mvz_capq mvz_store_capq __attribute__((visibility("hidden")));
+/* Out of line, each rare: the queue full (applied here if the lock is
+ * free, else waited for: nothing is dropped); a benchmark's switches at a
+ * publish; the drain thread woken (the queue over a quarter full); a
+ * benchmark's discarded entry's room (MVZ_PF_DISCARD; NULL where it does
+ * not apply); the walk's prefetch (MVZ_PF_WALK). */
+mvz_capq_entry *mvz_store_enqueue_full(unsigned units, uint64_t *pos);
+void mvz_store_publish_slow(mvz_capq_entry *e, uint64_t pos, int hints);
+void mvz_store_kick(void);
+mvz_capq_entry *mvz_store_discard_room(uint64_t *pos);
+void mvz_store_prefetch_walk(void);
+/* Between two stores of constant bytes that lie side by side in an entry:
+ * else the compiler merges them into one 16-bit store and, to avoid a
+ * 16-bit immediate, loads the value from read-only data, one more cold
+ * line an event. */
+#define MVZ_STORE_BYTES_APART() __asm__("" ::: "memory")
+/* A discarded entry's place: never published. */
+#define MVZ_STORE_DISCARDED UINT64_MAX
+
+/* The frames an entry writes (a few, most often none: those that changed),
+ * copied in a loop here instead of by a call to the C library's memcpy,
+ * which would cost the event its code lines and its jump slot's. The
+ * empty asm keeps the compiler from turning the loop back into that call. */
+static inline void mvz_store_copy_frames(mvz_frame *dst, const mvz_frame *src, int n)
+{
+    for (int i = 0; i < n; i++) {
+        __asm__("" : "+r"(i));
+        dst[i] = src[i];
+    }
+}
+
+/* Room in the queue for `units` units: the claim (a compare-and-swap on
+ * the producers' line, capq.h), or, the queue full, out of line. */
+static inline mvz_capq_entry *mvz_store_claim(unsigned units, uint64_t *pos)
+{
+    mvz_capq_entry *e = mvz_capq_claim(&mvz_store_capq, units, pos);
+    return __builtin_expect(e != NULL, 1) ? e : mvz_store_enqueue_full(units, pos);
+}
+
+/* The drain thread is woken early in an allocation storm (thousands of
+ * events within its 4 ms period), so the allocating thread seldom finds
+ * the queue full and applies it itself. Kicked already: a plain load,
+ * nothing else (in a storm the queue stays over a quarter full until the
+ * drainer runs, and every event would else read the consumer's line). */
+static inline void mvz_store_kick_if_over(uint64_t pos)
+{
+    if (!__atomic_load_n(&mvz_hot.drainer_kicked, __ATOMIC_RELAXED) &&
+        mvz_capq_over(&mvz_store_capq, pos, mvz_store_capq.cap / 4))
+        mvz_store_kick();
+}
+
+/* The entry is whole: one release store, and the drainer's check. */
+static inline void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
+{
+    int hints = __atomic_load_n(&mvz_hot.hints, __ATOMIC_RELAXED);
+    if (__builtin_expect((hints & (MVZ_PF_ALL & ~(MVZ_PF_QUEUE | MVZ_PF_WALK))) != 0 ||
+                             pos == MVZ_STORE_DISCARDED, 0)) {
+        mvz_store_publish_slow(e, pos, hints);
+        return;
+    }
+    mvz_capq_publish(e, pos);
+    mvz_store_kick_if_over(pos);
+}
+
+/* Ahead of an allocation (allocator.c, while PyTorch allocates): the
+ * queue's next unit asked for, for writing (a hint: whichever unit the
+ * claim then gets, nothing depends on it; it reads the producers' line,
+ * which the claim reads next), and under the walk's prefetch (a
+ * benchmark's) the frames this thread's last walk read, out of line. */
+static inline void mvz_store_prefetch(void)
+{
+    int hints = __atomic_load_n(&mvz_hot.hints, __ATOMIC_RELAXED);
+    if (hints & MVZ_PF_QUEUE) {
+        uint64_t h = __atomic_load_n(&mvz_store_capq.head, __ATOMIC_RELAXED);
+        __builtin_prefetch(&mvz_store_capq.units[h & mvz_store_capq.mask], 1, 3);
+    }
+    if (__builtin_expect(hints & MVZ_PF_WALK, 0))
+        mvz_store_prefetch_walk();
+}
+
+/* Capture path, no GIL, no lock held: an allocation's entry, claimed, with
+ * its stack f[0..depth) written in as far as it differs from the previous
+ * stack this thread queued (MVZ_CAPQ_KEPT): inside a step most allocations
+ * come from the same few lines, and their callers' frames, a cold cache
+ * line per four frames written into the queue, are the ones the thread
+ * queued just before. `f` is the buffer mvz_store_walk_begin gave this
+ * thread (or the caller's own, for a thread with no index: then every
+ * frame is written). Only this thread's buffers and TLS are read. The
+ * caller fills the rest in and publishes it. */
+static inline __attribute__((always_inline)) mvz_capq_entry *
+mvz_store_enqueue_alloc(uint32_t thread_idx, const mvz_frame *f, int depth, int walked_kept, uint64_t *pos)
+{
+    int kept = 0;
+    uint32_t gen = mvz_tl.generation; /* the registration thread_idx comes from */
+    int mine = thread_idx < MVZ_MAX_THREADS && f == mvz_store_walk_row(thread_idx, !mvz_tl.walk_last);
+    mvz_capq_entry *e = NULL;
+    if (__builtin_expect(__atomic_load_n(&mvz_hot.hints, __ATOMIC_RELAXED) & MVZ_PF_DISCARD, 0))
+        e = mvz_store_discard_room(pos);
+    if (mine && mvz_store_keeps_frames(thread_idx, gen, e != NULL)) {
+        kept = walked_kept >= 0 ? walked_kept /* compared by the walk (mvz_frames_capture_cmp) */
+                                : mvz_frames_shared_outer(f, depth, mvz_store_walk_row(thread_idx, mvz_tl.walk_last),
+                                                          mvz_tl.walk_n);
+    }
+    int written = depth - kept;
+    MVZ_STAGE(MVZ_ST_A_COMPARE);
+    if (e)
+        mvz_tl.discarded = 1;
+    else {
+        mvz_tl.discarded = 0;
+        e = mvz_store_claim(MVZ_CAPQ_UNITS(written), pos);
+    }
+    MVZ_STAGE(MVZ_ST_A_CLAIM);
+    mvz_store_copy_frames(mvz_capq_frames(e), f, written);
+    e->depth = (uint16_t)written;
+    e->kept = (uint16_t)((unsigned)kept | (gen & 127u) << MVZ_CAPQ_KEPT_SHIFT);
+    e->thread_idx = (uint16_t)(thread_idx < MVZ_MAX_THREADS ? thread_idx : MVZ_THREAD_OVERFLOW);
+    if (mine) { /* f is this thread's last stack now */
+        mvz_tl.where_n = mvz_tl.where_asked ? (uint8_t)(depth < MVZ_STORE_WHERE_N ? depth : MVZ_STORE_WHERE_N) : 0;
+        mvz_tl.walk_last = !mvz_tl.walk_last;
+        mvz_tl.walk_n = (uint16_t)depth;
+        mvz_tl.walk_gen = gen;
+        mvz_tl.walk_idx = thread_idx;
+    } else {
+        mvz_tl.walk_gen = 0; /* the store's last stack of this thread is not in its buffers */
+    }
+    return e;
+}
+
+/* Capture path, no GIL: a free, queued (its tick read before the claim). */
+static inline __attribute__((always_inline)) void mvz_store_enqueue_free(uint64_t address, int kind,
+                                                                      int op)
+{
+    int tsc = mvz_tick_is_tsc();
+    uint64_t clock = mvz_tick_as(tsc);
+    MVZ_STAGE(MVZ_ST_F_TICK);
+    uint64_t pos;
+    mvz_capq_entry *e = NULL;
+    if (__builtin_expect(__atomic_load_n(&mvz_hot.hints, __ATOMIC_RELAXED) & MVZ_PF_DISCARD, 0))
+        e = mvz_store_discard_room(&pos);
+    if (!e)
+        e = mvz_store_claim(1, &pos);
+    MVZ_STAGE(MVZ_ST_F_CLAIM);
+    e->what = (uint8_t)(MVZ_CAPQ_FREE | (tsc ? MVZ_CAPQ_TSC : 0));
+    e->address = address;
+    e->kind = (uint8_t)kind;
+    MVZ_STORE_BYTES_APART(); /* see there */
+    e->op = (uint8_t)op;
+    e->clock = clock;
+    e->seq_note = 0;
+    mvz_store_publish(e, pos);
+    MVZ_STAGE(MVZ_ST_F_PUBLISH);
 }
 
 #endif
