@@ -93,10 +93,13 @@ static void try_restore(void)
 /* Any thread, no GIL: one block with memviz's deleter fewer. */
 static inline void release_one(void)
 {
-    if (__atomic_sub_fetch(&OUTSTANDING, 1, __ATOMIC_SEQ_CST) == 0 &&
+    if (__builtin_expect(__atomic_sub_fetch(&OUTSTANDING, 1, __ATOMIC_SEQ_CST) == 0, 0) &&
         __atomic_load_n(&A.state, __ATOMIC_SEQ_CST) == ST_DRAINING)
         try_restore();
 }
+
+/* The same, out of line: a block handed out while the route detaches. */
+static __attribute__((noinline, cold)) void release_one_cold(void) { release_one(); }
 
 /* ---- tripwires ----------------------------------------------------------
  * Slot i of the copy may point at trampoline i, which adds one to hits[i]
@@ -165,8 +168,8 @@ static inline uint64_t before_allocate(void)
 {
     /* the capture flag and the clock's kind, read from the capture path's
      * read-mostly line (hot.h), without a call */
-    if (!__atomic_load_n(&mvz_hot.capturing, __ATOMIC_ACQUIRE))
-        return 0;
+    if (__builtin_expect(!__atomic_load_n(&mvz_hot.capturing, __ATOMIC_ACQUIRE), 0))
+        return 0; /* laid out as the rare case: the route is attached for tracking */
     mvz_store_prefetch();
     return mvz_tick_as(mvz_tick_is_tsc());
 }
@@ -180,7 +183,7 @@ MVZ_HOT static void *wrap_allocate(void *sret, void *self, size_t n)
     void *r = ((allocate_fn)A.orig[SLOT_ALLOCATE])(sret, self, n);
     MVZ_STAGE_BEGIN();
     uintptr_t *w = sret;
-    if (!__atomic_load_n(&A.committed, __ATOMIC_ACQUIRE)) {
+    if (__builtin_expect(!__atomic_load_n(&A.committed, __ATOMIC_ACQUIRE), 0)) {
         int expected = 0; /* probing: keep the first non-empty DataPtr */
         if ((w[0] | w[1] | w[2]) != 0 &&
             __atomic_compare_exchange_n(&A.sampled, &expected, 1, 0, __ATOMIC_ACQ_REL,
@@ -190,13 +193,13 @@ MVZ_HOT static void *wrap_allocate(void *sret, void *self, size_t n)
         }
         return r;
     }
-    if (w[A.data_w] && w[A.deleter_w] == (uintptr_t)A.orig_deleter) {
+    if (__builtin_expect(w[A.data_w] && w[A.deleter_w] == (uintptr_t)A.orig_deleter, 1)) {
         /* Counted before the state is read (both sequentially consistent, as
          * in detach): either detach sees this block, or this sees the detach
          * and hands the block out as PyTorch would. */
         __atomic_fetch_add(&OUTSTANDING, 1, __ATOMIC_SEQ_CST);
-        if (__atomic_load_n(&A.state, __ATOMIC_SEQ_CST) != ST_ATTACHED) {
-            release_one();
+        if (__builtin_expect(__atomic_load_n(&A.state, __ATOMIC_SEQ_CST) != ST_ATTACHED, 0)) {
+            release_one_cold();
             return r;
         }
         w[A.deleter_w] = (uintptr_t)wrap_delete;
