@@ -9,8 +9,8 @@
  * mvz_capture_async / mvz_capture_block / mvz_capture_set_inside.
  */
 #define _GNU_SOURCE
-#include "hot.h"
 #include "capture.h"
+#include "hot.h"
 #include "cupti.h"
 #include "frames.h"
 #include "clock.h"
@@ -446,12 +446,12 @@ static inline __attribute__((always_inline)) void record(const decoded *dp, int 
                     stamp);
 }
 
-/* Capture path, no GIL: record() where membarrier is not in use or this
- * thread has no slot (rare), out of line. Sequentially consistent both
- * here and in mvz_capture_stop: either this sees capturing off and backs
- * out, or stop sees this recording and waits for it (no lock, no waiting
- * on this side). */
-static __attribute__((noinline, cold)) void record_unfenced(int op, int kind, int is_free,
+/* Capture path, no GIL: record()'s fallback, out of line, where membarrier
+ * is refused (a seccomp filter, a kernel before 4.14) or this thread found
+ * no slot left. Sequentially consistent both here and in mvz_capture_stop:
+ * either this sees capturing off and backs out, or stop sees this
+ * recording and waits for it (no lock, no waiting on this side). */
+static __attribute__((noinline)) void record_unfenced(int op, int kind, int is_free,
                                                            uint64_t address, uint64_t size,
                                                            uint64_t stream, int result, int slot,
                                                            uint64_t stamp)
