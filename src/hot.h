@@ -18,7 +18,7 @@
  * drainer_kicked once per kick of the drain thread. */
 typedef struct __attribute__((aligned(64))) {
     int capturing;            /* capture.c: 0 off, 1 on, or a benchmark's mode */
-    int fenced;               /* capture.c: membarrier registered */
+    int fenced;               /* capture.c: membarrier registered (0 again only in a fork child) */
     int depth_limit;          /* capture.c: frames an allocation keeps */
     int clock_tsc;            /* clock.c: the capture path's ticks are the TSC's */
     uint32_t generation;      /* store.c: thread registrations */

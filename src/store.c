@@ -702,7 +702,6 @@ void mvz_store_publish_slow(mvz_capq_entry *e, uint64_t pos, int hints)
     mvz_store_kick_if_over(pos);
 }
 
-
 /* Capture path, no GIL, no lock: see store.h. Reads this thread's TLS and
  * its own rows; a prefetch neither faults nor writes, so an address that
  * no longer holds a frame (its thread's stack moved on) costs nothing. */
@@ -925,16 +924,15 @@ static int drainer_running; /* with the GIL (start/stop) */
 static int drainer_stopping;
 static pthread_mutex_t drainer_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t drainer_cond = PTHREAD_COND_INITIALIZER;
-/* Set by the capture path that found the queue a quarter full, cleared by
- * the drainer as it applies the queue (atomic): one wake-up a cycle. */
+/* mvz_hot.drainer_kicked (hot.h): set by the capture path that found the
+ * queue a quarter full, cleared by the drainer as it applies the queue
+ * (atomic): one wake-up a cycle. */
 
-/* Capture path, no GIL, no lock: an allocation storm (thousands of events
- * within the 4 ms period) wakes the drainer early, so the allocating thread
- * seldom finds the queue full and applies it itself. Reads the producers'
- * own line (mvz_capq_over), and signals at most once until the drainer has
- * run. A signal that finds the
- * drainer between its check and its wait is lost: it then runs at its
- * period, as without the kick. pthread_cond_signal takes no lock of ours. */
+/* Capture path, no GIL, no lock: the queue found over a quarter full
+ * (mvz_store_kick_if_over, store.h, in an allocation storm) wakes the
+ * drainer, at most once until it has run. A signal that finds the drainer
+ * between its check and its wait is lost: it then runs at its period, as
+ * without the kick. pthread_cond_signal takes no lock of ours. */
 void mvz_store_kick(void)
 {
     if (__atomic_exchange_n(&mvz_hot.drainer_kicked, 1, __ATOMIC_RELAXED))

@@ -446,7 +446,7 @@ static inline __attribute__((always_inline)) void mvz_store_enqueue_free(uint64_
     e->what = (uint8_t)(MVZ_CAPQ_FREE | (tsc ? MVZ_CAPQ_TSC : 0));
     e->address = address;
     e->kind = (uint8_t)kind;
-    MVZ_STORE_BYTES_APART(); /* see there */
+    MVZ_STORE_BYTES_APART(); /* its definition says why */
     e->op = (uint8_t)op;
     e->clock = clock;
     e->seq_note = 0;
