@@ -25,7 +25,10 @@ functions it calls, its mutex, are counted there in every mode):
   lines touched that the step's work evicted (``d1_miss_walk``: those of
   the frame walk, Python's frames and the previous stack it compares with;
   inside a real step the interpreter has just used most of the frames);
-- per function, the same.
+- per function, the same;
+- with ``--misses N``, the N instructions of memviz's extension with the
+  most data misses an event pair, disassembled (binutils' objdump): which
+  variable or line each event reads cold.
 
 A mode is bench_toggle.py's: ``rec:P[:dN]`` (recording with _core._prefetch(P),
 optionally _core._depth(N)), ``noop:P`` (the route, nothing recorded), or
@@ -85,9 +88,11 @@ def child(depth, n, gap, mode):
     print(json.dumps({"frames": frames}))
 
 
-def parse(path, exclude):
+def parse(path, exclude, misses=None):
     """{(object, function): {"ir", "d1", "lines": {line: ir}}}, objects whose name
-    holds a string of `exclude` left out."""
+    holds a string of `exclude` left out. `misses`, a dict, gets
+    {(object path, function, address): first-level data misses} for memviz's
+    extension."""
     fns = defaultdict(lambda: {"ir": 0, "d1": 0, "lines": defaultdict(int)})
     events = None
     npos = 1
@@ -140,6 +145,9 @@ def parse(path, exclude):
         ir = costs.get("Ir", 0)
         f["ir"] += ir
         f["d1"] += costs.get("D1mr", 0) + costs.get("D1mw", 0)
+        if misses is not None and "_core" in ob and costs.get("D1mr", 0) + costs.get("D1mw", 0):
+            key = (ob, fn, addr)
+            misses[key] = misses.get(key, 0) + costs.get("D1mr", 0) + costs.get("D1mw", 0)
         f["lines"][addr >> 6] += ir
     return fns
 
@@ -182,12 +190,35 @@ def run_mode(mode, a):
                f"--callgrind-out-file={out}", sys.executable, __file__, "--child",
                "--depth", str(a.depth), "--n", str(a.n), "--gap", str(a.gap), "--mode", mode]
         p = subprocess.run(cmd, capture_output=True, text=True)
-        if p.returncode != 0:
-            raise SystemExit(f"{mode}: callgrind run failed:\n{p.stderr[-3000:]}")
+        if p.returncode != 0:  # the child's own output, without valgrind's "==pid==" lines
+            own = "\n".join(ln for ln in p.stderr.splitlines() if not ln.startswith("=="))
+            raise SystemExit(f"{mode}: callgrind run failed (exit status {p.returncode}):\n"
+                             f"{own[-3000:]}\nstdout: {p.stdout[-1000:]}")
         frames = json.loads(p.stdout.strip().splitlines()[-1])["frames"]
-        r = summarise(parse(out, ("standin", "libc10_cuda")), a.n + 200)
+        misses = {} if a.misses else None
+        r = summarise(parse(out, ("standin", "libc10_cuda"), misses), a.n + 200)
         r["frames"] = frames
+        if misses:
+            r["misses"] = where_missed(misses, a.n + 200, a.misses)
         return r
+
+
+def where_missed(misses, pairs, top):
+    """The `top` instructions of memviz's extension with the most first-level
+    data misses per event pair, each with its disassembly (binutils' objdump,
+    where installed): which variable or line each event reads cold."""
+    rows = sorted(misses.items(), key=lambda kv: -kv[1])[:top]
+    text = {}
+    for obj in {ob for (ob, _, _), _ in rows}:
+        if shutil.which("objdump") and os.path.exists(obj):
+            dis = subprocess.run(["objdump", "-d", "--no-show-raw-insn", obj], capture_output=True,
+                                 text=True).stdout
+            for ln in dis.splitlines():
+                head, sep, rest = ln.partition(":")
+                if sep and head.strip() and all(c in "0123456789abcdef" for c in head.strip()):
+                    text[(obj, int(head, 16))] = rest.strip()
+    return [{"per_pair": round(n / pairs, 2), "function": fn, "address": hex(addr),
+             "instruction": text.get((ob, addr), "")} for (ob, fn, addr), n in rows]
 
 
 def main():
@@ -197,6 +228,8 @@ def main():
     ap.add_argument("--gap", type=int, default=131072)
     ap.add_argument("--mode", action="append")
     ap.add_argument("--json")
+    ap.add_argument("--misses", type=int, default=0, metavar="N",
+                    help="also list the N instructions with the most data misses, disassembled")
     ap.add_argument("--child", action="store_true")
     a = ap.parse_args()
     if a.child:
@@ -215,6 +248,9 @@ def main():
               f"data misses {m1['d1_miss']:5.2f} (walk {m1['d1_miss_walk']:.2f}); called code (Python, libc) "
               f"lines {m2['code_lines']:4.1f}, instructions {m2['ir']:5.1f}, data misses {m2['d1_miss']:5.2f}; "
               f"frames {r['frames']}\n           code lines a pair: {fn}", flush=True)
+        for m in r.get("misses", []):
+            print(f"           {m['per_pair']:6.2f} misses a pair  {m['function']:30s} {m['address']}  "
+                  f"{m['instruction']}")
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
 
