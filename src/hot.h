@@ -23,7 +23,7 @@ typedef struct __attribute__((aligned(64))) {
     int clock_tsc;            /* clock.c: the capture path's ticks are the TSC's */
     uint32_t generation;      /* store.c: thread registrations */
     int share_frames;         /* store.c: entries leave out frames kept from the last stack */
-    int drainer_kicked;       /* store.c: the drain thread was woken */
+    int drainer_kicked;       /* store.c: the drain thread was woken; it clears it as it drains */
     int hints;                /* store.c: the benchmarks' cache switches (store.h MVZ_PF_*) */
     uint8_t *walked_base;     /* store.c: the walk buffers (its region `walked`) */
     const void *node_layout;  /* nodes.c: the attached layout (mvz_node_layout) */

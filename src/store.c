@@ -123,22 +123,20 @@ static void drain_locked(uint64_t limit);
 static mvz_region walked;  /* [MVZ_MAX_THREADS][2][MVZ_MAX_DEPTH] */
 static mvz_region applied; /* [MVZ_MAX_THREADS][MVZ_MAX_DEPTH] */
 /* The addresses of the frames each thread's last walk read (its innermost
- * WHERE_N), which the next allocation on that thread prefetches, with its
- * last stack and the buffer it walks into, while PyTorch allocates
+ * MVZ_STORE_WHERE_N), which the next allocation on that thread prefetches,
+ * with its last stack and the buffer it walks into, while PyTorch allocates
  * (mvz_store_prefetch): the walk that follows is a chain of dependent
  * loads, one frame after another, and inside a step those lines have left
  * the core's nearest cache (benchmarks/RESULTS.md, "Leave it on, seventh
  * session"). Off by default since the step's wall time showed no gain from
  * it ("eighth session"); a benchmark switches it on (MVZ_PF_WALK). Only that
  * thread writes its row. */
-#define WHERE_N MVZ_STORE_WHERE_N
-static mvz_region walked_where; /* [MVZ_MAX_THREADS][WHERE_N] */
+static mvz_region walked_where; /* [MVZ_MAX_THREADS][MVZ_STORE_WHERE_N] */
 /* A benchmark's (MVZ_PF_DISCARD): where a registered thread writes the
  * entries it discards instead of queueing, [MVZ_MAX_THREADS][DISCARD_UNITS];
  * reserved, and resident only for threads that discarded. */
 static mvz_region discarded;
 #define DISCARD_UNITS MVZ_CAPQ_UNITS(MVZ_MAX_DEPTH)
-#define DISCARDED MVZ_STORE_DISCARDED
 /* The walk under way notes its frames' addresses (MVZ_PF_WALK was on). */
 static uint16_t applied_n[MVZ_MAX_THREADS];
 static uint8_t applied_reg[MVZ_MAX_THREADS]; /* the registration, as MVZ_CAPQ_KEPT's high bits */
@@ -206,7 +204,7 @@ int mvz_store_init(size_t max_live, size_t max_stacks, size_t max_frames)
         mvz_capq_init(&mvz_store_capq, CAPQ_UNITS) ||
         mvz_region_reserve(&walked, (size_t)MVZ_MAX_THREADS * 2 * MVZ_MAX_DEPTH * sizeof(mvz_frame), 0) ||
         mvz_region_reserve(&applied, (size_t)MVZ_MAX_THREADS * MVZ_MAX_DEPTH * sizeof(mvz_frame), 0) ||
-        mvz_region_reserve(&walked_where, (size_t)MVZ_MAX_THREADS * WHERE_N * sizeof(void *), 0) ||
+        mvz_region_reserve(&walked_where, (size_t)MVZ_MAX_THREADS * MVZ_STORE_WHERE_N * sizeof(void *), 0) ||
         mvz_region_reserve(&discarded, (size_t)MVZ_MAX_THREADS * DISCARD_UNITS * sizeof(mvz_capq_entry), 0))
         return -1;
     __atomic_store_n(&mvz_hot.walked_base, walked.base, __ATOMIC_RELEASE); /* never moves */
@@ -621,18 +619,6 @@ int mvz_store_prefetch_on(int mode)
     return __atomic_exchange_n(&mvz_hot.hints, mode, __ATOMIC_RELAXED);
 }
 
-/* Capture path, no GIL, no lock: ask for the queue's next unit to be
- * brought in for writing now, so that its cache line (cold: it comes round
- * once a lap) arrives while the caller walks the stack or reads the clock,
- * not while it writes. A hint: whichever unit the claim then gets, nothing
- * depends on it. Reads the producers' line, which the claim reads next. */
-static inline void prefetch_claim(int bit)
-{
-    if (!PF(bit)) /* which of the callers' prefetches run (MVZ_PF_QUEUE or _NEXT) */
-        return;
-    uint64_t h = __atomic_load_n(&mvz_store_capq.head, __ATOMIC_RELAXED);
-    __builtin_prefetch(&mvz_store_capq.units[h & mvz_store_capq.mask], 1, 3);
-}
 
 /* Capture path, no GIL, no lock: a hint that the `units` lines from e on,
  * just written, go to the shared cache (CLDEMOTE, a no-op where the CPU
@@ -690,14 +676,15 @@ void mvz_store_publish_slow(mvz_capq_entry *e, uint64_t pos, int hints)
 {
     if (__builtin_expect(hints & (MVZ_PF_PAD_CODE | MVZ_PF_PAD_DATA), 0))
         pad(hints & (MVZ_PF_PAD_CODE | MVZ_PF_PAD_DATA));
-    if (pos == DISCARDED)
+    if (pos == MVZ_STORE_DISCARDED)
         return;
     unsigned units = e->units;
     mvz_capq_publish(e, pos);
     if (__builtin_expect(hints & (MVZ_PF_DEMOTE | MVZ_PF_NEXT), 0)) {
         if (hints & MVZ_PF_DEMOTE)
             demote(e, units);
-        prefetch_claim(MVZ_PF_NEXT);
+        if (hints & MVZ_PF_NEXT)
+            mvz_store_prefetch_unit();
     }
     mvz_store_kick_if_over(pos);
 }
@@ -711,7 +698,7 @@ void mvz_store_prefetch_walk(void)
     if (n == 0 || mvz_tl.generation != __atomic_load_n(&mvz_hot.generation, __ATOMIC_RELAXED) || !mvz_tl.thread_plus1)
         return;
     uint32_t idx = mvz_tl.thread_plus1 - 1;
-    const void *const *w = (const void *const *)walked_where.base + (size_t)idx * WHERE_N;
+    const void *const *w = (const void *const *)walked_where.base + (size_t)idx * MVZ_STORE_WHERE_N;
     for (int i = 0; i < n; i++) {
         __builtin_prefetch(w[i], 0, 3);
         __builtin_prefetch((const char *)w[i] + 64, 0, 3);
@@ -722,7 +709,7 @@ void mvz_store_prefetch_walk(void)
      * buffer the walk writes */
     const char *last = (const char *)mvz_store_walk_row(idx, mvz_tl.walk_last);
     const char *next = (const char *)mvz_store_walk_row(idx, !mvz_tl.walk_last);
-    size_t bytes = (size_t)(mvz_tl.walk_n < 2 * WHERE_N ? mvz_tl.walk_n : 2 * WHERE_N) * sizeof(mvz_frame);
+    size_t bytes = (size_t)(mvz_tl.walk_n < 2 * MVZ_STORE_WHERE_N ? mvz_tl.walk_n : 2 * MVZ_STORE_WHERE_N) * sizeof(mvz_frame);
     for (size_t b = 0; b < bytes; b += 64) {
         __builtin_prefetch(last + b, 0, 3);
         __builtin_prefetch(next + b, 1, 3);
@@ -734,7 +721,7 @@ void mvz_store_prefetch_walk(void)
  * prefetch (MVZ_PF_WALK, a benchmark's), for mvz_store_walk_begin. */
 const void **mvz_store_walk_where(uint32_t thread_idx)
 {
-    return (const void **)walked_where.base + (size_t)thread_idx * WHERE_N;
+    return (const void **)walked_where.base + (size_t)thread_idx * MVZ_STORE_WHERE_N;
 }
 
 int mvz_store_share_frames(int on)
@@ -744,16 +731,16 @@ int mvz_store_share_frames(int on)
 
 /* Capture path, no GIL: under MVZ_PF_DISCARD (a benchmark's), this
  * registered thread's own room for an entry it writes and never queues
- * (*pos DISCARDED), so that a benchmark sees the capture path without the
- * shared queue and the drain; NULL otherwise, or for a thread with no
- * index. */
+ * (*pos MVZ_STORE_DISCARDED), so that a benchmark sees the capture path
+ * without the shared queue and the drain; NULL otherwise, or for a thread
+ * with no index. */
 mvz_capq_entry *mvz_store_discard_room(uint64_t *pos)
 {
     if (__builtin_expect(!PF(MVZ_PF_DISCARD), 1) || !mvz_tl.thread_plus1 ||
         mvz_tl.generation != __atomic_load_n(&mvz_hot.generation, __ATOMIC_RELAXED) ||
         mvz_tl.thread_plus1 > MVZ_MAX_THREADS)
         return NULL;
-    *pos = DISCARDED;
+    *pos = MVZ_STORE_DISCARDED;
     return (mvz_capq_entry *)discarded.base + (size_t)(mvz_tl.thread_plus1 - 1) * DISCARD_UNITS;
 }
 
@@ -924,10 +911,6 @@ static int drainer_running; /* with the GIL (start/stop) */
 static int drainer_stopping;
 static pthread_mutex_t drainer_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t drainer_cond = PTHREAD_COND_INITIALIZER;
-/* mvz_hot.drainer_kicked (hot.h): set by the capture path that found the
- * queue a quarter full, cleared by the drainer as it applies the queue
- * (atomic): one wake-up a cycle. */
-
 /* Capture path, no GIL, no lock: the queue found over a quarter full
  * (mvz_store_kick_if_over, store.h, in an allocation storm) wakes the
  * drainer, at most once until it has run. A signal that finds the drainer

@@ -366,17 +366,24 @@ static inline void mvz_store_publish(mvz_capq_entry *e, uint64_t pos)
 }
 
 /* Ahead of an allocation (allocator.c, while PyTorch allocates): the
- * queue's next unit asked for, for writing (a hint: whichever unit the
- * claim then gets, nothing depends on it; it reads the producers' line,
- * which the claim reads next), and under the walk's prefetch (a
- * benchmark's) the frames this thread's last walk read, out of line. */
+ * queue's next unit asked for, for writing, so that its line (cold: it
+ * comes round once a lap) arrives while the caller walks the stack, not
+ * while it writes (a hint: whichever unit the claim then gets, nothing
+ * depends on it; it reads the producers' line, which the claim reads
+ * next); and under the walk's prefetch (a benchmark's) the frames this
+ * thread's last walk read, out of line. mvz_store_publish_slow asks for
+ * the next unit the same way (MVZ_PF_NEXT). */
+static inline void mvz_store_prefetch_unit(void)
+{
+    uint64_t h = __atomic_load_n(&mvz_store_capq.head, __ATOMIC_RELAXED);
+    __builtin_prefetch(&mvz_store_capq.units[h & mvz_store_capq.mask], 1, 3);
+}
+
 static inline void mvz_store_prefetch(void)
 {
     int hints = __atomic_load_n(&mvz_hot.hints, __ATOMIC_RELAXED);
-    if (hints & MVZ_PF_QUEUE) {
-        uint64_t h = __atomic_load_n(&mvz_store_capq.head, __ATOMIC_RELAXED);
-        __builtin_prefetch(&mvz_store_capq.units[h & mvz_store_capq.mask], 1, 3);
-    }
+    if (hints & MVZ_PF_QUEUE)
+        mvz_store_prefetch_unit();
     if (__builtin_expect(hints & MVZ_PF_WALK, 0))
         mvz_store_prefetch_walk();
 }
