@@ -3,7 +3,7 @@ switched every step within one tracking session.
 
     python benchmarks/bench_toggle.py [--procs 5] [--rounds 200] [--model alloc_bound|gpt]
                                       [--track plain|trace|flight]
-                                      [--modes rec:2,rec:0,noop:0] --out F.json
+                                      [--modes rec:2,rec:0,noop:0] [--against DIR] --out F.json
 
 The paired protocol (run_alternate_bench.py) compares configurations a block
 of steps apart, each block with its own attach: on the H200's host its
@@ -30,6 +30,15 @@ memviz's threads run as ever). The first mode is the baseline every other
 is divided by, per round; each process reports the median of its rounds'
 ratios, and the summary the median over processes, their spread, and the
 median of all rounds.
+
+Two builds (``--against DIR``, another checkout with its extension built):
+each pair of fresh processes runs this tree's script and DIR's own, the
+first of the pair rotated, so that the host's drift falls on both; a pair
+where either process failed is dropped whole. Each build is summarised as
+above, and per mode the difference of the pair's per-process ratios (this
+build's minus the other's), with its median and how many pairs are above
+zero: for ``off`` over ``rec:2``, above zero means this build's recording
+takes a smaller share of the step.
 
 What it cannot give: untracked against tracked (that needs the route
 attached and detached; run_alternate_bench.py does it). A ``noop`` step's
@@ -136,42 +145,20 @@ def child(a):
     print(json.dumps({"model": a.model, "track": a.track, "route": str(route.route) if route else None, "times_ns": times}))
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--procs", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=200)
-    ap.add_argument("--model", default="alloc_bound", choices=["alloc_bound", "gpt"])
-    ap.add_argument("--modes", default="rec:2,rec:3,rec:18,noop:0",
-                    help="comma-separated rec:P[:dN] / noop:P / off (P: _core._prefetch's bits, N: frames); the first is the baseline")
-    ap.add_argument("--track", default="plain", choices=["plain", "trace", "flight"],
-                    help="the session the modes run in: track(), track(trace=...) or "
-                         "track(flight_recorder='256 MiB')")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--out", default="toggle.json")
-    a = ap.parse_args()
-    modes = parse_modes(a.modes)
-    if a.child:
-        return child(a)
-    runs = []
-    for i in range(a.procs):
-        r = fresh_process([os.path.abspath(__file__), "--child", "--model", a.model, "--track", a.track,
-                           "--rounds", str(a.rounds), "--modes", a.modes], i)
-        if r is None:
-            continue
-        runs.append(r)
-        base = r["times_ns"][modes[0][0]]
-        line = []
-        for m, *_ in modes:
-            ratios = [x / b for x, b in zip(r["times_ns"][m], base)]
-            line.append(f"{m} {statistics.median(r['times_ns'][m]) / 1e6:.2f} ms ({statistics.median(ratios):.4f})")
-        print(f"process {i} (route {r['route']}): " + "  ".join(line), flush=True)
-    if not runs:
-        sys.exit("no process finished")
+def round_ratios(run, m, b0):
+    """One process's per-round ratios of mode m over the baseline b0."""
+    return [x / b for x, b in zip(run["times_ns"][m], run["times_ns"][b0])]
+
+
+def summarize(runs, modes, label=""):
+    """Per mode: the median over processes of each process's median round
+    ratio over the first mode, their spread, and all rounds' median and
+    quartiles; printed one line a mode (prefixed with `label`)."""
     summary = {}
     b0 = modes[0][0]
     for m, *_ in modes:
-        per = [statistics.median(x / b for x, b in zip(r["times_ns"][m], r["times_ns"][b0])) for r in runs]
-        every = sorted(x / b for r in runs for x, b in zip(r["times_ns"][m], r["times_ns"][b0]))
+        per = [statistics.median(round_ratios(r, m, b0)) for r in runs]
+        every = sorted(x for r in runs for x in round_ratios(r, m, b0))
         q = statistics.quantiles(every, n=4) if len(every) > 1 else every * 3
         summary[m] = {"median_ratio": statistics.median(per), "ratio_spread": [min(per), max(per)],
                       "per_process_ratio": per, "rounds_median": statistics.median(every),
@@ -179,12 +166,92 @@ def main():
                       "median_ms": statistics.median(statistics.median(r["times_ns"][m]) for r in runs) / 1e6,
                       "min_of_min_ms": min(min(r["times_ns"][m]) for r in runs) / 1e6}
         s = summary[m]
-        print(f"{m:8s} over {b0}: {s['median_ratio']:.4f} ({min(per):.4f}-{max(per):.4f})  every round "
+        print(f"{label}{m:8s} over {b0}: {s['median_ratio']:.4f} ({min(per):.4f}-{max(per):.4f})  every round "
               f"{s['rounds_median']:.4f} ({q[0]:.4f}-{q[2]:.4f}, {len(every)})  median {s['median_ms']:.2f} ms  "
-              f"min-of-min {s['min_of_min_ms']:.2f} ms")
+              f"min-of-min {s['min_of_min_ms']:.2f} ms", flush=True)
+    return summary
+
+
+def compare(this, against, modes):
+    """Two builds' processes, paired in the order they ran: per mode other
+    than the baseline, this build's per-process ratio minus the other's, the
+    median of those differences and how many pairs are above zero (for
+    ``off`` over ``rec``: this build's recording costs less)."""
+    b0 = modes[0][0]
+    out = {}
+    for m, *_ in modes[1:]:
+        diffs = [statistics.median(round_ratios(a, m, b0)) - statistics.median(round_ratios(b, m, b0))
+                 for a, b in zip(this, against)]
+        if not diffs:
+            continue
+        out[m] = {"median_difference": statistics.median(diffs), "pairs": len(diffs),
+                  "pairs_above_zero": sum(d > 0 for d in diffs), "differences": diffs}
+        print(f"{m:8s} over {b0}, this build minus the other: {out[m]['median_difference']:+.4f} "
+              f"(pairs {len(diffs)}, {out[m]['pairs_above_zero']} above zero)", flush=True)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--procs", type=int, default=5, help="processes (with --against: a build)")
+    ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--model", default="alloc_bound", choices=["alloc_bound", "gpt"])
+    ap.add_argument("--modes", default="rec:2,rec:3,rec:18,noop:0",
+                    help="comma-separated rec:P[:dN] / noop:P / off (P: _core._prefetch's bits, N: frames); the first is the baseline")
+    ap.add_argument("--track", default="plain", choices=["plain", "trace", "flight"],
+                    help="the session the modes run in: track(), track(trace=...) or "
+                         "track(flight_recorder='256 MiB')")
+    ap.add_argument("--against", metavar="DIR",
+                    help="another checkout, its extension built: its own bench_toggle.py runs in "
+                         "processes alternating with this tree's, pair by pair, the first of each "
+                         "pair rotated, and the two builds' ratios are compared pair by pair")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="toggle.json")
+    a = ap.parse_args()
+    modes = parse_modes(a.modes)
+    if a.child:
+        return child(a)
+    scripts = {"this": os.path.abspath(__file__)}
+    if a.against:
+        other = os.path.join(os.path.abspath(a.against), "benchmarks", "bench_toggle.py")
+        if not os.path.exists(other):
+            sys.exit(f"--against: {other} does not exist; give the root of a checkout of memviz "
+                     "(with its extension built there)")
+        scripts["against"] = other
+    runs = {who: [] for who in scripts}
+    for i in range(a.procs):
+        order = list(scripts) if i % 2 == 0 else list(reversed(list(scripts)))
+        got = {}
+        for who in order:
+            r = fresh_process([scripts[who], "--child", "--model", a.model, "--track", a.track,
+                               "--rounds", str(a.rounds), "--modes", a.modes], i)
+            if r is None:
+                continue
+            got[who] = r
+            base = r["times_ns"][modes[0][0]]
+            line = []
+            for m, *_ in modes:
+                ratios = [x / b for x, b in zip(r["times_ns"][m], base)]
+                line.append(f"{m} {statistics.median(r['times_ns'][m]) / 1e6:.2f} ms ({statistics.median(ratios):.4f})")
+            name = f"{who} " if a.against else ""
+            print(f"{name}process {i} (route {r['route']}): " + "  ".join(line), flush=True)
+        if len(got) == len(scripts):  # a pair is kept whole or not at all
+            for who, r in got.items():
+                runs[who].append(r)
+    if not runs["this"]:
+        sys.exit("no process finished" if not a.against else "no pair of processes finished")
+    result = {"model": a.model, "rounds": a.rounds, "modes": a.modes}
+    if a.against:
+        result["against"] = os.path.abspath(a.against)
+        result["summary"] = summarize(runs["this"], modes, "this    ")
+        result["against_summary"] = summarize(runs["against"], modes, "against ")
+        result["comparison"] = compare(runs["this"], runs["against"], modes)
+        result["runs"], result["against_runs"] = runs["this"], runs["against"]
+    else:
+        result["summary"] = summarize(runs["this"], modes)
+        result["runs"] = runs["this"]
     with open(a.out, "w") as f:
-        json.dump({"model": a.model, "rounds": a.rounds, "modes": a.modes, "summary": summary, "runs": runs},
-                  f, indent=1)
+        json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

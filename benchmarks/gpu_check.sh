@@ -5,8 +5,8 @@
 # path returning at once, and bench_train_step.py's ABLATIONS) and the C capture cost; LAUNCH=1: a kernel launch's
 # cost under memviz, with and without CUPTI (bench_launch.py); IN_STEP=1 (IN_STEP_AGAINST=DIR):
 # memviz's own share of the allocation-bound step (bench_in_step.py); STAGES=1: the same on a
-# stage build, ns per stage; TOGGLE=1 (TOGGLE_MODES): settings switched every step in one tracked
-# run (bench_toggle.py). Results land in $OUT.
+# stage build, ns per stage; TOGGLE=1 (TOGGLE_MODES, TOGGLE_AGAINST=DIR: two builds alternating): settings switched every
+# step in one tracked run (bench_toggle.py). Results land in $OUT.
 # Usage on the GPU machine:  bash benchmarks/gpu_check.sh [quick|full]
 set -u
 OUT=${OUT:-/tmp/memviz-out}
@@ -75,9 +75,16 @@ fi
 if [ -n "${TOGGLE:-}" ]; then
   # issue 27: runtime settings switched every step inside one tracked run (bench_toggle.py);
   # TOGGLE_MODES: rec:P[:dN] / noop:P, the first the baseline (rec:18: entries never queued)
+  # TOGGLE_AGAINST: another checkout (built here first), its processes alternating with this
+  # tree's pair by pair (the summary compares the two builds' ratios pair by pair)
   echo "== toggle"
-  $PY benchmarks/bench_toggle.py --procs ${TOGGLE_PROCS:-5} --rounds ${TOGGLE_ROUNDS:-160} \
-      --modes ${TOGGLE_MODES:-rec:2,rec:18,rec:2:d1,rec:10,noop:0} --out "$OUT/toggle.json" 2>&1 | tail -${TOGGLE_TAIL:-8}
+  AGAINST=""
+  if [ -n "${TOGGLE_AGAINST:-}" ]; then
+    (cd "$TOGGLE_AGAINST" && $PY setup.py -q build_ext --inplace > /dev/null 2>&1) && AGAINST="--against $TOGGLE_AGAINST" \
+      || echo "TOGGLE_AGAINST=$TOGGLE_AGAINST did not build: this tree alone"
+  fi
+  $PY benchmarks/bench_toggle.py --procs ${TOGGLE_PROCS:-5} --rounds ${TOGGLE_ROUNDS:-160} $AGAINST \
+      --modes ${TOGGLE_MODES:-rec:2,rec:18,rec:2:d1,rec:10,noop:0} --out "$OUT/toggle.json" 2>&1 | tail -${TOGGLE_TAIL:-16}
 fi
 if [ -n "${IN_STEP:-}" ]; then
   # issue 27: memviz's own time inside the allocation-bound step, read from the capture path;
