@@ -75,6 +75,7 @@ fi
 if [ -n "${TOGGLE:-}" ]; then
   # issue 27: runtime settings switched every step inside one tracked run (bench_toggle.py);
   # TOGGLE_MODES: rec:P[:dN] / noop:P, the first the baseline (rec:18: entries never queued)
+  # TOGGLE_MODEL (alloc_bound, gpt), TOGGLE_TRACK (plain, trace, flight): the step and the session;
   # TOGGLE_AGAINST: another checkout (built here first), its processes alternating with this
   # tree's pair by pair (the summary compares the two builds' ratios pair by pair)
   echo "== toggle"
@@ -84,6 +85,7 @@ if [ -n "${TOGGLE:-}" ]; then
       || echo "TOGGLE_AGAINST=$TOGGLE_AGAINST did not build: this tree alone"
   fi
   $PY benchmarks/bench_toggle.py --procs ${TOGGLE_PROCS:-5} --rounds ${TOGGLE_ROUNDS:-160} $AGAINST \
+      --model ${TOGGLE_MODEL:-alloc_bound} --track ${TOGGLE_TRACK:-plain} \
       --modes ${TOGGLE_MODES:-rec:2,rec:18,rec:2:d1,rec:10,noop:0} --out "$OUT/toggle.json" 2>&1 | tail -${TOGGLE_TAIL:-16}
 fi
 if [ -n "${IN_STEP:-}" ]; then
