@@ -228,10 +228,9 @@ def main():
             if r is None:
                 continue
             got[who] = r
-            base = r["times_ns"][modes[0][0]]
             line = []
             for m, *_ in modes:
-                ratios = [x / b for x, b in zip(r["times_ns"][m], base)]
+                ratios = round_ratios(r, m, modes[0][0])
                 line.append(f"{m} {statistics.median(r['times_ns'][m]) / 1e6:.2f} ms ({statistics.median(ratios):.4f})")
             name = f"{who} " if a.against else ""
             print(f"{name}process {i} (route {r['route']}): " + "  ".join(line), flush=True)
