@@ -28,8 +28,10 @@ if [ -z "${SKIP_CPU:-}" ]; then
 fi
 
 if [ -z "${SKIP_GPU:-}" ]; then
+  # GPU_TIMEOUT (seconds): the suite stopped there, so that a call's later parts still run
+  # (the whole suite takes about 15 minutes on the H200; a device call may run 10)
   echo "== GPU suite"
-  $PY -m pytest ${GPU_TESTS:-tests/gpu} -m gpu -v -s -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
+  timeout ${GPU_TIMEOUT:-3000} $PY -m pytest ${GPU_TESTS:-tests/gpu} -m gpu -v -s -p no:cacheprovider --durations=20 > "$OUT/gpu_tests.log" 2>&1
   grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|static module" "$OUT/gpu_tests.log" | tail -40
 fi
 
