@@ -20,7 +20,9 @@ demoted to the shared cache once published, 16 entries written to the
 thread's own room and never queued, so that what is left is the capture
 path without the shared queue and the drain; 32 and 64, weights: 32 more
 cold code lines, or data lines, an event, so that the step says what a
-cold line costs; 2 is the default, 3 was until 2026-12-04), with
+cold line costs; 2 is the default, 3 was until 2026-12-04; on an
+ablation build, CFLAGS=-DMVZ_ABLATE, also 128, no autograd node, node
+label or sequence number read, and 256, no clock read), with
 ``:dN`` the stack cut to N frames (``_core._depth``), or
 ``noop:P`` (the allocator route attached, its capture path returning at
 once, ``_core._capture_noop``), or ``off`` (the route bypassed: the
@@ -71,10 +73,10 @@ def parse_modes(text):
             continue
         kind, _, rest = m.partition(":")
         pf, _, depth = rest.partition(":d")
-        if kind not in ("rec", "noop") or not pf.isdigit() or not 0 <= int(pf) <= 127 or \
+        if kind not in ("rec", "noop") or not pf.isdigit() or not 0 <= int(pf) <= 511 or \
                 (depth and not (depth.isdigit() and 0 <= int(depth) <= 256)):
-            raise SystemExit(f"--modes: {m!r} is not rec:P or noop:P (P from 0 to 127), "
-                             f"optionally :dN (N frames, at most 256), or off")
+            raise SystemExit(f"--modes: {m!r} is not rec:P or noop:P (P from 0 to 127, or to 511 "
+                             f"on an ablation build), optionally :dN (N frames, at most 256), or off")
         modes.append((m, kind, int(pf), int(depth) if depth else None))
     if len({m[0] for m in modes}) != len(modes):
         raise SystemExit("--modes: a mode is named twice")

@@ -6,7 +6,8 @@
 # cost under memviz, with and without CUPTI (bench_launch.py); IN_STEP=1 (IN_STEP_AGAINST=DIR):
 # memviz's own share of the allocation-bound step (bench_in_step.py); STAGES=1: the same on a
 # stage build, ns per stage; TOGGLE=1 (TOGGLE_MODES, TOGGLE_AGAINST=DIR: two builds alternating): settings switched every
-# step in one tracked run (bench_toggle.py). Results land in $OUT.
+# step in one tracked run (bench_toggle.py); ABLATE=1: the same on an ablation build, pieces of the
+# capture path left out. Results land in $OUT.
 # Usage on the GPU machine:  bash benchmarks/gpu_check.sh [quick|full]
 set -u
 OUT=${OUT:-/tmp/memviz-out}
@@ -89,6 +90,18 @@ if [ -n "${TOGGLE:-}" ]; then
   $PY benchmarks/bench_toggle.py --procs ${TOGGLE_PROCS:-5} --rounds ${TOGGLE_ROUNDS:-160} $AGAINST \
       --model ${TOGGLE_MODEL:-alloc_bound} --track ${TOGGLE_TRACK:-plain} \
       --modes ${TOGGLE_MODES:-rec:2,rec:18,rec:2:d1,rec:10,noop:0} --out "$OUT/toggle.json" 2>&1 | tail -${TOGGLE_TAIL:-16}
+fi
+if [ -n "${ABLATE:-}" ]; then
+  # issue 27: the same toggles on an ablation build of this tree (src/store.h, CFLAGS=-DMVZ_ABLATE),
+  # in /tmp: rec:130 no autograd node read, rec:258 no clock read, rec:18 no queue, :d0 no walk
+  echo "== ablate"
+  rm -rf /tmp/memviz-ablate && mkdir -p /tmp/memviz-ablate && cp -r setup.py src memviz benchmarks /tmp/memviz-ablate/
+  find /tmp/memviz-ablate -name "*.so" -delete
+  (cd /tmp/memviz-ablate && CFLAGS=-DMVZ_ABLATE $PY setup.py -q build_ext --inplace > /dev/null 2>&1) || echo "ablation build failed"
+  $PY /tmp/memviz-ablate/benchmarks/bench_toggle.py --procs ${ABLATE_PROCS:-6} --rounds ${ABLATE_ROUNDS:-100} \
+      --model ${ABLATE_MODEL:-alloc_bound} --track ${ABLATE_TRACK:-plain} \
+      --modes ${ABLATE_MODES:-rec:2,off,noop:0,rec:130,rec:258,rec:2:d0,rec:18,rec:402:d0} \
+      --out "$OUT/ablate.json" 2>&1 | tail -${ABLATE_TAIL:-14}
 fi
 if [ -n "${IN_STEP:-}" ]; then
   # issue 27: memviz's own time inside the allocation-bound step, read from the capture path;

@@ -171,6 +171,8 @@ static inline uint64_t before_allocate(void)
     if (__builtin_expect(!__atomic_load_n(&mvz_hot.capturing, __ATOMIC_ACQUIRE), 0))
         return 0; /* laid out as the rare case: the route is attached for tracking */
     mvz_store_prefetch();
+    if (mvz_ablated(MVZ_PF_NO_TICK))
+        return 0; /* an ablation build's: the capture path then reads no clock either */
     return mvz_tick_as(mvz_tick_is_tsc());
 }
 

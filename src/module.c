@@ -691,7 +691,8 @@ static PyObject *core_drain_period(PyObject *self, PyObject *arg)
  * next unit after a publish, 8 an entry's lines demoted once published,
  * 16 entries written to the thread's own room and never queued: events
  * lost, for a benchmark only; 32 and 64, 32 more cold code or data lines an
- * event); True is the default, False none. */
+ * event; in an ablation build, CFLAGS=-DMVZ_ABLATE, also 128 no autograd
+ * node read and 256 no clock read); True is the default, False none. */
 static PyObject *core_prefetch(PyObject *self, PyObject *arg)
 {
     (void)self;
@@ -700,8 +701,10 @@ static PyObject *core_prefetch(PyObject *self, PyObject *arg)
         mode = arg == Py_True ? MVZ_PF_DEFAULT : 0;
     else if ((mode = PyLong_AsLong(arg)) == -1 && PyErr_Occurred())
         return NULL;
-    if (mode < 0 || mode > MVZ_PF_ALL)
-        return PyErr_Format(PyExc_ValueError, "_prefetch: %ld is not True, False or a mode from 0 to 127", mode);
+    if (mode < 0 || (mode & ~(long)MVZ_PF_MAX) != 0)
+        return PyErr_Format(PyExc_ValueError,
+                            "_prefetch: %ld is not True, False or a mode from 0 to %d%s", mode,
+                            MVZ_PF_MAX, MVZ_PF_MAX == MVZ_PF_ALL ? "" : " (an ablation build)");
     return PyLong_FromLong(mvz_store_prefetch_on((int)mode));
 }
 

@@ -139,6 +139,32 @@ long mvz_store_drain_period(long ns);
 #define MVZ_PF_PAD_CODE 32
 #define MVZ_PF_PAD_DATA 64
 #define MVZ_PF_ALL 127
+/* An ablation build's only (CFLAGS=-DMVZ_ABLATE, benchmarks/bench_toggle.py
+ * on a copy of the tree, as the stage build): pieces of the capture path
+ * left out, to learn what each costs inside a real step. NO_NODE: an
+ * allocation reads no autograd node, node label or sequence number (it
+ * keeps the thread's label); NO_TICK: no event reads the clock (its tick is
+ * 0). Events then lose what the piece gives: never a user's build. In every
+ * other build mvz_ablated() is the constant 0 and these bits are refused. */
+#define MVZ_PF_NO_NODE 128
+#define MVZ_PF_NO_TICK 256
+#ifdef MVZ_ABLATE
+#define MVZ_PF_MAX (MVZ_PF_ALL | MVZ_PF_NO_NODE | MVZ_PF_NO_TICK)
+#else
+#define MVZ_PF_MAX MVZ_PF_ALL
+#endif
+/* Capture path, any thread, no GIL: whether an ablation build leaves the
+ * piece `bit` out now (a relaxed load of the read-mostly line's hints);
+ * the constant 0 elsewhere, so a user's build compiles no check at all. */
+static inline int mvz_ablated(int bit)
+{
+#ifdef MVZ_ABLATE
+    return (__atomic_load_n(&mvz_hot.hints, __ATOMIC_RELAXED) & bit) != 0;
+#else
+    (void)bit;
+    return 0;
+#endif
+}
 /* The queue's unit only: the walk's prefetch (c44c366) moved time out of
  * the capture path's timer but gained no wall time in the step, while it
  * adds ~300 instructions an allocation (benchmarks/RESULTS.md, 2026-12-04). */
@@ -441,7 +467,7 @@ static inline __attribute__((always_inline)) void mvz_store_enqueue_free(uint64_
                                                                       int op)
 {
     int tsc = mvz_tick_is_tsc();
-    uint64_t clock = mvz_tick_as(tsc);
+    uint64_t clock = mvz_ablated(MVZ_PF_NO_TICK) ? 0 : mvz_tick_as(tsc);
     MVZ_STAGE(MVZ_ST_F_TICK);
     uint64_t pos;
     mvz_capq_entry *e = NULL;
