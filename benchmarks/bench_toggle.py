@@ -174,6 +174,34 @@ def summarize(runs, modes, label=""):
     return summary
 
 
+def pieces(runs, modes, label=""):
+    """With ``off`` among the modes: each mode's time saved against the
+    baseline, as a share of the step with nothing of memviz's on the route
+    (``off``), round by round: (baseline - mode) / off; the median of each
+    process's median, and their spread. For the baseline itself, what
+    ``off`` saves: its whole share. So an ablation build's modes read as
+    points of the step, each piece's own (printed, prefixed with `label`)."""
+    names = [m for m, *_ in modes]
+    if "off" not in names:
+        return {}
+    b0 = names[0]
+    out = {}
+    for m in names:
+        if m == "off":
+            continue
+        other = "off" if m == b0 else m
+        per = []
+        for r in runs:
+            t = r["times_ns"]
+            per.append(statistics.median((b - x) / o for b, x, o in zip(t[b0], t[other], t["off"])))
+        out[m] = {"median_share": statistics.median(per), "share_spread": [min(per), max(per)],
+                  "per_process_share": per}
+        what = "recording's share (off saves)" if m == b0 else "saved"
+        print(f"{label}{m:10s} {what}: {100 * out[m]['median_share']:+.2f}% of the step "
+              f"({100 * min(per):+.2f} to {100 * max(per):+.2f})", flush=True)
+    return out
+
+
 def compare(this, against, modes):
     """Two builds' processes, paired in the order they ran: per mode other
     than the baseline, this build's per-process ratio minus the other's, the
@@ -247,9 +275,12 @@ def main():
         result["summary"] = summarize(runs["this"], modes, "this    ")
         result["against_summary"] = summarize(runs["against"], modes, "against ")
         result["comparison"] = compare(runs["this"], runs["against"], modes)
+        result["pieces"] = pieces(runs["this"], modes, "this    ")
+        result["against_pieces"] = pieces(runs["against"], modes, "against ")
         result["runs"], result["against_runs"] = runs["this"], runs["against"]
     else:
         result["summary"] = summarize(runs["this"], modes)
+        result["pieces"] = pieces(runs["this"], modes)
         result["runs"] = runs["this"]
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)

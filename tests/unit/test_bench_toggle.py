@@ -51,3 +51,20 @@ def test_against_a_folder_without_the_benchmark_says_what_to_give(tmp_path):
     assert "give the root of a checkout of memviz" in p.stderr, p.stderr
     assert not (tmp_path / "t.json").exists()
     assert "Traceback" not in p.stderr
+
+
+def test_pieces_are_points_of_the_step_with_the_route_bypassed(capsys):
+    # rec:2 the baseline; rec:130 saves 2 ns of 100; off saves 4 ns; off's step is 96 ns
+    modes = bt.parse_modes("rec:2,rec:130,off")
+    runs = [{"route": "allocator", "times_ns": {"rec:2": [100, 100, 100], "rec:130": [98, 98, 98],
+                                                "off": [96, 96, 96]}},
+            {"route": "allocator", "times_ns": {"rec:2": [200, 200, 200], "rec:130": [197, 197, 197],
+                                                "off": [192, 192, 192]}}]
+    p = bt.pieces(runs, modes)
+    assert list(p) == ["rec:2", "rec:130"]  # off is the reference, not a piece
+    assert p["rec:2"]["per_process_share"] == pytest.approx([4 / 96, 8 / 192])
+    assert p["rec:130"]["per_process_share"] == pytest.approx([2 / 96, 3 / 192])
+    assert p["rec:130"]["median_share"] == pytest.approx((2 / 96 + 3 / 192) / 2)
+    out = capsys.readouterr().out
+    assert "rec:2      recording's share (off saves): +4.17% of the step" in out
+    assert bt.pieces(runs, bt.parse_modes("rec:2,rec:130")) == {}  # no off: nothing to read it by
