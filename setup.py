@@ -9,6 +9,9 @@ extra = ["-std=c11", "-Wall", "-Wextra", "-O2", "-fvisibility=hidden", "-fexcept
 if "--memviz-sanitize" in sys.argv:  # developer builds: ASan + UBSan
     sys.argv.remove("--memviz-sanitize")
     extra += ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"]
+if "--memviz-sanitize-thread" in sys.argv:  # developer builds: ThreadSanitizer
+    sys.argv.remove("--memviz-sanitize-thread")
+    extra += ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=thread", "-Wno-tsan"]
 
 core = Extension(
     "memviz._core",

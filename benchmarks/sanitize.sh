@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# ASan + UBSan over the CPU test suite, for one Python version.
+# ASan + UBSan over the CPU test suite, for one Python version; with
+# SAN=thread, ThreadSanitizer instead.
 #
 #   benchmarks/sanitize.sh 3.11                  # the whole suite
 #   benchmarks/sanitize.sh 3.12 tests/unit/test_capture.py -k thread
+#   SAN=thread benchmarks/sanitize.sh 3.11 tests/unit/test_capture_queue.py
 #
 # Builds memviz._core and the libcupti test double with
 # -fsanitize=address,undefined in a copy of this working tree (so the
@@ -16,6 +18,16 @@
 # first use with pytest and setuptools. Set SAN_PIP="torch==2.13.0 numpy ..."
 # to install more into that venv (the suite skips what it cannot import);
 # SAN_PYTHON=/path/to/python uses that interpreter as is, no venv.
+#
+# SAN=thread: memviz._core and the test double built with -fsanitize=thread,
+# libtsan preloaded, the address space's randomisation off for the run
+# (setarch -R: TSan needs its fixed shadow ranges free), every report of the run
+# kept, benchmarks/tsan.supp's suppressions (PyTorch's own objects only). Only
+# memviz's C is instrumented: CPython's GIL, libc's and the test double's
+# locks are seen through TSan's interceptors, the interpreter's own memory
+# accesses not at all. A test that times threads against each other (the
+# drainer's wake-ups, a storm that must overrun it) may fail under TSan's
+# slowdown without any report: read the reports, not only the exit status.
 set -euo pipefail
 ver=${1:?usage: benchmarks/sanitize.sh PYVER [pytest arguments]}
 shift
@@ -36,22 +48,29 @@ else
   py=$venv/bin/python
 fi
 
-flags="-fsanitize=address,undefined -fno-omit-frame-pointer"
-asan=$(gcc -print-file-name=libasan.so)
-[ -e "$asan" ] || { echo "sanitize.sh: libasan not found (gcc -print-file-name)" >&2; exit 2; }
-asan=$(readlink -f "$asan")
+san=${SAN:-address}
+case "$san" in
+  address) flags="-fsanitize=address,undefined -fno-omit-frame-pointer"; rt=libasan.so
+           build_flag=--memviz-sanitize ;;
+  thread)  flags="-fsanitize=thread -fno-omit-frame-pointer"; rt=libtsan.so
+           build_flag=--memviz-sanitize-thread ;;
+  *) echo "sanitize.sh: SAN=$san: give address (the default: ASan + UBSan) or thread" >&2; exit 2 ;;
+esac
+runtime=$(gcc -print-file-name=$rt)
+[ -e "$runtime" ] || { echo "sanitize.sh: $rt not found (gcc -print-file-name)" >&2; exit 2; }
+runtime=$(readlink -f "$runtime")
 # libstdc++ too: ASan intercepts __cxa_throw only in a C++ runtime present when it
 # starts (torch's C++ exceptions otherwise stop the run with "CHECK failed").
 stdcxx=$(readlink -f "$(gcc -print-file-name=libstdc++.so)")
 
 # The copy: tracked and untracked-but-not-ignored files, as the tree is now.
-work=/tmp/memviz-san-src$ver
+work=/tmp/memviz-san-src$ver${SAN:+-$san}
 rm -rf "$work" && mkdir -p "$work"
 (cd "$root" && git ls-files -z --cached --others --exclude-standard |
    while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
    tar --null -T - -cf -) | tar -xf - -C "$work"
 cd "$work"
-LDFLAGS="-fsanitize=address,undefined" "$py" setup.py -q build_ext --inplace --memviz-sanitize \
+LDFLAGS="${flags%% *}" "$py" setup.py -q build_ext --inplace $build_flag \
   > build.log 2>&1 || { cat build.log >&2; exit 2; }
 
 export CFLAGS_EXTRA="$flags"            # the test double, built by the suite (tests/fake_cupti)
@@ -59,12 +78,20 @@ export CFLAGS_EXTRA="$flags"            # the test double, built by the suite (t
 # one per process, subprocesses of the tests included; shown at the end.
 logs=$work/sanitizer-reports
 mkdir -p "$logs"
-export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=0:detect_odr_violation=0:log_path=$logs/asan${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
-export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$logs/ubsan${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
-export PYTHONMALLOC=malloc                 # every Python object through malloc: ASan sees their frees
-echo "sanitize.sh: Python $("$py" -c 'import sys; print(sys.version.split()[0])'), $asan, in $work"
+norand=""
+if [ "$san" = thread ]; then
+  # every report of a run at once (a race leaves nothing corrupt to run on, unlike ASan's
+  # findings); a process that reported exits 66, which fails the test that ran it
+  export TSAN_OPTIONS="halt_on_error=0:report_signal_unsafe=0:suppressions=$root/benchmarks/tsan.supp:log_path=$logs/tsan${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
+  norand="setarch $(uname -m) -R"
+else
+  export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=0:detect_odr_violation=0:log_path=$logs/asan${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+  export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$logs/ubsan${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+  export PYTHONMALLOC=malloc               # every Python object through malloc: ASan sees their frees
+fi
+echo "sanitize.sh: Python $("$py" -c 'import sys; print(sys.version.split()[0])'), $runtime, in $work"
 rc=0
-LD_PRELOAD="$asan $stdcxx" PYTHONPATH="$work" "$py" -m pytest -q -p no:cacheprovider "$@" || rc=$?
+LD_PRELOAD="$runtime $stdcxx" PYTHONPATH="$work" $norand "$py" -m pytest -q -p no:cacheprovider "$@" || rc=$?
 reports=$(ls "$logs")
 if [ -n "$reports" ]; then
   for f in "$logs"/*; do echo "==== sanitizer report $f"; cat "$f"; done

@@ -46,7 +46,7 @@ int mvz_livetab_init(mvz_livetab *t, size_t max_live)
 
 void mvz_livetab_reset(mvz_livetab *t)
 {
-    t->count = 0;
+    MVZ_SET_PEEKED(t->count, 0);
     memset(t->index, 0, t->index_cap * sizeof(uint32_t));
     mvz_region_discard(&t->allocs_r);
     mvz_region_ensure(&t->index_a_r, t->index_in_a ? t->index_cap * 4 : 0);
@@ -117,7 +117,7 @@ mvz_alloc *mvz_livetab_insert(mvz_livetab *t, size_t i)
 {
     mvz_alloc *a = &t->allocs[t->count];
     t->index[i] = (uint32_t)t->count + 1;
-    t->count++;
+    MVZ_SET_PEEKED(t->count, t->count + 1); /* peeked by the store's readers */
     return a;
 }
 
@@ -157,5 +157,5 @@ void mvz_livetab_remove(mvz_livetab *t, size_t i)
         t->allocs[k] = t->allocs[last];
         t->index[j] = k + 1;
     }
-    t->count--;
+    MVZ_SET_PEEKED(t->count, t->count - 1);
 }

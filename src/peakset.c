@@ -13,7 +13,7 @@ int mvz_peakset_init(mvz_graveyard *g, size_t max)
 
 void mvz_peakset_reset(mvz_graveyard *g)
 {
-    g->n = 0;
+    MVZ_SET_PEEKED(g->n, 0);
     mvz_region_discard(&g->r);
 }
 
@@ -30,7 +30,7 @@ void mvz_peakset_compact(mvz_graveyard *g, const mvz_totals totals[MVZ_NSLOTS],
             (ws->open && mvz_window_want_grave(ws, &e->a, e->freed)))
             g->graves[keep++] = *e;
     }
-    g->n = keep;
+    MVZ_SET_PEEKED(g->n, keep);
 }
 
 /* Capture path, no GIL, store lock held: one copy into the preallocated
@@ -49,7 +49,7 @@ void mvz_peakset_on_free(mvz_graveyard *g, const mvz_alloc *a, uint64_t freed,
     if (g->n < g->max && mvz_region_ensure(&g->r, (g->n + 1) * sizeof(mvz_grave)) == 0) {
         g->graves[g->n].a = *a;
         g->graves[g->n].freed = freed;
-        g->n++;
+        MVZ_SET_PEEKED(g->n, g->n + 1); /* peeked by the store's readers */
     }
     size_t bound = 0;
     for (int d = 0; d < MVZ_NSLOTS; d++)

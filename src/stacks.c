@@ -25,7 +25,7 @@ int mvz_stacks_init(mvz_stacks *s, size_t max_stacks, size_t max_frames)
     s->index_cap = 1024;
     mvz_region_ensure(&s->index_r, s->index_cap * sizeof(uint32_t));
     /* Stack 0 is the empty stack: allocations made with no Python frames. */
-    s->n = 1;
+    MVZ_SET_PEEKED(s->n, 1); /* n and npending: peeked by the store's readers */
     memset(&s->stacks[0], 0, sizeof s->stacks[0]);
     s->stacks[0].adopted = 1;
     mvz_region_ensure(&s->stacks_r, sizeof(mvz_stack));
@@ -52,11 +52,11 @@ size_t mvz_stacks_refs(const mvz_stacks *s, void **out)
 
 void mvz_stacks_reset(mvz_stacks *s)
 {
-    s->n = 1;
+    MVZ_SET_PEEKED(s->n, 1); /* n and npending: peeked by the store's readers */
     memset(&s->stacks[0], 0, sizeof s->stacks[0]);
     s->stacks[0].adopted = 1;
     s->nframes = 0;
-    s->npending = 0;
+    MVZ_SET_PEEKED(s->npending, 0);
     s->dropped = 0;
     memset(s->index, 0, s->index_cap * sizeof(uint32_t));
     mvz_region_discard(&s->frames_r);
@@ -161,7 +161,8 @@ uint32_t mvz_stacks_intern_hashed(mvz_stacks *s, const mvz_frame *f, int depth, 
         for (i = h & mask; s->index[i]; i = (i + 1) & mask)
             ;
     }
-    uint32_t id = (uint32_t)s->n++;
+    uint32_t id = (uint32_t)s->n;
+    MVZ_SET_PEEKED(s->n, s->n + 1);
     mvz_stack *st = &s->stacks[id];
     memset(st, 0, sizeof *st);
     st->hash = h;
@@ -173,7 +174,8 @@ uint32_t mvz_stacks_intern_hashed(mvz_stacks *s, const mvz_frame *f, int depth, 
     s->nframes += (size_t)depth;
     s->index[i] = id + 1;
     mvz_region_ensure(&s->pending_r, (s->npending + 1) * sizeof(uint32_t));
-    s->pending[s->npending++] = id;
+    s->pending[s->npending] = id;
+    MVZ_SET_PEEKED(s->npending, s->npending + 1);
     return id;
 }
 
@@ -191,7 +193,7 @@ void mvz_stacks_adopt_pending(mvz_stacks *s, void (*adopt)(void *code))
         }
         st->adopted = 1;
     }
-    s->npending = 0;
+    MVZ_SET_PEEKED(s->npending, 0);
 }
 
 size_t mvz_stacks_mark_dying(mvz_stacks *s, void *code)

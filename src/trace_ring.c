@@ -19,12 +19,13 @@ void mvz_ring_record(mvz_trace_ring *t, const mvz_alloc *event)
         return;
     }
     t->events[(t->head + t->len) % t->cap] = *event;
-    t->len++;
+    MVZ_SET_PEEKED(t->len, t->len + 1); /* peeked by the writer thread (mvz_ring_pending) */
 }
 
 void mvz_ring_reset(mvz_trace_ring *t)
 {
-    t->head = t->len = 0;
+    t->head = 0;
+    MVZ_SET_PEEKED(t->len, 0);
     t->dropped = 0;
     t->on = 0;
 }
@@ -46,7 +47,8 @@ int mvz_ring_enable(mvz_trace_ring *t, size_t capacity)
     t->cap = capacity;
     mvz_region_ensure(&t->r, bytes);
     t->events = (mvz_raw_event *)t->r.base;
-    t->head = t->len = 0;
+    t->head = 0;
+    MVZ_SET_PEEKED(t->len, 0);
     t->dropped = 0;
     t->on = 1;
     return 0;
@@ -60,7 +62,7 @@ size_t mvz_ring_take(mvz_trace_ring *t, mvz_raw_event *out, size_t room, uint64_
     for (size_t k = 0; k < m; k++)
         out[k] = t->events[(t->head + k) % t->cap];
     t->head = t->cap ? (t->head + m) % t->cap : 0;
-    t->len -= m;
+    MVZ_SET_PEEKED(t->len, t->len - m);
     *dropped = t->dropped;
     t->dropped = 0;
     return m;

@@ -20,6 +20,13 @@
 #define MVZ_HOT /* Mach-O and others: sections are named otherwise; left where they are */
 #endif
 
+/* A count some thread reads without the lock that guards its writes (to
+ * size a buffer before taking the lock, or to decide whether to take it):
+ * its writer, holding that lock, stores it as an atomic. Relaxed: on
+ * x86-64 a plain store, but one the compiler may not tear or merge, and
+ * one the C11 memory model (and ThreadSanitizer) sees as no data race. */
+#define MVZ_SET_PEEKED(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
+
 #define MVZ_MAX_DEPTH 256
 #define MVZ_MAX_DEVICES 64
 #define MVZ_HOST_SLOT MVZ_MAX_DEVICES     /* pinned host memory */
