@@ -2,8 +2,8 @@
 
 This one conftest serves tests/unit, tests/integration and tests/gpu: a
 second conftest.py would be imported under the same module name, and tests
-import ``here``, ``line_of``, ``ROOT``, ``HANG``, ``complete`` and
-``child_env`` from this one."""
+import ``here``, ``line_of``, ``ROOT``, ``HANG``, ``complete``,
+``child_env`` and ``build_variant`` from this one."""
 
 import inspect
 import os
@@ -46,6 +46,25 @@ def child_env(fake_path, **extra):
     capture through the libcupti double at ``fake_path``."""
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
                 MEMVIZ_CUPTI_LIBRARY=fake_path, PYTHONDONTWRITEBYTECODE="1", **extra)
+
+
+def build_variant(dest: Path, cflags: str) -> Path:
+    """This tree's extension built at ``dest`` (a new folder: setup.py, src,
+    memviz without its built cores) with ``CFLAGS=cflags``: a benchmark
+    build (the stage build, the ablation build). Fails on a build error or
+    a compiler warning; returns ``dest``, to import memviz from."""
+    import shutil
+    import subprocess
+
+    dest.mkdir()
+    shutil.copy(ROOT / "setup.py", dest)
+    shutil.copytree(ROOT / "src", dest / "src")
+    shutil.copytree(ROOT / "memviz", dest / "memviz", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    built = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=dest,
+                           env=dict(os.environ, CFLAGS=cflags), capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert "warning" not in built.stderr.lower(), built.stderr[-3000:]
+    return dest
 
 
 def here() -> int:

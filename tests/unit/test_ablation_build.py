@@ -6,15 +6,13 @@ from this tree into a folder of its own and driven through the stand-in
 allocator on the real wrappers; a plain build refuses the bits."""
 
 import json
-import os
 import platform
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, build_variant
 from memviz import _core
 
 pytestmark = pytest.mark.skipif(
@@ -62,17 +60,7 @@ def test_a_plain_build_refuses_the_ablation_bits():
 
 def test_an_ablation_build_leaves_the_clock_out_while_asked_and_only_then(tmp_path):
     pytest.importorskip("torch")  # the stand-in route attaches with torch imported
-    tree = tmp_path / "ablate"
-    tree.mkdir()
-    shutil.copy(ROOT / "setup.py", tree)
-    shutil.copytree(ROOT / "src", tree / "src")
-    shutil.copytree(ROOT / "memviz", tree / "memviz",
-                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    env = dict(os.environ, CFLAGS="-DMVZ_ABLATE")
-    built = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=tree, env=env,
-                           capture_output=True, text=True, timeout=600)
-    assert built.returncode == 0, built.stderr[-3000:]
-    assert "warning" not in built.stderr.lower(), built.stderr[-3000:]
+    tree = build_variant(tmp_path / "ablate", "-DMVZ_ABLATE")
     code = DRIVE.format(root=str(tree), tests=str(ROOT / "tests"))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                        cwd=tmp_path)

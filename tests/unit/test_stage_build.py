@@ -6,15 +6,13 @@ allocator (tests/stand_in_allocator) on the real wrappers, so the points stay
 where the benchmark expects them; a plain build has none."""
 
 import json
-import os
 import platform
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, build_variant
 from memviz import _core
 
 pytestmark = pytest.mark.skipif(
@@ -38,17 +36,7 @@ def test_a_plain_build_has_no_stage_points():
 
 def test_a_stage_build_counts_every_point_of_each_allocation_and_free(tmp_path):
     pytest.importorskip("torch")  # the stand-in route attaches with torch imported
-    tree = tmp_path / "stages"
-    tree.mkdir()
-    shutil.copy(ROOT / "setup.py", tree)
-    shutil.copytree(ROOT / "src", tree / "src")
-    shutil.copytree(ROOT / "memviz", tree / "memviz",
-                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    env = dict(os.environ, CFLAGS="-DMVZ_STAGES")
-    built = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=tree, env=env,
-                           capture_output=True, text=True, timeout=600)
-    assert built.returncode == 0, built.stderr[-3000:]
-    assert "warning" not in built.stderr.lower(), built.stderr[-3000:]
+    tree = build_variant(tmp_path / "stages", "-DMVZ_STAGES")
     n = 3000
     code = DRIVE.format(bench=str(ROOT / "benchmarks"), n=n, root=str(tree))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
