@@ -20,14 +20,17 @@
 # SAN_PYTHON=/path/to/python uses that interpreter as is, no venv.
 #
 # SAN=thread: memviz._core and the test double built with -fsanitize=thread,
-# libtsan preloaded, the address space's randomisation off for the run
-# (setarch -R: TSan needs its fixed shadow ranges free), every report of the run
-# kept, benchmarks/tsan.supp's suppressions (PyTorch's own objects only). Only
-# memviz's C is instrumented: CPython's GIL, libc's and the test double's
-# locks are seen through TSan's interceptors, the interpreter's own memory
-# accesses not at all. A test that times threads against each other (the
-# drainer's wake-ups, a storm that must overrun it) may fail under TSan's
-# slowdown without any report: read the reports, not only the exit status.
+# libtsan preloaded, the address space's randomisation off for the run where
+# the kernel allows it (setarch -R: TSan wants its fixed shadow ranges free),
+# data races only, every report of the run kept, benchmarks/tsan.supp's
+# suppressions (other libraries' own objects only). Only memviz's C is
+# instrumented: CPython's GIL, libc's and the test double's locks are seen
+# through TSan's interceptors, the interpreter's own memory accesses not at
+# all. A test that times threads against each other (the drainer's wake-ups,
+# a storm that must overrun it) or bounds resident memory (TSan's shadow
+# adds to it) may fail without any report: read the reports, not only the
+# exit status. tests/integration forks children that start threads: give it
+# TSAN_OPTIONS=die_after_fork=0 (added to the options here).
 set -euo pipefail
 ver=${1:?usage: benchmarks/sanitize.sh PYVER [pytest arguments]}
 shift
