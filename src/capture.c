@@ -497,12 +497,8 @@ static inline __attribute__((always_inline)) void record_body(const decoded *dp,
     decoded d = *dp;
     MVZ_STAGE(MVZ_ST_A_ENTER);
     int limit = __atomic_load_n(&mvz_hot.depth_limit, __ATOMIC_RELAXED);
-#ifdef MVZ_ABLATE /* an ablation build's (store.h): no node, label or sequence number read */
-    int nodes = !mvz_ablated(MVZ_PF_NO_NODE);
-    const void *node = nodes ? mvz_nodes_current() : NULL;
-#else
-    const void *node = mvz_nodes_current();
-#endif
+    /* (an ablation build may leave the node, its label and number out: store.h) */
+    const void *node = mvz_ablated(MVZ_PF_NO_NODE) ? NULL : mvz_nodes_current();
     int line;
     uint64_t node_seq = 0;
     uint32_t lab = current_label(node, &line, &node_seq);
@@ -514,17 +510,14 @@ static inline __attribute__((always_inline)) void record_body(const decoded *dp,
     uint32_t thread_idx = mvz_store_thread_index();
     /* not inside a backward node: the autograd node this line may have just
      * made (noted once the store has interned the stack, seqmap.h) */
-#ifdef MVZ_ABLATE
-    uint64_t note = nodes && !node && !mvz_labels_is_node(lab) ? mvz_seqmap_next() : 0;
-#else
-    uint64_t note = !node && !mvz_labels_is_node(lab) ? mvz_seqmap_next() : 0;
-#endif
+    uint64_t note = !node && !mvz_labels_is_node(lab) && !mvz_ablated(MVZ_PF_NO_NODE)
+                        ? mvz_seqmap_next() : 0;
     if (line) /* the node's own number, for the store's forward line (MVZ_CAPQ_NODE_LINE) */
         note = node_seq;
     int tsc = mvz_tick_is_tsc(); /* the stamp's kind too (clock.h) */
-#ifdef MVZ_ABLATE /* no clock read: the tick stays 0 */
+#ifdef MVZ_ABLATE /* no clock read: the tick stays 0 (an ablation build's, store.h) */
     uint64_t clock = stamp || mvz_ablated(MVZ_PF_NO_TICK) ? stamp : mvz_tick_as(tsc);
-#else
+#else /* the same line folded would lay the clock's branch out otherwise */
     uint64_t clock = stamp ? stamp : mvz_tick_as(tsc);
 #endif
     /* Everything that may take a lock is done. The stack is walked into
