@@ -45,7 +45,7 @@ from memviz.model import segments as _segments
 from memviz.model.snapshot import Snapshot
 from memviz.model.traceback import innermost_first
 from memviz.torch import precise as _precise
-from memviz.torch.hooks import BACKWARD, saved_by_graphs
+from memviz.torch.hooks import BACKWARD, listed, saved_by_graphs
 
 __all__ = ["Categories", "torch_stats"]
 
@@ -82,7 +82,8 @@ class Categories:
         self._optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._saved_ptrs: set = set()  # what autograd graphs kept at the last scan
         #: the last snapshot left gradients and saved tensors unread: another
-        #: thread trains (see memviz.torch.hooks.BACKWARD)
+        #: thread trains (see memviz.torch.hooks.BACKWARD); or an optimizer's
+        #: state, which another thread kept changing as it was read (listed)
         self.categories_partial = False
         self._shared_scan: Optional[Dict[str, Any]] = None  # one_scan()'s, while it runs
 
@@ -135,7 +136,9 @@ class Categories:
         # CUDA graphs alive (their pools): none before CUDA is initialised; an
         # exact type test, one pointer compare per object of the pass
         graph = getattr(torch.cuda, "CUDAGraph", None) if torch.cuda.is_initialized() else None
-        params, optimizers, ptrs, roots = [], set(self._optimizers), set(), []
+        # the optimizers whose step() ran: a training thread may add one while this reads
+        refs = listed(self._optimizers.data) or []
+        params, optimizers, ptrs, roots = [], {o for o in (r() for r in refs) if o is not None}, set(), []
         self._graph_pools = pools = set()  # the private pools of the CUDA graphs alive
         # By type, in C (memviz/_core heap_kinds): an isinstance() loop here cost
         # about a microsecond an object, seconds in a big process's out-of-memory dump
@@ -182,12 +185,18 @@ class Categories:
         for rec in self.graph.resident():
             if rec.data_ptr:
                 cats[rec.data_ptr] = "activation"
-        params = list(params)
+        params, unread = list(params), False
         for opt in optimizers:
-            for state in opt.state.values():
-                for v in state.values():
+            # Another thread's step() fills opt.state (its first step) while this
+            # reads it: copies taken in C (listed), never a Python loop over the dict
+            states = listed(opt.state.values())
+            unread |= states is None
+            for state in states or ():
+                values = listed(state.values())
+                unread |= values is None
+                for v in values or ():
                     put(v, "optimizer_state")
-            for group in opt.param_groups:
+            for group in list(opt.param_groups):
                 params.extend(group["params"])
         with BACKWARD.quiet() as ok:  # the engine writes .grad without the GIL
             for p in params:
@@ -197,7 +206,7 @@ class Categories:
                 if hasattr(p, "_local_shard"):  # FSDP1's FlatParameter: its other copies
                     for name, cat in _FLAT_PARAMETER_COPIES:
                         put(getattr(p, name, None), cat)
-        if not ok:
+        if unread or not ok:
             self.categories_partial = True
         return cats
 

@@ -30,6 +30,7 @@ from memviz._package import PACKAGE_DIR
 from memviz._units import format_size
 from memviz.model.frame_filter import frames as _default_filter
 from memviz.model.traceback import Frame
+from memviz.torch.hooks import listed
 
 __all__ = ["SavedRecord", "GraphRecorder", "Holder", "holders", "describe_holders", "keep_line"]
 
@@ -290,13 +291,13 @@ def holders(tensor, limit: int = 3, exclude=(), near=None) -> List[Holder]:
             continue
         if isinstance(ref, types.FrameType):
             code = ref.f_code
-            names = [k for k, v in ref.f_locals.items() if v is tensor]
+            names = [k for k, v in listed(ref.f_locals.items()) or () if v is tensor]
             out.append(Holder(
                 f"local `{names[0] if names else '?'}` of "
                 f"{code.co_qualname if hasattr(code, 'co_qualname') else code.co_name}"
                 f" ({code.co_filename}:{ref.f_lineno})", f"{code.co_filename}:{ref.f_lineno}"))
         elif isinstance(ref, dict) and isinstance(ref.get("__name__"), str) and "__builtins__" in ref:
-            names = [k for k, v in ref.items() if v is tensor]
+            names = [k for k, v in listed(ref.items()) or () if v is tensor]
             out.append(Holder(f"global `{names[0] if names else '?'}` in module {ref['__name__']}"))
         elif isinstance(ref, (list, dict, set, tuple)):
             owner = _owner(ref)
@@ -389,7 +390,7 @@ def _owner(container):
     best, rank = None, 9
     for ref in gc.get_referrers(container):
         if isinstance(ref, dict):
-            for k, v in ref.items():
+            for k, v in listed(ref.items()) or ():
                 if v is container and isinstance(k, str):
                     mod = ref.get("__name__") if isinstance(ref.get("__name__"), str) else None
                     fn = ref.get("__file__") if isinstance(ref.get("__file__"), str) else None
@@ -398,7 +399,7 @@ def _owner(container):
                         best, rank = (f"`{k}`" + (f" in module {mod}" if mod else ""), k, fn, 1, None), r
                     break
         elif isinstance(ref, types.FrameType) and rank > 1:
-            for k, v in ref.f_locals.items():
+            for k, v in listed(ref.f_locals.items()) or ():
                 if v is container:
                     code = ref.f_code
                     best, rank = (f"`{k}` (a local of {code.co_name})", k, code.co_filename,
@@ -407,7 +408,7 @@ def _owner(container):
         elif rank > 2 and not isinstance(ref, (list, tuple, set, types.FunctionType, type)):
             attrs = getattr(ref, "__dict__", None)
             if isinstance(attrs, dict):
-                for k, v in attrs.items():
+                for k, v in listed(attrs.items()) or ():
                     if v is container:
                         mod = sys.modules.get(type(ref).__module__)
                         fn = getattr(mod, "__file__", None)
@@ -430,7 +431,7 @@ def _local_owner(container):
         while frame is not None:
             code = frame.f_code
             if not code.co_filename.startswith(_MEMVIZ_DIR):
-                for k, v in frame.f_locals.items():
+                for k, v in listed(frame.f_locals.items()) or ():
                     if v is container:
                         return (f"`{k}` (a local of {code.co_name})", k, code.co_filename,
                                 code.co_firstlineno, None)

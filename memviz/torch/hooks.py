@@ -34,7 +34,25 @@ import memviz._core as _core
 from memviz.model.snapshot import encode_node_label
 from memviz.model.traceback import Frame
 
-__all__ = ["AutogradLabels", "BACKWARD", "graph_nodes", "saved_by_graphs"]
+__all__ = ["AutogradLabels", "BACKWARD", "graph_nodes", "listed", "saved_by_graphs"]
+
+
+def listed(view, tries: int = 8) -> Optional[list]:
+    """``list(view)`` of a dict's or set's contents that another thread may be
+    changing (an optimizer's first step filling ``opt.state`` while a
+    snapshot reads it; a global assigned while a leak's holder is looked
+    for). A Python loop over the container gives the GIL away between items
+    and raises "dictionary changed size during iteration" when the other
+    thread adds one; ``list()`` of a dict or set view copies it in C, where
+    the GIL is kept (unless a garbage collection that it triggers runs a
+    finaliser: then the copy is taken again). None after ``tries`` changed
+    copies: the caller says what it left unread."""
+    for _ in range(tries):
+        try:
+            return list(view)
+        except RuntimeError:
+            continue
+    return None
 
 
 def graph_nodes(roots) -> list:

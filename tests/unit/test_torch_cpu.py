@@ -650,12 +650,40 @@ with memviz.track(gpu=False) as t:
     # 4 s, at least 20 training steps and 11 snapshots (a loaded machine may give fewer in 4 s).
     # A back-to-back snapshot loop holds the GIL nearly all the time and starved the trainer
     # (17 steps in 60 s on CI): a pause between snapshots lets both threads run, as in real use.
-    while (time.time() - t0 < 4 or steps[0] < 20 or n <= 10) and time.time() - t0 < 100:
-        t.snapshot(); n += 1
-        time.sleep(0.002)
-    stop.set(); th.join()
+    try:  # a snapshot that raises must not leave the trainer running (the process would never exit)
+        while (time.time() - t0 < 4 or steps[0] < 20 or n <= 10) and time.time() - t0 < 100:
+            t.snapshot(); n += 1
+            time.sleep(0.002)
+    finally:
+        stop.set(); th.join()
     other = t.torch.categories_partial
 print("RESULT", mine, other, n, steps[0])
+"""
+
+SNAPSHOT_WHILE_OPTIMIZERS_TAKE_FIRST_STEPS = """
+import sys, threading
+sys.path.insert(0, %r)
+sys.setswitchinterval(1e-6)  # hand the GIL over as often as the interpreter can
+import torch, memviz
+model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(30)])
+# each optimizer's first step() fills its state, a dict the snapshots read
+opts = [torch.optim.AdamW(model.parameters()) for _ in range(%d)]
+stop = threading.Event()
+def train():
+    for opt in opts:
+        if stop.is_set():
+            break
+        model(torch.randn(4, 16)).sum().backward()
+        opt.step(); opt.zero_grad(set_to_none=True)
+with memviz.track(gpu=False) as t:
+    th = threading.Thread(target=train); th.start()
+    n = 0
+    try:
+        while th.is_alive():
+            t.snapshot(); n += 1
+    finally:
+        stop.set(); th.join()
+print("RESULT", n, t.torch.categories_partial)
 """
 
 
@@ -670,6 +698,38 @@ def test_snapshots_while_another_thread_trains_never_touch_its_gradients():
     assert p.returncode == 0, p.stderr[-3000:]
     _, mine, other, n, steps = p.stdout.split()[-5:]
     assert (mine, other) == ("False", "True") and int(n) > 10 and int(steps) >= 20, p.stdout
+
+
+def test_snapshots_while_another_thread_fills_an_optimizers_state_do_not_raise():
+    """A snapshot read opt.state with a Python loop while the training
+    thread's first optimizer step added to it: "dictionary changed size
+    during iteration" (CI, stop 47; three runs in three here with the GIL
+    handed over often), and the test's trainer then kept the process alive.
+    The state is now copied in C (memviz.torch.hooks.listed)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(THIS)))
+    p = subprocess.run([sys.executable, "-X", "faulthandler", "-c",
+                        SNAPSHOT_WHILE_OPTIMIZERS_TAKE_FIRST_STEPS % (root, 120)],
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    _, n, partial = p.stdout.split()[-3:]
+    assert int(n) > 10 and partial == "True", p.stdout
+
+
+def test_listed_copies_a_changing_dict_or_gives_up_and_says_so():
+    from memviz.torch.hooks import listed
+
+    d = {i: i for i in range(5)}
+    assert listed(d.items()) == list(d.items())
+
+    class Changing:
+        """A view whose every copy finds the container changed."""
+        tries = 0
+
+        def __iter__(self):
+            Changing.tries += 1
+            raise RuntimeError("dictionary changed size during iteration")
+
+    assert listed(Changing(), tries=3) is None and Changing.tries == 3
 
 
 def test_library_outside_pytorch_is_the_innermost_one_on_the_stack():
