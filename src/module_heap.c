@@ -10,6 +10,18 @@
  * object costs a type read and, for a type not seen before in this pass, a
  * walk of its MRO (PyType_IsSubtype).
  *
+ * The collector's lists are read here, never handed to Python code. A
+ * tuple that another thread is still building (tuple() of a generator,
+ * suspended in the generator's code) is a tracked object with one owner:
+ * while a list from gc.get_objects() or gc.get_referrers() holds a second
+ * reference, that thread's next resize of it fails ("SystemError: bad
+ * argument to internal function", raised in the user's code: seen with a
+ * snapshot taken on one thread while another built tuples), and reading
+ * its unfilled slots would crash. So heap_kinds(None, ...) takes
+ * gc.get_objects() and lets go of it inside one call, where no Python code
+ * runs and no other thread can take the GIL; referrers() hands Python only
+ * objects that are not such tuples.
+ *
  * Calls nothing of memviz's. module.c adds the table to the module. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -92,9 +104,33 @@ static PyTypeObject *type_or_none(PyObject *o, const char *what)
     return (PyTypeObject *)o;
 }
 
+/* gc.<name>(arg) (no argument where arg is NULL). The import and lookup
+ * come before the call: whatever they run happens before the list exists. */
+static PyObject *gc_call(const char *name, PyObject *arg)
+{
+    PyObject *gc = PyImport_ImportModule("gc");
+    if (!gc)
+        return NULL;
+    PyObject *fn = PyObject_GetAttrString(gc, name);
+    Py_DECREF(gc);
+    if (!fn)
+        return NULL;
+    PyObject *r = arg ? PyObject_CallOneArg(fn, arg) : PyObject_CallNoArgs(fn);
+    Py_DECREF(fn);
+    if (r && !PyList_CheckExact(r)) {
+        PyErr_Format(PyExc_TypeError, "gc.%s() did not return a list", name);
+        Py_CLEAR(r);
+    }
+    return r;
+}
+
 /* heap_kinds(objects, tensor, optimizer, graph) -> (tensors, optimizers,
- * graphs): the objects of a sequence (gc.get_objects()) sorted by kind,
- * in their order. */
+ * graphs): the objects of a sequence sorted by kind, in their order; with
+ * objects None, those of gc.get_objects(), read within this call (see the
+ * top of this file). Nothing between that call and the list's release runs
+ * Python code: a type's kind is a walk of its MRO, the lists grow with
+ * PyMem, and releasing the list gives each object back the count it had. */
+
 static PyObject *core_heap_kinds(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -105,7 +141,8 @@ static PyObject *core_heap_kinds(PyObject *self, PyObject *args)
                  *graph = type_or_none(go, "graph");
     if (tensor == (PyTypeObject *)-1 || optim == (PyTypeObject *)-1 || graph == (PyTypeObject *)-1)
         return NULL;
-    PyObject *seq = PySequence_Fast(objs, "heap_kinds() takes a sequence of objects");
+    PyObject *seq = objs == Py_None ? gc_call("get_objects", NULL)
+                                    : PySequence_Fast(objs, "heap_kinds() takes a sequence of objects or None");
     if (!seq)
         return NULL;
     PyObject *out[3] = {PyList_New(0), PyList_New(0), PyList_New(0)};
@@ -133,9 +170,58 @@ done:
     return result;
 }
 
+/* A tuple another thread may still be building: an unfilled slot, or a
+ * single owner besides `held` (the caller's list) that is no tracked object,
+ * as a builder's C local is not. A complete tuple with one owner (a list's
+ * item: `history.append((loss, out))`) has that owner among its referrers.
+ * 1: maybe building; 0: complete; -1: error. */
+static int tuple_maybe_building(PyObject *t, PyObject *held)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++)
+        if (!PyTuple_GET_ITEM(t, i))
+            return 1;
+    if (Py_REFCNT(t) > 2)
+        return 0;
+    PyObject *owners = gc_call("get_referrers", t);
+    if (!owners)
+        return -1;
+    int building = 1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(owners); i++)
+        if (PyList_GET_ITEM(owners, i) != held) {
+            building = 0;
+            break;
+        }
+    Py_DECREF(owners);
+    return building;
+}
+
+/* referrers(obj) -> list: gc.get_referrers(obj) without the tuples that
+ * another thread may still be building (tuple_maybe_building); taken and
+ * filtered within this call (see the top of this file). */
+static PyObject *core_referrers(PyObject *self, PyObject *obj)
+{
+    (void)self;
+    PyObject *all = gc_call("get_referrers", obj);
+    if (!all)
+        return NULL;
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t i = 0; out && i < PyList_GET_SIZE(all); i++) {
+        PyObject *r = PyList_GET_ITEM(all, i);
+        int skip = PyTuple_Check(r) ? tuple_maybe_building(r, all) : 0;
+        if (skip < 0 || (!skip && PyList_Append(out, r) < 0))
+            Py_CLEAR(out);
+    }
+    Py_DECREF(all);
+    return out;
+}
+
 PyMethodDef mvz_module_heap_bindings[] = {
     {"heap_kinds", core_heap_kinds, METH_VARARGS,
      "heap_kinds(objects, tensor, optimizer, graph) -> (tensors, optimizers, graphs): the objects "
-     "whose type is a subclass of tensor, of optimizer, or exactly graph (each a type or None)."},
+     "whose type is a subclass of tensor, of optimizer, or exactly graph (each a type or None); "
+     "objects None: gc.get_objects(), read within the call."},
+    {"referrers", core_referrers, METH_O,
+     "referrers(obj) -> list: gc.get_referrers(obj) without tuples another thread may still be "
+     "building (holding one breaks that thread's tuple())."},
     {NULL, NULL, 0, NULL},
 };

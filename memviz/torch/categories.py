@@ -127,7 +127,6 @@ class Categories:
     def _scan(self):
         """One pass over the objects Python tracks: parameters, optimizers,
         and the storage address of every reachable tensor."""
-        import gc
         import warnings
 
         import torch
@@ -141,8 +140,10 @@ class Categories:
         params, optimizers, ptrs, roots = [], {o for o in (r() for r in refs) if o is not None}, set(), []
         self._graph_pools = pools = set()  # the private pools of the CUDA graphs alive
         # By type, in C (memviz/_core heap_kinds): an isinstance() loop here cost
-        # about a microsecond an object, seconds in a big process's out-of-memory dump
-        tensors, optims, graphs = _core.heap_kinds(gc.get_objects(), tensor, optim, graph)
+        # about a microsecond an object, seconds in a big process's out-of-memory dump.
+        # It reads gc.get_objects() itself: that list, held while another thread ran,
+        # broke the thread's tuple() (src/module_heap.c)
+        tensors, optims, graphs = _core.heap_kinds(None, tensor, optim, graph)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # isinstance() on deprecated torch aliases warns
             for obj in tensors:

@@ -26,6 +26,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
+import memviz._core as _core
 from memviz._package import PACKAGE_DIR
 from memviz._units import format_size
 from memviz.model.frame_filter import frames as _default_filter
@@ -228,32 +229,25 @@ class GraphRecorder:
     def roots_since(seq_nr: int, limit: int = 20) -> list:
         """Live tensors whose grad_fn was created after ``seq_nr``: the tensors
         through which a graph made after that point is still reachable."""
-        import gc
-
         import torch
 
         out = []
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # isinstance() on deprecated torch aliases warns
-            objs = gc.get_objects()
-            for obj in objs:
-                try:
-                    is_root = isinstance(obj, torch.Tensor) and obj.grad_fn is not None
-                except ReferenceError:  # a weakref.proxy whose referent died (torch.compile makes them)
+        # The tensors among the collector's objects, sorted in C, which also keeps
+        # gc.get_objects()' list from Python code (src/module_heap.c); by their
+        # MRO, so a weakref.proxy (torch.compile makes them) is not one.
+        tensors = _core.heap_kinds(None, torch.Tensor, None, None)[0]
+        for obj in tensors:
+            try:
+                fn = obj.grad_fn
+                if fn is None or fn._sequence_nr() <= seq_nr:
                     continue
-                if is_root:
-                    try:
-                        if obj.grad_fn._sequence_nr() <= seq_nr:
-                            continue
-                    except Exception:  # noqa: BLE001
-                        continue
-                    # Tensors a graph saved are inside it, not what keeps it alive.
-                    if all(isinstance(r, _Packed) or r is objs for r in gc.get_referrers(obj)):
-                        continue
-                    out.append(obj)
-        del objs
+            except Exception:  # noqa: BLE001 - sparse, meta, subclasses
+                continue
+            # Tensors a graph saved are inside it, not what keeps it alive.
+            if all(isinstance(r, _Packed) or r is tensors for r in _core.referrers(obj)):
+                continue
+            out.append(obj)
+        del tensors
         # Keep roots: drop tensors that are inputs of another kept tensor's graph
         # is expensive; the largest sequence numbers are the outputs.
         out.sort(key=lambda t: -t.grad_fn._sequence_nr())
@@ -281,12 +275,11 @@ def holders(tensor, limit: int = 3, exclude=(), near=None) -> List[Holder]:
 
     ``near``: ``(filename, line)`` of code that made the tensor; a store in
     the same function is preferred."""
-    import gc
     import types
 
     skip = {id(x) for x in exclude}
     out: List[Holder] = []
-    for ref in gc.get_referrers(tensor):
+    for ref in _core.referrers(tensor):  # not gc's: see src/module_heap.c
         if id(ref) in skip or isinstance(ref, (_Packed, types.CellType)):
             continue
         if isinstance(ref, types.FrameType):
@@ -379,16 +372,15 @@ def keep_line(name: str, filename: str, start: int = 1, end: Optional[int] = Non
 def _owner(container):
     """(text, name, filename, first line, last line) of what names ``container``:
     a module global, a local of a running function, or an object's attribute."""
-    import gc
     import sys
     import types
 
     # The best name first: a module's global, a running function's local, an
     # object's attribute; a dict that is none of these (a frame's cached
     # f_locals, say, left by whatever read it last) only when nothing better
-    # refers to it. gc.get_referrers' order is not the program's.
+    # refers to it. the collector's order of referrers is not the program's.
     best, rank = None, 9
-    for ref in gc.get_referrers(container):
+    for ref in _core.referrers(container):  # not gc's: see src/module_heap.c
         if isinstance(ref, dict):
             for k, v in listed(ref.items()) or ():
                 if v is container and isinstance(k, str):

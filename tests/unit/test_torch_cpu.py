@@ -715,6 +715,45 @@ def test_snapshots_while_another_thread_fills_an_optimizers_state_do_not_raise()
     assert int(n) > 10 and partial == "True", p.stdout
 
 
+TUPLES_WHILE_ANOTHER_THREAD_LOOKS = """
+import sys, threading, time
+sys.path.insert(0, %r)
+sys.setswitchinterval(1e-6)
+import torch, memviz
+from memviz.torch.graph import holders
+leaked = torch.ones(3, requires_grad=True) * 2
+history = [leaked]
+stop, n = threading.Event(), [0, 0]
+def look(t):
+    while not stop.is_set():
+        t.snapshot(); n[0] += 1                                   # the heap pass
+        assert "history" in holders(leaked)[0].description; n[1] += 1   # the referrers
+with memviz.track(gpu=False) as t:
+    th = threading.Thread(target=look, args=(t,)); th.start()
+    t0 = time.time()
+    try:
+        while time.time() - t0 < 60 and min(n) < 25 and th.is_alive():
+            tuple(leaked for _ in range(30))   # suspended in the generator, mid-build
+    finally:
+        stop.set(); th.join()
+print("RESULT", *n)
+"""
+
+
+def test_snapshots_and_holders_on_one_thread_leave_another_threads_tuples_alone():
+    """A snapshot (its heap pass) or a leak's holder search on one thread
+    held gc.get_objects()' or gc.get_referrers()' list while another thread
+    ran, and that thread's tuple() of a generator then failed: "SystemError:
+    bad argument to internal function", in the user's code. Both lists are
+    now read in C (src/module_heap.c)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(THIS)))
+    p = subprocess.run([sys.executable, "-X", "faulthandler", "-c", TUPLES_WHILE_ANOTHER_THREAD_LOOKS % root],
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    _, snaps, looks = p.stdout.split()[-3:]
+    assert int(snaps) >= 25 and int(looks) >= 24, p.stdout
+
+
 def test_listed_copies_a_changing_dict_or_gives_up_and_says_so():
     from memviz.torch.hooks import listed
 

@@ -142,3 +142,43 @@ def test_heap_kinds_sorts_objects_by_type_in_order():
     # more distinct types than the memo's first size
     many = [type(f"T{i}", (Tensor if i % 2 else object,), {})() for i in range(5000)]
     assert len(_core.heap_kinds(many, Tensor, None, None)[0]) == 2500
+    # None: the collector's own objects, read within the call
+    tensors, optims, graphs = _core.heap_kinds(None, Tensor, Optim, Graph)
+    assert {id(x) for x in (t1, p, t2)} <= {id(x) for x in tensors} and liar not in tensors
+    assert a in optims and g in graphs and sg not in graphs
+    with pytest.raises(TypeError, match="sequence of objects or None"):
+        _core.heap_kinds(5, Tensor, Optim, Graph)
+
+
+def test_referrers_leave_out_a_tuple_still_being_built():
+    """_core.referrers is gc.get_referrers without the tuples a tuple() call
+    is still filling: holding one in a list while that call went on made
+    its resize fail (SystemError in the user's code, src/module_heap.c).
+    Here the generator that feeds tuple() looks, so the tuple is mid-build:
+    with unfilled slots (after 2 items of 10), and full (after 10 items,
+    before the resize the 11th brings)."""
+    import gc
+
+    from memviz import _core
+
+    x = object()
+    history = [(x, 1)]  # a complete tuple with one owner: a holder
+    seen = {}
+
+    def feed(n):
+        for _ in range(n):
+            yield x
+        # names only: a list holding the tuple must be gone before tuple() goes on
+        seen[n] = ([type(r).__name__ for r in gc.get_referrers(x) if r is not history[0]],
+                   [type(r).__name__ for r in _core.referrers(x) if r is not history[0]],
+                   any(r is history[0] for r in _core.referrers(x)))
+        yield 2
+
+    for n in (2, 10):
+        t = tuple(feed(n))
+        assert len(t) == n + 1
+        gcs, ours, holder = seen[n]
+        assert "tuple" in gcs, gcs          # gc's list holds the tuple being built
+        assert "tuple" not in ours and holder, ours
+    assert any(r is history for r in _core.referrers(history[0]))
+    assert _core.referrers(object()) == []
