@@ -1,7 +1,8 @@
 """The PyTorch integration, put together: TorchIntegration subscribes to the
 capture session for a tracker (memviz/capture/session.py), installs memviz
 into PyTorch when tracking starts and removes it when it stops (nothing is left on the user's graph, modules or
-optimizers). It composes the parts of memviz.torch: the probes of
+optimizers; one process-wide optimizer pre-hook stays, and does nothing
+while no tracker runs: see _step_listeners). It composes the parts of memviz.torch: the probes of
 PyTorch's build (probe), the node labels, backward gate and saved tensors
 of graphs (hooks), categories (categories), the allocator route
 (allocator), precise mode (precise), out-of-memory reports (oom) and the
@@ -15,6 +16,7 @@ other modules (floors: docs/architecture.md); torch only inside functions.
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from typing import Optional
 
@@ -30,6 +32,37 @@ from memviz.torch import before as _before, rules as _rules
 from memviz.torch.probe import attach_node_numbers, attach_nodes
 
 __all__ = ["TorchIntegration"]
+
+#: The running trackers' integrations (weak references), told of each
+#: optimizer step by one pre-hook registered at the first start and never
+#: removed. A hook added at each start and removed at each stop changed
+#: PyTorch's dict of global pre-hooks while another thread's step() looped
+#: over it in Python ("OrderedDict mutated during iteration", raised in that
+#: thread's opt.step()). The tuple is replaced whole under the lock and read
+#: without it; with no tracker running the hook returns at once.
+_step_listeners: tuple = ()
+_step_lock = threading.Lock()
+_step_hook: list = []  # the hook's handle, once registered
+
+
+def _on_any_optimizer_step(optimizer, args, kwargs) -> None:
+    for ref in _step_listeners:
+        integ = ref()
+        if integ is not None:
+            integ._on_optimizer_step(optimizer, args, kwargs)
+
+
+def _listen_to_optimizer_steps(integ: "TorchIntegration", on: bool) -> None:
+    global _step_listeners
+    with _step_lock:
+        keep = tuple(r for r in _step_listeners if r() is not None and r() is not integ)
+        _step_listeners = keep + ((weakref.ref(integ),) if on else ())
+        if on and not _step_hook:
+            try:
+                from torch.optim.optimizer import register_optimizer_step_pre_hook
+            except ImportError:  # very old torch
+                return
+            _step_hook.append(register_optimizer_step_pre_hook(_on_any_optimizer_step))
 
 
 class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
@@ -60,7 +93,6 @@ class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
         #: How precise mode captures PyTorch's allocations (None outside it).
         self.precise_capture: Optional[str] = None
         self._tracker = weakref.ref(tracker)
-        self._handles: list = []
         self._patched = []
         self._active = False
         self.oom_report = None
@@ -133,12 +165,7 @@ class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
             self.graph.start()
         if self.route_from is None:  # the tracker that owns the capture
             self._patch_profiler()
-        try:
-            from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-            self._handles.append(register_optimizer_step_pre_hook(self._on_optimizer_step))
-        except ImportError:  # very old torch
-            pass
+        _listen_to_optimizer_steps(self, True)
         observer = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
         if observer is not None and torch.cuda.is_available():
             ref = weakref.ref(self)
@@ -284,9 +311,7 @@ class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
         if self._seq_attached:
             _core.seqmap_attach(0)
             self._seq_attached = False
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        _listen_to_optimizer_steps(self, False)
         for module, name, original in reversed(self._patched):
             setattr(module, name, original)
         self._patched.clear()

@@ -780,3 +780,43 @@ def test_library_outside_pytorch_is_the_innermost_one_on_the_stack():
                            memviz.Frame("/env/site-packages/jax/_src/array.py", 2, "put")])
     a = memviz.Allocation(1, 1, 0, "device", 0, memviz.ThreadInfo(1, 1, "main"), None, 0, tb)
     assert categories._library_of(a) == "JAX"
+
+
+def test_trackers_starting_and_stopping_leave_pytorchs_optimizer_hooks_alone():
+    """Each tracker registered an optimizer pre-hook at start and removed it
+    at stop: PyTorch's dict of global pre-hooks changed while another
+    thread's step() looped over it ("OrderedDict mutated during iteration"
+    in that thread's opt.step(); three threads with trackers of their own,
+    six runs in six). One hook now serves every tracker and stays. Here a
+    user's own pre-hook runs inside that loop and starts and stops a
+    tracker there, which raised on the same thread every time."""
+    import torch
+    from torch.optim.optimizer import _global_optimizer_pre_hooks, register_optimizer_step_pre_hook
+
+    with memviz.track(gpu=False):  # the process's first tracker registers the one hook
+        pass
+    before = list(_global_optimizer_pre_hooks)
+
+    def mine(opt, args, kwargs):
+        with memviz.track(gpu=False) as t:
+            seen.append(t)
+
+    seen = []
+    handle = register_optimizer_step_pre_hook(mine)
+    # a hook after it: the loop reads on after `mine` (past the last one it would not look)
+    after = register_optimizer_step_pre_hook(lambda opt, args, kwargs: None)
+    try:
+        m = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        m(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.step()
+    finally:
+        handle.remove()
+        after.remove()
+    assert len(seen) == 2 and list(_global_optimizer_pre_hooks) == before
+    # the hook still tells a running tracker of the optimizers that step
+    with memviz.track(gpu=False) as t:
+        opt.step()
+        assert opt in set(t.torch._optimizers)
+    assert not seen[0].running
