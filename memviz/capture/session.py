@@ -369,13 +369,16 @@ class CaptureSession:
         try:
             self._start_subscribers(run, attach)
         except BaseException:
-            # Undo what did start: subscribers, thread watching, the CUPTI subscription.
-            self._stop_started(run)
-            run.running = False
-            _threads.watch(False)
-            if tracker.gpu_enabled:
-                _core.stop()
-            self.capture = None
+            # Undo what did start: subscribers, thread watching, the CUPTI subscription;
+            # all of it (a Ctrl-C meanwhile is raised after: cut short, the rollback
+            # left the capture half on)
+            with deferred_interrupt():
+                self._stop_started(run)
+                run.running = False
+                _threads.watch(False)
+                if tracker.gpu_enabled:
+                    _core.stop()
+                self.capture = None
             raise
 
     def _start_nested(self, run: Run, outer: Any, attach: Callable[["CaptureSession"], None]) -> None:
@@ -406,17 +409,23 @@ class CaptureSession:
         try:
             self._start_subscribers(run, attach)
         except BaseException:
-            self._stop_started(run)
-            run.running = False
-            run.view = None
-            _core.window_close(view.id)
+            with deferred_interrupt():  # all of the rollback, as _start_first's
+                self._stop_started(run)
+                run.running = False
+                run.view = None
+                _core.window_close(view.id)
             raise
 
     def _start_subscribers(self, run: Run, attach: Callable[["CaptureSession"], None]) -> None:
         attach(self)
         for sub in list(run.subscribers):
-            sub.on_start(run.tracker)
-            run.started.append(sub)
+            # A Ctrl-C inside a subscriber's start is raised once the subscriber is on
+            # the started list, so the caller's rollback stops it: raised halfway, it
+            # left a trace's native writer running, and every later trace or flight
+            # recorder of the process was refused.
+            with deferred_interrupt():
+                sub.on_start(run.tracker)
+                run.started.append(sub)
 
     def _stop_started(self, run: Run) -> None:
         for sub in reversed(run.started):

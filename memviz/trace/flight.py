@@ -214,31 +214,37 @@ class FlightRecorder(_events.CaptureEvents):
         import memviz.model.pytorch  # noqa: F401
         self._meta = _meta(tracker, "flight")
         self._failures_seen = self._failed_now()  # an outer tracker's earlier failures are not this one's
-        _core.trace_enable(self.capacity)
         try:
-            _core.trace_writer_start(-1, self.capacity, EVENT_LEVEL, _INTERVAL, self._chunk_budget)
-        except OSError as e:
-            _core.trace_disable()
-            raise TraceError(f"the flight recorder could not start its writer thread: {e.strerror or e}",
-                             None, hint="the process may be out of threads or memory; try a smaller "
-                                        "budget, or run without the flight recorder") from e
-        self._running = True
-        try:
+            _core.trace_enable(self.capacity)
+            try:
+                _core.trace_writer_start(-1, self.capacity, EVENT_LEVEL, _INTERVAL, self._chunk_budget)
+            except OSError as e:
+                raise TraceError(f"the flight recorder could not start its writer thread: {e.strerror or e}",
+                                 None, hint="the process may be out of threads or memory; try a smaller "
+                                            "budget, or run without the flight recorder") from e
+            self._running = True
             self._thread = threading.Thread(target=self._run, name="memviz-flight-recorder", daemon=True)
             self._thread.start()
+            self._install_signal()
         except BaseException:
-            self._shut()
+            # Whatever had started, stopped (else the native writer kept the ring, and
+            # every later flight recorder or trace of the process was refused)
+            with deferred_interrupt():
+                self._stop.set()
+                self._wake()
+                self._restore_signal()
+                self._running = True  # started or not: no other writer ran (checked above)
+                self._shut()
             raise
-        self._install_signal()
 
     def on_stop(self, tracker: Any) -> None:
         """Stop the thread (it writes a SIGUSR1 dump still asked for), the
         native writer, and give SIGUSR1 back. A Ctrl-C while it waits for the
         thread cuts the wait short; one while it stops the writer is held
         until it has (memviz/_interrupts.py)."""
-        self._stop.set()
-        self._wake()
         try:
+            self._stop.set()
+            self._wake()
             if self._thread is not None and self._thread is not threading.current_thread():
                 self._thread.join(timeout=10)
             if self._thread is None or not self._thread.is_alive():

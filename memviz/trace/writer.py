@@ -14,7 +14,7 @@ import weakref
 from typing import Any, Dict, Iterable, List, Optional
 
 import memviz._core as _core
-from memviz._errors import TraceError
+from memviz._errors import InvalidArgument, TraceError
 from memviz._interrupts import deferred_interrupt
 from memviz.capture import callsite as _callsite
 from memviz.capture.rank_files import rank_meta
@@ -287,6 +287,9 @@ class TraceWriter(CaptureEvents):
     def on_start(self, tracker: Any) -> None:
         """Open the file, write the header and start draining (raises TraceError
         when the file cannot be created)."""
+        if self.native and _core.trace_writer_stats()["running"]:
+            raise InvalidArgument("another tracker's trace or flight recorder is running: one per "
+                                  "process; give trace= or flight_recorder= to the outermost tracker only")
         try:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         except OSError as e:
@@ -304,25 +307,30 @@ class TraceWriter(CaptureEvents):
             if self.native:
                 _core.trace_writer_start(self._fd, self.capacity, EVENT_LEVEL, self.interval, 0)
                 self._tick()  # how far the file names stacks and labels: its events may follow
+            _writers.add(self)
+            self._thread = threading.Thread(target=self._run, name="memviz-trace-writer",
+                                            daemon=True)
+            self._thread.start()
         except BaseException as e:
-            self._close()
+            # Whatever had started, stopped: the native writer (else it held the ring,
+            # and the fd of a closed file, for the rest of the process; no other one
+            # ran, checked above), the ring, the file
+            with deferred_interrupt():
+                self._stop.set()
+                self._shut()
             if isinstance(e, OSError):  # the first write: a full disk, /dev/full, ...
                 raise TraceError(f"cannot write the trace file: {e.strerror or e}", self.path,
                                  hint="free some disk space, or choose another trace path "
                                       "(on a disk with room, in a folder you may write to)") from e
             raise
-        _writers.add(self)
-        self._thread = threading.Thread(target=self._run, name="memviz-trace-writer",
-                                        daemon=True)
-        self._thread.start()
 
     def on_stop(self, tracker: Any) -> None:
         """Drain the rest, write the END chunk and close; raises nothing but a
         KeyboardInterrupt, and that only once the writer has stopped and the
         file is closed: a Ctrl-C while it closes is held until then (memviz/_interrupts.py),
         one while it waits for its thread cuts the wait short."""
-        self._stop.set()
         try:
+            self._stop.set()
             if self._thread is not None and self._thread is not threading.current_thread():
                 self._thread.join(timeout=10)
         finally:

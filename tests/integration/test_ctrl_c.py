@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import memviz
+import memviz.trace.flight as flight
 import memviz.trace.writer as writer
 from conftest import HANG, child_env, complete
 from fake_cupti import CBID_cuMemAlloc_v2
@@ -105,6 +106,57 @@ def test_keyboard_interrupt_inside_stop_leaves_nothing_running(fake, tmp_path, m
         assert not _holds_open(path)
         if where == "trace: joining its thread":
             assert complete(path).event_count >= 1  # the END was still written
+    _next_trackers_work(fake, tmp_path)
+
+
+# ---- KeyboardInterrupt while a trace or flight recorder starts ----------------------------
+
+
+@pytest.mark.parametrize("how", ["raised", "signal", "signal, then an error"])
+@pytest.mark.parametrize("where", ["trace: its native writer started", "trace: its thread started",
+                                   "flight: its native writer started", "flight: SIGUSR1 taken"])
+def test_keyboard_interrupt_inside_start_leaves_nothing_running(fake, tmp_path, monkeypatch, where, how):
+    """A Ctrl-C landing while track(trace=...) or a flight recorder starts
+    left the native writer running (the subscriber's cleanup caught only
+    OSError, and the session's rollback stops only subscribers that had
+    started): every later trace and flight recorder of the process was
+    refused ("Device or resource busy", "another tracker's trace or flight
+    recorder is running"). Found by a stress run with
+    _thread.interrupt_main() at random moments (7 runs in 7). `raised`: the
+    KeyboardInterrupt comes out of the call; `signal`: a real SIGINT there,
+    held until the subscriber is on the started list, then raised;
+    `signal, then an error`: the SIGINT is held while the start fails, and
+    comes out of the rollback's stop, which still finishes."""
+    import threading
+
+    kind, point = where.split(": ")
+    path = str(tmp_path / "run.memviz")
+    opts = {"trace": path} if kind == "trace" else {"flight_recorder": "16 MiB", "flight_dir": str(tmp_path)}
+    sigusr1 = signal.getsignal(signal.SIGUSR1)
+    target = {"its native writer started": (memviz._core, "trace_writer_start"),
+              "its thread started": (threading.Thread, "start"),
+              "SIGUSR1 taken": (flight.FlightRecorder, "_install_signal")}[point]
+    real = getattr(*target)
+
+    def then_interrupt(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if how != "raised":
+            os.kill(os.getpid(), signal.SIGINT)
+        if how != "signal":
+            raise KeyboardInterrupt if how == "raised" else RuntimeError("a failed start")
+        return out
+
+    with monkeypatch.context() as m:
+        m.setattr(*target, then_interrupt)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", F.TraceWarning)
+            with pytest.raises(KeyboardInterrupt):
+                memviz.track(torch=False, **opts).start()
+    assert memviz.active_tracker() is None
+    assert not memviz._core.trace_writer_stats()["running"]
+    assert signal.getsignal(signal.SIGUSR1) == sigusr1
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert not _holds_open(path)
     _next_trackers_work(fake, tmp_path)
 
 
