@@ -15,6 +15,7 @@ import csv as _csv
 import json
 import logging
 import sys
+import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from memviz._args import path as _path_arg
@@ -48,6 +49,18 @@ class _File(_Sink):
 
     what = "step"
 
+    def _opened(self, f) -> None:
+        self.f, self.path = f, f.name
+        #: a record's check-and-write, and the close, each whole: a tracker stopped on
+        #: another thread closed the file between a step's check and its write
+        #: (ValueError: I/O operation on closed file, in that thread's t.step()).
+        #: A leaf lock: no other lock, no user code, under it.
+        self.lock = threading.Lock()
+
+    def close(self):
+        with self.lock:
+            self.f.close()
+
     def failed(self, rec: Optional[StepRecord], e: OSError) -> OutputError:
         try:
             self.f.close()  # retries the flush once more; the file is closed either way
@@ -66,20 +79,18 @@ class _JsonLines(_File):
     what = "jsonl"
 
     def __init__(self, path) -> None:
-        self.f = _open(path, "jsonl")
-        self.path = self.f.name
+        self._opened(_open(path, "jsonl"))
 
     def emit(self, rec):
-        if not self.f.closed:
-            line = json.dumps(json_finite(rec.to_dict()), default=str, allow_nan=False) + "\n"
+        line = json.dumps(json_finite(rec.to_dict()), default=str, allow_nan=False) + "\n"
+        with self.lock:
+            if self.f.closed:  # stopped (or failed) before this step came: it is in t.steps
+                return
             try:
                 self.f.write(line)
                 self.f.flush()
             except OSError as e:
                 raise self.failed(rec, e) from e
-
-    def close(self):
-        self.f.close()
 
 
 CSV_COLUMNS = ["step", "timestamp_ns", "duration_s", "device", "current", "peak", "growth",
@@ -93,8 +104,7 @@ class _Csv(_File):
     what = "csv"
 
     def __init__(self, path) -> None:
-        self.f = _open(path, "csv", newline="")
-        self.path = self.f.name
+        self._opened(_open(path, "csv", newline=""))
         self.w = _csv.writer(self.f)
         try:
             self.w.writerow(CSV_COLUMNS)
@@ -103,17 +113,18 @@ class _Csv(_File):
             raise self.failed(None, e) from e
 
     def emit(self, rec):
-        if self.f.closed:
-            return
         top = rec.lines[0] if rec.lines else None
         info = (json.dumps(json_finite(rec.to_dict()["info"]), default=str, allow_nan=False)
                 if rec.info else "")
         devs = sorted(rec.devices) or [None]
-        try:
-            self._rows(rec, top, info, devs)
-            self.f.flush()
-        except OSError as e:
-            raise self.failed(rec, e) from e
+        with self.lock:
+            if self.f.closed:  # stopped (or failed) before this step came: it is in t.steps
+                return
+            try:
+                self._rows(rec, top, info, devs)
+                self.f.flush()
+            except OSError as e:
+                raise self.failed(rec, e) from e
 
     def _rows(self, rec, top, info, devs):
         for dev in devs:
@@ -124,9 +135,6 @@ class _Csv(_File):
                              d.segment_allocs, d.segment_frees,
                              escape_surrogates(top.location) if top else "",
                              top.bytes if top else "", info])
-
-    def close(self):
-        self.f.close()
 
 
 class _TensorBoard(_Sink):

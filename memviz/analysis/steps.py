@@ -71,8 +71,10 @@ class _StepState(_events.CaptureEvents):
         _emit(sinks, record)
 
     def on_stop(self, tracker) -> None:
-        """Close the file sinks."""
-        for s in self.sinks:
+        """Close the file sinks (each waits for a record it is writing)."""
+        with self.lock:
+            sinks = list(self.sinks)
+        for s in sinks:
             s.close()
 
     def user_frames(self, flt, ids: List[int]) -> Dict[int, Frame]:

@@ -8,6 +8,7 @@ import csv
 import json
 import logging
 import os
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -453,3 +454,51 @@ def test_a_growth_finding_on_blocks_leaves_out_lines_that_only_made_segments():
     assert older == [("<no Python frames>:?", 48 << 20), ("train.py:12", 30 << 20)]
     again = StepRecord.from_dict(steps(True)[0].to_dict())
     assert again.lines[1].block_bytes == 4 << 20 and again.lines[1].block_live_bytes == 4 << 20
+
+
+STEP_WHILE_ANOTHER_THREAD_STOPS = """
+import sys, os, random, threading, time, traceback
+sys.path.insert(0, %r)
+sys.setswitchinterval(1e-6)
+import memviz
+from memviz import NotTracking
+d, errors, n = %r, [], 0
+def stepper(t, stop):
+    while not stop.is_set():
+        try:
+            t.step(x=1)
+        except NotTracking:
+            return
+        except Exception:
+            errors.append(traceback.format_exc())
+            return
+t0 = time.time()
+while time.time() - t0 < 4 and not errors:
+    t = memviz.track(gpu=False).start()
+    t.on_step(jsonl=os.path.join(d, "s.jsonl"), csv=os.path.join(d, "s.csv"))
+    stop = threading.Event()
+    th = threading.Thread(target=stepper, args=(t, stop)); th.start()
+    time.sleep(random.random() * 0.01)
+    try:
+        t.stop()
+    finally:
+        stop.set(); th.join()
+    n += 1
+print("RESULT", n, len(errors))
+print(errors[0] if errors else "")
+"""
+
+
+def test_a_step_while_another_thread_stops_the_tracker_is_kept_or_refused(tmp_path):
+    """t.step() on one thread while another stopped the tracker: the step
+    files closed between a record's check and its write, and step() raised
+    "ValueError: I/O operation on closed file" (the CSV file then missed the
+    record too). Each file's check-and-write and its close are now one
+    (sinks.py, _File.lock): a step is written, or came after the close and is
+    kept in t.steps only, or came after the stop and raises NotTracking."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = subprocess.run([sys.executable, "-c", STEP_WHILE_ANOTHER_THREAD_STOPS % (root, str(tmp_path))],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = p.stdout.split("RESULT", 1)[1].split(None, 2)
+    assert int(out[0]) > 50 and out[1] == "0", p.stdout[-3000:]
