@@ -71,10 +71,10 @@ class _StepState(_events.CaptureEvents):
         _emit(sinks, record)
 
     def on_stop(self, tracker) -> None:
-        """Close the file sinks (each waits for a record it is writing)."""
-        with self.lock:
-            sinks = list(self.sinks)
-        for s in sinks:
+        """Close the file sinks (each waits for a record it is writing). Not
+        under self.lock: the session holds its lock here, and a step holds
+        self.lock while it takes the session's (step_mark)."""
+        for s in list(self.sinks):
             s.close()
 
     def user_frames(self, flt, ids: List[int]) -> Dict[int, Frame]:
