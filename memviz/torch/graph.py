@@ -21,6 +21,7 @@ This works on any device, CPU included.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -126,12 +127,16 @@ class GraphRecorder:
         self._is_user: Dict[Any, bool] = {}  # code object -> user code?
         self._seq = 0
         self._ctx = None
+        self._thread: Optional[int] = None  # the thread whose hook stack holds the hooks
+        self._inert = False  # stopped from another thread: the hooks there pass tensors through
 
     # -- hooks (called by autograd, with the GIL) --------------------------
 
     def _pack(self, tensor):
         # Runs for every saved tensor: a cached walk to the user's frame,
         # one small object and one weak reference.
+        if self._inert:
+            return tensor
         is_user = self._is_user
         f = sys._getframe(1)
         while f is not None:
@@ -175,12 +180,21 @@ class GraphRecorder:
             return self
         self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._ctx.__enter__()
+        self._thread, self._inert = threading.get_ident(), False
         return self
 
     def stop(self) -> None:
+        """Take the hooks off. PyTorch keeps a hook stack per thread: on
+        another thread than the one that started, popping took that thread's
+        hooks (the user's own, or none: PyTorch's internal assert), so the
+        hooks stay on the starting thread and pass tensors through from now
+        on (a graph saved under them still unpacks)."""
         if self._ctx is not None:
             ctx, self._ctx = self._ctx, None
-            ctx.__exit__(None, None, None)
+            if threading.get_ident() == self._thread:
+                ctx.__exit__(None, None, None)
+            else:
+                self._inert = True
 
     @property
     def running(self) -> bool:

@@ -820,3 +820,31 @@ def test_trackers_starting_and_stopping_leave_pytorchs_optimizer_hooks_alone():
         opt.step()
         assert opt in set(t.torch._optimizers)
     assert not seen[0].running
+
+
+@pytest.mark.parametrize("opts", [{"graph": True}, {"autograd": True}])
+def test_a_tracker_stopped_on_another_thread_leaves_that_threads_saved_tensor_hooks(opts):
+    """PyTorch keeps saved-tensor hooks per thread. A graph-recording tracker
+    started on one thread and stopped on another popped the stopping
+    thread's hooks: none there raised PyTorch's internal assert from stop(),
+    and a user's own hooks were taken (their pack hook stopped running, their
+    block then failed on exit). The hooks now stay on the starting thread
+    and pass tensors through."""
+    import threading
+
+    held = {}
+    th = threading.Thread(target=lambda: held.setdefault("t", memviz.track(gpu=False, **opts).start()))
+    th.start()
+    th.join()
+    held["t"].stop()  # no hooks of this thread's own: nothing popped here
+    assert not held["t"].running
+
+    th = threading.Thread(target=lambda: held.__setitem__("t", memviz.track(gpu=False, **opts).start()))
+    th.start()
+    th.join()
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: (packed.append(1), x)[1], lambda x: x):
+        held["t"].stop()
+        a = torch.ones(3, requires_grad=True)
+        (a * a).sum().backward()
+    assert len(packed) == 2 and torch.equal(a.grad, 2 * a.detach())
