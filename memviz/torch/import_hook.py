@@ -7,14 +7,14 @@ May import: the standard library only (floors: docs/architecture.md).
 
 from __future__ import annotations
 
-import sys
-
 __all__ = ["PostImport"]
 
 
 class PostImport:
     """A meta-path finder that runs ``callback`` right after module ``name``
-    finished importing, then removes itself."""
+    finished importing. It stays in ``sys.meta_path``: removing it while
+    another thread's import loops over that list makes the loop skip the
+    finder after it (PathFinder, last: ModuleNotFoundError)."""
 
     def __init__(self, name, callback):
         self.name, self.callback, self._busy = name, callback, False
@@ -36,8 +36,6 @@ class PostImport:
 
         def exec_module(module):
             original(module)
-            if finder in sys.meta_path:
-                sys.meta_path.remove(finder)
             finder.callback()
 
         spec.loader.exec_module = exec_module

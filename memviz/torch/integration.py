@@ -1,8 +1,9 @@
 """The PyTorch integration, put together: TorchIntegration subscribes to the
 capture session for a tracker (memviz/capture/session.py), installs memviz
 into PyTorch when tracking starts and removes it when it stops (nothing is left on the user's graph, modules or
-optimizers; one process-wide optimizer pre-hook stays, and does nothing
-while no tracker runs: see _step_listeners). It composes the parts of memviz.torch: the probes of
+optimizers; one process-wide optimizer pre-hook, and an import watcher
+where torch came later, stay, and do nothing while no tracker runs: see
+_listeners). It composes the parts of memviz.torch: the probes of
 PyTorch's build (probe), the node labels, backward gate and saved tensors
 of graphs (hooks), categories (categories), the allocator route
 (allocator), precise mode (precise), out-of-memory reports (oom) and the
@@ -33,36 +34,55 @@ from memviz.torch.probe import attach_node_numbers, attach_nodes
 
 __all__ = ["TorchIntegration"]
 
-#: The running trackers' integrations (weak references), told of each
-#: optimizer step by one pre-hook registered at the first start and never
-#: removed. A hook added at each start and removed at each stop changed
-#: PyTorch's dict of global pre-hooks while another thread's step() looped
-#: over it in Python ("OrderedDict mutated during iteration", raised in that
-#: thread's opt.step()). The tuple is replaced whole under the lock and read
-#: without it; with no tracker running the hook returns at once.
-_step_listeners: tuple = ()
-_step_lock = threading.Lock()
-_step_hook: list = []  # the hook's handle, once registered
+#: The running trackers' integrations (weak references) that hear each
+#: optimizer step, and those waiting for torch's import, each through one
+#: hook put in at the first need and never taken out. Hooks added at each
+#: start and removed at each stop changed what another thread was looping
+#: over in Python: PyTorch's dict of global optimizer pre-hooks ("OrderedDict
+#: mutated during iteration", raised in that thread's opt.step()), and
+#: sys.meta_path (a finder removed ahead of an import's loop skips the next
+#: one: a ModuleNotFoundError). The tuples are replaced whole under the lock
+#: and read without it; with no listener a hook returns at once.
+_listeners = {"step": (), "torch": ()}
+_listen_lock = threading.Lock()
+_hooks: dict = {}  # "step": the optimizer pre-hook's handle; "torch": the import watcher
 
 
 def _on_any_optimizer_step(optimizer, args, kwargs) -> None:
-    for ref in _step_listeners:
+    for ref in _listeners["step"]:
         integ = ref()
         if integ is not None:
             integ._on_optimizer_step(optimizer, args, kwargs)
 
 
+def _on_torch_imported() -> None:
+    for ref in _listeners["torch"]:
+        integ = ref()
+        if integ is not None:
+            integ._install()
+
+
+def _listen(integ: "TorchIntegration", on: bool, to: str) -> None:
+    """``integ`` hears (on) or stops hearing ``to``: "step" (every optimizer
+    step) or "torch" (torch's import)."""
+    with _listen_lock:
+        keep = tuple(r for r in _listeners[to] if r() is not None and r() is not integ)
+        _listeners[to] = keep + ((weakref.ref(integ),) if on else ())
+        if not on or to in _hooks:
+            return
+        if to == "torch":
+            _hooks[to] = watcher = PostImport("torch", _on_torch_imported)
+            sys.meta_path.insert(0, watcher)  # an insert ahead of a loop repeats a finder: harmless
+            return
+        try:
+            from torch.optim.optimizer import register_optimizer_step_pre_hook
+        except ImportError:  # very old torch
+            return
+        _hooks[to] = register_optimizer_step_pre_hook(_on_any_optimizer_step)
+
+
 def _listen_to_optimizer_steps(integ: "TorchIntegration", on: bool) -> None:
-    global _step_listeners
-    with _step_lock:
-        keep = tuple(r for r in _step_listeners if r() is not None and r() is not integ)
-        _step_listeners = keep + ((weakref.ref(integ),) if on else ())
-        if on and not _step_hook:
-            try:
-                from torch.optim.optimizer import register_optimizer_step_pre_hook
-            except ImportError:  # very old torch
-                return
-            _step_hook.append(register_optimizer_step_pre_hook(_on_any_optimizer_step))
+    _listen(integ, on, to="step")
 
 
 class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
@@ -137,8 +157,7 @@ class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
         if "torch" in sys.modules:
             self._install()
         else:  # e.g. `python -m memviz run`: hook in once the script imports torch
-            self._watcher = PostImport("torch", self._install)
-            sys.meta_path.insert(0, self._watcher)
+            _listen(self, True, to="torch")
 
     def _install(self) -> None:
         if not self._active:
@@ -298,9 +317,7 @@ class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
             self._remember_segments()
             _alloc.detach()
             self._answers = None
-        watcher = getattr(self, "_watcher", None)
-        if watcher is not None and watcher in sys.meta_path:
-            sys.meta_path.remove(watcher)
+        _listen(self, False, to="torch")
         self.graph.stop()
         if self._wrapped:
             _precise.detach_wrappers()

@@ -848,3 +848,36 @@ def test_a_tracker_stopped_on_another_thread_leaves_that_threads_saved_tensor_ho
         a = torch.ones(3, requires_grad=True)
         (a * a).sum().backward()
     assert len(packed) == 2 and torch.equal(a.grad, 2 * a.detach())
+
+
+TORCH_IMPORTED_LATER = """
+import sys
+sys.path.insert(0, %r)
+import memviz
+with memviz.track(gpu=False):        # stopped before torch comes: hears nothing of it
+    pass
+with memviz.track(gpu=False, graph=True) as t:
+    import torch                     # the watcher installs this tracker's integration now
+    a = torch.ones(3, requires_grad=True)
+    b = (a * a).sum()
+    saved = len(t.snapshot().graph_resident())
+    patched = torch.autograd.graph._engine_run_backward.__module__
+after = torch.autograd.graph._engine_run_backward.__module__
+watchers = [f for f in sys.meta_path if type(f).__name__ == "PostImport"]
+print("RESULT", saved, patched, after, len(watchers))
+"""
+
+
+def test_torch_imported_after_tracking_starts_is_hooked_by_one_watcher_that_stays():
+    """Tracking started before `import torch` (python -m memviz run) hooks
+    in when torch is imported, through one import watcher for the process.
+    It stays in sys.meta_path (inert once torch is in): removing it while
+    another thread's import looped over sys.meta_path would skip the next
+    finder. A tracker that stopped before the import hears nothing of it."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(THIS)))
+    p = subprocess.run([sys.executable, "-c", TORCH_IMPORTED_LATER % root],
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    _, saved, patched, after, watchers = p.stdout.split()[-5:]
+    assert int(saved) >= 1 and patched.startswith("memviz") and not after.startswith("memviz"), p.stdout
+    assert watchers == "1", p.stdout
