@@ -3,6 +3,7 @@ tracking (``track(trace=path)``); the format is in memviz/trace/format.py."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import sys
@@ -12,6 +13,11 @@ import traceback
 import warnings
 import weakref
 from typing import Any, Dict, Iterable, List, Optional
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock
+    fcntl = None  # type: ignore[assignment]
 
 import memviz._core as _core
 from memviz._errors import InvalidArgument, TraceError
@@ -291,12 +297,22 @@ class TraceWriter(CaptureEvents):
             raise InvalidArgument("another tracker's trace or flight recorder is running: one per "
                                   "process; give trace= or flight_recorder= to the outermost tracker only")
         try:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         except OSError as e:
             raise TraceError(f"cannot create the trace file: {e.strerror or e}", self.path,
                              hint="check that the folder exists and is writable, or choose "
                                   "another trace path") from e
+        # Locked for as long as this process writes it, and emptied only once locked:
+        # a second process given the same path truncated the file under the first
+        # one's writes, and neither file loaded (both exited 0, with no warning)
+        if not _lock(fd):
+            os.close(fd)
+            raise TraceError("another process is writing this trace file", self.path,
+                             hint="give each process its own trace path (under a launcher memviz "
+                                  "names one per rank), or wait until that process stops tracking")
+        self._fd = fd
         try:
+            os.ftruncate(fd, 0)
             self._write(header() + chunk(META, json_bytes(_meta(tracker, "stream"))))
             _core.trace_enable(self.capacity)
             # Allocations the core saw between clear() and trace_enable(): a
@@ -560,9 +576,30 @@ def _row(op: int, ts: int, r: Any, flags: int, label_ids: Dict[Optional[str], in
             r.size, r.size - r.requested, r.stream)
 
 
+def _lock(fd: int) -> bool:
+    """An exclusive lock on the trace file (flock); False when another
+    process holds one. True where the file system has no locks."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        return e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN)
+    return True
+
+
 def _after_fork_in_child() -> None:
     for w in list(_writers):
-        w._fd = None  # the parent's file: never written nor closed here
+        # The parent's file: never written here. This copy of its descriptor is
+        # closed (never unlocked: the lock is the parent's too), so that a child
+        # living on (a DataLoader's worker) does not hold the lock after the parent
+        # closed the file
+        fd, w._fd = w._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         w._stop.set()
 
 

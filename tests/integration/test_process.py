@@ -314,3 +314,65 @@ def test_forked_child_reads_the_parents_nested_tracker_after_starting_its_own(fa
             fake.alloc(CBID_cuMemAlloc_v2, 2 << 20)
             got = _in_child(child)
     assert got == {"inner": 2 << 20, "outer": 3 << 20, "inner_live": 1, "running": False}
+
+
+_SAME_TRACE = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, sys.argv[3])
+    import memviz
+    try:
+        with memviz.track(gpu=False, torch=False, trace=sys.argv[1]) as t:
+            print("ready", flush=True)
+            t0 = time.time()
+            while time.time() - t0 < float(sys.argv[2]):
+                t.step(); time.sleep(0.002)
+    except memviz.TraceError as e:
+        print("refused", e, flush=True)
+        sys.exit(3)
+""")
+
+
+def test_a_second_process_given_the_same_trace_path_is_refused(tmp_path):
+    """Two processes given one trace= path both wrote it: the second
+    truncated the file under the first one's writes, both exited 0 with no
+    warning, and neither file loaded (its checksums did not match). The file
+    is now locked while a process writes it, and emptied only once locked."""
+    path = str(tmp_path / "run.memviz")
+    root = str(Path(__file__).resolve().parents[2])
+    first = subprocess.Popen([sys.executable, "-c", _SAME_TRACE, path, "2", root],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "ready"
+        second = subprocess.run([sys.executable, "-c", _SAME_TRACE, path, "0", root],
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 3 and "another process is writing this trace file" in second.stdout
+    finally:
+        assert first.wait(60) == 0
+    trace = memviz.load(path)
+    assert len(trace.steps) >= 50
+
+
+def test_a_forked_child_living_on_does_not_keep_the_trace_locked(tmp_path):
+    """A child forked while the parent traced (a DataLoader worker) holds a
+    copy of the trace file's descriptor, and with it the lock; it closes
+    that copy (never unlocking: the lock is the parent's too), so the parent
+    can trace to the same path again while the child lives on."""
+    path = str(tmp_path / "run.memviz")
+    r, w = os.pipe()
+    with memviz.track(gpu=False, torch=False, trace=path) as t:
+        pid = os.fork()
+        if pid == 0:  # the child: waits until told, then leaves without cleanup
+            os.close(w)
+            os.read(r, 1)
+            os._exit(0)
+        t.step()
+    try:
+        with memviz.track(gpu=False, torch=False, trace=path) as t:
+            t.step()
+            t.step()
+    finally:
+        os.close(r)
+        os.write(w, b"x")
+        os.close(w)
+        os.waitpid(pid, 0)
+    assert len(memviz.load(path).steps) == 2
