@@ -170,6 +170,7 @@ class FlightRecorder(_events.CaptureEvents):
         self._failure_dumps = 0
         self._last_failure_dump = 0.0
         self._old_handler: Any = None
+        self._handler: Any = None  # memviz's SIGUSR1 handler while installed
         self._handler_installed = False
         self._pid = os.getpid()
         #: a SIGUSR1 asked for a dump that the thread has not begun (set by the
@@ -602,17 +603,24 @@ class FlightRecorder(_events.CaptureEvents):
 
             signal.signal(signal.SIGUSR1, on_usr1)
             self._old_handler, self._handler_installed = old, True
+            self._handler = on_usr1
         except (ValueError, OSError):
             pass
 
     def _restore_signal(self) -> None:
+        """The handler from before, where memviz's is still SIGUSR1's: one the
+        program installed meanwhile is its own and stays (putting the old one
+        back left SIG_DFL, and the program's next SIGUSR1 killed it); memviz's,
+        replaced, does nothing once the recorder stopped."""
         if self._handler_installed and threading.current_thread() is threading.main_thread():
             try:
-                signal.signal(signal.SIGUSR1, self._old_handler if self._old_handler is not None
-                              else signal.SIG_DFL)
+                if signal.getsignal(signal.SIGUSR1) is self._handler:
+                    signal.signal(signal.SIGUSR1, self._old_handler if self._old_handler is not None
+                                  else signal.SIG_DFL)
             except (ValueError, OSError, TypeError):
                 pass
             self._handler_installed = False
+            self._handler = None
 
 
 def _sources(tracker: Any) -> Optional[Dict[str, Any]]:

@@ -175,6 +175,33 @@ def test_sigusr1_writes_a_dump_and_keeps_the_programs_own_handler(fake, tmp_path
         signal.signal(signal.SIGUSR1, old)
 
 
+def test_a_sigusr1_handler_the_program_installs_while_recording_stays_after_stop(fake, tmp_path):
+    """stop() put back the handler from before the tracker (SIG_DFL) over one
+    the program installed meanwhile (a framework's "save a checkpoint"
+    handler): the program's next SIGUSR1 killed it. memviz's handler is put
+    back only while it is still SIGUSR1's."""
+    seen = []
+
+    def mine(signum, frame):
+        seen.append(signum)
+    old = signal.getsignal(signal.SIGUSR1)
+    try:
+        with memviz.track(flight_recorder="16 MiB", flight_dir=str(tmp_path), torch=False):
+            signal.signal(signal.SIGUSR1, mine)
+        assert signal.getsignal(signal.SIGUSR1) is mine
+        os.kill(os.getpid(), signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen == [signal.SIGUSR1]
+        # and, not replaced, memviz's own is taken out as before
+        with memviz.track(flight_recorder="16 MiB", flight_dir=str(tmp_path), torch=False):
+            assert signal.getsignal(signal.SIGUSR1) is not mine
+        assert signal.getsignal(signal.SIGUSR1) is mine
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
 def test_a_failed_driver_call_writes_a_dump_naming_the_line(fake, tmp_path):
     with memviz.track(flight_recorder="16 MiB", flight_dir=str(tmp_path), torch=False) as t:
         fake.alloc(CBID_cuMemAlloc_v2, MiB)
