@@ -20,7 +20,21 @@ from memviz._units import format_size
 from memviz.integrations.pytest_plan import Plan
 from memviz.model.lines import line_frame, where
 
-__all__ = ["torch_release", "gpu_checks", "which_leaks", "graph_check"]
+__all__ = ["torch_release", "gpu_checks", "which_leaks", "graph_check", "threads_running_before"]
+
+
+def threads_running_before() -> frozenset:
+    """Native ids of the Python threads (threading.Thread objects, not the
+    calling one, not foreign threads Python only named) running now: what
+    they allocate during a test is not the test's leak. A background thread
+    an earlier test started (a prefetcher whose buffers are in flight) failed
+    a test that freed everything it made."""
+    import threading
+
+    me = threading.current_thread()
+    dummy = getattr(threading, "_DummyThread", ())
+    return frozenset(t.native_id for t in threading.enumerate()
+                     if t is not me and not isinstance(t, dummy) and t.native_id is not None)
 
 
 def torch_release() -> None:
@@ -47,6 +61,10 @@ def gpu_checks(plan: Plan, passed: bool) -> None:
     t = plan.tracker
     live = [a for a in t.snapshot_raw().allocations
             if a.timestamp_ns >= plan.call_start_ns and a.device >= 0 and a.kind != "static"]
+    # made on a thread that was running before the test began: not the test's to answer for
+    before = [a for a in live if a.thread is not None and a.thread.native_id in plan.threads_before]
+    if before:
+        live = [a for a in live if not (a.thread is not None and a.thread.native_id in plan.threads_before)]
     t.stop()
     totals = t.totals()
     devs = {d: v["peak"] for d, v in totals.items() if d >= 0}
@@ -58,7 +76,7 @@ def gpu_checks(plan: Plan, passed: bool) -> None:
     def by_line(allocs):
         return Snapshot(allocs, frame_filter=t.frame_filter).statistics("lineno")[:5] if allocs else []
 
-    leak_stats, ignored_stats = by_line(counted), by_line(ignored)
+    leak_stats, ignored_stats, before_stats = by_line(counted), by_line(ignored), by_line(before)
     leaked = sum(a.size for a in counted)
     rule = ("filter_fn" if plan.filter_fn is not None else "own_code" if plan.own_code else "all") \
         if plan.leaks is not None else "all"
@@ -69,7 +87,9 @@ def gpu_checks(plan: Plan, passed: bool) -> None:
                    "leak_filter": rule,
                    "not_counted_bytes": sum(a.size for a in ignored),
                    "not_counted_count": len(ignored),
-                   "not_counted_lines": [{"line": str(s.key), "bytes": s.size} for s in ignored_stats]}
+                   "not_counted_lines": [{"line": str(s.key), "bytes": s.size} for s in ignored_stats],
+                   "earlier_threads_bytes": sum(a.size for a in before),
+                   "earlier_threads_count": len(before)}
     if not passed:
         plan.skip(plan.gpu_checks(), *plan.not_judged)
         return
@@ -102,6 +122,11 @@ def gpu_checks(plan: Plan, passed: bool) -> None:
             text += (f"  Not counted ({why}): {format_size(sum(a.size for a in ignored))} in "
                      f"{len(ignored)} allocation(s), by line:\n"
                      + "\n".join(f"    {s}" for s in ignored_stats) + "\n")
+        if before:
+            text += (f"  Not counted (made by threads already running when the test began: an earlier "
+                     f"test's or the session's): {format_size(sum(a.size for a in before))} in "
+                     f"{len(before)} allocation(s), by line:\n"
+                     + "\n".join(f"    {s}" for s in before_stats) + "\n")
         text += ("  What to do: drop the references that keep it (module globals, caches, class "
                  "attributes) or free it before the test ends")
         if rule == "own_code" and ignored:

@@ -59,6 +59,8 @@ class Plan:
         self.test_files: frozenset = frozenset()
         self.tracker = None
         self.call_start_ns = 0
+        #: native ids of the Python threads, other than the test's, running when the call began
+        self.threads_before: frozenset = frozenset()
         self.seq = None
         self.recorder = None
         self.saved_mark = 0

@@ -62,7 +62,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from memviz.integrations.pytest_checks import gpu_checks, graph_check, torch_release
+from memviz.integrations.pytest_checks import gpu_checks, graph_check, threads_running_before, torch_release
 from memviz.integrations.pytest_plan import FAILED_FIRST, SKIPPED_ITSELF, Plan, marker_plan
 
 __all__ = ["memviz_tracker"]
@@ -247,6 +247,7 @@ class _Runner:
             if plan.tracker is not None and plan.tracker.running:
                 plan.tracker.reset_peak()  # the peak is the measured run's
         plan.call_start_ns = time.monotonic_ns()
+        plan.threads_before = threads_running_before()
         plan.function = getattr(item, "function", None)
         if plan.graph:
             from memviz.torch.graph import GraphRecorder

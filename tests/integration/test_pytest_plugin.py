@@ -167,6 +167,55 @@ def test_leaks_fail_with_the_line_and_pass_when_freed(pytester, fake):
     assert f"test_inner.py:{lineno(LEAKS, '# LEAK')}: size=3 MiB, count=1" in out
 
 
+BACKGROUND = GPU + """
+import threading
+kept, ask, done = [], threading.Event(), threading.Event()
+
+def worker():  # a prefetcher: its buffer lives on after the test that saw it made
+    while True:
+        ask.wait(); ask.clear()
+        kept.append(fake.alloc(CBID_cuMemAlloc_v2, MiB))  # WORKER
+        done.set()
+
+def test_starts_a_worker():
+    threading.Thread(target=worker, daemon=True).start()
+
+def _worker_allocates():
+    done.clear(); ask.set(); assert done.wait(10)
+
+@pytest.mark.memviz(leaks=True)
+def test_clean():
+    _worker_allocates()
+
+@pytest.mark.memviz(leaks=True)
+def test_leaky():
+    _worker_allocates()
+    kept.append(fake.alloc(CBID_cuMemAlloc_v2, 2 * MiB))  # LEAK
+
+@pytest.mark.memviz(leaks=True)
+def test_own_thread_leaks():
+    t = threading.Thread(target=lambda: kept.append(fake.alloc(CBID_cuMemAlloc_v2, 3 * MiB)))  # MINE
+    t.start(); t.join()
+"""
+
+
+def test_memory_a_thread_running_before_the_test_allocates_is_not_its_leak(pytester, fake):
+    """A background thread an earlier test started (a prefetcher) allocated
+    during a test and kept it a while: the test, which freed everything it
+    made, failed with the thread's line. What threads already running when
+    the call began allocate is not counted, and is listed apart; a thread
+    the test starts itself is the test's."""
+    r = run(pytester, BACKGROUND)
+    r.assert_outcomes(passed=2, failed=2)
+    out = r.stdout.str()
+    assert "FAILED test_inner.py::test_leaky" in out and "FAILED test_inner.py::test_own_thread_leaks" in out
+    assert "memviz: the test left 2 MiB of GPU memory" in out
+    assert "Not counted (made by threads already running when the test began" in out
+    assert f"test_inner.py:{lineno(BACKGROUND, '# WORKER')}: size=1 MiB, count=1" in out
+    assert "memviz: the test left 3 MiB of GPU memory" in out
+    assert f"test_inner.py:{lineno(BACKGROUND, '# MINE')}: size=3 MiB, count=1" in out
+
+
 def test_memory_a_fixture_holds_until_teardown_is_not_a_leak(pytester, fake):
     src = GPU + """
 @pytest.fixture
