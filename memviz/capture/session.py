@@ -679,10 +679,15 @@ def _absorb(kept: Dict[int, Any], changed: List[Any]) -> None:
 
 
 def _caller_location() -> str:
-    """The first frame outside memviz: where the program started a tracker."""
-    f = sys._getframe(1)
+    """The first frame outside memviz: where the program started a tracker;
+    or memviz's pytest plugin, where it started one for a marked test (the
+    frame outside memviz is then pytest's own, which names nothing the user
+    wrote)."""
+    f, last = sys._getframe(1), None
     while f is not None and f.f_code.co_filename.startswith(PACKAGE_DIR):
-        f = f.f_back
+        f, last = f.f_back, f
+    if last is not None and last.f_code.co_filename.endswith(os.path.join("integrations", "pytest_plugin.py")):
+        return "memviz's pytest plugin, for the test's @pytest.mark.memviz marker"
     return f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "?"
 
 

@@ -740,3 +740,21 @@ def test_t{i}():
     out = r.stdout.str()
     assert "test_t2" in out and "test_t0" not in out.split("memviz: GPU memory per test")[1], out
     assert "2 more tests (--most-allocations 0 lists all" in out
+
+
+def test_a_refused_nested_trace_names_the_plugin_as_the_outer_trackers_start(pytester, fake):
+    """The refusal named pytest's own frame (pluggy/_callers.py) as where the
+    outer tracker started; it was the plugin's, for the marker."""
+    src = GPU + """
+import memviz
+
+@pytest.mark.memviz(leaks=True)
+def test_own_trace(tmp_path):
+    with memviz.track(torch=False, trace=str(tmp_path / "t.memviz")):
+        pass
+"""
+    r = run(pytester, src)
+    r.assert_outcomes(failed=1)
+    out = r.stdout.str()
+    assert "nested in the one started at memviz's pytest plugin, for the test's @pytest.mark.memviz marker" in out
+    assert "pluggy" not in out.split("AlreadyTracking", 1)[1].split("\n", 1)[0]
