@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import shlex
+import stat
 import sys
 import threading
 import time
@@ -312,7 +313,8 @@ class TraceWriter(CaptureEvents):
                                   "names one per rank), or wait until that process stops tracking")
         self._fd = fd
         try:
-            os.ftruncate(fd, 0)
+            if stat.S_ISREG(os.fstat(fd).st_mode):  # as O_TRUNC: a device or a pipe is left as it is
+                os.ftruncate(fd, 0)
             self._write(header() + chunk(META, json_bytes(_meta(tracker, "stream"))))
             _core.trace_enable(self.capacity)
             # Allocations the core saw between clear() and trace_enable(): a
