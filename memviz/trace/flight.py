@@ -235,7 +235,8 @@ class FlightRecorder(_events.CaptureEvents):
                 self._wake()
                 self._restore_signal()
                 self._running = True  # started or not: no other writer ran (checked above)
-                self._shut()
+                with self._lock:  # as on_stop: a thread already started writes under it
+                    self._shut()
             raise
 
     def on_stop(self, tracker: Any) -> None:

@@ -335,7 +335,8 @@ class TraceWriter(CaptureEvents):
             # ran, checked above), the ring, the file
             with deferred_interrupt():
                 self._stop.set()
-                self._shut()
+                with self._lock:  # a thread already started ticks under it
+                    self._shut()
             if isinstance(e, OSError):  # the first write: a full disk, /dev/full, ...
                 raise TraceError(f"cannot write the trace file: {e.strerror or e}", self.path,
                                  hint="free some disk space, or choose another trace path "
