@@ -243,6 +243,10 @@ class _Runner:
                     item.runtest()
                 except (Exception, pytest.skip.Exception, pytest.fail.Exception):
                     break  # the measured run below says what is wrong
+                except BaseException:  # Ctrl-C: the session ends; the test's tracker with it
+                    if plan.tracker is not None and plan.tracker.running:
+                        plan.tracker.stop()
+                    raise
             gc.collect()
             if plan.tracker is not None and plan.tracker.running:
                 plan.tracker.reset_peak()  # the peak is the measured run's

@@ -7,7 +7,9 @@ GPU checks (peak=, leaks=) run through the libcupti test double: the outer
 
 import importlib.metadata
 import json
+import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -758,3 +760,30 @@ def test_own_trace(tmp_path):
     out = r.stdout.str()
     assert "nested in the one started at memviz's pytest plugin, for the test's @pytest.mark.memviz marker" in out
     assert "pluggy" not in out.split("AlreadyTracking", 1)[1].split("\n", 1)[0]
+
+
+
+def test_a_ctrl_c_during_warmups_stops_the_tests_tracker(pytester, fake, monkeypatch):
+    """A KeyboardInterrupt in a warm-up run ends the session; the plugin's
+    tracker for the test was left running until the process exited. (In a
+    process of its own: pytester passes an inner Ctrl-C on to this run.)"""
+    tests_dir = str(Path(__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")]))
+    pytester.makeconftest("""
+import memviz
+
+def pytest_keyboard_interrupt(excinfo):
+    print("TRACKER LEFT RUNNING:", memviz.active_tracker() is not None)
+""")
+    pytester.makepyfile(test_inner=GPU + """
+runs = []
+
+@pytest.mark.memviz(leaks=True, warmups=2)
+def test_interrupted():
+    runs.append(1)
+    if len(runs) == 1:
+        raise KeyboardInterrupt
+""")
+    r = pytester.runpytest_subprocess(*PLUGIN, *QUIET, "-s")
+    out = r.stdout.str()
+    assert "TRACKER LEFT RUNNING: False" in out, out
