@@ -65,14 +65,15 @@ class _Packed:
     notes the tensor, the user's (code, line) and a sequence number; sizes
     and file names are worked out when someone asks (resident())."""
 
-    __slots__ = ("tensor", "code", "lineno", "seq", "timestamp_ns", "__weakref__")
+    __slots__ = ("tensor", "code", "lineno", "seq", "timestamp_ns", "version", "__weakref__")
 
-    def __init__(self, tensor, code, lineno, seq, timestamp_ns):
+    def __init__(self, tensor, code, lineno, seq, timestamp_ns, version):
         self.tensor = tensor
         self.code = code
         self.lineno = lineno
         self.seq = seq
         self.timestamp_ns = timestamp_ns
+        self.version = version  # the tensor's version counter when saved (None: it keeps none)
 
     @property
     def line(self) -> Optional[Frame]:
@@ -90,6 +91,58 @@ class _Packed:
             nbytes, ptr = t.numel() * t.element_size(), 0
         return SavedRecord(nbytes, str(t.device), str(t.dtype).replace("torch.", ""),
                            tuple(t.shape), ptr, self.line, self.timestamp_ns, self.seq)
+
+
+#: per thread, the stopped recorders whose hooks could not be popped (another
+#: thread stopped them, or the user's own hooks were above), with their
+#: contexts: inert, but their presence still turns PyTorch's torch.func away
+_inert: Dict[int, list] = {}
+_inert_lock = threading.Lock()
+
+
+def pop_inert() -> None:
+    """Pop this thread's inert hooks that are innermost now (called when a
+    recorder or a tracker starts on it)."""
+    me = threading.get_ident()
+    with _inert_lock:
+        mine = _inert.get(me)
+        while mine:
+            top = next((i for i, (rec, _) in enumerate(mine) if rec._on_top()), None)
+            if top is None:
+                break
+            _, ctx = mine.pop(top)
+            ctx.__exit__(None, None, None)
+        if not mine:
+            _inert.pop(me, None)
+
+
+def _version(tensor) -> Optional[int]:
+    """The tensor's version counter (bumped by each in-place change); None
+    for a tensor that keeps none (inference mode)."""
+    try:
+        return tensor._version
+    except Exception:  # noqa: BLE001 - inference tensors, some subclasses
+        return None
+
+
+def _check_version(packed: _Packed) -> None:
+    """PyTorch's own check on a saved tensor, which it leaves out for every
+    tensor a saved-tensor hook packed: changed in place since it was saved,
+    its backward would compute wrong gradients without a word."""
+    if packed.version is None:
+        return
+    t = packed.tensor
+    now = _version(t)
+    if now is not None and now != packed.version:
+        raise RuntimeError(
+            f"one of the variables needed for gradient computation has been modified by an inplace "
+            f"operation: [{t.type()} {list(t.shape)}] is at version {now}; expected version "
+            f"{packed.version} instead. (memviz's saved-tensor hooks, on with track(autograd=True) "
+            f"or graph=True, make PyTorch's own check, which hooks turn off.) Hint: the operation "
+            f"that changed it in place is after the line that saved it"
+            + (f" ({packed.line.filename}:{packed.line.lineno})" if packed.line else "")
+            + "; change it to an out-of-place one (x = x.mul(2), not x.mul_(2)), or clone the "
+              "tensor before changing it.")
 
 
 def user_line(depth: int = 2, flt=None) -> Optional[Frame]:
@@ -135,8 +188,8 @@ class GraphRecorder:
     def _pack(self, tensor):
         # Runs for every saved tensor: a cached walk to the user's frame,
         # one small object and one weak reference.
-        if self._inert:
-            return tensor
+        if self._inert:  # stopped from another thread: nothing recorded, the version still checked
+            return _Packed(tensor.detach(), None, 0, 0, 0, _version(tensor))
         is_user = self._is_user
         f = sys._getframe(1)
         while f is not None:
@@ -155,7 +208,7 @@ class GraphRecorder:
         # is dropped without backward would leak. Autograd restores the grad_fn
         # on unpack, so the detached tensor is all it needs.
         packed = _Packed(tensor.detach(), f.f_code if f is not None else None,
-                         f.f_lineno if f is not None else 0, seq, time.monotonic_ns())
+                         f.f_lineno if f is not None else 0, seq, time.monotonic_ns(), _version(tensor))
         live = self._live
         live[seq] = weakref.ref(packed, lambda _r, seq=seq, live=live: live.pop(seq, None))
         return packed
@@ -163,8 +216,9 @@ class GraphRecorder:
     def _unpack(self, packed):
         if type(packed) is not _Packed:  # saved before we started
             return packed
+        _check_version(packed)
         cb = self.on_unpack
-        if cb is not None:
+        if cb is not None and packed.seq:
             try:
                 cb(packed)
             except Exception:  # noqa: BLE001 - never break the user's backward
@@ -178,6 +232,7 @@ class GraphRecorder:
 
         if self._ctx is not None:
             return self
+        pop_inert()
         self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._ctx.__enter__()
         self._thread, self._inert = threading.get_ident(), False
@@ -191,10 +246,27 @@ class GraphRecorder:
         on (a graph saved under them still unpacks)."""
         if self._ctx is not None:
             ctx, self._ctx = self._ctx, None
-            if threading.get_ident() == self._thread:
+            if threading.get_ident() == self._thread and self._on_top():
                 ctx.__exit__(None, None, None)
-            else:
+            else:  # another thread, or the user's own hooks above ours: theirs to pop
                 self._inert = True
+                with _inert_lock:  # popped when they are on top there again (pop_inert)
+                    _inert.setdefault(self._thread, []).append((self, ctx))
+
+    def _on_top(self) -> bool:
+        """Whether this thread's innermost saved-tensor hooks are these (a
+        user's own pushed after them, save_on_cpu say, would be popped in
+        their place)."""
+        import torch
+
+        top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+        if top is None:
+            return True
+        try:
+            hooks = top(False)
+        except Exception:  # noqa: BLE001 - another signature: pop as before
+            return True
+        return hooks is not None and hooks[0] == self._pack
 
     @property
     def running(self) -> bool:

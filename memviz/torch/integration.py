@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import sys
 import threading
+import warnings
 import weakref
 from typing import Optional
 
 import memviz._core as _core
+from memviz._interrupts import deferred_interrupt
+from memviz.capture.availability import CaptureWarning
 from memviz.capture.events import OOM, CaptureEvents, Trigger
 from memviz.torch import allocator as _alloc, precise as _precise
 from memviz.torch.categories import Categories
 from memviz.torch.compiled import warn_if_trees_exist
-from memviz.torch.graph import GraphRecorder
+from memviz.torch.graph import GraphRecorder, pop_inert
 from memviz.torch.hooks import BACKWARD, AutogradLabels
 from memviz.torch.import_hook import PostImport
 from memviz.torch import before as _before, rules as _rules
@@ -162,6 +165,17 @@ class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
     def _install(self) -> None:
         if not self._active:
             return
+        try:
+            self._install_parts()
+        except BaseException:
+            # Undo what went in (a failed start left PyTorch's backward entry patched for
+            # the rest of the process: later trackers took it for theirs, and every
+            # later snapshot left gradients unread)
+            with deferred_interrupt():
+                self.on_stop(None)
+            raise
+
+    def _install_parts(self) -> None:
         import torch
 
         self._current_node = torch._C._current_autograd_node
@@ -180,8 +194,16 @@ class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
             # autograd=True where the callback cannot name nodes, the pre-hooks.
             BACKWARD.reset()
             self._patch_backward(torch)
+        pop_inert()  # hooks of a recorder stopped elsewhere, innermost on this thread again
         if self.record_graph:
-            self.graph.start()
+            try:
+                self.graph.start()
+            except RuntimeError as e:  # started under disable_saved_tensors_hooks (a torch.func transform)
+                self.record_graph, self.graph_kept = False, None
+                warnings.warn(CaptureWarning(
+                    f"memviz: graph recording (graph=True, or autograd=True) is off for this tracker: "
+                    f"PyTorch refused saved-tensor hooks here ({e}). Start the tracker outside that "
+                    f"block (torch.func transforms turn the hooks off) to record graphs."), stacklevel=2)
         if self.route_from is None:  # the tracker that owns the capture
             self._patch_profiler()
         _listen_to_optimizer_steps(self, True)

@@ -881,3 +881,78 @@ def test_torch_imported_after_tracking_starts_is_hooked_by_one_watcher_that_stay
     _, saved, patched, after, watchers = p.stdout.split()[-5:]
     assert int(saved) >= 1 and patched.startswith("memviz") and not after.startswith("memviz"), p.stdout
     assert watchers == "1", p.stdout
+
+
+@pytest.mark.parametrize("opts", [{"graph": True}, {"autograd": True}])
+def test_a_saved_tensor_changed_in_place_raises_as_without_memviz(opts):
+    """PyTorch leaves its in-place check out for every tensor a saved-tensor
+    hook packed: under memviz's hooks, a saved tensor changed in place gave
+    wrong gradients without a word, where PyTorch alone raises. memviz's
+    unpack hook makes the check."""
+    x = torch.tensor([0.5, 1.0], requires_grad=True)
+    with memviz.track(gpu=False, **opts):
+        a = x * 2
+        b = a.sin()
+        a.mul_(2)  # marker: changed in place
+        with pytest.raises(RuntimeError, match="modified by an inplace operation") as e:
+            b.sum().backward()
+        assert "expected version 0" in str(e.value) and "test_torch_cpu.py" in str(e.value)
+        a = x * 2
+        a.sin().sum().backward()  # unchanged: the gradient PyTorch gives alone
+    assert torch.allclose(x.grad, 2 * torch.cos(2 * x.detach()))
+
+
+def test_stopping_inside_the_users_own_saved_tensor_hooks_leaves_them_working():
+    """stop() popped the innermost saved-tensor hooks, which were the user's
+    (save_on_cpu, say) pushed after memviz's: their pack hook stopped
+    running. memviz's go inert where they are not innermost, and come off at
+    the next start on that thread once they are."""
+    calls = []
+    t = memviz.track(gpu=False, autograd=True).start()
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: (calls.append(1), x)[1], lambda x: x):
+        t.stop()
+        a = torch.ones(3, requires_grad=True)
+        (a * a).sum().backward()
+    assert len(calls) == 2
+    top = torch._C._autograd._top_saved_tensors_default_hooks
+    assert top(False) is not None  # memviz's, inert, were below the user's
+    with memviz.track(gpu=False):
+        pass
+    assert top(False) is None
+    x = torch.ones(2, requires_grad=True)
+    assert torch.equal(torch.func.grad(lambda v: (v * v).sum())(x), 2 * x.detach())
+
+
+def test_a_tracker_started_where_saved_tensor_hooks_are_off_tracks_without_graphs():
+    """Started under disable_saved_tensors_hooks (as a torch.func transform
+    runs), the graph hooks raised the user's own message out of track(),
+    and the half-done start left PyTorch's backward entry patched for the
+    rest of the process. Now the tracker runs without graph recording and
+    says why."""
+    import torch.autograd.graph as agraph
+
+    original = agraph._engine_run_backward
+    with torch.autograd.graph.disable_saved_tensors_hooks("no hooks here"):
+        with pytest.warns(memviz.CaptureWarning, match="graph recording .* is off"):
+            with memviz.track(gpu=False, autograd=True) as t:
+                assert t.running
+    assert agraph._engine_run_backward is original
+
+
+def test_a_failed_start_of_the_pytorch_integration_undoes_what_it_put_in(monkeypatch):
+    import torch.autograd.graph as agraph
+    from memviz.torch import integration
+
+    original = agraph._engine_run_backward
+
+    def boom(self):
+        raise RuntimeError("a part of the start failed")
+    monkeypatch.setattr(integration.TorchIntegration, "_patch_profiler", boom)
+    with pytest.raises(RuntimeError, match="a part of the start failed"):
+        memviz.track(gpu=False, autograd=True).start()
+    assert agraph._engine_run_backward is original and memviz.active_tracker() is None
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    monkeypatch.undo()
+    with memviz.track(gpu=False, autograd=True):
+        assert agraph._engine_run_backward is not original
+    assert agraph._engine_run_backward is original
