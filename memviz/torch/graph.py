@@ -105,6 +105,9 @@ def pop_inert() -> None:
     recorder or a tracker starts on it)."""
     me = threading.get_ident()
     with _inert_lock:
+        alive = {t.ident for t in threading.enumerate()}
+        for ident in [i for i in _inert if i not in alive]:  # their hook stacks went with them
+            del _inert[ident]
         mine = _inert.get(me)
         while mine:
             top = next((i for i, (rec, _) in enumerate(mine) if rec._on_top()), None)
@@ -188,7 +191,7 @@ class GraphRecorder:
     def _pack(self, tensor):
         # Runs for every saved tensor: a cached walk to the user's frame,
         # one small object and one weak reference.
-        if self._inert:  # stopped from another thread: nothing recorded, the version still checked
+        if self._inert:  # stopped, not popped (stop()): nothing recorded, the version still checked
             return _Packed(tensor.detach(), None, 0, 0, 0, _version(tensor))
         is_user = self._is_user
         f = sys._getframe(1)
@@ -239,11 +242,13 @@ class GraphRecorder:
         return self
 
     def stop(self) -> None:
-        """Take the hooks off. PyTorch keeps a hook stack per thread: on
-        another thread than the one that started, popping took that thread's
-        hooks (the user's own, or none: PyTorch's internal assert), so the
-        hooks stay on the starting thread and pass tensors through from now
-        on (a graph saved under them still unpacks)."""
+        """Take the hooks off. PyTorch keeps a hook stack per thread, and a
+        pop takes its innermost entry: on another thread than the one that
+        started (that thread's hooks, or none: PyTorch's internal assert), or
+        under the user's own hooks pushed after these (theirs), popping took
+        the wrong ones. Then these stay, inert (nothing recorded; the in-place
+        check kept; a graph saved under them still unpacks), until a start on
+        their thread finds them innermost (pop_inert)."""
         if self._ctx is not None:
             ctx, self._ctx = self._ctx, None
             if threading.get_ident() == self._thread and self._on_top():
