@@ -18,9 +18,9 @@
  * argument to internal function", raised in the user's code: seen with a
  * snapshot taken on one thread while another built tuples), and reading
  * its unfilled slots would crash. So heap_kinds(None, ...) takes
- * gc.get_objects() and lets go of it inside one call, where no Python code
- * runs and no other thread can take the GIL; referrers() hands Python only
- * objects that are not such tuples.
+ * gc.get_objects() and lets go of it inside one call, with the collector
+ * off, where no Python code runs and no other thread can take the GIL;
+ * referrers() hands Python only objects that are not such tuples.
  *
  * Calls nothing of memviz's. module.c adds the table to the module. */
 #define PY_SSIZE_T_CLEAN
@@ -104,21 +104,27 @@ static PyTypeObject *type_or_none(PyObject *o, const char *what)
     return (PyTypeObject *)o;
 }
 
-/* gc.<name>(arg) (no argument where arg is NULL). The import and lookup
- * come before the call: whatever they run happens before the list exists. */
-static PyObject *gc_call(const char *name, PyObject *arg)
+/* gc.<name>, looked up before any list of the collector's exists: an
+ * import may run Python code. */
+static PyObject *gc_function(const char *name)
 {
     PyObject *gc = PyImport_ImportModule("gc");
     if (!gc)
         return NULL;
     PyObject *fn = PyObject_GetAttrString(gc, name);
     Py_DECREF(gc);
-    if (!fn)
-        return NULL;
+    return fn;
+}
+
+/* fn(arg) (no argument where arg is NULL), a list. The caller has turned
+ * the collector off (PyGC_Disable): an allocation while the list is held
+ * must not start a collection, whose finalisers would run Python code and
+ * could hand the GIL to another thread. */
+static PyObject *gc_list(PyObject *fn, PyObject *arg)
+{
     PyObject *r = arg ? PyObject_CallOneArg(fn, arg) : PyObject_CallNoArgs(fn);
-    Py_DECREF(fn);
     if (r && !PyList_CheckExact(r)) {
-        PyErr_Format(PyExc_TypeError, "gc.%s() did not return a list", name);
+        PyErr_SetString(PyExc_TypeError, "the collector's function did not return a list");
         Py_CLEAR(r);
     }
     return r;
@@ -141,10 +147,18 @@ static PyObject *core_heap_kinds(PyObject *self, PyObject *args)
                  *graph = type_or_none(go, "graph");
     if (tensor == (PyTypeObject *)-1 || optim == (PyTypeObject *)-1 || graph == (PyTypeObject *)-1)
         return NULL;
-    PyObject *seq = objs == Py_None ? gc_call("get_objects", NULL)
-                                    : PySequence_Fast(objs, "heap_kinds() takes a sequence of objects or None");
-    if (!seq)
+    PyObject *fn = objs == Py_None ? gc_function("get_objects") : NULL;
+    if (objs == Py_None && !fn)
         return NULL;
+    int gc_was = PyGC_Disable();
+    PyObject *seq = fn ? gc_list(fn, NULL)
+                       : PySequence_Fast(objs, "heap_kinds() takes a sequence of objects or None");
+    Py_XDECREF(fn);
+    if (!seq) {
+        if (gc_was)
+            PyGC_Enable();
+        return NULL;
+    }
     PyObject *out[3] = {PyList_New(0), PyList_New(0), PyList_New(0)};
     type_memo memo = {0};
     PyObject *result = NULL;
@@ -167,6 +181,8 @@ done:
     Py_XDECREF(out[1]);
     Py_XDECREF(out[2]);
     Py_DECREF(seq);
+    if (gc_was)
+        PyGC_Enable();
     return result;
 }
 
@@ -175,14 +191,14 @@ done:
  * as a builder's C local is not. A complete tuple with one owner (a list's
  * item: `history.append((loss, out))`) has that owner among its referrers.
  * 1: maybe building; 0: complete; -1: error. */
-static int tuple_maybe_building(PyObject *t, PyObject *held)
+static int tuple_maybe_building(PyObject *t, PyObject *held, PyObject *get_referrers)
 {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++)
         if (!PyTuple_GET_ITEM(t, i))
             return 1;
     if (Py_REFCNT(t) > 2)
         return 0;
-    PyObject *owners = gc_call("get_referrers", t);
+    PyObject *owners = gc_list(get_referrers, t);
     if (!owners)
         return -1;
     int building = 1;
@@ -201,17 +217,21 @@ static int tuple_maybe_building(PyObject *t, PyObject *held)
 static PyObject *core_referrers(PyObject *self, PyObject *obj)
 {
     (void)self;
-    PyObject *all = gc_call("get_referrers", obj);
-    if (!all)
+    PyObject *fn = gc_function("get_referrers");
+    if (!fn)
         return NULL;
-    PyObject *out = PyList_New(0);
+    int gc_was = PyGC_Disable();
+    PyObject *all = gc_list(fn, obj), *out = all ? PyList_New(0) : NULL;
     for (Py_ssize_t i = 0; out && i < PyList_GET_SIZE(all); i++) {
         PyObject *r = PyList_GET_ITEM(all, i);
-        int skip = PyTuple_Check(r) ? tuple_maybe_building(r, all) : 0;
+        int skip = PyTuple_Check(r) ? tuple_maybe_building(r, all, fn) : 0;
         if (skip < 0 || (!skip && PyList_Append(out, r) < 0))
             Py_CLEAR(out);
     }
-    Py_DECREF(all);
+    Py_XDECREF(all);
+    Py_DECREF(fn);
+    if (gc_was)
+        PyGC_Enable();
     return out;
 }
 

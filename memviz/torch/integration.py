@@ -84,10 +84,6 @@ def _listen(integ: "TorchIntegration", on: bool, to: str) -> None:
         _hooks[to] = register_optimizer_step_pre_hook(_on_any_optimizer_step)
 
 
-def _listen_to_optimizer_steps(integ: "TorchIntegration", on: bool) -> None:
-    _listen(integ, on, to="step")
-
-
 class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
     """memviz's subscriber for PyTorch (one per tracker): installs at start
     (or when torch is imported), removes everything at stop.
@@ -194,19 +190,20 @@ class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
             # autograd=True where the callback cannot name nodes, the pre-hooks.
             BACKWARD.reset()
             self._patch_backward(torch)
-        pop_inert()  # hooks of a recorder stopped elsewhere, innermost on this thread again
         if self.record_graph:
             try:
-                self.graph.start()
+                self.graph.start()  # first pops this thread's inert hooks that are innermost again
             except RuntimeError as e:  # started under disable_saved_tensors_hooks (a torch.func transform)
                 self.record_graph, self.graph_kept = False, None
                 warnings.warn(CaptureWarning(
                     f"memviz: graph recording (graph=True, or autograd=True) is off for this tracker: "
                     f"PyTorch refused saved-tensor hooks here ({e}). Start the tracker outside that "
                     f"block (torch.func transforms turn the hooks off) to record graphs."), stacklevel=2)
+        else:
+            pop_inert()  # hooks of a recorder stopped elsewhere, innermost on this thread again
         if self.route_from is None:  # the tracker that owns the capture
             self._patch_profiler()
-        _listen_to_optimizer_steps(self, True)
+        _listen(self, True, to="step")
         observer = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
         if observer is not None and torch.cuda.is_available():
             ref = weakref.ref(self)
@@ -350,7 +347,7 @@ class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
         if self._seq_attached:
             _core.seqmap_attach(0)
             self._seq_attached = False
-        _listen_to_optimizer_steps(self, False)
+        _listen(self, False, to="step")
         for module, name, original in reversed(self._patched):
             setattr(module, name, original)
         self._patched.clear()

@@ -62,7 +62,7 @@ from memviz._units import format_size, parse_size
 from memviz.capture import events as _events, session as _session
 from memviz.capture.rank_files import timestamped_name
 from memviz.trace.format import END, EVENT_LEVEL, META, chunk, header, json_bytes
-from memviz.trace.writer import _meta, _NewTables, _outside, _pytorch_peak, frame_settings
+from memviz.trace.writer import _meta, _NewTables, _outside, _pytorch_peak, frame_settings, refuse_running_writer
 
 __all__ = ["FlightRecorder", "parse_budget", "MIN_BUDGET"]
 
@@ -189,9 +189,7 @@ class FlightRecorder(_events.CaptureEvents):
     # -- the capture session's events
 
     def on_start(self, tracker: Any) -> None:
-        if _core.trace_writer_stats()["running"]:
-            raise InvalidArgument("another tracker's trace or flight recorder is running: one per "
-                                  "process; give trace= or flight_recorder= to the outermost tracker only")
+        refuse_running_writer()
         folder = self.folder if self.folder is not None else os.getcwd()
         if os.path.lexists(folder) and not os.path.isdir(folder):
             raise TraceError("the flight recorder's folder exists and is not a folder (a file or a "
@@ -234,9 +232,8 @@ class FlightRecorder(_events.CaptureEvents):
                 self._stop.set()
                 self._wake()
                 self._restore_signal()
-                self._running = True  # started or not: no other writer ran (checked above)
                 with self._lock:  # as on_stop: a thread already started writes under it
-                    self._shut()
+                    self._shut(started=True)  # or not: no other writer ran (checked above)
             raise
 
     def on_stop(self, tracker: Any) -> None:
@@ -496,9 +493,10 @@ class FlightRecorder(_events.CaptureEvents):
             **_pytorch_peak(self.tracker),
         }
 
-    def _shut(self) -> None:
-        """The native writer stopped and its memory given back (once)."""
-        if not self._running:
+    def _shut(self, started: bool = False) -> None:
+        """The native writer stopped and its memory given back (once; with
+        started, whether or not this recorder knew it had begun)."""
+        if not (self._running or started):
             return
         self._running = False
         try:

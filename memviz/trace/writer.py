@@ -294,9 +294,8 @@ class TraceWriter(CaptureEvents):
     def on_start(self, tracker: Any) -> None:
         """Open the file, write the header and start draining (raises TraceError
         when the file cannot be created)."""
-        if self.native and _core.trace_writer_stats()["running"]:
-            raise InvalidArgument("another tracker's trace or flight recorder is running: one per "
-                                  "process; give trace= or flight_recorder= to the outermost tracker only")
+        if self.native:
+            refuse_running_writer()
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         except OSError as e:
@@ -577,6 +576,14 @@ def _row(op: int, ts: int, r: Any, flags: int, label_ids: Dict[Optional[str], in
     """_core.encode_events' row of allocation row ``r`` (an ALLOC or FREE of it at ``ts``)."""
     return (op, ts, r.kind, r.device, flags | r.flags, r.stack_id, r.thread, label_ids[r.label], r.address,
             r.size, r.size - r.requested, r.stream)
+
+
+def refuse_running_writer() -> None:
+    """InvalidArgument where the native writer runs already: another
+    tracker's trace or flight recorder (one per process)."""
+    if _core.trace_writer_stats()["running"]:
+        raise InvalidArgument("another tracker's trace or flight recorder is running: one per "
+                              "process; give trace= or flight_recorder= to the outermost tracker only")
 
 
 def _lock(fd: int) -> bool:
