@@ -359,13 +359,20 @@ def test_a_forked_child_living_on_does_not_keep_the_trace_locked(tmp_path):
     can trace to the same path again while the child lives on."""
     path = str(tmp_path / "run.memviz")
     r, w = os.pipe()
+    ready_r, ready_w = os.pipe()
     with memviz.track(gpu=False, torch=False, trace=path) as t:
         pid = os.fork()
-        if pid == 0:  # the child: waits until told, then leaves without cleanup
+        if pid == 0:  # the child: says it runs, waits until told, leaves without cleanup
             os.close(w)
+            os.write(ready_w, b"r")  # fork() returned here: the after-fork hooks ran
             os.read(r, 1)
             os._exit(0)
         t.step()
+    # The child closes its copy in its after-fork hook, on its own schedule: on a
+    # loaded 2-core CI machine the parent got here first (the lock still held)
+    os.close(ready_w)
+    assert os.read(ready_r, 1) == b"r"
+    os.close(ready_r)
     try:
         with memviz.track(gpu=False, torch=False, trace=path) as t:
             t.step()
