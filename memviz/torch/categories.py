@@ -252,7 +252,7 @@ class Categories:
         for a in allocations:
             cat = _category(a, cats, live, segments, precise, current, memo, private)
             node, fwd = a.autograd_node, a.forward
-            if node and a.traceback and any(_CHECKPOINT_FILE in f.filename for f in a.traceback):
+            if node and a.traceback and _recomputing(a.traceback):
                 # Forward re-run by activation checkpointing: the line being
                 # recomputed is the allocation's own user frame.
                 node = f"{node} (recomputation)"
@@ -265,6 +265,26 @@ class Categories:
         new.segments = pool
         new.pytorch = self.route.as_dict() if self.route is not None else None
         return new
+
+
+def _recomputing(tb) -> bool:
+    """Whether an allocation made during backward belongs to a forward re-run by
+    activation checkpointing: under a frame of torch/utils/checkpoint.py, with
+    no autograd engine entered since. checkpoint(use_reentrant=True) re-runs the
+    forward and then runs a backward of its own from inside checkpoint.py: that
+    backward's allocations are gradient work, not recomputation."""
+    for i in range(len(tb) - 1, -1, -1):  # the most recent frame first
+        fn = tb[i].filename
+        if _CHECKPOINT_FILE in fn:
+            return True
+        if fn.endswith(_ENGINE_ENTRIES):
+            return False
+    return False
+
+
+#: the files through which Python enters the autograd engine (backward(),
+#: autograd.grad(), the engine's run)
+_ENGINE_ENTRIES = ("torch/autograd/__init__.py", "torch/autograd/graph.py")
 
 
 def _storage_ptr(t) -> int:

@@ -445,6 +445,29 @@ def test_checkpoint_recomputation_is_marked(ops):
     assert second.forward == f"{THIS}:{_line_of('# FORWARD ALLOC')}"
 
 
+def test_reentrant_checkpoint_backward_is_not_called_recomputation(ops):
+    """checkpoint(use_reentrant=True) re-runs the forward, then runs a backward
+    of its own from inside checkpoint.py: what that backward allocates is
+    gradient work under its own node and forward line, not recomputation."""
+    from torch.utils.checkpoint import checkpoint
+
+    def block(x):
+        ops.alloc(CBID_cuMemAlloc_v2, 16 * KiB)  # REENTRANT FORWARD ALLOC
+        return Scale.apply(x).sin()  # REENTRANT SCALE
+
+    x = torch.randn(8, requires_grad=True)
+    with memviz.track(autograd=True) as t:
+        checkpoint(block, x, use_reentrant=True).sum().backward()
+    snap = list(t.snapshot())
+    fwd = sorted((a for a in snap if a.size == 16 * KiB), key=lambda a: a.seq)
+    assert len(fwd) == 2  # forward, then the recomputation during backward
+    assert fwd[1].autograd_node and fwd[1].autograd_node.endswith("(recomputation)")
+    assert fwd[1].forward == f"{THIS}:{_line_of('# REENTRANT FORWARD ALLOC')}"
+    (grad,) = [a for a in snap if a.size == 64 * KiB]  # Scale.backward, in the inner backward
+    assert grad.autograd_node == "ScaleBackward", grad.autograd_node
+    assert grad.forward == f"{THIS}:{_line_of('# REENTRANT SCALE')}", grad.forward
+
+
 def test_hooks_are_removed_when_tracking_stops(ops):
     import torch.autograd.graph as agraph
 
