@@ -222,6 +222,7 @@ class AutogradLabels:
                 if _on[0]:  # inert once tracking stops (a retained graph keeps it)
                     _set(_lid)
 
+            hook._memviz_prehook = True  # found and replaced when the node is hooked again
             self._node_hooks[key] = hook
         return hook
 
@@ -256,7 +257,7 @@ class AutogradLabels:
 
         Runs before each backward, in Python, once per node (measured in
         benchmarks/RESULTS.md). A graph run again with retain_graph=True is
-        hooked again; the hooks set the same label, so that only costs time.
+        walked again, and each node's memviz hook replaced: a node keeps one.
 
         PyTorch registers a node pre-hook through
         ``torch.autograd.Function._register_hook``, which builds a
@@ -289,8 +290,20 @@ class AutogradLabels:
             me = threading.get_ident()
 
             def register(d, hook, _original=original, _me=me, _ident=threading.get_ident):
-                if d is None and _ident() == _me:
+                if _ident() != _me:
+                    return _original(d, hook)
+                if d is None:
                     return _NodeHooks(memviz=hook), None
+                # A node hooked before (a retained graph run again): memviz's hook
+                # replaced in place, none added (the dict keeps its size: an engine
+                # running these hooks on another thread iterates it safely)
+                if type(d) is _NodeHooks and "memviz" in d:
+                    d["memviz"] = hook
+                    return d, None
+                for k, v in list(d.items()):  # the user's dict, made before memviz's hook
+                    if getattr(v, "_memviz_prehook", False):
+                        d[k] = hook
+                        return d, None
                 return _original(d, hook)
 
             cls._register_hook = staticmethod(register)

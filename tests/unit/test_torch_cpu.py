@@ -505,6 +505,31 @@ def test_node_hooks_leave_pytorch_hook_machinery_as_it_was(ops):
     assert memviz._core.label_get() == label
 
 
+def test_a_retained_graph_run_again_keeps_one_memviz_hook_per_node(ops, monkeypatch):
+    """The hooks route: each backward walks the graph and hooks its nodes; a
+    node hooked before (retain_graph=True, run again) has its hook replaced,
+    not one more added (each run added one: a training loop's retained graph
+    ran every hook of every earlier backward)."""
+    if ops.labels != "hooks":
+        pytest.skip("about the pre-hooks route")
+    calls = []
+    real = memviz._core.label_set
+    monkeypatch.setattr(memviz._core, "label_set", lambda lid: calls.append(lid) or real(lid))
+    x = torch.randn(8, requires_grad=True)
+    users = []
+    with memviz.track(autograd=True, graph=False):
+        y = (x * 2).sin().cos().sum()
+        user_node = y.grad_fn.next_functions[0][0]
+        user_node.register_prehook(lambda g: users.append(1))  # the user's first: a dict not memviz's
+        per_run = []
+        for _ in range(5):
+            del calls[:]
+            y.backward(retain_graph=True)
+            per_run.append(len(calls))
+    assert per_run[0] > 0 and per_run == [per_run[0]] * 5, per_run
+    assert users == [1] * 5
+
+
 def test_categories_of_a_small_model_match_model_states(ops):
     """fp32 Adam: parameters = gradients = 4P bytes, optimizer state = 8P bytes."""
     torch.manual_seed(0)
