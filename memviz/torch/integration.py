@@ -91,9 +91,15 @@ class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
     Autograd labels and graph recording are installed once per process
     (PyTorch has one node-counter hook and one saved-tensor hook stack), so a
     nested tracker's integration uses the ones a running tracker's installed,
-    and installs them itself only where none did; they end when the tracker
-    that installed them stops. Precise mode's wrappers and the allocator
-    route belong to the tracker that started the capture."""
+    and installs them itself only where none did. Precise mode's wrappers and
+    the allocator route belong to the tracker that started the capture.
+
+    What a tracker's integration installed serves every tracker started while
+    it ran (its ``_users``), so it comes off when the last of them stops: a
+    tracker stopped before the trackers nested in it leaves its parts on
+    (``_teardown_pending``) until they stop too. Taken off at once, a nested
+    tracker went on with no allocator route (none of PyTorch's blocks), no
+    autograd labels and no graph recording, and said nothing."""
 
     def __init__(self, tracker, session) -> None:
         self._session = session
@@ -130,13 +136,25 @@ class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
         self.segments_route: Optional[str] = None
         self.segments_reason: Optional[str] = None
         self._segments_wrapped = False
+        #: the integrations whose parts this one uses (their trackers ran when it started)
+        self._borrowed: tuple = ()
+        #: the integrations using this one's parts (started while its tracker ran)
+        self._users: set = set()
+        #: stopped, with its parts left on for _users still running
+        self._teardown_pending = False
         if tracker.outer is not None:
             self._share_with_running()
 
     def _share_with_running(self) -> None:
         """A nested tracker's integration: the running trackers' allocator
         route, autograd labels and graph recorder (see the class docstring)."""
-        providers = [p for p in self._session.running_subscribers(TorchIntegration) if p._active]
+        providers: list = []
+        for p in self._session.running_subscribers(TorchIntegration):
+            if p._active:  # first the stopped ones whose parts it uses (they installed them)
+                providers.extend(q for q in (*p._borrowed, p) if q not in providers)
+        self._borrowed = tuple(providers)
+        for p in providers:
+            p._users.add(self)
         route_owner = next((p for p in providers if p.route is not None), None)
         if route_owner is not None:
             self.route_from = route_owner  # one vtable swap per process: the allocator route too
@@ -249,7 +267,7 @@ class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
 
             def attach_later(_ref=ref, _torch=torch):
                 me = _ref()
-                if me is not None and me._active and me._answers is None:
+                if me is not None and me._serving and me._answers is None:
                     me._attach_route(_torch)
 
             torch.cuda._lazy_call(attach_later)
@@ -326,8 +344,29 @@ class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
         except Exception:  # noqa: BLE001 - a figure for later reports, never the user's error
             pass
 
+    @property
+    def _serving(self) -> bool:
+        """Its parts are on: its tracker runs, or trackers using them do."""
+        return self._hooks_on[0]
+
     def on_stop(self, tracker) -> None:
         self._active = False
+        _listen(self, False, to="torch")
+        _listen(self, False, to="step")
+        if any(u._active or u._teardown_pending for u in self._users):
+            self._teardown_pending = True  # off when the last of them stops (_user_gone)
+            return
+        self._teardown()
+
+    def _user_gone(self, user: "TorchIntegration") -> None:
+        self._users.discard(user)
+        if self._teardown_pending and not any(u._active or u._teardown_pending for u in self._users):
+            self._teardown()
+
+    def _teardown(self) -> None:
+        """Take off what this integration installed, then let go of the
+        parts it used."""
+        self._teardown_pending = False
         self._hooks_on[0] = False
         if self._segments_wrapped:
             _core.segments_detach()
@@ -336,7 +375,6 @@ class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
             self._remember_segments()
             _alloc.detach()
             self._answers = None
-        _listen(self, False, to="torch")
         self.graph.stop()
         if self._wrapped:
             _precise.detach_wrappers()
@@ -347,10 +385,14 @@ class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
         if self._seq_attached:
             _core.seqmap_attach(0)
             self._seq_attached = False
-        _listen(self, False, to="step")
-        for module, name, original in reversed(self._patched):
-            setattr(module, name, original)
-        self._patched.clear()
+        try:
+            for module, name, original in reversed(self._patched):
+                setattr(module, name, original)
+            self._patched.clear()
+        finally:
+            borrowed, self._borrowed = self._borrowed, ()
+            for owner in borrowed:
+                owner._user_gone(self)
 
     def _patch_profiler(self) -> None:
         """memviz first, torch.profiler second: CUPTI takes one subscriber,
@@ -371,7 +413,7 @@ class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
 
             def wrapper(*args, _original=original, **kwargs):
                 me = ref()
-                if me is not None and me._active:
+                if me is not None and me._serving:
                     me._before_profiler(args[1] if len(args) > 1 else kwargs.get("activities"))
                 return _original(*args, **kwargs)
 
@@ -405,7 +447,7 @@ class TorchIntegration(AutogradLabels, Categories, CaptureEvents):
         integ = self
 
         def _engine_run_backward(t_outputs, *args, **kwargs):
-            if integ._active and integ.autograd and not integ._nodes_attached and integ._hooks_allowed:
+            if integ._serving and integ.autograd and not integ._nodes_attached and integ._hooks_allowed:
                 # else the callback names nodes itself (or, by default, nobody pays for hooks)
                 try:
                     roots = [agraph._get_grad_fn_or_grad_acc(t) for t in t_outputs]

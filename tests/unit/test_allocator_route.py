@@ -260,6 +260,26 @@ def test_a_nested_tracker_reads_the_outer_trackers_route(standin):
         del x
 
 
+def test_a_nested_tracker_keeps_the_route_when_the_outer_stops_first(standin):
+    """The outer tracker owns the route; stopped while a nested tracker runs, it
+    leaves the route attached until that one stops too (detached at once, the
+    nested tracker saw none of PyTorch's blocks from then on)."""
+    ans = standin()
+    outer = memviz.track().start()
+    _attach(outer, ans)
+    inner = memviz.track().start()
+    outer.stop()
+    assert _core.allocator_state()["attached"]
+    x, _ = ans.alloc(4096); line = here()  # noqa: E702
+    blocks = [a for a in inner.snapshot().allocations if a.kind == "block" and not a.before_tracking]
+    assert [a.user_frame.lineno for a in blocks] == [line]
+    assert not [a for a in outer.snapshot().allocations if a.kind == "block" and a.size == 4096]
+    inner.stop()
+    assert not _core.allocator_state()["attached"]
+    assert route_mod._failed is None
+    del x
+
+
 def test_oom_report_takes_fragmentation_from_the_live_blocks(standin):
     from memviz.torch import oom
 

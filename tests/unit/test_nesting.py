@@ -339,6 +339,28 @@ def test_nested_autograd_labels_installed_once_and_removed_in_any_order(fake, ou
     assert not memviz._core.active()
 
 
+def test_a_nested_tracker_keeps_labels_and_graphs_when_the_outer_stops_first(fake):
+    """What a nested tracker shares (the autograd labels, the graph recorder, the
+    engine's wrapper) stays on while it runs, whichever tracker stops first."""
+    torch, Scale = _scale_op(fake)
+    import torch.autograd.graph as agraph
+
+    original = agraph._engine_run_backward
+    x = torch.randn(8, requires_grad=True)
+    outer = memviz.track(autograd=True).start()
+    inner = memviz.track(autograd=True).start()
+    outer.stop()
+    held = Scale.apply(x).sin().sum()  # a graph made after the outer stopped
+    assert inner.graph is not None and len(list(inner.graph.resident())) >= 1
+    held.backward()
+    (a,) = [a for a in inner.snapshot().allocations if a.size == 64 * 1024]
+    assert a.autograd_node == "ScaleBackward"
+    assert agraph._engine_run_backward is not original
+    inner.stop()
+    assert agraph._engine_run_backward is original and memviz._core.label_get() == 0
+    assert not memviz._core.active()
+
+
 def test_step_marks_of_nested_trackers_do_not_steal_each_others_lines(fake):
     """Each tracker's step lines are the changes since its own previous step
     (or its start), whichever tracker marked the store in between."""
