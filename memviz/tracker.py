@@ -263,10 +263,14 @@ class Tracker(StoreReading, Outputs):
         if path is not None:
             from memviz._args import path as _path_arg
             path = _path_arg(path, "tracker.dump(path)")
-        if self.flight_recorder is None or not self._running:
+        if self.flight_recorder is None:
             raise NotTracking("dump() writes a flight recorder's memory: start the tracker with "
                               "memviz.track(flight_recorder='256 MiB') (to write what a tracker "
                               "holds without one, use save(path))")
+        if not self._running:
+            from memviz.trace.flight import not_recording
+            raise NotTracking(not_recording(self._run.forked))
+        # Stopped on another thread since: the recorder raises NotTracking too
         return _session.failure(self, Trigger(_events.REQUEST, "tracker.dump()", path))
 
     def events(self) -> Optional[Iterator[Any]]:

@@ -55,7 +55,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import memviz._core as _core
-from memviz._errors import InvalidArgument, TraceError
+from memviz._errors import InvalidArgument, NotTracking, TraceError
 from memviz._interrupts import deferred_interrupt
 from memviz._output_files import output_file, remove_stale_temps
 from memviz._units import format_size, parse_size
@@ -83,6 +83,17 @@ _WARN_GAP_S = 60.0
 #: (a larger dump is finished by the recorder's thread; the recorder's stop,
 #: at exit too, waits for it)
 _FAILURE_WAIT_S = 0.09
+
+
+def not_recording(forked: bool) -> str:
+    """What dump() says when the tracker's flight recorder is not recording."""
+    if forked:
+        return ("dump() in a fork()ed child: the flight recorder records in the parent process, "
+                "which alone can dump it; call dump() there, or start a tracker with its own "
+                "flight recorder in this process")
+    return ("dump() writes a flight recorder's memory while its tracker runs, and this tracker "
+            "has stopped (its recorder's memory went with it); call dump() before stop(), or "
+            "use save(path) to write what the stopped tracker holds")
 
 
 def parse_budget(value: Any, where: str = "memviz.track(flight_recorder=...)") -> int:
@@ -284,8 +295,7 @@ class FlightRecorder(_events.CaptureEvents):
         the time, pid and rank in the recorder's folder); returns the path."""
         with self._lock:
             if not self._running:
-                raise TraceError("the flight recorder is not running, so there is nothing to dump",
-                                 path, hint="call dump() while the tracker runs, before it stops")
+                raise NotTracking(not_recording(os.getpid() != self._pid))
             job = self._freeze(reason, path)
             try:
                 self._write(job)

@@ -224,6 +224,45 @@ def test_dump_without_a_recorder_says_what_to_do(fake):
             t.dump()
 
 
+def test_dump_after_stop_or_in_a_forked_child_says_why_not(fake, tmp_path):
+    """A tracker with a recorder that no longer records says so (stopped, or
+    the parent's in a fork()ed child), never "start it with a recorder"; the
+    recorder stopped by another thread between the tracker's check and its
+    own says the same, as NotTracking (it raised TraceError)."""
+    t = memviz.track(torch=False, flight_recorder="16 MiB", flight_dir=str(tmp_path)).start()
+    rec = t.flight_recorder
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            t.dump(str(tmp_path / "child.memviz"))
+            msg = "no error"
+        except memviz.NotTracking as e:
+            msg = str(e)
+        except BaseException as e:  # noqa: BLE001
+            msg = f"{type(e).__name__}: {e}"
+        os.write(w, msg.encode())
+        os._exit(0)
+    os.close(w)
+    child = b""
+    while True:
+        chunk = os.read(r, 4096)
+        if not chunk:
+            break
+        child += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert "fork()ed child" in child.decode() and "parent" in child.decode(), child
+    t.stop()
+    with pytest.raises(memviz.NotTracking, match="has stopped") as e:
+        t.dump()
+    assert "flight_recorder=" not in str(e.value)
+    with pytest.raises(memviz.NotTracking, match="has stopped"):
+        rec.dump()  # the race: the tracker said running, the recorder had stopped
+    assert not (tmp_path / "child.memviz").exists()
+
+
 def test_options_are_checked(tmp_path):
     for kw, match in [({"flight_recorder": "1 MiB"}, "at least 16 MiB"),
                       ({"flight_recorder": "lots"}, "memory budget"),
