@@ -225,6 +225,15 @@ def add_namespace(filename: str, namespace: dict) -> None:
     _namespaces[filename] = namespace
 
 
+def forget_namespaces() -> None:
+    """Let go of every namespace add_namespace kept (``memviz run``, once its
+    report is written), and collect the script's objects now."""
+    import gc
+
+    _namespaces.clear()
+    gc.collect()
+
+
 def _global_module(code: CodeType, name: str) -> Optional[str]:
     """The module name a global ``name`` of ``code``'s module is bound to
     (``F`` -> ``torch.nn.functional``), or None. Reads module dicts only.

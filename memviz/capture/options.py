@@ -127,7 +127,8 @@ class CaptureOptions:
                    depth_given=depth is not None,
                    activity=(not precise) if activity is None else bool(activity),
                    frame_filter=options.get("frame_filter"),
-                   trace_path=rank_path(os.fspath(trace)) if trace is not None else None,
+                   trace_path=(os.path.abspath(rank_path(os.fspath(trace)))  # the folder now:
+                               if trace is not None else None),  # read back after a chdir
                    precise=precise, torch=torch, autograd=bool(autograd),
                    autograd_requested=autograd_requested, graph=bool(graph), flight_budget=budget,
                    flight_dir=os.fspath(flight_dir) if flight_dir is not None else None,

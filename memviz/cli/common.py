@@ -47,10 +47,11 @@ def parse(parser: argparse.ArgumentParser, argv: List[str]) -> Union[argparse.Na
 
 
 def say(line: str) -> None:
-    """One line on stderr, if stderr still takes it."""
+    """One line on stderr, if stderr still takes it (the process's own where a
+    script set sys.stderr to None)."""
     try:
-        print(line, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
+        print(line, file=sys.stderr if sys.stderr is not None else sys.__stderr__, flush=True)
+    except (OSError, ValueError, AttributeError):
         pass
 
 

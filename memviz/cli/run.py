@@ -6,7 +6,12 @@
 ``python -m module``. The report goes to stderr exactly once, when the script
 returns, raises (traceback first, exit status 1), calls ``sys.exit()`` (its
 status is kept) or is interrupted with Ctrl-C (exit status 130). Like Python,
-memviz waits for the script's non-daemon threads before reporting.
+memviz runs threading's shutdown calls (an executor left open stops its
+workers) and waits for the script's non-daemon threads before reporting, then
+lets go of the script's objects. ``sys.argv[0]`` is the script's absolute
+path, like its ``__file__``. Output paths (``-o``, ``--report-file``,
+``--flight-dir``) are taken in the folder memviz starts in, whatever folder
+the script moves to.
 
 With ``-o run.memviz`` the run is also streamed to a trace file (flushed
 every 0.5 s, so it survives a kill up to the last flush); read it later with
@@ -270,7 +275,15 @@ def _module_not_found(exc: BaseException) -> bool:
 
 
 def _wait_for_threads() -> None:
-    """Join non-daemon threads, as the interpreter does before it exits."""
+    """What the interpreter does before it exits: first the shutdown calls
+    registered with threading (concurrent.futures' executors register one
+    that tells their workers to stop), then join the non-daemon threads.
+    Joined without those calls, a script that left an executor open hung."""
+    calls = getattr(threading, "_threading_atexits", None)
+    if isinstance(calls, list):
+        ran, calls[:] = list(calls), []  # each once: the interpreter's own pass finds them gone
+        for call in reversed(ran):
+            call()
     me = threading.current_thread()
     for t in threading.enumerate():
         if t is not me and not t.daemon and t.is_alive() and t is not threading.main_thread():
@@ -314,10 +327,13 @@ def _emit(report: str, report_file: Optional[str],
         sys.stdout.flush() if sys.stdout else None
     except Exception:  # noqa: BLE001 - the script may have closed stdout
         pass
+    # A script may set sys.stderr to None or to an object of its own: the
+    # report is memviz's, and goes to the process's stderr then
+    err = sys.stderr if sys.stderr is not None else sys.__stderr__
     try:
-        sys.stderr.write("\n" + report)
-        sys.stderr.flush()
-    except (OSError, ValueError):  # stderr closed or full: the file may still get it
+        err.write("\n" + report)
+        err.flush()
+    except Exception:  # noqa: BLE001 - stderr closed, full or broken: the file may still get it
         pass
     if report_file is not None:
         try:
@@ -398,9 +414,13 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
             inputs = [("the script to run", script)]
         else:
             inputs = [("a file of the module to run", f) for f in _check_module(module)]
-        trace = rank_path(opts.output) if opts.output is not None else None  # one per rank
+        # One per rank, and absolute: a script that changes its folder must not
+        # move them (a report written over a file there that nobody checked)
+        trace = os.path.abspath(rank_path(opts.output)) if opts.output is not None else None
         if opts.report_file is not None:
-            opts.report_file = rank_path(opts.report_file)
+            opts.report_file = os.path.abspath(rank_path(opts.report_file))
+        if opts.flight_dir is not None:
+            opts.flight_dir = os.path.abspath(opts.flight_dir)
         _check_report_file(trace, "the trace", "-o", inputs, force=opts.force)
         _check_report_file(opts.report_file, inputs=inputs + [("the trace file given with -o",
                                                                trace)], force=opts.force)
@@ -420,6 +440,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
 
     command = shlex.join((["-m", module] if module is not None else [script]) + args)
     saved_argv, saved_path0 = sys.argv, sys.path[:1]
+    pid = os.getpid()
     status = 0
     ns: Dict[str, Any] = {}
     try:
@@ -456,6 +477,9 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
         finally:
             sys.argv, sys.path[:1] = saved_argv, saved_path0
 
+    if os.getpid() != pid:  # a fork()ed child of the script's, ending here: the parent reports
+        _callsite.forget_namespaces()
+        return status
     written = True
     try:
         written = _emit(text_report(tracker, top=opts.top, command=command), opts.report_file,
@@ -468,6 +492,11 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
         return EXIT_INTERRUPTED
     except Exception:  # noqa: BLE001 - keep the script's status; show what broke
         print("memviz: internal error while writing the report (please report it):\n"
-              + traceback.format_exc(), file=sys.stderr)
+              + traceback.format_exc(), file=sys.stderr if sys.stderr is not None else sys.__stderr__)
+    finally:
+        # The script's objects go now, while the interpreter is whole: kept to
+        # its end (to name calls), their __del__ ran with modules half gone
+        del ns
+        _callsite.forget_namespaces()
     # An output that could not be written fails the command, keeping the script's own failure.
     return status if status or written else EXIT_OUTPUT

@@ -201,7 +201,9 @@ class FlightRecorder(_events.CaptureEvents):
 
     def on_start(self, tracker: Any) -> None:
         refuse_running_writer()
-        folder = self.folder if self.folder is not None else os.getcwd()
+        # Fixed now: a script that changes its folder later must not send the
+        # dumps elsewhere (or fail them: the folder checked here is not there)
+        folder = self._where = os.path.abspath(self.folder if self.folder is not None else os.getcwd())
         if os.path.lexists(folder) and not os.path.isdir(folder):
             raise TraceError("the flight recorder's folder exists and is not a folder (a file or a "
                              "broken link is there), so no dump could be written", folder,
@@ -450,6 +452,9 @@ class FlightRecorder(_events.CaptureEvents):
     # -- internals
 
     def _folder(self) -> str:
+        where = getattr(self, "_where", None)  # fixed at start
+        if where is not None:
+            return where
         return self.folder if self.folder is not None else os.getcwd()
 
     def _new_path(self) -> str:

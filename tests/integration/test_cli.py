@@ -193,6 +193,88 @@ def test_waits_for_non_daemon_threads_before_reporting(tmp_path):
     assert p.stderr.index("thread done") < p.stderr.index("memviz report")
 
 
+@pytest.mark.parametrize("pool", ["ThreadPoolExecutor", "ProcessPoolExecutor"])
+def test_an_executor_left_open_ends_as_under_python(tmp_path, pool):
+    """Python runs threading's shutdown calls (an executor's: stop your
+    workers) before it joins the threads; memviz run joined them only, and
+    hung for ever."""
+    script(tmp_path, "pool.py", f"""\
+        from concurrent.futures import {pool}
+        ex = {pool}(2)
+        print("task ran", ex.submit(abs, -7).result(), flush=True)
+    """)
+    p = run_cli(tmp_path, "pool.py", timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "task ran 7\n"
+    assert_one_report(p.stderr)
+
+
+def test_a_pool_left_open_prints_nothing_at_exit(tmp_path):
+    """The script's objects go once the report is written, while the
+    interpreter is whole: kept to its end, multiprocessing's ThreadPool
+    printed "Exception ignored in ... Pool.__del__" (python prints nothing)."""
+    script(tmp_path, "tp.py", """\
+        from multiprocessing.pool import ThreadPool
+        pool = ThreadPool(2)
+        print(pool.apply(abs, (-3,)))
+    """)
+    p = run_cli(tmp_path, "tp.py")
+    assert p.returncode == 0, p.stderr
+    assert "Exception ignored" not in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert_one_report(p.stderr)
+
+
+def test_outputs_stay_where_they_were_given_when_the_script_changes_folder(tmp_path):
+    """--report-file, -o and --flight-dir are taken in the folder memviz run
+    started in: a script's os.chdir() wrote the report over a file of the new
+    folder, checked by nobody, and lost the flight recorder's dump."""
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "rep.txt").write_text("PRECIOUS")
+    script(tmp_path, "cd.py", """\
+        import os
+        os.chdir("other")
+        raise RuntimeError("after the chdir")
+    """)
+    p = run_cli(tmp_path, "--report-file", "rep.txt", "--flight-recorder", "16MiB",
+                "--flight-dir", "fdir", "cd.py")
+    assert p.returncode == 1, p.stderr
+    assert (tmp_path / "other" / "rep.txt").read_text() == "PRECIOUS"
+    assert (tmp_path / "rep.txt").read_text().startswith("memviz report: cd.py")
+    dumps = list((tmp_path / "fdir").glob("*.memviz"))
+    assert len(dumps) == 1, (p.stderr, list(tmp_path.rglob("*")))
+    assert memviz.load(str(dumps[0])) is not None
+    p = run_cli(tmp_path, "-o", "run.memviz", "-f", "cd.py")
+    assert (tmp_path / "run.memviz").exists() and not (tmp_path / "other" / "run.memviz").exists()
+    note = [line for line in p.stderr.splitlines() if "trace written to" in line]
+    assert note and "?)" not in note[0], p.stderr
+
+
+def test_a_forked_child_of_the_script_prints_no_report(tmp_path):
+    """Only the parent reports: a child the script forked, returning through
+    the script's end, printed a report of its own and wrote it over the
+    parent's --report-file."""
+    script(tmp_path, "fk.py", """\
+        import os, sys, time
+        if os.fork() == 0:
+            time.sleep(0.5)
+            sys.exit(0)
+        os.wait()
+    """)
+    p = run_cli(tmp_path, "--report-file", "r.txt", "fk.py")
+    assert p.returncode == 0, p.stderr
+    assert_one_report(p.stderr)
+    assert "(still running)" not in (tmp_path / "r.txt").read_text()
+
+
+def test_a_script_that_sets_stderr_to_none_still_gets_its_report(tmp_path):
+    script(tmp_path, "ns.py", "import sys\nsys.stderr = None\n")
+    p = run_cli(tmp_path, "--report-file", "ns.txt", "ns.py")
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "ns.txt").read_text().startswith("memviz report: ns.py")
+    assert "internal error" not in p.stdout + p.stderr
+    assert_one_report(p.stderr)
+
+
 # ---- what the script sees ------------------------------------------------------
 
 
