@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import sys
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import memviz._progress as _progress
-from memviz._errors import InvalidArgument, TraceError
+from memviz._interrupts import deferred_interrupt
+from memviz._errors import InvalidArgument, OutputError, TraceError
 from memviz.cli.common import EXIT_USAGE, add_force, parse, positive, with_progress
 
 __all__ = ["main", "export_parser"]
@@ -93,7 +95,7 @@ def _results(paths: List[str], out: str, jobs: int, recover: bool) -> Iterator[T
 
 def export_parquet(paths: List[str], out: str, jobs: int, recover: bool, prog: str, force: bool = False) -> int:
     from memviz.cli.report_ranks import jobs_default
-    from memviz.export.parquet import Pool, require, write_manifest
+    from memviz.export.parquet import Pool, make_folder, require, write_manifest
 
     require()
     paths = list(dict.fromkeys(paths))  # a file given twice is exported once
@@ -105,26 +107,41 @@ def export_parquet(paths: List[str], out: str, jobs: int, recover: bool, prog: s
         raise InvalidArgument(f"--parquet {out}: it already holds an export, whose files of the same ranks "
                               "would be replaced. What to do: pass --force (-f) to replace them, or choose "
                               "another folder.")
-    if force and os.path.isdir(out):  # replace the export there: none of its files may stay beside ours
-        _remove_export(out)
-    os.makedirs(out, exist_ok=True)
+    # --force replaces the export there: none of its files may stay beside ours. They
+    # are set aside first and removed once this one is written, or put back if it
+    # fails (removed first, a run that then failed, no file readable or a Ctrl-C,
+    # had destroyed the earlier export)
+    make_folder(out)
+    earlier = _set_aside(out) if force else None
     jobs = jobs or jobs_default(len(paths))
     skipped: List[Tuple[str, str]] = []
-    pool = Pool(out)
     try:
-        for p, (status, value) in zip(paths, _results(paths, out, jobs, recover)):
-            if status == "ok":
-                pool.add(value)
-            else:
-                skipped.append((p, value))
-        pool.close()
+        pool = Pool(out)
+        try:
+            for p, (status, value) in zip(paths, _results(paths, out, jobs, recover)):
+                if status == "ok":
+                    pool.add(value)
+                else:
+                    skipped.append((p, value))
+            pool.close()
+        except BaseException:
+            pool.abort()
+            raise
+        good = len(pool.ranks)
+        if good:
+            write_manifest(out)
     except BaseException:
-        pool.abort()
+        if earlier is not None:
+            with deferred_interrupt():
+                _put_back(out, earlier)
         raise
-    write_manifest(out)
+    if earlier is not None:
+        if good:
+            shutil.rmtree(earlier, ignore_errors=True)
+        else:
+            _put_back(out, earlier)
     for p, why in skipped:
         print(f"{prog}: warning: left out {p}: {why}", file=sys.stderr)
-    good = len(pool.ranks)
     unranked = sum(1 for r in pool.ranks if r is None)
     if unranked > 1:
         print(f"{prog}: warning: {unranked:,} of the traces were recorded without a launcher's rank: "
@@ -133,8 +150,10 @@ def export_parquet(paths: List[str], out: str, jobs: int, recover: bool, prog: s
               "into a folder of its own, or record them under a launcher (torchrun sets RANK).",
               file=sys.stderr)
     if not good:
-        print(f"{prog}: none of the {len(paths):,} files could be exported. What to do: check the files "
-              "(memviz report FILE says what is wrong with one).", file=sys.stderr)
+        print(f"{prog}: none of the {len(paths):,} files could be exported"
+              + (" (the export already there is left as it was)" if earlier else "")
+              + ". What to do: check the files (memviz report FILE says what is wrong with one).",
+              file=sys.stderr)
         return EXIT_USAGE
     print(f"{prog}: wrote {good:,} trace{'s' if good > 1 else ''} as Parquet into {out}"
           + (f" ({len(skipped):,} left out)" if skipped else ""), file=sys.stderr)
@@ -145,21 +164,41 @@ def export_parquet(paths: List[str], out: str, jobs: int, recover: bool, prog: s
 _EXPORT_FILE = re.compile(r"(rank-\d{5}|ranks-\d{5}-\d{5}|single)(\.\d+)?\.parquet")
 
 
-def _remove_export(out: str) -> None:
-    """--force: the Parquet files of an earlier export in ``out`` (in its
-    tables' folders, by the names memviz gives them, and its manifest),
-    nothing else: a file of the user's own there stays."""
+def _set_aside(out: str) -> Optional[str]:
+    """--force: move the Parquet files of an earlier export in ``out`` (in
+    its tables' folders, by the names memviz gives them, and its manifest)
+    into a hidden folder there; nothing else: a file of the user's own stays.
+    Returns that folder (None when there was nothing to move)."""
     from memviz.export.parquet import TABLES
 
+    aside = os.path.join(out, f".memviz-earlier-export-{os.getpid()}")
+    moved = False
     for table in TABLES:
         folder = os.path.join(out, table)
         if os.path.isdir(folder):
             for name in os.listdir(folder):
                 if _EXPORT_FILE.fullmatch(name):
-                    os.unlink(os.path.join(folder, name))
+                    os.makedirs(os.path.join(aside, table), exist_ok=True)
+                    os.replace(os.path.join(folder, name), os.path.join(aside, table, name))
+                    moved = True
     manifest = os.path.join(out, "memviz_parquet.json")
     if os.path.exists(manifest):
-        os.unlink(manifest)
+        os.makedirs(aside, exist_ok=True)
+        os.replace(manifest, os.path.join(aside, "memviz_parquet.json"))
+        moved = True
+    return aside if moved else None
+
+
+def _put_back(out: str, aside: str) -> None:
+    """The earlier export's files back where they were (over what the failed
+    run wrote under the same names), and the hidden folder gone."""
+    for root, _dirs, files in os.walk(aside):
+        rel = os.path.relpath(root, aside)
+        for name in files:
+            target = os.path.join(out, rel, name) if rel != "." else os.path.join(out, name)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.replace(os.path.join(root, name), target)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 @with_progress
@@ -173,6 +212,6 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz export") -> int:
     try:
         paths = expand(opts.trace)
         return export_parquet(paths, opts.parquet, opts.jobs, opts.recover, prog, opts.force)
-    except (TraceError, InvalidArgument) as e:
+    except (TraceError, InvalidArgument, OutputError) as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -160,7 +160,7 @@ def summaries(paths: List[str], recover: bool, jobs: int, prog: str,
         methods = multiprocessing.get_all_start_methods()
         ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
         try:
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            with ProcessPoolExecutor(max_workers=min(jobs, len(paths)), mp_context=ctx) as pool:
                 futures = {pool.submit(_summarise, p, recover, parquet, i): i for i, p in enumerate(paths)}
                 for done, f in enumerate(as_completed(futures)):
                     _progress.update(done, len(paths), "reading the ranks' files")

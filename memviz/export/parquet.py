@@ -42,7 +42,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from memviz._errors import InvalidArgument
+from memviz._errors import InvalidArgument, OutputError
 
 __all__ = ["SCHEMA_VERSION", "TABLES", "POOL_BELOW", "missing", "require", "write_trace", "write_summary",
            "write_manifest", "file_name", "trace_parts", "Pool"]
@@ -532,7 +532,7 @@ def write_trace(trace: Any, out: str, rank: Any = "auto", force: bool = False) -
                               f"{'rank ' + str(rank) if rank is not None else 'a trace without a rank'} "
                               f"({taken[0]}). What to do: pass force=True to replace them, rank=N to "
                               "write them under another rank, or choose another folder.")
-    os.makedirs(out, exist_ok=True)
+    make_folder(out)
     tables, known = _small_tables(trace, rank)
     written = [_write(out, table, file_name(rank), t) for table, t in tables.items()]
     written.append(_events_file(trace, out, rank, known))
@@ -626,6 +626,23 @@ class Pool:
         for w in self._writers.values():
             w.abort()
         self._writers.clear()
+
+
+def make_folder(out: str) -> None:
+    """The export's folder, made if needed (with its parents); an OutputError
+    that says what to do where it cannot be (a file on the way, no
+    permission, a read-only file system)."""
+    from memviz._output_files import output_error
+
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise OutputError("the Parquet export", out, "it is a file, not a folder",
+                          hint="give a folder (it is made if needed), or remove the file")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise output_error("the Parquet export", out, e,
+                           hint="give a folder that can be made here: every part of its path "
+                                "a folder, in a place you may write to") from e
 
 
 def write_manifest(out: str) -> str:

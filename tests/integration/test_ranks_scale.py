@@ -67,6 +67,25 @@ def _same(a, b):
         assert json.dumps(a[k], sort_keys=True) == json.dumps(b[k], sort_keys=True), k
 
 
+def test_jobs_beyond_the_files_start_no_more_workers_than_files(ranks64, capsys, monkeypatch):
+    """--jobs 64 on four files: as many workers as files (every worker
+    was started up front: thousands of processes for four files)."""
+    import concurrent.futures as cf
+
+    folder, paths = ranks64
+    asked = []
+    real = cf.ProcessPoolExecutor
+
+    def pool(*args, **kwargs):
+        asked.append(kwargs.get("max_workers"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cf, "ProcessPoolExecutor", pool)
+    few = [str(p) for p in paths[:4]]
+    doc = _doc(capsys, *few, "--jobs", "64", "--engine", "python")
+    assert asked == [4] and doc["workers"] == 4
+
+
 def test_64_ranks_merged_figures_equal_each_ranks_own_report(ranks64, capsys):
     folder, paths = ranks64
     doc = _doc(capsys, folder / "run.rank*.memviz", "--jobs", "2", "--engine", "python")
@@ -421,6 +440,13 @@ def test_the_export_verb_says_what_it_does_and_what_is_wrong(capsys, tmp_path):
     assert main(["export", "--parquet", str(tmp_path / "out"), str(tmp_path / "gone.memviz")]) == 2
     err = capsys.readouterr().err
     assert "left out" in err and "gone.memviz" in err and "none of the 1 files" in err
+    # a folder that cannot be made: what to do, not a traceback (as the reports' -o)
+    for bad in (tmp_path / "afile" / "sub", "/proc/memviz-no-such-folder"):
+        assert main(["export", "--parquet", str(bad), str(tmp_path / "t.memviz")]) == 2
+        err = capsys.readouterr().err
+        assert "cannot write the Parquet export" in err and "What to do" in err, err
+        with pytest.raises(memviz.OutputError, match="Parquet export"):
+            memviz.export.parquet.make_folder(str(bad))
 
 
 def test_traces_without_a_rank_never_overwrite_each_other(fake, tmp_path, capsys, monkeypatch):
@@ -449,6 +475,15 @@ def test_traces_without_a_rank_never_overwrite_each_other(fake, tmp_path, capsys
     assert counts[0] >= 600 and counts[1] >= 1000  # both traces' allocs and frees, none lost
     # --force: the earlier export's files go, none stays beside the new ones; a file of the user's stays
     (out / "events" / "mine.parquet").write_bytes(b"not memviz's")
+    # ... but only once the new export is written: a --force run that exports nothing
+    # (no file readable) leaves the earlier export whole (it was removed first)
+    before = {f: (out / "events" / f).read_bytes() for f in os.listdir(out / "events")}
+    (tmp_path / "empty.memviz").write_bytes(b"")
+    assert main(["export", "--parquet", str(out), str(tmp_path / "empty.memviz"), "--jobs", "1",
+                 "--force"]) == 2
+    assert "left as it was" in capsys.readouterr().err
+    assert {f: (out / "events" / f).read_bytes() for f in os.listdir(out / "events")} == before
+    assert (out / "memviz_parquet.json").exists()
     assert main(["export", "--parquet", str(out), paths[0], "--jobs", "1", "--force"]) == 0
     assert sorted(os.listdir(out / "events")) == ["mine.parquet", "single.parquet"]
     # to_parquet: the same rank's tables are not replaced without force=True
