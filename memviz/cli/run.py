@@ -356,6 +356,10 @@ def _trace_note(tracker: Tracker, path: str, given: Optional[str] = None) -> boo
         size = format_size(os.path.getsize(path))
     except OSError:
         size = "?"
+    if given is not None:  # said as given while that still names it (the script left the folder as it was)
+        as_given = rank_path(given)
+        if os.path.abspath(as_given) == path:
+            path = as_given
     read = f"read it with `python -m memviz report {shlex.quote(path)}`"
     if rank_of() is not None and given is not None:  # torchrun: every rank's file, merged
         read += f", all ranks with `python -m memviz report {shlex.quote(rank_glob(given))}`"

@@ -332,6 +332,119 @@ def test_label_context_manager_is_thread_local_and_nests(fake):
     assert stats["data loading"] == 6 * MiB
 
 
+def _sizes_to_labels(t):
+    return {a.size // MiB: a.label for a in t.snapshot()}
+
+
+def test_label_blocks_ending_out_of_order_leave_no_label_behind(fake):
+    """Two generators (or asyncio tasks) whose label blocks end out of order:
+    once both ended, the thread has no label (it kept one of them for good,
+    into later trackers too)."""
+    def gen(name):
+        with memviz.label(name):
+            yield
+            yield
+
+    with memviz.track() as t:
+        a, b = gen("A"), gen("B")
+        next(a), next(b)  # A entered, then B
+        fake.alloc(CBID_cuMemAlloc_v2, 1 * MiB)  # the innermost open block: B
+        next(a, None), next(a, None)  # A ends first
+        fake.alloc(CBID_cuMemAlloc_v2, 2 * MiB)  # B still open
+        next(b, None), next(b, None)
+        fake.alloc(CBID_cuMemAlloc_v2, 3 * MiB)
+    assert _sizes_to_labels(t) == {1: "B", 2: "B", 3: None}
+    assert memviz._core.label_get() == 0
+    with memviz.track() as later:
+        fake.alloc(CBID_cuMemAlloc_v2, 4 * MiB)
+    assert _sizes_to_labels(later) == {4: None}
+
+
+def test_asyncio_tasks_labels_end_with_their_blocks(fake):
+    import asyncio
+
+    async def work(name, delay):
+        with memviz.label(name):
+            await asyncio.sleep(delay)
+
+    async def both():
+        await asyncio.gather(work("A", 0.01), work("B", 0.02))
+
+    with memviz.track() as t:
+        asyncio.run(both())
+        fake.alloc(CBID_cuMemAlloc_v2, 1 * MiB)
+    assert _sizes_to_labels(t) == {1: None}
+    assert memviz._core.label_get() == 0
+
+
+def test_the_decorator_labels_generators_and_async_functions_only_while_they_run(fake):
+    import asyncio
+
+    lab = memviz.label("loader")
+
+    @lab
+    def batches(n):
+        for _ in range(n):
+            fake.alloc(CBID_cuMemAlloc_v2, 1 * MiB)
+            got = yield
+            assert got == "sent"
+
+    @lab
+    async def fetch():
+        fake.alloc(CBID_cuMemAlloc_v2, 2 * MiB)
+        await asyncio.sleep(0)
+        fake.alloc(CBID_cuMemAlloc_v2, 2 * MiB)
+        return "fetched"
+
+    @lab
+    async def stream():
+        for _ in range(2):
+            fake.alloc(CBID_cuMemAlloc_v2, 3 * MiB)
+            yield 1
+            await asyncio.sleep(0)
+
+    async def consume():
+        got = [x async for x in stream()]
+        fake.alloc(CBID_cuMemAlloc_v2, 6 * MiB)  # between and after: no label
+        return got
+
+    with memviz.track() as t:
+        g = batches(2)
+        next(g)
+        fake.alloc(CBID_cuMemAlloc_v2, 5 * MiB)  # the caller, the generator suspended
+        g.send("sent")
+        g.close()
+        assert asyncio.run(fetch()) == "fetched"
+        assert asyncio.run(consume()) == [1, 1]
+    by_size = {}
+    for a in t.snapshot():
+        by_size.setdefault(a.size // MiB, set()).add(a.label)
+    assert by_size == {1: {"loader"}, 2: {"loader"}, 3: {"loader"}, 5: {None}, 6: {None}}
+    assert memviz._core.label_get() == 0
+    assert batches.__name__ == "batches" and fetch.__name__ == "fetch"
+
+
+def test_a_label_block_ended_on_another_thread_raises_nothing(fake):
+    """A generator entered a label on one thread and was finished on
+    another: no raw AttributeError; the first thread's label goes back when
+    it next uses a label."""
+    def gen():
+        with memviz.label("moved"):
+            yield
+
+    with memviz.track() as t:
+        g = gen()
+        next(g)
+        th = threading.Thread(target=lambda: next(g, None))
+        th.start()
+        th.join()
+        with memviz.label("next"):
+            fake.alloc(CBID_cuMemAlloc_v2, 1 * MiB)
+        fake.alloc(CBID_cuMemAlloc_v2, 2 * MiB)
+    assert _sizes_to_labels(t) == {1: "next", 2: None}
+    assert memviz._core.label_get() == 0
+
+
 LABELS_PAST_THE_TABLE = """
 import json, sys, warnings
 sys.path[:0] = [{root!r}, {tests!r}]
