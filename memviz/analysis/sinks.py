@@ -42,12 +42,16 @@ class _Sink:
     def close(self) -> None:
         pass
 
+    def reopen(self) -> None:
+        """Ready for steps again after close() (a callback's next training)."""
+
 
 class _File(_Sink):
     """A step file. The first write error (a full disk) closes it and raises
     an OutputError; the steps stay in ``tracker.steps``."""
 
     what = "step"
+    newline: Optional[str] = None  # open()'s newline=
 
     def _opened(self, f) -> None:
         self.f, self.path = f, f.name
@@ -60,6 +64,23 @@ class _File(_Sink):
     def close(self):
         with self.lock:
             self.f.close()
+
+    def reopen(self) -> None:
+        """The same file again, appended to (a callback's next training: the
+        first training's steps stay, the next ones follow them)."""
+        with self.lock:
+            if not self.f.closed:
+                return
+            try:
+                f = open(self.path, "a", encoding="utf-8", newline=self.newline)
+            except OSError as e:
+                raise OutputError(f"the {self.what} step file", self.path, e.strerror or str(e),
+                                  hint="pass a path in a writable directory", errno=e.errno) from e
+            self.f = f
+            self._reopened()
+
+    def _reopened(self) -> None:
+        pass
 
     def failed(self, rec: Optional[StepRecord], e: OSError) -> OutputError:
         try:
@@ -102,13 +123,18 @@ class _Csv(_File):
     """One row per step and device (long format, so the header never changes)."""
 
     what = "csv"
+    newline = ""
 
     def __init__(self, path) -> None:
         self._opened(_open(path, "csv", newline=""))
+        self._reopened()
+
+    def _reopened(self) -> None:
         self.w = _csv.writer(self.f)
         try:
-            self.w.writerow(CSV_COLUMNS)
-            self.f.flush()
+            if self.f.tell() == 0:  # the header once, at the top (not again when appended to)
+                self.w.writerow(CSV_COLUMNS)
+                self.f.flush()
         except OSError as e:
             raise self.failed(None, e) from e
 

@@ -145,6 +145,8 @@ class StepCallbackCore:
             self.fail(None, "the previous training did not end before this one began")
         self.error = None
         self.pending = []
+        for s in self.sinks:  # closed when the last training ended: this one's steps follow
+            s.reopen()
         if self._passed is not None:
             self.tracker, self._own = self._passed, False
         elif active_tracker() is None:

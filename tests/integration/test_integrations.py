@@ -18,6 +18,7 @@ Allocations go through the libcupti test double. The real Trainer, where
 transformers is installed, is in tests/integration/test_huggingface.py.
 """
 
+import json
 import logging
 import sys
 import types
@@ -202,6 +203,20 @@ def test_lightning_callback_used_for_two_fits_records_both(fake, frameworks):
     assert second is not first and not first.running and not second.running
     assert (len(first.steps), len(second.steps)) == (3, 4)
     assert memviz.active_tracker() is None
+
+
+def test_a_callbacks_step_files_take_every_training(fake, frameworks, tmp_path):
+    """jsonl= and csv= are closed when a training ends; the next training of
+    the same callback appends its steps (they were dropped without a word)."""
+    cb = frameworks.lightning(diagnose=False, jsonl=str(tmp_path / "s.jsonl"), csv=str(tmp_path / "s.csv"))
+    trainer = LightningTrainer([cb])
+    trainer.fit(lambda b, i: fake.alloc(CBID_cuMemAlloc_v2, MiB), [None] * 3)
+    trainer.fit(lambda b, i: fake.alloc(CBID_cuMemAlloc_v2, MiB), [None] * 4)
+    lines = (tmp_path / "s.jsonl").read_text().splitlines()
+    assert [json.loads(x)["index"] for x in lines] == [0, 1, 2, 0, 1, 2, 3]
+    rows = (tmp_path / "s.csv").read_text().splitlines()
+    assert rows[0].startswith("step,") and sum(r.startswith("step,") for r in rows) == 1
+    assert len(rows) >= 1 + 7
 
 
 # ---- transformers' call order -------------------------------------------------------------
