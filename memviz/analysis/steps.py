@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
 import memviz._core as _core
@@ -113,7 +114,9 @@ def _state(tracker) -> _StepState:
 
 
 def _norm_info(value: Any) -> Any:
-    """Keep info JSON-friendly and cheap: shapes become tuples of ints."""
+    """Keep info JSON-friendly and cheap: shapes become tuples of ints, and a
+    0-d tensor or array (``loss=loss``, ``tokens=n``) its number (a CUDA
+    tensor's waits for the GPU, as ``float(loss)`` does)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, numbers.Integral):
@@ -125,9 +128,22 @@ def _norm_info(value: Any) -> Any:
     shape = getattr(value, "shape", None)
     if shape is not None:
         try:
-            return tuple(int(s) for s in shape)
+            dims = tuple(int(s) for s in shape)
         except (TypeError, ValueError):
-            pass
+            dims = None
+        if dims == () and callable(getattr(value, "item", None)):
+            try:
+                number = value.item()
+            except Exception:  # noqa: BLE001 - a value that cannot say its number: its text below
+                number = None
+            if isinstance(number, bool):
+                return number
+            if isinstance(number, numbers.Integral):
+                return int(number)
+            if isinstance(number, numbers.Real):
+                return float(number)
+        elif dims is not None:
+            return dims
     text = str(value)
     return text if len(text) <= 200 else text[:197] + "..."
 
@@ -369,9 +385,40 @@ def watch(optimizer, tracker=None, *, info=None, **sinks) -> WatchHandle:
         raise InvalidArgumentType(f"memviz.watch(info=...) takes a dict or a function returning one, "
                                   f"got {type(info).__name__}")
     _check_sink_names(sinks, "memviz.watch()")
+    # A second watch of this optimizer for the same tracker (a notebook cell run
+    # again) replaces the first: both recorded every step, twice, and the step
+    # findings halved their rates
+    earlier = [h for h in _watching(optimizer) if h._hook is not None and h.tracker is tracker]
     if sinks.get("jsonl") is not None or sinks.get("csv") is not None:
         from memviz.capture.session import active_tracker
         t = tracker if tracker is not None else active_tracker()
         states = _session.current().subscribers(t, _StepState) if t is not None else ()
         _refuse_same_files(t, sinks, [s for st in states for s in st.sinks])
-    return WatchHandle(optimizer, tracker, make_sinks(**sinks), info)
+    handle = WatchHandle(optimizer, tracker, make_sinks(**sinks), info)
+    for h in earlier:
+        h.remove()
+    if earlier:
+        warnings.warn("memviz.watch(): this optimizer was already watched for the same tracker; the "
+                      "earlier watch is removed, so that each step is recorded once (call "
+                      "handle.remove() before watching again to say so)", RuntimeWarning,
+                      stacklevel=warning_site()[0])
+    try:
+        _watches.setdefault(optimizer, []).append(weakref.ref(handle))
+    except TypeError:  # an optimizer that takes no weak reference: not remembered
+        pass
+    return handle
+
+
+#: optimizer -> weak references to the handles watching it
+_watches: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
+
+
+def _watching(optimizer) -> list:
+    try:
+        refs = _watches.get(optimizer) or []
+    except TypeError:
+        return []
+    live = [h for h in (r() for r in refs) if h is not None]
+    if len(live) != len(refs):
+        _watches[optimizer] = [weakref.ref(h) for h in live]
+    return live

@@ -98,6 +98,19 @@ def test_torch_size_and_tensors_become_shapes(fake):
     with track() as t:
         r = t.step(batch_shape=x.shape, batch=x, lr=torch.tensor(0.5).item())
     assert r.info == {"batch_shape": (3, 7), "batch": (3, 7), "lr": 0.5}
+
+
+def test_zero_d_tensors_and_arrays_become_their_numbers(fake):
+    """t.step(loss=loss, tokens=n) with 0-d tensors: the numbers, not ()
+    (the value was lost, and a tokens= tensor never reached the spike rule)."""
+    torch = pytest.importorskip("torch", reason="0-d tensors")
+    with track() as t:
+        r = t.step(loss=torch.tensor(2.5), tokens=torch.tensor(512), ok=torch.tensor(True),
+                   one=torch.zeros(1))
+    assert r.info == {"loss": 2.5, "tokens": 512, "ok": True, "one": (1,)}
+    assert type(r.info["tokens"]) is int
+    np = pytest.importorskip("numpy", reason="0-d arrays")
+    assert _steps._norm_info(np.array(7)) == 7 and _steps._norm_info(np.float32(0.5)) == 0.5
     assert json.dumps(r.to_dict())
 
 
@@ -289,6 +302,28 @@ def test_watch_uses_the_given_tracker_and_warns_once_without_one(fake):
         with t:
             opt.step()
     assert len(t.steps) == 1
+
+
+def test_watching_an_optimizer_again_replaces_the_earlier_watch(fake, tmp_path):
+    """A notebook cell with memviz.watch(opt) run twice: each step recorded
+    once (twice before, with the step findings' rates halved), said in a
+    warning; a watch for another tracker is a watch of its own."""
+    torch = pytest.importorskip("torch", reason="watch() wraps a torch optimizer")
+    model, opt = _tiny_training(torch)
+    other = track()
+    with track() as t:
+        first = memviz.watch(opt, tracker=t, jsonl=str(tmp_path / "s.jsonl"))
+        with pytest.warns(RuntimeWarning, match="already watched"):
+            second = memviz.watch(opt, tracker=t, jsonl=str(tmp_path / "s.jsonl"))
+        mine = memviz.watch(opt, tracker=other)  # another tracker: no warning, both stay
+        with other:
+            for _ in range(3):
+                model(torch.randn(2, 4)).sum().backward()
+                opt.step()
+        second.remove(), mine.remove()
+    assert [r.index for r in t.steps] == [0, 1, 2] and len(other.steps) == 3
+    assert first.records == [] and len(second.records) == 3
+    assert len((tmp_path / "s.jsonl").read_text().splitlines()) == 3
 
 
 def test_watch_needs_an_optimizer():
