@@ -66,6 +66,8 @@ def diagnose(tracker, *, warmup: Optional[int] = None, graph=None) -> List[Findi
     if not hasattr(tracker, "steps"):
         raise InvalidArgumentType(f"memviz.diagnose() takes a memviz Tracker or a loaded trace (an object with "
                         f"`steps`), got {type(tracker).__name__}")
+    if hasattr(tracker, "started_ns") and tracker.started_ns is None:
+        return []  # a tracker never started recorded nothing: nothing to find (its rules would fail)
     steps = _as_records(tracker.steps)
     warm = _warmup(len(steps), warmup)
     graph = graph if graph is not None else getattr(tracker, "graph", None)

@@ -29,13 +29,16 @@ KEYWORDS = ("peak", "leaks", "own_code", "filter_fn", "warmups")
 def marker_size(value: Any) -> int:
     """A size in a marker, read as pytest-memray reads limit_memory("24 MB"):
     KB, MB, GB, TB and PB are powers of 1024 there (24 MB = 24 * 1024**2
-    bytes), as are KiB ... PiB; a bare number is bytes."""
+    bytes), in any letter case ("24 mb", "3 Mb"), as are KiB ... PiB; "B",
+    or a bare number, is bytes."""
     import re
     if isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9.eE+_]+)\s*([KMGTP])B\s*", value)
+        m = re.fullmatch(r"\s*([0-9.eE+_]+)\s*([KMGTP]?)B\s*", value, re.IGNORECASE)
         if m:
-            return parse_size(f"{m.group(1)} {m.group(2)}iB")
+            unit = m.group(2).upper()
+            return parse_size(f"{m.group(1)} {unit + 'iB' if unit else 'B'}")
     return parse_size(value)
+
 #: (reason, what to do) of checks not judged because the test itself failed, or skipped itself
 FAILED_FIRST = ("the test failed, so memviz did not judge its memory", "fix the test's own failure first")
 SKIPPED_ITSELF = ("the test skipped itself, so memviz did not judge its memory",

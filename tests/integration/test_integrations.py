@@ -193,6 +193,24 @@ def test_lightning_callback_passed_a_tracker_does_not_stop_it(fake, frameworks):
         t.stop()
 
 
+def test_a_callback_given_a_tracker_not_running_says_so(fake, frameworks):
+    """A tracker passed but never started: the training records no step; the
+    callback says so at its start, and its end's findings are none (no
+    "rule failed ... please report" warning)."""
+    import warnings
+
+    t = memviz.track()
+    cb = frameworks.lightning(t)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        LightningTrainer([cb]).fit(lambda b, i: fake.alloc(CBID_cuMemAlloc_v2, MiB), [None] * 2)
+    said = [str(w.message) for w in caught]
+    assert any("not running" in m and "start it first" in m for m in said), said
+    assert not any("rule failed" in m for m in said), said
+    assert cb.findings == [] and t.steps == []
+    assert memviz.diagnose(memviz.track()) == []
+
+
 def test_lightning_callback_used_for_two_fits_records_both(fake, frameworks):
     cb = frameworks.lightning(diagnose=False)
     trainer = LightningTrainer([cb])

@@ -740,6 +740,10 @@ def test_bytes_are_bytes():
     r = run(pytester, src)
     r.assert_outcomes(passed=1, failed=1)
     assert "test_bytes_are_bytes" in r.stdout.str() and "FAILED" in r.stdout.str()
+    from memviz.integrations.pytest_plan import marker_size
+    for text in ("24 MB", "24 mb", "24 Mb", "24mB", "24 MiB", "24 mib"):
+        assert marker_size(text) == 24 << 20, text
+    assert marker_size("1 gb") == 1 << 30 and marker_size("100.0b") == marker_size("100 B") == 100
 
 
 def test_warmups_leave_a_cache_filled_once_out_of_the_leak_check(pytester, fake):
