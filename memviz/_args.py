@@ -32,6 +32,18 @@ def given(value: Any) -> str:
     return text if text.startswith(("<", kind)) else f"{text} (a {kind})"
 
 
+def recording(value: Any, name: str) -> Any:
+    """``value`` where it is a recording a report reads (a Tracker or a
+    loaded trace: what has ``totals``); else InvalidArgumentType saying what
+    to pass (a path: memviz.load(path) first)."""
+    if callable(getattr(value, "totals", None)):
+        return value
+    hint = ""
+    if isinstance(value, (str, bytes)) or hasattr(value, "__fspath__"):
+        hint = " (a file: read it first, memviz.load(path), or run `python -m memviz report PATH`)"
+    raise InvalidArgumentType(f"{name} takes a memviz Tracker or a loaded trace{hint}, got {given(value)}")
+
+
 def bad_type(name: str, value: Any, accepted: str) -> InvalidArgumentType:
     return InvalidArgumentType(f"{name} takes {accepted}, got {given(value)}")
 

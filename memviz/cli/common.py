@@ -98,7 +98,7 @@ def refuse_output(out: Optional[str], inputs: Sequence[Tuple[str, str]], what: s
     """Before anything is read: EXIT_USAGE (said on stderr) when -o ``out``
     names one of ``inputs`` ((name, path) pairs), or names a file that exists
     and ``force`` is not given; else None."""
-    if out is None:
+    if out is None or out == "-":  # stdout
         return None
     try:
         refuse_inputs(out, inputs, what, hint="choose another -o path")
@@ -120,8 +120,8 @@ def write_text(text: str, out: Optional[str], prog: str, what: str = "the report
                inputs: Tuple[Tuple[str, str], ...] = ()) -> int:
     """Print ``text``, or write it to ``out`` (never over one of ``inputs``:
     (name, path) pairs; through a temporary file renamed over ``out``).
-    Returns the exit status."""
-    if out is None:
+    Returns the exit status. ``-o -`` is stdout, as the default."""
+    if out is None or out == "-":
         try:
             sys.stdout.write(text)
             sys.stdout.flush()

@@ -70,7 +70,7 @@ def diff_parser(prog: str = "memviz diff") -> argparse.ArgumentParser:
                              "(e.g. 0:1; several: 0:0,1:1); default: the same numbers")
     parser.add_argument("--recover", action="store_true",
                         help="read corrupted files up to the damaged part")
-    parser.add_argument("-o", "--output", metavar="PATH", help="write here instead of stdout")
+    parser.add_argument("-o", "--output", metavar="PATH", help="write here instead of stdout (- is stdout)")
     add_force(parser)
     return parser
 

@@ -224,7 +224,7 @@ def report_parser(prog: str = "memviz report") -> argparse.ArgumentParser:
                              "(the allocations live at each device's peak, by line), stats (counts, "
                              "a size histogram, the top lines by size and by count) or summary (per "
                              "line: the bytes under it, callees included, and its own)")
-    parser.add_argument("-o", "--output", metavar="PATH", help="write here instead of stdout")
+    parser.add_argument("-o", "--output", metavar="PATH", help="write here instead of stdout (- is stdout)")
     add_force(parser)
     parser.add_argument("--top", type=positive, default=10, metavar="N",
                         help="lines listed per device, or per list (default 10)")
@@ -235,7 +235,9 @@ def report_parser(prog: str = "memviz report") -> argparse.ArgumentParser:
                              "allocator setting (PYTORCH_CUDA_ALLOC_CONF syntax); several times for "
                              "several rows (memviz whatif has the table alone)")
     parser.add_argument("--device-memory", metavar="SIZE|FRACTION",
-                        help="with --whatif: the card's size (24GiB) or a fraction of the recorded card")
+                        help="the card's size (24GiB) or a fraction of the recorded card: the what-if "
+                             "section then says whether the run fits there (the recorded settings, and "
+                             "each --whatif setting)")
     ranks = parser.add_argument_group("several ranks' files (the merged report)")
     ranks.add_argument("--jobs", type=positive, default=None, metavar="N",
                        help="worker processes reading the files (default: the machine's cores)")

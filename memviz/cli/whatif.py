@@ -46,7 +46,7 @@ def whatif_parser(prog: str = "memviz whatif") -> argparse.ArgumentParser:
                         help="write JSON (the same as --format json)")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.add_argument("--recover", action="store_true", help="read a damaged trace up to the damage")
-    parser.add_argument("-o", "--output", metavar="PATH", help="write here instead of stdout")
+    parser.add_argument("-o", "--output", metavar="PATH", help="write here instead of stdout (- is stdout)")
     add_force(parser)
     return parser
 

@@ -23,7 +23,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, List, Optional
 
-from memviz._args import given
+from memviz._args import given, recording
 from memviz._errors import InvalidArgumentType
 from memviz._units import escape_controls
 from memviz.report import _data
@@ -216,6 +216,7 @@ def render(tracker_or_trace: Any, title: Optional[str] = None, *, before_trackin
 
     Raises :class:`~memviz.NotTracking` for a tracker that never started.
     """
+    recording(tracker_or_trace, "memviz.report.render()")
     if title is not None and not isinstance(title, str):
         raise InvalidArgumentType(f"title must be a str or None, got {given(title)}")
     collected = _data.collect(tracker_or_trace, title, before_tracking=before_tracking)
@@ -240,6 +241,7 @@ def write(tracker_or_trace: Any, path: "str | os.PathLike[str]", title: Optional
     what to do when it cannot be written, leaving an existing file as it was."""
     from memviz._output_files import own_files, write_output
 
+    recording(tracker_or_trace, "memviz.report.write()")
     page = render(tracker_or_trace, title)
     write_output(path, page, "the HTML report", inputs=own_files(tracker_or_trace))
     return os.fspath(path)

@@ -20,7 +20,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import memviz._core as _core
-from memviz._args import given
+from memviz._args import given, recording as _recording_arg
 from memviz._errors import InvalidArgument
 from memviz._units import escape_controls, format_size
 from memviz.capture.device import process_device_memory
@@ -448,6 +448,7 @@ def summary(recording: Any = None, top: int = 10) -> str:
             raise NotTracking("memviz.summary() reports the running tracker, and none runs. What to do: "
                               "pass a tracker or a loaded trace, memviz.summary(t) (a stopped tracker "
                               "keeps its figures), or call it inside `with memviz.track() as t:`")
+    _recording_arg(recording, "memviz.summary()")
     if getattr(recording, "is_live", True) is False:  # a trace read back: its own record of outside
         return text_report(recording, top=top, outside=getattr(recording, "outside", None),
                            command=getattr(recording, "command", None))

@@ -141,6 +141,14 @@ def test_report_refuses_to_write_over_the_trace(trace, fmt):
     assert memviz.load(trace).meta  # still a trace
 
 
+def test_a_dash_for_the_output_is_stdout(trace):
+    """-o - writes to stdout, as the default (it made a file named '-')."""
+    for args in (("report", "t.memviz", "--format", "json"), ("diff", "t.memviz", "t.memviz")):
+        p = cli(*args, "-o", "-", cwd=trace.parent)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.strip() and not (trace.parent / "-").exists()
+
+
 def test_diff_refuses_to_write_over_either_trace(trace):
     before = trace.read_bytes()
     (trace.parent / "b.memviz").write_bytes(before)

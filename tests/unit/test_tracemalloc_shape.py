@@ -292,3 +292,12 @@ def test_summary_is_the_text_report_of_a_tracker_or_a_trace(fake, tmp_path):
     assert "test_tracemalloc_shape.py" in memviz.summary(memviz.load(str(path)))
     with pytest.raises(memviz.NotTracking, match=r"memviz\.summary\(t\)"):
         memviz.summary()
+    # a path, or anything else, where a recording is expected: what to pass, not an AttributeError
+    from memviz.report import html as _html
+    for bad in (str(path), path, 5):
+        for call in (memviz.summary, _html.render, lambda x: _html.write(x, str(tmp_path / "r.html"))):
+            with pytest.raises(memviz.InvalidArgumentType, match="a memviz Tracker or a loaded trace"):
+                call(bad)
+    with pytest.raises(memviz.InvalidArgumentType, match=r"memviz\.load\(path\)"):
+        memviz.summary(str(path))
+    assert not (tmp_path / "r.html").exists()
