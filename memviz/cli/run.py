@@ -418,16 +418,18 @@ def main(argv: Optional[List[str]] = None, prog: str = "memviz run") -> int:
             inputs = [("the script to run", script)]
         else:
             inputs = [("a file of the module to run", f) for f in _check_module(module)]
-        # One per rank, and absolute: a script that changes its folder must not
-        # move them (a report written over a file there that nobody checked)
-        trace = os.path.abspath(rank_path(opts.output)) if opts.output is not None else None
+        trace = rank_path(opts.output) if opts.output is not None else None  # one per rank
         if opts.report_file is not None:
-            opts.report_file = os.path.abspath(rank_path(opts.report_file))
-        if opts.flight_dir is not None:
-            opts.flight_dir = os.path.abspath(opts.flight_dir)
+            opts.report_file = rank_path(opts.report_file)
         _check_report_file(trace, "the trace", "-o", inputs, force=opts.force)
         _check_report_file(opts.report_file, inputs=inputs + [("the trace file given with -o",
                                                                trace)], force=opts.force)
+        # Checked as given, then absolute: a script that changes its folder must not
+        # move them (a report written over a file there that nobody checked)
+        if opts.report_file is not None:
+            opts.report_file = os.path.abspath(opts.report_file)
+        if opts.flight_dir is not None:
+            opts.flight_dir = os.path.abspath(opts.flight_dir)
     except UsageError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return EXIT_USAGE
