@@ -145,6 +145,8 @@ class Run:
         #: its figures copied into Python once the store went on without it
         self.frozen: Optional[Frozen] = None
         self.running = False
+        #: the thread stopping it, while stop() runs (None otherwise)
+        self.stopping: Optional[int] = None
         #: stopped by a fork(): in the child, the parent's tracker
         self.forked = False
         #: the thread that started it (active_tracker prefers the caller's own)
@@ -529,6 +531,13 @@ class CaptureSession:
                     return
                 raise NotTracking("this tracker is not running: start() it first, or use "
                                   "`with memviz.track() as t:`.")
+            if run.stopping is not None:
+                # A stop inside this stop, on the same thread (the session's lock is
+                # reentrant): a signal handler's or a finaliser's. The stop under way
+                # finishes when it returns; run again, it waited on the trace writer's
+                # lock its own outer frame held, for ever.
+                return
+            run.stopping = threading.get_ident()
             last = len(self._running) == 1 and self._running[0] is run
             try:
                 try:
@@ -558,6 +567,7 @@ class CaptureSession:
                         if run in self._running:
                             self._running.remove(run)
                         run._held = None
+                        run.stopping = None
                         if not self._running:
                             self.capture = None
                 if errors:
@@ -621,19 +631,32 @@ class CaptureSession:
     # -- the process's exit and fork() ----------------------------------------
 
     def at_exit(self) -> None:
-        """Stop every running tracker (never fails interpreter exit)."""
-        for r in reversed(list(self._running)):
-            if r.running:
-                try:
-                    r.tracker.stop()
-                except Exception:  # noqa: BLE001 - never fail interpreter exit
-                    pass
+        """Stop every running tracker (never fails interpreter exit). A Ctrl-C
+        meanwhile is held until all have stopped (a trace left without its END
+        record, the trackers after it left running), then dropped: the
+        process is ending; a SIGTERM then takes its course."""
+        try:
+            with deferred_interrupt():
+                for r in reversed(list(self._running)):
+                    if r.running:
+                        try:
+                            r.tracker.stop()
+                        except BaseException:  # noqa: BLE001 - never fail interpreter exit
+                            pass
+        except KeyboardInterrupt:
+            pass
 
     def after_fork_in_child(self) -> None:
         """In a fork()ed child: the parent's trackers stop here without
         touching the capture (its state is the parent's); nested ones are
         frozen, as at the fork, before the store is reused."""
         _avail.after_fork(bool(self.capture is not None and self.capture.gpu_enabled))
+        # The lock as new: a thread of the parent's that held it at the fork (a step, a
+        # stop) does not exist here, and the child's first tracker waited on it for ever.
+        # Reset in place: other modules hold the same object (memviz/capture/reading.py)
+        reinit = getattr(self.lock, "_at_fork_reinit", None)
+        if reinit is not None:
+            reinit()
         for r in self._running:
             r.forked = True
             r.running = False

@@ -605,6 +605,9 @@ def _after_fork_in_child() -> None:
         # living on (a DataLoader's worker) does not hold the lock after the parent
         # closed the file
         fd, w._fd = w._fd, None
+        reinit = getattr(w._lock, "_at_fork_reinit", None)
+        if reinit is not None:  # held at the fork by a thread that is not here
+            reinit()
         if fd is not None:
             try:
                 os.close(fd)

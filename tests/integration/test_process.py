@@ -30,14 +30,14 @@ def out(**kw):
 """
 
 
-def run(body, fake_path=None, env=None, expect_rc=0):
+def run(body, fake_path=None, env=None, expect_rc=0, timeout=120):
     code = PRELUDE.format(root=str(ROOT), tests=str(ROOT / "tests")) + textwrap.dedent(body)
     e = dict(os.environ)
     e.pop("MEMVIZ_CUPTI_LIBRARY", None)
     if fake_path:
         e["MEMVIZ_CUPTI_LIBRARY"] = fake_path
     e.update(env or {})
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=e)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=e)
     assert p.returncode == expect_rc, f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
     res = [json.loads(x[7:]) for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     return (res[-1] if res else None), p
@@ -383,3 +383,109 @@ def test_a_forked_child_living_on_does_not_keep_the_trace_locked(tmp_path):
         os.close(w)
         os.waitpid(pid, 0)
     assert len(memviz.load(path).steps) == 2
+
+
+# ---- signal handlers, exit and fork against a stop under way ---------------------------------
+
+
+def test_a_stop_inside_a_stop_returns_and_the_trace_ends_whole(fake_path, tmp_path):
+    """A signal handler (or a finaliser) calling t.stop() while that tracker
+    stops, on the same thread: the inner stop returns, the one under way
+    finishes (it waited on the writer's lock its outer frame held, for ever)."""
+    path = str(tmp_path / "t.memviz")
+    res, _ = run(f"""
+        from memviz.trace import writer as W
+        f = FakeCupti({fake_path!r})
+        original = W.TraceWriter._finish
+        def finish(self, tracker):
+            tracker.stop()  # as a handler would, in the middle of the stop
+            return original(self, tracker)
+        W.TraceWriter._finish = finish
+        with memviz.track(trace={path!r}) as t:
+            f.alloc({CBID_cuMemAlloc_v2}, 1 << 20)
+        t2 = memviz.load({path!r})
+        out(running=t.running, truncated=t2.truncated)
+    """, fake_path, timeout=30)
+    assert res == {"running": False, "truncated": False}
+
+
+def test_a_sigterm_handler_calling_sys_exit_during_the_stop_leaves_a_whole_trace(fake_path, tmp_path):
+    """SIGTERM with the usual graceful handler (sys.exit) while the trace
+    writes its END record: held until the file is closed whole (the END was
+    cut off without a word)."""
+    path = str(tmp_path / "t.memviz")
+    _, p = run(f"""
+        import signal
+        from memviz.trace import writer as W
+        f = FakeCupti({fake_path!r})
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))
+        original = W.TraceWriter._finish
+        def finish(self, tracker):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # bytecode boundaries: the handler would run here
+                pass
+            return original(self, tracker)
+        W.TraceWriter._finish = finish
+        with memviz.track(trace={path!r}) as t:
+            f.alloc({CBID_cuMemAlloc_v2}, 1 << 20)
+        print("not reached: sys.exit(3) ends the program after the stop", flush=True)
+    """, fake_path, expect_rc=3, timeout=30)
+    assert "not reached" not in p.stdout
+    loaded = memviz.load(path)
+    assert not loaded.truncated
+
+
+def test_a_ctrl_c_while_trackers_stop_at_exit_stops_them_all(fake_path, tmp_path):
+    """Trackers left running at exit: a Ctrl-C during the exit hook's first
+    stop is held until every tracker stopped (it escaped the hook, leaving
+    the outer tracker's trace without its END record), then dropped."""
+    path = str(tmp_path / "t.memviz")
+    _, p = run(f"""
+        import signal
+        f = FakeCupti({fake_path!r})
+        outer = memviz.track(trace={path!r}).start()
+        inner = memviz.track().start()
+        f.alloc({CBID_cuMemAlloc_v2}, 1 << 20)
+        stop = memviz.Tracker.stop
+        sent = []
+        def stop_with_ctrl_c(self):
+            if not sent:
+                sent.append(1)
+                os.kill(os.getpid(), signal.SIGINT)
+            return stop(self)
+        memviz.Tracker.stop = stop_with_ctrl_c
+        print("exiting", flush=True)
+    """, fake_path, timeout=30)
+    assert "exiting" in p.stdout
+    assert "KeyboardInterrupt" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr
+    assert not memviz.load(path).truncated
+
+
+def test_a_child_forked_while_another_thread_held_the_session_lock_can_track():
+    """A thread of the parent's inside the session (a step, a stop) at the
+    fork: the child's first tracker waited on the lock that thread held."""
+    import threading
+    from memviz.capture import session as S
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with S.current().lock:
+            held.set()
+            release.wait(30)
+
+    th = threading.Thread(target=hold)
+    th.start()
+    assert held.wait(10)
+    try:
+        def child():
+            import signal
+            signal.alarm(10)  # a hang ends the child, not the suite
+            with memviz.track(gpu=False, torch=False) as t:
+                pass
+            return t.running
+        res = _in_child(child)
+    finally:
+        release.set()
+        th.join()
+    assert res is False
