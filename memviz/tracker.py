@@ -70,7 +70,8 @@ class Tracker(StoreReading, Outputs):
             Under a launcher (``torchrun``: RANK set) each rank writes its
             own file, ``run.memviz`` -> ``run.rank0.memviz``, or where
             ``{rank}`` in the path says (memviz.capture.rank_files.rank_path);
-            ``trace_path`` is the file written.
+            ``trace_path`` is the file written, as an absolute path (the
+            folder it was started in: a later os.chdir() moves nothing).
         flight_recorder: a memory budget (``"256 MiB"``): keep the latest
             events in memory, within it, and write them as a trace file only
             when an allocation fails, an exception leaves ``track()``, on

@@ -41,9 +41,25 @@ def parse(parser: argparse.ArgumentParser, argv: List[str]) -> Union[argparse.Na
     """The parsed options, or the exit status when argparse ended the command
     (--help: 0, a usage error it printed: 2)."""
     try:
-        return parser.parse_args(argv)
+        opts = parser.parse_args(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
+    if hasattr(opts, "json_flag"):  # add_format's pair
+        if opts.json_flag and opts.format not in (None, "json"):
+            print(f"{parser.prog}: --json and --format {opts.format} ask for two formats. What to do: "
+                  "give one of them.", file=sys.stderr)
+            return EXIT_USAGE
+        opts.format = "json" if opts.json_flag else (opts.format or "text")
+    return opts
+
+
+def add_format(parser: argparse.ArgumentParser) -> None:
+    """``--format text|json`` and ``--json`` (the same as --format json);
+    :func:`parse` refuses the two saying different things."""
+    parser.add_argument("--json", action="store_true", dest="json_flag",
+                        help="write JSON (the same as --format json)")
+    parser.add_argument("--format", choices=("text", "json"), default=None,
+                        help="text (the default) or json")
 
 
 def say(line: str) -> None:

@@ -24,7 +24,7 @@ import sys
 from typing import List, Optional, Tuple
 
 from memviz._errors import MemvizError
-from memviz.cli.common import (EXIT_USAGE, add_force, dumps, load_trace, parse, positive, refuse_output,
+from memviz.cli.common import (EXIT_USAGE, add_force, add_format, dumps, load_trace, parse, positive, refuse_output,
                                with_progress, write_text)
 from memviz.cli.diff_compare import compare
 from memviz.cli.diff_render import diff_text, render
@@ -58,9 +58,7 @@ def diff_parser(prog: str = "memviz diff") -> argparse.ArgumentParser:
         epilog="Example: memviz diff plain.memviz checkpointed.memviz --top 20", allow_abbrev=False)
     parser.add_argument("a", help="trace A (e.g. the run without the remedy)")
     parser.add_argument("b", help="trace B (e.g. the run with it)")
-    parser.add_argument("--json", action="store_const", const="json", dest="format",
-                        help="write JSON (the same as --format json)")
-    parser.add_argument("--format", choices=("text", "json"), default="text")
+    add_format(parser)
     parser.add_argument("--top", type=positive, default=10, metavar="N",
                         help="lines listed per device (default 10)")
     parser.add_argument("--key", choices=KEY_TYPES, default="lineno",

@@ -17,7 +17,7 @@ from typing import List, Optional
 
 from memviz._errors import MemvizError
 from memviz.analysis.whatif import rows_json, rows_text, whatif
-from memviz.cli.common import (EXIT_USAGE, add_force, dumps, load_trace, parse, refuse_output, with_progress,
+from memviz.cli.common import (EXIT_USAGE, add_force, add_format, dumps, load_trace, parse, refuse_output, with_progress,
                                write_text)
 
 __all__ = ["main"]
@@ -42,9 +42,7 @@ def whatif_parser(prog: str = "memviz whatif") -> argparse.ArgumentParser:
     parser.add_argument("--device-memory", metavar="SIZE|FRACTION",
                         help="a card of this size (e.g. 24GiB), or this fraction of the recorded card "
                              "(e.g. 0.9, as torch.cuda.set_per_process_memory_fraction)")
-    parser.add_argument("--json", action="store_const", const="json", dest="format",
-                        help="write JSON (the same as --format json)")
-    parser.add_argument("--format", choices=("text", "json"), default="text")
+    add_format(parser)
     parser.add_argument("--recover", action="store_true", help="read a damaged trace up to the damage")
     parser.add_argument("-o", "--output", metavar="PATH", help="write here instead of stdout (- is stdout)")
     add_force(parser)

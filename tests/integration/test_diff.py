@@ -515,3 +515,17 @@ def test_the_remedy_example_says_it_needs_a_gpu_and_exits_0():
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "needs a CUDA GPU" in p.stdout and "found no usable CUDA GPU" in p.stdout
+
+
+def test_json_and_format_text_together_are_refused(capsys):
+    """--json with --format text: two formats asked for, said (text was
+    written without a word); --json alone, or --format json, is JSON."""
+    from memviz.__main__ import main
+
+    sample = os.path.join(ROOT, "memviz", "data", "sample.memviz")
+    for verb in (["diff", sample, sample], ["whatif", sample]):
+        assert main([*verb, "--json", "--format", "text"]) == 2
+        assert "two formats" in capsys.readouterr().err
+        for fmt in (["--json"], ["--format", "json"], ["--json", "--format", "json"]):
+            assert main([*verb, *fmt]) == 0
+            assert capsys.readouterr().out.lstrip().startswith("{")

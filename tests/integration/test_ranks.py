@@ -325,8 +325,9 @@ os.write(1, f"saved {saved} {t.trace_path}\\n".encode())
 def test_torchrun_a_scripts_own_track_and_save(tmp_path, fake_path, distributed):
     (tmp_path / "track.py").write_text(f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r})\n" + TRACK)
     p = _torchrun(tmp_path, fake_path, "track.py")
-    assert "saved saved.0.memviz own.rank0.memviz" in p.stdout
-    assert "saved saved.1.memviz own.rank1.memviz" in p.stdout
+    # trace_path: the rank's own file, absolute (read back after a chdir too)
+    assert f"saved saved.0.memviz {tmp_path / 'own.rank0.memviz'}" in p.stdout
+    assert f"saved saved.1.memviz {tmp_path / 'own.rank1.memviz'}" in p.stdout
     for r in (0, 1):
         for name in (f"own.rank{r}.memviz", f"saved.{r}.memviz"):
             t = memviz.load(str(tmp_path / name))
