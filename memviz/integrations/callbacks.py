@@ -152,8 +152,8 @@ class StepCallbackCore:
             if not self._passed.running:
                 import warnings
                 warnings.warn("memviz: the tracker given to the callback is not running, so no step "
-                              "of this training is recorded; start it first (tracker.start() or "
-                              "`with tracker:` around the training), or give the callback no tracker "
+                              "of this training is recorded; start it first (tracker.start(), or a with "
+                              "block of it around the training), or give the callback no tracker "
                               "and it starts and stops one itself", RuntimeWarning, stacklevel=2)
         elif active_tracker() is None:
             self.tracker, self._own = start(), True
