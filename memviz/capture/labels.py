@@ -182,7 +182,7 @@ class label:
 
     def __exit__(self, *exc) -> None:
         stack = _stack()
-        entry = next((e for e in reversed(stack) if e.owner is self), None)
+        entry = next((e for e in reversed(stack) if e.owner is self and not e.ended), None)
         if entry is None:
             # Entered on another thread (a generator resumed elsewhere): that thread's
             # label is put back when it next enters or leaves a label block
