@@ -112,7 +112,15 @@ def export_parquet(paths: List[str], out: str, jobs: int, recover: bool, prog: s
     # fails (removed first, a run that then failed, no file readable or a Ctrl-C,
     # had destroyed the earlier export)
     make_folder(out)
-    earlier = _set_aside(out) if force else None
+    earlier = None
+    if force:
+        aside = os.path.join(out, f".memviz-earlier-export-{os.getpid()}")
+        with deferred_interrupt():  # the moves whole, or none of them
+            try:
+                earlier = aside if _set_aside(out, aside) else None
+            except OSError:
+                _put_back(out, aside)
+                raise
     jobs = jobs or jobs_default(len(paths))
     skipped: List[Tuple[str, str]] = []
     try:
@@ -164,14 +172,13 @@ def export_parquet(paths: List[str], out: str, jobs: int, recover: bool, prog: s
 _EXPORT_FILE = re.compile(r"(rank-\d{5}|ranks-\d{5}-\d{5}|single)(\.\d+)?\.parquet")
 
 
-def _set_aside(out: str) -> Optional[str]:
+def _set_aside(out: str, aside: str) -> bool:
     """--force: move the Parquet files of an earlier export in ``out`` (in
     its tables' folders, by the names memviz gives them, and its manifest)
-    into a hidden folder there; nothing else: a file of the user's own stays.
-    Returns that folder (None when there was nothing to move)."""
+    into the hidden folder ``aside`` there; nothing else: a file of the
+    user's own stays. Whether there was anything to move."""
     from memviz.export.parquet import TABLES
 
-    aside = os.path.join(out, f".memviz-earlier-export-{os.getpid()}")
     moved = False
     for table in TABLES:
         folder = os.path.join(out, table)
@@ -186,12 +193,14 @@ def _set_aside(out: str) -> Optional[str]:
         os.makedirs(aside, exist_ok=True)
         os.replace(manifest, os.path.join(aside, "memviz_parquet.json"))
         moved = True
-    return aside if moved else None
+    return moved
 
 
 def _put_back(out: str, aside: str) -> None:
     """The earlier export's files back where they were (over what the failed
     run wrote under the same names), and the hidden folder gone."""
+    if not os.path.isdir(aside):
+        return
     for root, _dirs, files in os.walk(aside):
         rel = os.path.relpath(root, aside)
         for name in files:
