@@ -283,7 +283,11 @@ def _wait_for_threads() -> None:
     if isinstance(calls, list):
         ran, calls[:] = list(calls), []  # each once: the interpreter's own pass finds them gone
         for call in reversed(ran):
-            call()
+            try:
+                call()
+            except Exception:  # noqa: BLE001 - as Python says it, and the report still comes
+                print("Exception ignored on threading shutdown:", file=sys.__stderr__)
+                traceback.print_exc(file=sys.__stderr__)
     me = threading.current_thread()
     for t in threading.enumerate():
         if t is not me and not t.daemon and t.is_alive() and t is not threading.main_thread():
