@@ -17,6 +17,7 @@ the exports (memviz/export/).
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import math
 import re
@@ -35,7 +36,7 @@ _MISSING = object()
 
 
 def _field(obj: Any, names: Tuple[str, ...], default: Any = None) -> Any:
-    if isinstance(obj, Mapping):
+    if isinstance(obj, _Map):
         for n in names:
             if n in obj:
                 return obj[n]
@@ -113,7 +114,7 @@ def frame_dicts(a: Any) -> List[Dict[str, Any]]:
 
 
 def _as_dict(rec: Any) -> Dict[str, Any]:
-    if isinstance(rec, Mapping):
+    if isinstance(rec, _Map):
         return dict(rec)
     fn = getattr(rec, "to_dict", None)
     if callable(fn):
@@ -124,6 +125,9 @@ def _as_dict(rec: Any) -> Dict[str, Any]:
         return dict(rec._asdict())
     return {k: v for k, v in vars(rec).items() if not k.startswith("_")} if hasattr(rec, "__dict__") else {}
 
+
+#: Mapping for isinstance (typing's alias checks through typing, several times slower)
+_Map = collections.abc.Mapping
 
 _STEP_INDEX = ("step", "index", "step_index", "i")
 _STEP_TIME = ("timestamp_ns", "timestamp", "time_ns", "ts")
@@ -167,10 +171,10 @@ def _per_device(value: Any) -> Optional[Dict[Optional[int], float]]:
         return None
     if _number(value):
         return {None: value}
-    if isinstance(value, Mapping):
+    if isinstance(value, _Map):
         out: Dict[Optional[int], float] = {}
         for dev, v in device_items(value):
-            if isinstance(v, Mapping):
+            if isinstance(v, _Map):
                 v = _field(v, ("current", "allocated", "total", "bytes", "used"))
             if _number(v):
                 out[dev] = v
@@ -187,7 +191,7 @@ def _step_fields(d: Mapping[str, Any], devices: Optional[Mapping]) -> Tuple[Dict
             continue
         if k.endswith("_ns") and _number(v):
             fields[k[:-3]], types[k[:-3]] = v // 1000, "time"
-        elif isinstance(v, Mapping):
+        elif isinstance(v, _Map):
             nums = list((_per_device(v) or {}).values())
             if nums:
                 fields[k], types[k] = sum(nums), "bytes" if is_bytes_key(k) else "num"
@@ -199,18 +203,18 @@ def _step_fields(d: Mapping[str, Any], devices: Optional[Mapping]) -> Tuple[Dict
     if devices:  # memviz StepRecord: per-device numbers, summed over the GPUs
         for key in ("current", "peak", "growth", "allocated", "reserved"):
             vals = [dv.get(key) for dk, dv in devices.items()
-                    if isinstance(dv, Mapping) and _number(dv.get(key)) and int(dk) >= 0]
+                    if isinstance(dv, _Map) and _number(dv.get(key)) and int(dk) >= 0]
             if vals:
                 fields[key], types[key] = sum(vals), "bytes"
     lines = d.get("lines")
-    if isinstance(lines, list) and lines and isinstance(lines[0], Mapping) and "location" in lines[0]:
+    if isinstance(lines, list) and lines and isinstance(lines[0], _Map) and "location" in lines[0]:
         top = lines[0]
         grew = top.get("bytes")
         fields["top growing line"] = str(top["location"]) + (
             f" ({format_size(grew, sign=True)})" if _number(grew) else "")
         types["top growing line"] = "text"
     info = d.get("info")
-    if isinstance(info, Mapping):
+    if isinstance(info, _Map):
         for k, v in info.items():
             if _number(v) or isinstance(v, str):
                 fields[k], types[k] = v, "text" if isinstance(v, str) else "num"
@@ -233,13 +237,13 @@ def steps(obj: Any) -> List[Dict[str, Any]]:
             continue
         index = _field(d, _STEP_INDEX, i)
         ts = _field(d, _STEP_TIME)
-        devices = d.get("devices") if isinstance(d.get("devices"), Mapping) else None
+        devices = d.get("devices") if isinstance(d.get("devices"), _Map) else None
         series = {}
         for name, keys, per_device_key in STEP_SERIES:
             per = _per_device(_field(d, keys)) if keys else None
             if not per and devices and per_device_key:
                 per = _per_device({k: v.get(per_device_key) for k, v in devices.items()
-                                   if isinstance(v, Mapping)})
+                                   if isinstance(v, _Map)})
             if per:
                 series[name] = per
         try:
@@ -266,7 +270,7 @@ def findings(obj: Any) -> Tuple[Optional[List[Dict[str, Any]]], Optional[str]]:
 
 
 def _line_text(x: Any) -> str:
-    if isinstance(x, Mapping) and "location" in x:
+    if isinstance(x, _Map) and "location" in x:
         grew = x.get("bytes")
         text = str(x["location"]) + (f": {format_size(grew, sign=True)}" if _number(grew) else "")
         return text + (f" ({x['note']})" if x.get("note") else "")
@@ -279,12 +283,12 @@ def normalize_finding(f: Any) -> Dict[str, Any]:
     shown}), lines (list of str) and fix of a finding (object or mapping)."""
     if isinstance(f, str):
         d: Mapping[str, Any] = {"message": f}
-    elif isinstance(f, Mapping):
+    elif isinstance(f, _Map):
         d = f
     else:  # read the object itself: its lines may be richer than a dict's
         d = {k: getattr(f, k, None) for k in ("kind", "severity", "message", "numbers", "lines", "fix")}
     numbers = d.get("numbers") or {}
-    if not isinstance(numbers, Mapping):
+    if not isinstance(numbers, _Map):
         numbers = {"value": numbers}
     lines = d.get("lines") or []
     if isinstance(lines, (str, bytes, Mapping)) or not isinstance(lines, Iterable):

@@ -537,3 +537,18 @@ def test_a_step_while_another_thread_stops_the_tracker_is_kept_or_refused(tmp_pa
     assert p.returncode == 0, p.stderr[-3000:]
     out = p.stdout.split("RESULT", 1)[1].split(None, 2)
     assert int(out[0]) > 50 and out[1] == "0", p.stdout[-3000:]
+
+
+def test_a_records_dict_is_asdicts_without_its_copies(fake):
+    """StepRecord.to_dict() reads its devices and lines field by field (the
+    notebook view reads every step's): the same dicts dataclasses.asdict
+    makes."""
+    import dataclasses
+
+    kept = []
+    with track() as t:
+        kept.append(fake.alloc(CBID_cuMemAlloc_v2, MiB))
+        rec = t.step(batch_shape=(2, 3))
+    d = rec.to_dict()
+    assert d["devices"] == {str(k): dataclasses.asdict(v) for k, v in rec.devices.items()}
+    assert d["lines"] == [dataclasses.asdict(x) for x in rec.lines] and d["lines"]
