@@ -99,9 +99,6 @@ def export_parquet(paths: List[str], out: str, jobs: int, recover: bool, prog: s
 
     require()
     paths = list(dict.fromkeys(paths))  # a file given twice is exported once
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise InvalidArgument(f"--parquet {out}: it is a file, not a folder. What to do: give a folder "
-                              "(it is made if needed).")
     if not force and os.path.isdir(out) and any(
             os.path.exists(os.path.join(out, t)) for t in ("memviz_parquet.json", "events", "ranks")):
         raise InvalidArgument(f"--parquet {out}: it already holds an export, whose files of the same ranks "

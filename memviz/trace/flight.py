@@ -168,6 +168,7 @@ class FlightRecorder(_events.CaptureEvents):
         self.tracker = tracker
         self.budget = int(budget)
         self.folder = os.fspath(folder) if folder is not None else None
+        self._where: Optional[str] = None  # the folder, absolute, fixed at start
         #: files written, oldest first
         self.dumps: List[str] = []
         self.error: Optional[str] = None
@@ -452,9 +453,8 @@ class FlightRecorder(_events.CaptureEvents):
     # -- internals
 
     def _folder(self) -> str:
-        where = getattr(self, "_where", None)  # fixed at start
-        if where is not None:
-            return where
+        if self._where is not None:
+            return self._where
         return self.folder if self.folder is not None else os.getcwd()
 
     def _new_path(self) -> str:
